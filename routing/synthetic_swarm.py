@@ -1,0 +1,98 @@
+"""Seeded synthetic swarms for router tests and benchmarks (pure, no I/O).
+
+Heterogeneous on purpose: GPU tiers from datacenter cards to CPUs, random contiguous layer
+ranges, and client round trips from a few ms (same city) to ~200 ms (another continent).
+The first peers tile [0, num_blocks) so that a chain always exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from routing.swarm_view import PeerView, SwarmView
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One kind of device: speed of one block and how many blocks it can hold."""
+
+    name: str
+    decode_ms_per_block: float  # ms per decode step per block (memory bound)
+    throughput: float  # tokens/s per block in a batched prefill (compute bound)
+    max_blocks: int  # layers of a 70B-class model that fit
+    weight: float  # how common it is in the swarm
+
+
+# Rough Llama-70B-class figures per block (fp16); the spread matters more than the values.
+TIERS = (
+    Tier("h100", 0.25, 12000.0, 40, 0.10),
+    Tier("a100", 0.40, 6000.0, 32, 0.15),
+    Tier("rtx4090", 0.90, 2500.0, 10, 0.30),
+    Tier("rtx3090", 1.20, 1500.0, 10, 0.25),
+    Tier("t4", 3.00, 400.0, 6, 0.12),
+    Tier("cpu", 25.00, 40.0, 16, 0.08),
+)
+
+
+@dataclass(frozen=True)
+class SwarmSpec:
+    """Knobs of a synthetic swarm."""
+
+    num_peers: int
+    num_blocks: int = 80
+    seed: int = 0
+    hidden_size: int = 8192
+    dtype_bytes: int = 2
+    client_bandwidth_mbps: float = 100.0
+    cache_tokens: tuple[int, int] = (4096, 65536)  # range of cache tokens left per peer
+
+
+def _tier_of(rng: np.random.Generator) -> Tier:
+    weights = np.array([t.weight for t in TIERS])
+    return TIERS[int(rng.choice(len(TIERS), p=weights / weights.sum()))]
+
+
+def _peer(rng: np.random.Generator, spec: SwarmSpec, index: int, start: int | None) -> PeerView:
+    tier = _tier_of(rng)
+    length = int(rng.integers(max(1, tier.max_blocks // 2), tier.max_blocks + 1))
+    length = min(length, spec.num_blocks)
+    if start is None:
+        start = int(rng.integers(0, spec.num_blocks - length + 1))
+    end = min(spec.num_blocks, start + length)
+    jitter = float(rng.uniform(0.8, 1.25))  # same card, different host
+    return PeerView(
+        peer_id=f"p{index:04d}",
+        start=start,
+        end=end,
+        throughput=tier.throughput / jitter,
+        decode_ms_per_block=tier.decode_ms_per_block * jitter,
+        cache_tokens_left=int(rng.integers(spec.cache_tokens[0], spec.cache_tokens[1] + 1)),
+    )
+
+
+def generate_swarm(spec: SwarmSpec) -> SwarmView:
+    """Exactly `spec.num_peers` peers; the first ones tile every block (so a chain exists)."""
+    if spec.num_peers < 1 or spec.num_blocks < 1:
+        raise ValueError(f"need >= 1 peer and >= 1 block, got {spec.num_peers}, {spec.num_blocks}")
+    rng = np.random.default_rng(spec.seed)
+    peers: list[PeerView] = []
+    covered = 0
+    while covered < spec.num_blocks or len(peers) < spec.num_peers:
+        tiling = covered < spec.num_blocks
+        peer = _peer(rng, spec, len(peers), covered if tiling else None)
+        if tiling and len(peers) == spec.num_peers - 1:  # last slot: stretch it over the rest
+            peer = replace(peer, end=spec.num_blocks)
+        covered = max(covered, peer.end) if tiling else covered
+        peers.append(peer)
+    # Round trips: log-uniform 5..200 ms, so a few peers are close and most are not.
+    rtt = np.exp(rng.uniform(np.log(5.0), np.log(200.0), size=len(peers)))
+    return SwarmView(
+        num_blocks=spec.num_blocks,
+        peers=tuple(peers),
+        client_rtt_ms={p.peer_id: float(r) for p, r in zip(peers, rtt, strict=True)},
+        client_bandwidth_mbps=spec.client_bandwidth_mbps,
+        hidden_size=spec.hidden_size,
+        dtype_bytes=spec.dtype_bytes,
+    )
