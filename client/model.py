@@ -1,0 +1,193 @@
+"""`DistributedModelForCausalLM`: a Hugging Face causal LM whose transformer layers run in the swarm.
+
+The client holds only the embeddings, the final norm and the LM head; `forward` embeds the
+new tokens, sends their hidden states through an `InferenceSession`, and turns the result
+into logits. So `model.generate(...)` works with the usual arguments (greedy, sampling,
+stopping criteria, ...), and greedy output equals the full model's, token for token.
+
+The swarm keeps the KV cache, so `forward` only ever sends tokens the swarm has not seen:
+`generate` is wrapped in a session sized for prompt + new tokens, and the empty HF cache
+object it passes around is only there to make `generate` send one new token per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from client.session import InferenceSession
+from client.swarm_client import SwarmClient
+from routing.swarm_view import Router
+from swarm.checkpoint import load_tensors
+from swarm.dht import public_initial_peers
+from swarm.model_spec import ModelSpec, config_for_blocks, load_model_spec
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_COVERAGE_TIMEOUT_S = 60.0  # how long to wait for every block to have an online peer
+DEFAULT_STEP_TIMEOUT_S = 60.0  # per hop and step
+
+
+class DistributedMixin:
+    """Mixed into the model's own HF class (LlamaForCausalLM, ...) in front of it."""
+
+    swarm: SwarmClient
+    router: Router
+    spec: ModelSpec
+
+    def _init_swarm(self, spec, swarm, router, coverage_timeout, step_timeout, wire_dtype) -> None:
+        self.spec, self.swarm, self.router = spec, swarm, router
+        self.coverage_timeout, self.step_timeout, self.wire_dtype = coverage_timeout, step_timeout, wire_dtype
+        self._session_max_length: int | None = None
+        self.session: InferenceSession | None = None
+        self.last_route: str | None = None
+
+    @contextlib.contextmanager
+    def inference_session(self, max_length: int):
+        """Keeps one swarm session (sized for `max_length` tokens per sequence) across calls."""
+        outer = self._session_max_length
+        if outer is not None:  # already inside a session: reuse it
+            yield self.session
+            return
+        self._session_max_length = max_length
+        try:
+            yield self
+        finally:
+            self._session_max_length = None
+            self._close_session()
+
+    def _close_session(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    def generate(self, inputs: torch.Tensor | None = None, *args, **kwargs):
+        if kwargs.get("num_beams", 1) > 1 or (getattr(kwargs.get("generation_config"), "num_beams", 1) or 1) > 1:
+            raise NotImplementedError("beam search would reorder the swarm's KV caches; use greedy or sampling")
+        with self.inference_session(max_length=self._generation_length(inputs, kwargs)):
+            return super().generate(inputs, *args, **kwargs)
+
+    def _generation_length(self, inputs, kwargs) -> int:
+        prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        prompt_len = prompt.shape[1] if prompt is not None else 1
+        config = kwargs.get("generation_config") or self.generation_config
+        if kwargs.get("max_new_tokens") is not None:
+            return prompt_len + kwargs["max_new_tokens"]
+        if kwargs.get("max_length") is not None:
+            return kwargs["max_length"]
+        if config.max_new_tokens is not None:
+            return prompt_len + config.max_new_tokens
+        return max(config.max_length, prompt_len + 1)
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+        if labels is not None:
+            raise NotImplementedError("training through the swarm is not supported")
+        if attention_mask is not None and attention_mask.ndim == 2 and not bool(attention_mask.all()):
+            raise NotImplementedError("padded batches are not supported yet: pass sequences of equal length")
+        if inputs_embeds is None:
+            inputs_embeds = self.model.embed_tokens(input_ids)
+        start = int(position_ids[0, 0]) if position_ids is not None else None
+        if self._session_max_length is None:  # a bare forward() call: a one-shot session
+            with self.inference_session(max_length=inputs_embeds.shape[1]):
+                return self._forward_in_session(inputs_embeds, start, logits_to_keep, past_key_values)
+        return self._forward_in_session(inputs_embeds, start, logits_to_keep, past_key_values)
+
+    def _forward_in_session(self, inputs_embeds, start, logits_to_keep, past_key_values):
+        hidden = self._session_for(inputs_embeds, start).step(inputs_embeds)
+        hidden = self.model.norm(hidden.to(self.model.norm.weight.dtype))
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden[:, keep, :])
+        return CausalLMOutputWithPast(logits=logits, past_key_values=past_key_values)
+
+    def _session_for(self, embeds: torch.Tensor, start: int | None) -> InferenceSession:
+        """The open session these tokens continue, opening (or restarting) one when needed."""
+        batch, new_tokens = embeds.shape[:2]
+        session = self.session
+        restart = session is not None and (start == 0 or session.batch_size != batch)
+        if session is not None and not restart and start is not None and start != session.position:
+            raise ValueError(f"tokens start at position {start}, but the swarm has {session.position} cached")
+        if session is None or restart:
+            self._close_session()
+            self.session = InferenceSession(
+                self.swarm, self.router, self.spec, max_length=self._session_max_length, batch_size=batch,
+                dtype=self.wire_dtype, coverage_timeout=self.coverage_timeout, step_timeout=self.step_timeout,
+            ).open()
+            self.last_route = self.session.describe_route()
+        return self.session
+
+    def shutdown(self) -> None:
+        """Closes the session and the client's DHT node (also done at interpreter exit)."""
+        self._close_session()
+        self.swarm.shutdown()
+
+
+class DistributedModelForCausalLM:
+    """Entry point: `DistributedModelForCausalLM.from_pretrained(MODEL_DIR, initial_peers=[...])`."""
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_dir: str | Path,
+        initial_peers: Sequence[str] | None = None,
+        *,
+        public: bool = False,
+        router: Router | None = None,
+        dtype: torch.dtype = torch.float32,
+        coverage_timeout: float = DEFAULT_COVERAGE_TIMEOUT_S,
+        step_timeout: float = DEFAULT_STEP_TIMEOUT_S,
+        host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
+    ):
+        """Loads embeddings, norm and LM head of `model_dir` and joins the swarm through `initial_peers`.
+
+        `dtype` is the client's compute dtype and the dtype of hidden states on the wire.
+        The first step of a session waits up to `coverage_timeout` seconds for every block
+        to have an online peer, then fails with an error naming the blocks still missing.
+        """
+        spec = load_model_spec(model_dir)
+        peers = public_initial_peers() if public else list(initial_peers or [])
+        if not peers:
+            raise ValueError("pass initial_peers=[...] (the bootstrap's multiaddrs) or public=True")
+        model = _build_local_parts(spec, dtype)
+        if router is None:
+            from routing.min_latency import MinLatencyRouter
+
+            router = MinLatencyRouter()
+        swarm = SwarmClient.connect(peers, host_maddrs)
+        model._init_swarm(spec, swarm, router, coverage_timeout, step_timeout, dtype)
+        return model
+
+
+def _build_local_parts(spec: ModelSpec, dtype: torch.dtype):
+    """The model's own HF class with zero layers, holding the real embeddings, norm and head."""
+    base = AutoModelForCausalLM._model_mapping[type(spec.config)]
+    model_cls = type(f"Distributed{base.__name__}", (DistributedMixin, base), {})
+    shell = config_for_blocks(spec.config, 0, 0)
+    shell._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = model_cls(shell)
+    wanted = ("model.embed_tokens.", "model.norm.", "lm_head.")
+    tensors = load_tensors(spec.path, lambda name: name.startswith(wanted), dtype)
+    if "lm_head.weight" not in tensors and getattr(spec.config, "tie_word_embeddings", False):
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+    model.load_state_dict(tensors, assign=True, strict=False)
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=shell)  # its buffers were built on meta
+    still_meta = [name for name, p in model.named_parameters() if p.is_meta]
+    if still_meta:
+        raise ValueError(f"{spec.path} lacks tensors the client needs: {still_meta}")
+    model.generation_config = _generation_config(spec)
+    model.eval()
+    return model
+
+
+def _generation_config(spec: ModelSpec) -> GenerationConfig:
+    try:
+        return GenerationConfig.from_pretrained(spec.path)
+    except OSError:
+        return GenerationConfig.from_model_config(spec.config)

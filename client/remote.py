@@ -1,0 +1,100 @@
+"""A client's connection to one peer: one hivemind stream, request/response frames."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import torch
+
+from swarm.protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
+    DTYPE_NAMES,
+    SESSION_PROTOCOL,
+    Close,
+    Closed,
+    Error,
+    ErrorCode,
+    Message,
+    Open,
+    Opened,
+    Ping,
+    Pong,
+    ProtocolError,
+    Step,
+    StepResult,
+    read_frame,
+    write_frame,
+)
+
+
+class PeerError(RuntimeError):
+    """A peer refused a request or failed to answer; says which peer and why."""
+
+    def __init__(self, peer: str, code: ErrorCode | None, message: str):
+        self.peer, self.code, self.message = peer, code, message
+        what = code.name if code is not None else "UNREACHABLE"
+        super().__init__(f"peer {peer} refused: {what}: {message}")
+
+
+_nonces = itertools.count(1)
+
+
+class PeerConnection:
+    """One stream to one peer. Not thread-safe: one request at a time, on the client loop."""
+
+    def __init__(self, peer_name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float):
+        self.peer_name = peer_name
+        self.reader, self.writer = reader, writer
+        self.timeout = timeout
+
+    @classmethod
+    async def connect(cls, p2p, peer_id, peer_name: str, timeout: float = 30.0) -> PeerConnection:
+        try:
+            _, reader, writer = await asyncio.wait_for(
+                p2p.call_binary_stream_handler(peer_id, SESSION_PROTOCOL), timeout
+            )
+        except Exception as e:
+            raise PeerError(peer_name, None, f"cannot open a stream: {type(e).__name__}: {e}") from None
+        return cls(peer_name, reader, writer, timeout)
+
+    async def request(self, message: Message, expect: type) -> Message:
+        try:
+            await write_frame(self.writer, message)
+            reply = await asyncio.wait_for(read_frame(self.reader, DEFAULT_MAX_FRAME_BYTES), self.timeout)
+        except ProtocolError as e:
+            raise PeerError(self.peer_name, e.code, f"sent a bad reply: {e.message}") from None
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, OSError) as e:
+            raise PeerError(self.peer_name, None, f"{type(e).__name__}: {e or 'no reply'}") from None
+        if isinstance(reply, Error):
+            raise PeerError(self.peer_name, reply.code, reply.message)
+        if not isinstance(reply, expect):
+            raise PeerError(self.peer_name, ErrorCode.MALFORMED, f"expected {expect.__name__}, got {type(reply).__name__}")
+        return reply
+
+    async def ping(self) -> float:
+        """Round trip in ms."""
+        began = time.perf_counter()
+        nonce = next(_nonces)
+        pong = await self.request(Ping(nonce), Pong)
+        if pong.nonce != nonce:
+            raise PeerError(self.peer_name, ErrorCode.MALFORMED, "pong for another ping")
+        return 1000 * (time.perf_counter() - began)
+
+    async def open(self, session_id: str, model_id: str, start: int, end: int, max_length: int,
+                   batch_size: int, dtype: torch.dtype) -> None:
+        await self.request(Open(session_id, model_id, start, end, max_length, batch_size, DTYPE_NAMES[dtype]), Opened)
+
+    async def step(self, session_id: str, position: int, hidden: torch.Tensor) -> torch.Tensor:
+        result = await self.request(Step(session_id, position, hidden), StepResult)
+        if result.hidden.shape != hidden.shape:
+            raise PeerError(self.peer_name, ErrorCode.BAD_TENSOR,
+                            f"returned shape {tuple(result.hidden.shape)} for input {tuple(hidden.shape)}")
+        return result.hidden
+
+    async def close_session(self, session_id: str) -> None:
+        await self.request(Close(session_id), Closed)
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,136 @@
+"""The client's window on the swarm: its DHT node, its p2p streams, and what peers there are.
+
+It turns signed DHT records plus the client's own measured round trips into a plain
+`routing.SwarmView` for whatever router the client uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hivemind.p2p import PeerID
+
+from client.remote import PeerConnection, PeerError
+from client.worker import run_sync
+from routing.swarm_view import PeerView, SwarmView
+from swarm.dht import start_dht
+from swarm.records import PeerRecord, PeerState, read_peer_records
+
+logger = logging.getLogger(__name__)
+
+RTT_TTL_S = 60.0  # how long a measured round trip is trusted
+PING_TIMEOUT_S = 5.0
+
+
+class MissingBlocksError(RuntimeError):
+    """No online peer serves some blocks of the model."""
+
+    def __init__(self, model_id: str, missing: list[int], waited_s: float):
+        self.model_id, self.missing = model_id, missing
+        super().__init__(
+            f"after waiting {waited_s:.0f} s, no online peer serves blocks {_ranges(missing)} of {model_id}"
+        )
+
+
+@dataclass
+class SwarmClient:
+    """Owns a client-mode DHT node and a p2p handle to its daemon."""
+
+    dht: object
+    p2p: object
+    rtt_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (ms, measured at)
+    view_version: int = 0
+
+    @classmethod
+    def connect(cls, initial_peers: Sequence[str], host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",)) -> SwarmClient:
+        dht = start_dht(initial_peers, identity=None, host_maddrs=host_maddrs, client_mode=True)
+        p2p = run_sync(dht.replicate_p2p(), timeout=30)
+        return cls(dht=dht, p2p=p2p)
+
+    def shutdown(self) -> None:
+        try:
+            run_sync(self.p2p.shutdown(), timeout=10)
+        except Exception as e:
+            logger.debug("p2p shutdown: %s", e)
+        self.dht.shutdown()
+
+    def online_records(self, model_id: str) -> list[PeerRecord]:
+        return [r for r in read_peer_records(self.dht, model_id) if r.state == PeerState.ONLINE]
+
+    def wait_for_coverage(self, model_id: str, num_blocks: int, timeout: float) -> list[PeerRecord]:
+        """Online records once every block is served, polling the DHT; MissingBlocksError on timeout."""
+        began = time.monotonic()
+        while True:
+            records = self.online_records(model_id)
+            missing = uncovered_blocks(records, num_blocks)
+            if not missing:
+                return records
+            if time.monotonic() - began >= timeout:
+                raise MissingBlocksError(model_id, missing, time.monotonic() - began)
+            time.sleep(0.5)
+
+    def view(self, records: list[PeerRecord], num_blocks: int, hidden_size: int) -> SwarmView:
+        """A SwarmView of `records`, with fresh round trips (peers that do not answer are left out)."""
+        rtts = run_sync(self._measure_rtts(records), timeout=PING_TIMEOUT_S + 5)
+        self.view_version += 1
+        peers = tuple(
+            PeerView(peer_id=r.peer_id, start=r.start, end=r.end, throughput=r.throughput,
+                     decode_ms_per_block=r.decode_ms_per_block, cache_tokens_left=r.cache_tokens_left,
+                     open_sessions=r.open_sessions)
+            for r in records if r.peer_id in rtts
+        )
+        return SwarmView(num_blocks=num_blocks, peers=peers, client_rtt_ms=rtts, hidden_size=hidden_size,
+                         version=self.view_version)
+
+    async def _measure_rtts(self, records: list[PeerRecord]) -> dict[str, float]:
+        now = time.monotonic()
+        stale = [r for r in records if now - self.rtt_ms.get(r.peer_id, (0, -RTT_TTL_S))[1] >= RTT_TTL_S]
+        results = await asyncio.gather(*(self._ping(r) for r in stale), return_exceptions=True)
+        for record, result in zip(stale, results, strict=True):
+            if isinstance(result, float):
+                self.rtt_ms[record.peer_id] = (result, now)
+            else:
+                self.rtt_ms.pop(record.peer_id, None)
+                logger.info("peer %s does not answer pings (%s); leaving it out", record.name, result)
+        return {r.peer_id: self.rtt_ms[r.peer_id][0] for r in records if r.peer_id in self.rtt_ms}
+
+    async def _ping(self, record: PeerRecord) -> float:
+        conn = await self.open_connection(record.peer_id, record.name, timeout=PING_TIMEOUT_S)
+        try:
+            conn.timeout = PING_TIMEOUT_S
+            return await conn.ping()
+        finally:
+            conn.close()
+
+    async def open_connection(self, peer_id: str, name: str, timeout: float) -> PeerConnection:
+        return await PeerConnection.connect(self.p2p, PeerID.from_base58(peer_id), name, timeout)
+
+    def forget(self, peer_id: str) -> None:
+        """Drops what the client measured of a peer that failed, so it is re-measured."""
+        self.rtt_ms.pop(peer_id, None)
+
+
+def uncovered_blocks(records: list[PeerRecord], num_blocks: int) -> list[int]:
+    covered = [False] * num_blocks
+    for r in records:
+        for block in range(max(r.start, 0), min(r.end, num_blocks)):
+            covered[block] = True
+    return [b for b, ok in enumerate(covered) if not ok]
+
+
+def _ranges(blocks: list[int]) -> str:
+    """[1, 2, 3, 7] -> '1:4, 7:8' (half-open ranges, as --layers takes them)."""
+    out, start = [], None
+    for i, b in enumerate(blocks):
+        start = b if start is None else start
+        if i + 1 == len(blocks) or blocks[i + 1] != b + 1:
+            out.append(f"{start}:{b + 1}")
+            start = None
+    return ", ".join(out)
+
+
+__all__ = ["SwarmClient", "MissingBlocksError", "PeerError", "uncovered_blocks"]

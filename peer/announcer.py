@@ -1,0 +1,46 @@
+"""Keeps this peer's record in the DHT fresh, signed with its identity."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from hivemind.utils import get_dht_time
+
+from swarm.identity import Identity
+from swarm.records import MODELS_KEY, ModelEntry, PeerRecord, PeerState, model_key
+
+logger = logging.getLogger(__name__)
+
+
+class Announcer:
+    """Stores `make_record(state)` under this peer's protected subkey every `period` seconds.
+
+    Records live for `ttl_periods` periods, so a peer that vanishes without a word drops out
+    of the swarm within that time. hivemind keeps whichever value expires last, so a record
+    that must replace the current one (e.g. "leaving") never expires earlier than it.
+    """
+
+    def __init__(self, dht, identity: Identity, make_record: Callable[[PeerState], PeerRecord],
+                 num_blocks: int, period: float, ttl_periods: float = 2.5):
+        self.dht = dht
+        self.identity = identity
+        self.make_record = make_record
+        self.num_blocks = num_blocks
+        self.period = period
+        self.ttl = period * ttl_periods
+        self.last_expiration = 0.0
+
+    async def announce(self, state: PeerState, ttl: float | None = None) -> None:
+        record = self.make_record(state)
+        expiration = max(get_dht_time() + (self.ttl if ttl is None else ttl), self.last_expiration + 1e-3)
+        self.last_expiration = expiration
+        subkey = self.identity.owner_marker
+        entry = ModelEntry(record.model_id, self.num_blocks).to_bytes()
+        stored = await asyncio.to_thread(
+            self.dht.store, model_key(record.model_id), record.to_bytes(), expiration, subkey=subkey
+        )
+        await asyncio.to_thread(self.dht.store, MODELS_KEY, entry, expiration, subkey=subkey)
+        if not stored:
+            logger.warning("announcing %s (%s) reached no DHT node; will retry", record.model_id, state.value)

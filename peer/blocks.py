@@ -1,0 +1,124 @@
+"""The transformer blocks [start, end) a peer serves: loading them and running one step.
+
+Blocks are transformers' own decoder-layer classes, built on the meta device with local
+indices against a config that describes only this slice (see `config_for_blocks`), then
+filled from just this slice's tensors in the checkpoint. A session's KV cache is a plain
+transformers `DynamicCache` over the slice, so attention, rotary embeddings, GQA, biases
+and sliding windows behave exactly as in the full model.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+from swarm.checkpoint import CheckpointError, load_tensors, strip_prefix
+from swarm.model_spec import ModelSpec, config_for_blocks
+
+logger = logging.getLogger(__name__)
+
+# model_type -> (module, decoder layer class, rotary embedding class)
+_CLASSES = {
+    "llama": ("transformers.models.llama.modeling_llama", "LlamaDecoderLayer", "LlamaRotaryEmbedding"),
+    "mistral": ("transformers.models.mistral.modeling_mistral", "MistralDecoderLayer", "MistralRotaryEmbedding"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2DecoderLayer", "Qwen2RotaryEmbedding"),
+}
+
+
+class BlockStack(nn.Module):
+    """Blocks [start, end) of one model, ready to run steps of inference sessions."""
+
+    def __init__(self, spec: ModelSpec, start: int, end: int, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        spec.check_range(start, end)
+        self.spec, self.start, self.end = spec, start, end
+        self.dtype, self.device = dtype, device
+        self.config = config_for_blocks(spec.config, start, end)
+        self.config._attn_implementation = "sdpa"
+        module_name, layer_cls, rotary_cls = _CLASSES[spec.model_type]
+        module = importlib.import_module(module_name)
+        with torch.device("meta"):
+            self.layers = nn.ModuleList(getattr(module, layer_cls)(self.config, i) for i in range(end - start))
+        self.rotary_emb = getattr(module, rotary_cls)(config=self.config).to(device)
+
+    @classmethod
+    def load(cls, spec: ModelSpec, start: int, end: int, dtype: torch.dtype, device: torch.device) -> BlockStack:
+        """Builds the blocks and loads their weights, logging progress per checkpoint file."""
+        began = time.perf_counter()
+        stack = cls(spec, start, end, dtype, device)
+        prefixes = tuple(f"model.layers.{i}." for i in range(start, end))
+
+        def on_file(path, n_tensors):
+            logger.info("%s [%d:%d): reading %d tensors from %s", spec.model_id, start, end, n_tensors, path.name)
+
+        tensors = load_tensors(spec.path, lambda name: name.startswith(prefixes), dtype, on_file)
+        for local_index, global_index in enumerate(range(start, end)):
+            layer_tensors = strip_prefix(tensors, f"model.layers.{global_index}.")
+            stack._fill_layer(local_index, global_index, layer_tensors)
+        stack.eval()
+        logger.info("%s [%d:%d): loaded in %.1f s (%s, %s)", spec.model_id, start, end,
+                    time.perf_counter() - began, dtype, device)
+        return stack
+
+    def _fill_layer(self, local_index: int, global_index: int, tensors: dict[str, torch.Tensor]) -> None:
+        layer = self.layers[local_index]
+        expected = set(layer.state_dict().keys())
+        missing = expected - tensors.keys()
+        if missing:
+            raise CheckpointError(f"checkpoint lacks {sorted(missing)} for block {global_index}")
+        layer.load_state_dict({k: tensors[k].to(self.device) for k in expected}, assign=True, strict=True)
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.config)
+
+    @torch.inference_mode()
+    def forward(self, hidden: torch.Tensor, cache: DynamicCache, position: int, start: int, end: int) -> torch.Tensor:
+        """Runs new tokens through global blocks [start, end) (inside this stack's range),
+        appending their keys/values to `cache`.
+
+        hidden: (batch, new_tokens, hidden_size) in self.dtype; position: tokens already cached.
+        """
+        first, last = start - self.start, end - self.start
+        new_tokens = hidden.shape[1]
+        position_ids = torch.arange(position, position + new_tokens, device=self.device).unsqueeze(0)
+        masks = self._masks(hidden, cache, position_ids, first, last)
+        position_embeddings = self.rotary_emb(hidden, position_ids)
+        for i in range(first, last):
+            hidden = self.layers[i](
+                hidden,
+                attention_mask=masks[i - first],
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+                position_embeddings=position_embeddings,
+            )
+        return hidden
+
+    def _masks(self, hidden: torch.Tensor, cache: DynamicCache, position_ids: torch.Tensor, first: int, last: int):
+        """The attention mask of each layer in [first, last), made the way the full model makes them.
+
+        Masks are sized against the first cache layer of their kind that this session runs
+        (`layer_idx`): a hop over part of the stack leaves the other layers' caches empty.
+        """
+        kwargs = dict(config=self.config, inputs_embeds=hidden, attention_mask=None,
+                      past_key_values=cache, position_ids=position_ids)
+        if self.spec.model_type == "mistral":  # one kind of mask for all layers (see MistralModel)
+            make = create_causal_mask if self.config.sliding_window is None else create_sliding_window_causal_mask
+            return [make(**kwargs, layer_idx=first)] * (last - first)
+        all_types = getattr(self.config, "layer_types", None) or ["full_attention"] * len(self.layers)
+        layer_types = all_types[first:last]
+        makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+        by_type = {kind: makers[kind](**kwargs, layer_idx=first + layer_types.index(kind)) for kind in set(layer_types)}
+        return [by_type[kind] for kind in layer_types]
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache one token of one sequence takes in these blocks."""
+        head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
+        element = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * len(self.layers) * self.config.num_key_value_heads * head_dim * element

@@ -1,0 +1,179 @@
+"""PeerCore: a peer's sessions, KV caches and limits. No sockets here (see peer/server.py).
+
+Every check on what a client asks for lives here and raises `ProtocolError`, which the
+transport turns into an error frame; nothing a client sends can crash the peer or make it
+hold more cache than its budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from peer.blocks import BlockStack
+from swarm.protocol import (
+    WIRE_DTYPES,
+    Close,
+    Closed,
+    ErrorCode,
+    Open,
+    Opened,
+    ProtocolError,
+    Step,
+    StepResult,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PeerLimits:
+    max_sessions: int = 16
+    max_length: int = 2048  # tokens per sequence
+    max_batch: int = 16
+    cache_tokens: int = 16 * 2048  # KV tokens over all sessions (batch x max_length each)
+    session_idle_timeout: float = 300.0  # seconds without a step before a session is dropped
+
+
+@dataclass
+class Session:
+    session_id: str
+    start: int
+    end: int
+    batch_size: int
+    max_length: int
+    wire_dtype: torch.dtype
+    cache: DynamicCache
+    position: int = 0  # tokens per sequence already in the cache
+    last_used: float = field(default_factory=time.monotonic)
+    busy: bool = False  # a step is being computed; never expire it then
+
+    @property
+    def reserved_tokens(self) -> int:
+        return self.batch_size * self.max_length
+
+
+class PeerCore:
+    """The sessions of one peer over one BlockStack."""
+
+    def __init__(self, blocks: BlockStack, model_id: str, limits: PeerLimits):
+        self.blocks = blocks
+        self.model_id = model_id
+        self.limits = limits
+        self.sessions: dict[str, Session] = {}
+        self.leaving = False
+
+    @property
+    def cache_tokens_left(self) -> int:
+        return self.limits.cache_tokens - sum(s.reserved_tokens for s in self.sessions.values())
+
+    def open(self, request: Open) -> Opened:
+        self._check_open(request)
+        self.sessions[request.session_id] = Session(
+            session_id=request.session_id,
+            start=request.start,
+            end=request.end,
+            batch_size=request.batch_size,
+            max_length=request.max_length,
+            wire_dtype=WIRE_DTYPES[request.dtype],
+            cache=self.blocks.new_cache(),
+        )
+        logger.debug("session %s opened for [%d:%d)", request.session_id, request.start, request.end)
+        return Opened(request.session_id)
+
+    def _check_open(self, r: Open) -> None:
+        limits = self.limits
+        if self.leaving:
+            raise ProtocolError(ErrorCode.LEAVING, "this peer is shutting down and takes no new sessions")
+        if r.model_id != self.model_id:
+            raise ProtocolError(ErrorCode.WRONG_MODEL, f"this peer serves {self.model_id}, not {r.model_id}")
+        if not (self.blocks.start <= r.start < r.end <= self.blocks.end):
+            raise ProtocolError(
+                ErrorCode.WRONG_LAYERS,
+                f"blocks [{r.start}:{r.end}) asked, this peer serves [{self.blocks.start}:{self.blocks.end})",
+            )
+        if r.dtype not in WIRE_DTYPES:
+            raise ProtocolError(ErrorCode.BAD_TENSOR, f"dtype {r.dtype!r} is not one of {sorted(WIRE_DTYPES)}")
+        if not 1 <= r.max_length <= limits.max_length:
+            raise ProtocolError(ErrorCode.TOO_LONG, f"max_length {r.max_length} is not in 1..{limits.max_length}")
+        if not 1 <= r.batch_size <= limits.max_batch:
+            raise ProtocolError(ErrorCode.BUSY, f"batch size {r.batch_size} is not in 1..{limits.max_batch}")
+        if r.session_id in self.sessions:
+            raise ProtocolError(ErrorCode.BAD_STATE, f"session {r.session_id} is already open")
+        if len(self.sessions) >= limits.max_sessions:
+            raise ProtocolError(ErrorCode.BUSY, f"all {limits.max_sessions} session slots are taken")
+        if r.batch_size * r.max_length > self.cache_tokens_left:
+            raise ProtocolError(
+                ErrorCode.BUSY,
+                f"session needs {r.batch_size * r.max_length} cache tokens, {self.cache_tokens_left} are left",
+            )
+
+    def begin_step(self, request: Step) -> tuple[Session, torch.Tensor]:
+        """Validates a step and marks its session busy; returns the input in the compute dtype."""
+        session = self.get(request.session_id)
+        hidden = request.hidden
+        expected_shape = (session.batch_size, hidden.shape[1] if hidden.ndim == 3 else -1, self.blocks.spec.hidden_size)
+        if hidden.ndim != 3 or tuple(hidden.shape) != expected_shape or hidden.shape[1] < 1:
+            raise ProtocolError(
+                ErrorCode.BAD_TENSOR,
+                f"hidden states must be (batch={session.batch_size}, new_tokens>=1, "
+                f"hidden={self.blocks.spec.hidden_size}), got {tuple(hidden.shape)}",
+            )
+        if hidden.dtype != session.wire_dtype:
+            raise ProtocolError(ErrorCode.BAD_TENSOR, f"session dtype is {session.wire_dtype}, got {hidden.dtype}")
+        if request.position != session.position:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE, f"step at position {request.position}, the session is at {session.position}"
+            )
+        if session.position + hidden.shape[1] > session.max_length:
+            raise ProtocolError(
+                ErrorCode.TOO_LONG,
+                f"{session.position} + {hidden.shape[1]} tokens exceed the session's max_length {session.max_length}",
+            )
+        if not torch.isfinite(hidden).all():
+            raise ProtocolError(ErrorCode.BAD_TENSOR, "hidden states contain NaN or inf")
+        if session.busy:
+            raise ProtocolError(ErrorCode.BAD_STATE, "a step of this session is already running")
+        session.busy = True
+        return session, hidden.to(self.blocks.device, self.blocks.dtype)
+
+    def run_step(self, session: Session, hidden: torch.Tensor) -> StepResult:
+        """The heavy part: runs in the compute thread. Always call after begin_step."""
+        try:
+            output = self.blocks(hidden, session.cache, session.position, session.start, session.end)
+            session.position += hidden.shape[1]
+            return StepResult(session.session_id, output.to("cpu", session.wire_dtype))
+        finally:
+            session.busy = False
+            session.last_used = time.monotonic()
+
+    def close(self, request: Close) -> Closed:
+        self.get(request.session_id)
+        self.drop(request.session_id)
+        return Closed(request.session_id)
+
+    def get(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"no open session {session_id!r} on this peer")
+        return session
+
+    def drop(self, session_id: str) -> None:
+        """Frees a session's cache (on close, disconnect or idle timeout)."""
+        if self.sessions.pop(session_id, None) is not None:
+            logger.debug("session %s freed", session_id)
+
+    def expire_idle(self, now: float | None = None) -> list[str]:
+        now = time.monotonic() if now is None else now
+        expired = [
+            sid for sid, s in self.sessions.items()
+            if not s.busy and now - s.last_used > self.limits.session_idle_timeout
+        ]
+        for sid in expired:
+            logger.info("session %s idle for over %.0f s; freeing its cache", sid, self.limits.session_idle_timeout)
+            self.drop(sid)
+        return expired

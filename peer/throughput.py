@@ -1,0 +1,84 @@
+"""Measures how fast this peer's blocks run, once per model shape and device, cached on disk.
+
+Two figures go into the peer's record: batched-prefill throughput (tokens/s through one
+block) and the latency of a one-token decode step through one block (ms). Routers use them
+to estimate a chain's latency and capacity.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from peer.blocks import BlockStack
+
+logger = logging.getLogger(__name__)
+
+PREFILL_TOKENS = 128
+DECODE_STEPS = 8
+
+
+@dataclass(frozen=True)
+class Throughput:
+    tokens_per_s: float  # per block, batched prefill
+    decode_ms_per_block: float
+
+
+def cache_path() -> Path:
+    base = os.environ.get("HEXSWARM_CACHE_DIR") or Path.home() / ".cache" / "hexswarm"
+    return Path(base) / "throughput.json"
+
+
+def measure_or_load(blocks: BlockStack) -> Throughput:
+    """Returns cached figures for this block shape/dtype/device, measuring them if absent."""
+    c = blocks.config
+    key = (f"{blocks.spec.model_type}-h{c.hidden_size}-i{c.intermediate_size}-a{c.num_attention_heads}"
+           f"-kv{c.num_key_value_heads}-{blocks.dtype}-{blocks.device}-t{torch.get_num_threads()}")
+    path = cache_path()
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if key in cached:
+        return Throughput(**cached[key])
+    logger.info("measuring throughput of [%d:%d) (cached afterwards in %s)", blocks.start, blocks.end, path)
+    figures = measure(blocks)
+    cached[key] = figures.__dict__
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cached, indent=1))
+    except OSError as e:
+        logger.warning("could not cache throughput in %s: %s", path, e)
+    return figures
+
+
+def measure(blocks: BlockStack) -> Throughput:
+    """Times a prefill of PREFILL_TOKENS and DECODE_STEPS one-token steps through the blocks."""
+    n_blocks = blocks.end - blocks.start
+    hidden = torch.randn(1, PREFILL_TOKENS, blocks.spec.hidden_size, dtype=blocks.dtype, device=blocks.device)
+    blocks(hidden[:, :8], blocks.new_cache(), 0, blocks.start, blocks.end)  # warm-up
+    cache = blocks.new_cache()
+    began = time.perf_counter()
+    blocks(hidden, cache, 0, blocks.start, blocks.end)
+    _sync(blocks.device)
+    prefill_s = time.perf_counter() - began
+    began = time.perf_counter()
+    for i in range(DECODE_STEPS):
+        blocks(hidden[:, i : i + 1], cache, PREFILL_TOKENS + i, blocks.start, blocks.end)
+    _sync(blocks.device)
+    decode_s = (time.perf_counter() - began) / DECODE_STEPS
+    return Throughput(
+        tokens_per_s=PREFILL_TOKENS * n_blocks / prefill_s,
+        decode_ms_per_block=1000 * decode_s / n_blocks,
+    )
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,61 @@
+"""Load just the tensors a role needs from a (possibly sharded) safetensors checkpoint."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+
+class CheckpointError(ValueError):
+    """A tensor the role needs is missing or malformed in the checkpoint."""
+
+
+def tensor_locations(model_dir: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it (reads the shard index if there is one)."""
+    index_file = model_dir / "model.safetensors.index.json"
+    if index_file.is_file():
+        weight_map = json.loads(index_file.read_text())["weight_map"]
+        return {name: model_dir / file_name for name, file_name in weight_map.items()}
+    single = model_dir / "model.safetensors"
+    if not single.is_file():
+        raise CheckpointError(f"{model_dir} has neither model.safetensors nor model.safetensors.index.json")
+    with safe_open(single, framework="pt") as f:
+        return {name: single for name in f.keys()}
+
+
+def load_tensors(
+    model_dir: Path,
+    wanted: Callable[[str], bool],
+    dtype: torch.dtype,
+    on_file: Callable[[Path, int], None] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Reads every tensor whose name `wanted` accepts, file by file, cast to `dtype`.
+
+    `on_file(path, n_tensors)` is called before each file is read, for progress logs.
+    """
+    by_file: dict[Path, list[str]] = {}
+    for name, path in tensor_locations(model_dir).items():
+        if wanted(name):
+            by_file.setdefault(path, []).append(name)
+    tensors: dict[str, torch.Tensor] = {}
+    for path, names in sorted(by_file.items()):
+        if on_file is not None:
+            on_file(path, len(names))
+        with safe_open(path, framework="pt") as f:
+            for name in names:
+                tensors[name] = f.get_tensor(name).to(dtype)
+    return tensors
+
+
+def strip_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {name[len(prefix) :]: t for name, t in tensors.items() if name.startswith(prefix)}
+
+
+def require(names: Iterable[str], tensors: dict[str, torch.Tensor], what: str) -> None:
+    missing = sorted(set(names) - set(tensors))
+    if missing:
+        raise CheckpointError(f"checkpoint lacks tensors for {what}: {missing[:5]}{' ...' if len(missing) > 5 else ''}")

@@ -1,0 +1,64 @@
+"""Starting hivemind DHT nodes the way every hexswarm role needs them."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+from swarm.identity import Identity
+
+# The public swarm's bootstrap nodes, overridable with HEXSWARM_INITIAL_PEERS (space- or
+# comma-separated multiaddrs). Empty until a public swarm runs; `--public` then says so clearly.
+PUBLIC_INITIAL_PEERS: tuple[str, ...] = ()
+INITIAL_PEERS_ENV = "HEXSWARM_INITIAL_PEERS"
+
+DEFAULT_HOST_MADDRS = ("/ip4/0.0.0.0/tcp/0",)
+
+
+def public_initial_peers() -> list[str]:
+    from_env = os.environ.get(INITIAL_PEERS_ENV, "")
+    peers = [p for p in from_env.replace(",", " ").split() if p] or list(PUBLIC_INITIAL_PEERS)
+    if not peers:
+        raise SystemExit(
+            f"no public bootstrap peers are configured; set {INITIAL_PEERS_ENV} or pass --initial-peers"
+        )
+    return peers
+
+
+def quiet_hivemind() -> None:
+    """hivemind logs every connection at INFO; keep its logs to warnings."""
+    os.environ.setdefault("HIVEMIND_LOGLEVEL", "WARNING")
+    logging.getLogger("hivemind").setLevel(logging.WARNING)
+
+
+def start_dht(
+    initial_peers: Sequence[str],
+    identity: Identity | None,
+    host_maddrs: Sequence[str] = DEFAULT_HOST_MADDRS,
+    announce_maddrs: Sequence[str] = (),
+    client_mode: bool = False,
+    wait_timeout: float = 30,
+):
+    """A running hivemind DHT node that signs with `identity` and validates every record it sees.
+
+    Every role installs the signature validator: nodes without it would store forged records.
+    """
+    import hivemind
+    from hivemind.dht.crypto import RSASignatureValidator
+
+    validator = RSASignatureValidator(identity.private_key if identity else None)
+    kwargs = dict(
+        initial_peers=list(initial_peers),
+        host_maddrs=list(host_maddrs),
+        client_mode=client_mode,
+        record_validators=[validator],
+        start=True,
+        await_ready=True,
+        wait_timeout=wait_timeout,
+    )
+    if announce_maddrs:
+        kwargs["announce_maddrs"] = list(announce_maddrs)
+    if identity is not None:
+        kwargs["identity_path"] = str(identity.identity_path)
+    return hivemind.DHT(**kwargs)

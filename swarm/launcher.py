@@ -1,0 +1,141 @@
+"""Starts and stops a private swarm's processes on this machine (demo, tests, benchmarks).
+
+Each process gets its own process group and a log file; `stop` sends SIGTERM, waits, then
+kills the whole group, so no bootstrap, peer or p2p daemon outlives its `LocalSwarm`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+@dataclass
+class Managed:
+    """One child process and where its output goes."""
+
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+@dataclass
+class LocalSwarm:
+    """A bootstrap node and peers, all on 127.0.0.1, owned by whoever made this object."""
+
+    workdir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    processes: list[Managed] = field(default_factory=list)
+    initial_peers: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+    def start_bootstrap(self, timeout: float = 60) -> list[str]:
+        identity = self.workdir / "bootstrap.key"
+        proc = self._spawn("bootstrap", [sys.executable, "-m", "swarm.cli", "bootstrap",
+                                         "--host-maddrs", LOOPBACK, "--identity", str(identity)],
+                           stdout=subprocess.PIPE)
+        line = _read_line(proc, timeout)
+        if not line.startswith("/"):
+            raise LaunchError(f"bootstrap did not print its address:\n{proc.log()}")
+        self.initial_peers = [line]
+        return self.initial_peers
+
+    def start_peer(self, model_dir: str | Path, layers: str, name: str, *extra: str, wait: bool = True,
+                   timeout: float = 120) -> Managed:
+        args = [sys.executable, "-m", "peer.cli", str(model_dir), "--layers", layers, "--name", name,
+                "--initial-peers", *self.initial_peers, "--host-maddrs", LOOPBACK, *extra]
+        proc = self._spawn(name, args)
+        if wait:
+            self.wait_for_log(proc, "online:", timeout)
+        return proc
+
+    def wait_for_log(self, proc: Managed, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in proc.log():
+            if not proc.alive():
+                raise LaunchError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise LaunchError(f"{proc.name} did not log {text!r} within {timeout} s:\n{proc.log()[-3000:]}")
+            time.sleep(0.1)
+
+    def stop(self, proc: Managed, timeout: float = 30) -> int | None:
+        """SIGTERM (a clean leave), then SIGKILL to the whole process group after `timeout`."""
+        if proc.alive():
+            proc.popen.send_signal(signal.SIGTERM)
+            try:
+                proc.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        _kill_group(proc.popen)
+        return proc.popen.returncode
+
+    def kill(self, proc: Managed) -> None:
+        """Abrupt death (no leave announcement), as when a volunteer's machine crashes."""
+        _kill_group(proc.popen)
+
+    def close(self) -> None:
+        for proc in reversed(self.processes):
+            self.stop(proc, timeout=15)
+        self.processes.clear()
+
+    def __enter__(self) -> LocalSwarm:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _spawn(self, name: str, args: list[str], stdout=None) -> Managed:
+        log_path = self.workdir / f"{name}.log"
+        log = open(log_path, "wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        popen = subprocess.Popen(args, stdout=stdout or log, stderr=log, stdin=subprocess.DEVNULL, env=env,
+                                 start_new_session=True, cwd=self.workdir)
+        log.close()
+        proc = Managed(name, popen, log_path)
+        self.processes.append(proc)
+        return proc
+
+
+def _read_line(proc: Managed, timeout: float) -> str:
+    """First stdout line of `proc`, or LaunchError after `timeout`."""
+    import selectors
+
+    selector = selectors.DefaultSelector()
+    selector.register(proc.popen.stdout, selectors.EVENT_READ)
+    if not selector.select(timeout):
+        raise LaunchError(f"{proc.name} printed nothing within {timeout} s:\n{proc.log()}")
+    return proc.popen.stdout.readline().decode().strip()
+
+
+def _kill_group(popen: subprocess.Popen) -> None:
+    try:
+        os.killpg(popen.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        popen.wait(10)
+    except subprocess.TimeoutExpired:
+        pass

@@ -1,0 +1,96 @@
+"""What every role needs to know about a model checkpoint: its architecture, size and identity.
+
+A model is a Hugging Face checkpoint directory (config.json + safetensors). Peers and clients
+name it by a fingerprint of its config and weights, so two different checkpoints that happen
+to share a directory name never end up in one chain.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoConfig, PretrainedConfig
+
+# model_type -> why it is supported: each uses transformers' Llama-style decoder layer
+# (RMSNorm, rotary embeddings, GQA); Qwen2 adds attention biases, Mistral/Qwen2 sliding windows.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+# Bytes of weight data hashed per safetensors file: enough to tell random seeds apart
+# without reading a whole multi-GB checkpoint.
+_FINGERPRINT_SAMPLE_BYTES = 1 << 20
+
+
+class ModelSpecError(ValueError):
+    """The directory is not a checkpoint hexswarm can serve."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A checkpoint as the swarm sees it."""
+
+    path: Path
+    model_id: str  # "<name>-<fingerprint>", the key peers announce under
+    model_type: str
+    num_blocks: int  # transformer layers
+    hidden_size: int
+    config: PretrainedConfig
+
+    def check_range(self, start: int, end: int) -> None:
+        if not (0 <= start < end <= self.num_blocks):
+            raise ModelSpecError(f"layer range {start}:{end} is not inside 0:{self.num_blocks}")
+
+
+def load_model_spec(model_dir: str | Path) -> ModelSpec:
+    path = Path(model_dir).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise ModelSpecError(f"{path} has no config.json: not a Hugging Face checkpoint directory")
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelSpecError(
+            f"model type {config.model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    return ModelSpec(
+        path=path,
+        model_id=f"{path.name}-{fingerprint(path)}",
+        model_type=config.model_type,
+        num_blocks=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        config=config,
+    )
+
+
+def fingerprint(model_dir: Path) -> str:
+    """A short hash of config.json plus each weight file's size, header and first MiB."""
+    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
+    weight_files = sorted(model_dir.glob("*.safetensors"))
+    if not weight_files:
+        raise ModelSpecError(f"{model_dir} has no *.safetensors weight files")
+    for weight_file in weight_files:
+        digest.update(weight_file.name.encode())
+        digest.update(str(weight_file.stat().st_size).encode())
+        with open(weight_file, "rb") as f:
+            digest.update(f.read(_FINGERPRINT_SAMPLE_BYTES))
+    return digest.hexdigest()[:12]
+
+
+def config_for_blocks(config: PretrainedConfig, start: int, end: int) -> PretrainedConfig:
+    """A copy of `config` describing only blocks [start, end), indexed from 0.
+
+    A peer builds its layers with local indices against this config, so transformers' own
+    cache (DynamicCache) and mask helpers work unchanged on a slice of the model.
+    """
+    local = copy.deepcopy(config)
+    local.num_hidden_layers = end - start
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        local.layer_types = list(layer_types[start:end])
+    return local
+
+
+def read_json(path: Path) -> dict:
+    with open(path) as f:
+        return json.load(f)

@@ -1,0 +1,290 @@
+"""The wire protocol between clients and peers: every message that crosses the network.
+
+A session is one persistent hivemind binary stream per (client, peer) hop. Each frame is
+
+    u32 big-endian payload length | msgpack map
+
+and every map carries `t` (the message type) and `v` (the protocol version). Tensors travel
+as a map {dtype, shape, data} with the raw bytes in `data`. Nothing is ever pickled.
+
+`decode_*` functions validate everything and raise `ProtocolError` with an `ErrorCode`, which
+the receiving side turns into an `Error` frame for the sender; a peer never crashes on input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+
+PROTOCOL_VERSION = 1
+SESSION_PROTOCOL = "/hexswarm/session/1"  # hivemind stream handler name
+DEFAULT_MAX_FRAME_BYTES = 64 << 20
+_LENGTH = struct.Struct(">I")
+
+
+class MsgType(enum.IntEnum):
+    OPEN = 1  # client -> peer: start a session
+    OPENED = 2  # peer -> client
+    STEP = 3  # client -> peer: hidden states of new tokens
+    STEP_RESULT = 4  # peer -> client
+    CLOSE = 5  # client -> peer
+    CLOSED = 6  # peer -> client
+    PING = 7  # client -> peer: round-trip measurement, also before OPEN
+    PONG = 8
+    ERROR = 9  # peer -> client
+
+
+class ErrorCode(enum.IntEnum):
+    MALFORMED = 1  # not msgpack, missing or mistyped fields
+    FRAME_TOO_LARGE = 2
+    VERSION = 3  # protocol version we do not speak
+    BAD_TENSOR = 4  # wrong dtype, shape or byte count
+    WRONG_MODEL = 5
+    WRONG_LAYERS = 6  # layers this peer does not serve
+    UNKNOWN_SESSION = 7
+    TOO_LONG = 8  # beyond the session's (or the peer's) max length
+    BUSY = 9  # session limit or cache budget reached
+    LEAVING = 10  # the peer is shutting down
+    BAD_STATE = 11  # e.g. STEP before OPEN, second OPEN on one stream
+    INTERNAL = 12
+
+
+class ProtocolError(Exception):
+    """Bad input from the other side; becomes an ERROR frame."""
+
+    def __init__(self, code: ErrorCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+# torch dtype <-> wire name. Only what a hidden state can be; bfloat16 has no numpy twin,
+# so tensors go through their raw bytes (`view(torch.uint8)`) rather than numpy.
+WIRE_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+DTYPE_NAMES = {dtype: name for name, dtype in WIRE_DTYPES.items()}
+
+
+# ---------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class Open:
+    session_id: str
+    model_id: str
+    start: int  # blocks [start, end) this hop runs
+    end: int
+    max_length: int  # tokens per sequence the session may reach
+    batch_size: int
+    dtype: str  # dtype of the hidden states on the wire
+
+
+@dataclass(frozen=True)
+class Opened:
+    session_id: str
+
+
+@dataclass(frozen=True)
+class Step:
+    session_id: str
+    position: int  # tokens of each sequence already in the cache; must equal the peer's count
+    hidden: torch.Tensor  # (batch, new_tokens, hidden_size)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    session_id: str
+    hidden: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Close:
+    session_id: str
+
+
+@dataclass(frozen=True)
+class Closed:
+    session_id: str
+
+
+@dataclass(frozen=True)
+class Ping:
+    nonce: int
+
+
+@dataclass(frozen=True)
+class Pong:
+    nonce: int
+
+
+@dataclass(frozen=True)
+class Error:
+    code: ErrorCode
+    message: str
+
+
+Message = Open | Opened | Step | StepResult | Close | Closed | Ping | Pong | Error
+
+
+# ---------------------------------------------------------------- tensors
+
+
+def encode_tensor(tensor: torch.Tensor) -> dict[str, Any]:
+    if tensor.dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype {tensor.dtype} cannot go on the wire")
+    flat = tensor.detach().to("cpu").contiguous()
+    return {
+        "dtype": DTYPE_NAMES[flat.dtype],
+        "shape": list(flat.shape),
+        "data": flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"",
+    }
+
+
+def decode_tensor(obj: Any) -> torch.Tensor:
+    fields = _require_map(obj, "tensor")
+    dtype_name = _field(fields, "dtype", str)
+    shape = _field(fields, "shape", list)
+    data = _field(fields, "data", bytes)
+    if dtype_name not in WIRE_DTYPES:
+        raise ProtocolError(ErrorCode.BAD_TENSOR, f"dtype {dtype_name!r} is not one of {sorted(WIRE_DTYPES)}")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape) or len(shape) > 8:
+        raise ProtocolError(ErrorCode.BAD_TENSOR, f"shape {shape!r} is not a list of non-negative ints")
+    dtype = WIRE_DTYPES[dtype_name]
+    expected = int(np.prod(shape, dtype=np.int64)) * torch.tensor([], dtype=dtype).element_size()
+    if expected != len(data):
+        raise ProtocolError(ErrorCode.BAD_TENSOR, f"shape {shape} of {dtype_name} needs {expected} bytes, got {len(data)}")
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return raw.view(dtype).reshape(shape)
+
+
+# ---------------------------------------------------------------- frames
+
+
+def encode(message: Message) -> bytes:
+    """The payload of one frame (without the length prefix)."""
+    body: dict[str, Any] = {"v": PROTOCOL_VERSION}
+    match message:
+        case Open():
+            body.update(t=MsgType.OPEN, session=message.session_id, model=message.model_id, start=message.start,
+                        end=message.end, max_length=message.max_length, batch=message.batch_size, dtype=message.dtype)
+        case Opened() | Closed() | Close():
+            kind = {Opened: MsgType.OPENED, Closed: MsgType.CLOSED, Close: MsgType.CLOSE}[type(message)]
+            body.update(t=kind, session=message.session_id)
+        case Step():
+            body.update(t=MsgType.STEP, session=message.session_id, position=message.position,
+                        hidden=encode_tensor(message.hidden))
+        case StepResult():
+            body.update(t=MsgType.STEP_RESULT, session=message.session_id, hidden=encode_tensor(message.hidden))
+        case Ping() | Pong():
+            body.update(t=MsgType.PING if isinstance(message, Ping) else MsgType.PONG, nonce=message.nonce)
+        case Error():
+            body.update(t=MsgType.ERROR, code=int(message.code), message=message.message)
+        case _:
+            raise TypeError(f"not a protocol message: {message!r}")
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def decode(payload: bytes) -> Message:
+    """Parses and validates one frame's payload; raises ProtocolError on anything off."""
+    try:
+        obj = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=len(payload))
+    except Exception as e:  # msgpack raises many types on garbage
+        raise ProtocolError(ErrorCode.MALFORMED, f"frame is not msgpack: {type(e).__name__}") from None
+    fields = _require_map(obj, "frame")
+    version = _field(fields, "v", int)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(ErrorCode.VERSION, f"protocol version {version} (this side speaks {PROTOCOL_VERSION})")
+    kind = _field(fields, "t", int)
+    if kind not in MsgType._value2member_map_:
+        raise ProtocolError(ErrorCode.MALFORMED, f"unknown message type {kind}")
+    return _DECODERS[MsgType(kind)](fields)
+
+
+def _decode_open(f: dict) -> Open:
+    return Open(
+        session_id=_session(f),
+        model_id=_field(f, "model", str),
+        start=_field(f, "start", int),
+        end=_field(f, "end", int),
+        max_length=_field(f, "max_length", int),
+        batch_size=_field(f, "batch", int),
+        dtype=_field(f, "dtype", str),
+    )
+
+
+def _decode_error(f: dict) -> Error:
+    code = _field(f, "code", int)
+    code = ErrorCode(code) if code in ErrorCode._value2member_map_ else ErrorCode.INTERNAL
+    return Error(code=code, message=_field(f, "message", str)[:2000])
+
+
+_DECODERS = {
+    MsgType.OPEN: _decode_open,
+    MsgType.OPENED: lambda f: Opened(_session(f)),
+    MsgType.STEP: lambda f: Step(_session(f), _field(f, "position", int), decode_tensor(f.get("hidden"))),
+    MsgType.STEP_RESULT: lambda f: StepResult(_session(f), decode_tensor(f.get("hidden"))),
+    MsgType.CLOSE: lambda f: Close(_session(f)),
+    MsgType.CLOSED: lambda f: Closed(_session(f)),
+    MsgType.PING: lambda f: Ping(_field(f, "nonce", int)),
+    MsgType.PONG: lambda f: Pong(_field(f, "nonce", int)),
+    MsgType.ERROR: _decode_error,
+}
+
+
+def _require_map(obj: Any, what: str) -> dict:
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.MALFORMED, f"{what} must be a map, got {type(obj).__name__}")
+    return obj
+
+
+def _field(fields: dict, name: str, kind: type) -> Any:
+    value = fields.get(name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ProtocolError(ErrorCode.MALFORMED, f"field {name!r} must be {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _session(fields: dict) -> str:
+    session_id = _field(fields, "session", str)
+    if not 0 < len(session_id) <= 64:
+        raise ProtocolError(ErrorCode.MALFORMED, "session id must be 1..64 characters")
+    return session_id
+
+
+# ---------------------------------------------------------------- stream I/O
+
+
+async def write_frame(writer: asyncio.StreamWriter, message: Message) -> None:
+    payload = encode(message)
+    writer.write(_LENGTH.pack(len(payload)) + payload)
+    await writer.drain()
+
+
+class FrameTooLarge(ProtocolError):
+    def __init__(self, size: int, limit: int):
+        super().__init__(ErrorCode.FRAME_TOO_LARGE, f"frame of {size} bytes is over the limit of {limit}")
+
+
+async def read_payload(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
+    """Reads one frame's payload. The size check happens before the payload is read, so an
+    announced huge frame costs no memory. Raises asyncio.IncompleteReadError on EOF."""
+    (size,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    if size > max_bytes:
+        raise FrameTooLarge(size, max_bytes)
+    return await reader.readexactly(size)
+
+
+async def read_frame(reader: asyncio.StreamReader, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Message:
+    return decode(await read_payload(reader, max_bytes))

@@ -1,0 +1,159 @@
+"""What peers announce in the DHT, and how anyone reads it back.
+
+Layout (one DHT key per model; each peer owns one subkey, protected by its signature):
+
+    hexswarm/v1/models/<model_id>   subkey [owner:<peer's public key>]  ->  msgpack PeerRecord
+    hexswarm/v1/models              subkey [owner:<peer's public key>]  ->  msgpack ModelEntry
+
+Values carry a schema version; readers skip records they cannot parse, records whose peer id
+is not the one of the key that signed them, and fields they do not know.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import msgpack
+
+from swarm.identity import peer_id_from_owner_marker
+
+logger = logging.getLogger(__name__)
+
+RECORD_SCHEMA_VERSION = 1
+MODELS_KEY = "hexswarm/v1/models"
+
+
+def model_key(model_id: str) -> str:
+    return f"{MODELS_KEY}/{model_id}"
+
+
+class PeerState(str, enum.Enum):
+    JOINING = "joining"  # loading layers, not serving yet
+    ONLINE = "online"
+    LEAVING = "leaving"  # finishing open sessions, refusing new ones
+
+
+@dataclass(frozen=True)
+class PeerRecord:
+    """One peer's announcement for one model."""
+
+    peer_id: str  # base58 libp2p id; must match the key that signed the record
+    name: str  # human-friendly, chosen by the operator
+    model_id: str
+    start: int  # serves blocks [start, end)
+    end: int
+    state: PeerState
+    throughput: float  # tokens/s through one block in a batched prefill (measured at start)
+    decode_ms_per_block: float  # one-token decode step through one block (measured at start)
+    cache_tokens_left: int  # KV-cache tokens a new session can still reserve
+    open_sessions: int
+    max_length: int  # longest sequence a session may reach
+    dtype: str
+    device: str
+    version: str  # hexswarm version
+    addrs: tuple[str, ...] = ()  # multiaddrs, for people reading status
+    schema: int = RECORD_SCHEMA_VERSION
+
+    def to_bytes(self) -> bytes:
+        body = asdict(self)
+        body["state"] = self.state.value
+        body["addrs"] = list(self.addrs)
+        return msgpack.packb(body, use_bin_type=True)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PeerRecord:
+        """Parses a record; raises ValueError if it is malformed or of a newer schema."""
+        body = _unpack_map(data)
+        if body.get("schema") != RECORD_SCHEMA_VERSION:
+            raise ValueError(f"record schema {body.get('schema')!r} is not {RECORD_SCHEMA_VERSION}")
+        known = {f.name: body[f.name] for f in fields(cls) if f.name in body}  # unknown fields ignored
+        try:
+            known["state"] = PeerState(known["state"])
+            known["addrs"] = tuple(str(a) for a in known.get("addrs", ()))
+            record = cls(**known)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"malformed peer record: {e}") from None
+        _check_types(record)
+        return record
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A peer's note that it serves `model_id`, so `hexswarm status` can list models."""
+
+    model_id: str
+    num_blocks: int
+    schema: int = RECORD_SCHEMA_VERSION
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb({"model_id": self.model_id, "num_blocks": self.num_blocks, "schema": self.schema})
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ModelEntry:
+        body = _unpack_map(data)
+        model_id, num_blocks = body.get("model_id"), body.get("num_blocks")
+        if not isinstance(model_id, str) or not isinstance(num_blocks, int) or num_blocks <= 0:
+            raise ValueError("malformed model entry")
+        return cls(model_id=model_id, num_blocks=num_blocks)
+
+
+def parse_signed_entries(dict_value: Any, parse):
+    """Turns a hivemind dictionary value {subkey: ValueWithExpiration} into [(peer_id, parsed)],
+    keeping only entries whose subkey is an owner marker and that parse."""
+    entries = []
+    if not isinstance(getattr(dict_value, "value", None), dict):
+        return entries
+    for subkey, item in dict_value.value.items():
+        try:
+            marker = subkey if isinstance(subkey, bytes) else str(subkey).encode()
+            owner = peer_id_from_owner_marker(marker).to_base58()
+            entries.append((owner, parse(item.value)))
+        except Exception as e:  # anything malformed from the network is skipped, never raised
+            logger.debug("skipping DHT entry: %s", e)
+    return entries
+
+
+def read_peer_records(dht, model_id: str) -> list[PeerRecord]:
+    """Every well-formed, correctly signed record of `model_id` currently in the DHT."""
+    value = dht.get(model_key(model_id), latest=True)
+    records = []
+    for owner, record in parse_signed_entries(value, PeerRecord.from_bytes):
+        if record.peer_id != owner or record.model_id != model_id:
+            logger.warning("ignoring a record that claims peer %s but is signed by %s", record.peer_id, owner)
+            continue
+        records.append(record)
+    return records
+
+
+def read_models(dht) -> dict[str, int]:
+    """model_id -> number of blocks, for every model some peer announced."""
+    value = dht.get(MODELS_KEY, latest=True)
+    return {entry.model_id: entry.num_blocks for _, entry in parse_signed_entries(value, ModelEntry.from_bytes)}
+
+
+def _unpack_map(data: Any) -> dict:
+    if not isinstance(data, bytes | bytearray) or len(data) > 64 * 1024:
+        raise ValueError("record must be at most 64 KiB of bytes")
+    try:
+        body = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception:
+        raise ValueError("record is not msgpack") from None
+    if not isinstance(body, dict):
+        raise ValueError("record is not a map")
+    return body
+
+
+_FIELD_TYPES = {"peer_id": str, "name": str, "model_id": str, "start": int, "end": int, "throughput": (int, float),
+                "decode_ms_per_block": (int, float), "cache_tokens_left": int, "open_sessions": int,
+                "max_length": int, "dtype": str, "device": str, "version": str}
+
+
+def _check_types(record: PeerRecord) -> None:
+    for name, kind in _FIELD_TYPES.items():
+        if not isinstance(getattr(record, name), kind):
+            raise ValueError(f"field {name} has the wrong type")
+    if not 0 <= record.start < record.end:
+        raise ValueError(f"bad layer range {record.start}:{record.end}")
