@@ -4,12 +4,14 @@ Petals' `find_best_chain` (seed 004, §II-A, Algorithm 1 of its ref. [5]) weighs
 its compute time plus the client's ping to it; the study's NSGA-II (§II-B3) adds the servers'
 compute throughput as a second objective. Both become, per hop on a client-relayed chain:
 
-    latency_ms(hop)  = rtt(client, peer) + transfer(hidden states, both ways)
-                       + decode_ms_per_block(peer) * blocks(hop)
-    throughput(hop)  = throughput(peer) / (blocks(hop) * (1 + open_sessions(peer)))
+    latency_ms(hop)     = rtt(client, peer) + transfer(hidden states, both ways)
+                          + decode_ms_per_block(peer) * blocks(hop)
+    throughput(peer)    = throughput(peer) / (blocks the chain runs on it * (1 + open_sessions))
 
 A chain's latency is the sum over its hops (ms per decode step); its throughput is the
-bottleneck, the smallest hop throughput (tokens/s after the current load is shared out).
+bottleneck, the smallest per-peer throughput (tokens/s after the current load is shared
+out). The solvers bound each hop by the floor; a chain that comes back to a peer after
+another peer (never useful for latency, rare) is still scored by the peer's total blocks.
 """
 
 from __future__ import annotations
@@ -158,19 +160,16 @@ def hop_latency_ms(cands: Candidates, i: int, start: int, end: int) -> float:
     return float(cands.overhead_ms[i] + cands.decode_ms[i] * (end - start))
 
 
-def hop_throughput(cands: Candidates, i: int, start: int, end: int) -> float:
-    """Tokens/s candidate i sustains for this session over blocks [start, end)."""
-    return float(cands.capacity[i] / (end - start))
-
-
 def make_route(cands: Candidates, hops: list[tuple[int, int, int]]) -> Route:
     """Builds a Route from (candidate, start, end) hops, with its latency and bottleneck throughput."""
     latency = sum(hop_latency_ms(cands, i, s, e) for i, s, e in hops)
-    throughput = min(hop_throughput(cands, i, s, e) for i, s, e in hops)
+    blocks: dict[int, int] = {}
+    for i, s, e in hops:
+        blocks[i] = blocks.get(i, 0) + e - s
     return Route(
         hops=tuple(Hop(cands.peers[i].peer_id, s, e) for i, s, e in hops),
         latency_ms=latency,
-        throughput=throughput,
+        throughput=min(float(cands.capacity[i]) / k for i, k in blocks.items()),
     )
 
 

@@ -11,9 +11,13 @@ arrival at boundary e is
 which is a windowed minimum per peer over boundaries that are already final (s < e), so one
 sweep over e = 1..L, vectorised over peers, gives the exact optimum.
 
-The window is [start_i, e) for plain min-latency. `shortest_chain(..., min_throughput=t)`
-also solves the epsilon-constrained problem used by the other modes: a hop on peer i may
-span at most capacity_i / t blocks, so every hop keeps throughput >= t.
+The window is [start_i, e) for plain min-latency, which is exact. `shortest_chain(...,
+min_throughput=t)` solves the epsilon-constrained problem the other modes use: peer i may run
+at most capacity_i / t blocks of the chain. The DP bounds each hop; a chain that comes back
+to a peer (p, q, p) could still exceed that peer's total, so we then forbid the peers that
+came back to start a hop after their first one and solve again (a repair: what it returns always meets the
+floor, but it may miss the best such chain; the tests measure how often). Every peer that
+came back is barred at once: fewer rounds, a little less reach.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ Hops = list[tuple[int, int, int]]  # (candidate index, start block, end block)
 _THROUGHPUT_RTOL = 1e-9
 
 
-def _max_hop_blocks(cands: Candidates, min_throughput: float) -> np.ndarray:
-    """(n,) longest hop each candidate may run while keeping hop throughput >= min_throughput."""
+def _max_blocks(cands: Candidates, min_throughput: float) -> np.ndarray:
+    """(n,) most blocks each candidate may run in a chain while keeping throughput >= min_throughput."""
     span = cands.end - cands.start
     if min_throughput <= 0:
         return span
@@ -39,44 +43,76 @@ def _max_hop_blocks(cands: Candidates, min_throughput: float) -> np.ndarray:
 
 
 def shortest_chain(cands: Candidates, min_throughput: float = 0.0) -> Hops | None:
-    """Exact min-latency chain whose hops all keep throughput >= min_throughput; None if none exists.
+    """Min-latency chain in which every peer keeps throughput >= min_throughput; None if none found.
 
-    Ties go to the candidate listed first, so the answer is deterministic for a given view.
+    Exact for min_throughput == 0; with a floor, repaired as the module docstring says.
     """
-    num_blocks = cands.num_blocks
-    if cands.size == 0:
+    max_len = _max_blocks(cands, min_throughput)
+    last_start = cands.end - 1  # latest boundary a hop on peer i may start at
+    while True:
+        hops = _chain_dp(cands, max_len, last_start)
+        if hops is None or min_throughput <= 0:
+            return hops
+        ids = [i for i, _, _ in hops]
+        blocks = np.bincount(ids, weights=[e - s for _, s, e in hops], minlength=cands.size)
+        if not (blocks > max_len).any():
+            return hops
+        for i in {i for i in ids if ids.count(i) > 1}:  # keep its first hop, forbid it to come back
+            last_start[i] = min(s for j, s, _ in hops if j == i)
+
+
+def _chain_dp(cands: Candidates, max_len: np.ndarray, last_start: np.ndarray) -> Hops | None:
+    """Exact min-latency chain whose hop on peer i spans at most max_len[i] blocks from s <= last_start[i].
+
+    Two hops in a row on one peer are never useful (one hop does the same work for one
+    round trip less) but would dodge the bound, so each boundary keeps its two best
+    arrivals with different last peers, and a hop on peer i extends the best arrival whose
+    last peer is not i. Ties go to the candidate listed first (deterministic).
+    """
+    num_blocks, n = cands.num_blocks, cands.size
+    if n == 0:
         return None
-    max_len = _max_hop_blocks(cands, min_throughput)
-    dist = np.full(num_blocks + 1, np.inf)
-    dist[0] = 0.0
-    parent = np.full((num_blocks + 1, 2), -1, dtype=np.int64)  # boundary e -> (candidate, s)
-    offsets = np.full((cands.size, num_blocks), np.inf)  # [i, s] = dist[s] - d_i * s
+    dist = np.full((num_blocks + 1, 2), np.inf)  # [e, rank]: best, and best with another last peer
+    dist[0, 0] = 0.0
+    last = np.full((num_blocks + 1, 2), -1, dtype=np.int64)  # last peer of each arrival
+    parent = np.full((num_blocks + 1, 2, 2), -1, dtype=np.int64)  # [e, rank] -> (s, rank at s)
+    offsets = np.full((n, num_blocks), np.inf)  # [i, s] = arrival at s usable by peer i - d_i * s
+    rank_at = np.zeros((n, num_blocks), dtype=np.int64)  # which arrival at s that was
     boundaries = np.arange(num_blocks)
     for e in range(1, num_blocks + 1):
-        offsets[:, e - 1] = dist[e - 1] - cands.decode_ms * (e - 1)
+        _open_boundary(cands, dist, last, offsets, rank_at, e - 1)
         rows = np.flatnonzero((cands.start <= e - 1) & (e - 1 < cands.end))
-        if rows.size == 0:
-            continue
         lo = np.maximum(cands.start[rows], e - max_len[rows])  # (r,) first allowed start
-        window = np.where(boundaries[None, :e] >= lo[:, None], offsets[rows, :e], np.inf)  # (r, e)
-        best_s = np.argmin(window, axis=1)
+        b = boundaries[None, :e]
+        allowed = (b >= lo[:, None]) & (b <= last_start[rows, None])
+        window = np.where(allowed, offsets[rows, :e], np.inf)  # (r, e)
+        best_s = np.argmin(window, axis=1) if rows.size else rows
         cost = cands.overhead_ms[rows] + cands.decode_ms[rows] * e + window[np.arange(rows.size), best_s]
-        k = int(np.argmin(cost))
-        if np.isfinite(cost[k]):
-            dist[e] = cost[k]
-            parent[e] = (rows[k], best_s[k])
-    if not np.isfinite(dist[num_blocks]):
+        for rank, k in enumerate(np.argsort(cost, kind="stable")[:2]):
+            if np.isfinite(cost[k]):
+                dist[e, rank], last[e, rank] = cost[k], rows[k]
+                parent[e, rank] = (best_s[k], rank_at[rows[k], best_s[k]])
+    if not np.isfinite(dist[num_blocks, 0]):
         return None
-    return _unwind(parent, num_blocks)
+    return _unwind(last, parent, num_blocks)
 
 
-def _unwind(parent: np.ndarray, num_blocks: int) -> Hops:
+def _open_boundary(cands: Candidates, dist, last, offsets, rank_at, s: int) -> None:
+    """Boundary s is final: record, per peer, the arrival a hop on that peer may start from."""
+    offsets[:, s] = dist[s, 0] - cands.decode_ms * s
+    j = last[s, 0]
+    if j >= 0:  # peer j may not follow itself: it gets the runner-up arrival
+        offsets[j, s] = dist[s, 1] - cands.decode_ms[j] * s
+        rank_at[j, s] = 1
+
+
+def _unwind(last: np.ndarray, parent: np.ndarray, num_blocks: int) -> Hops:
     hops: Hops = []
-    e = num_blocks
+    e, rank = num_blocks, 0
     while e > 0:
-        i, s = (int(v) for v in parent[e])
-        hops.append((i, s, e))
-        e = s
+        s, prev_rank = (int(v) for v in parent[e, rank])
+        hops.append((int(last[e, rank]), s, e))
+        e, rank = s, prev_rank
     return hops[::-1]
 
 

@@ -1,0 +1,197 @@
+"""NSGA-II over chains of peers (seed 004, §II-B), with the seed's encoding and ours.
+
+Both problems minimise (latency_ms, -throughput) of the decoded chain (routing.chain_cost),
+so their fronts live in one objective space and can be compared by hypervolume.
+
+- "matrix" (the seed's, §II-B2..B4): a servers x blocks bit matrix, bit (i, b) = "server i
+  runs block b"; random bits, bit-flip mutation, single-point crossover, and the coverage
+  constraint "every block has a server" (number of uncovered blocks <= 0). A block runs on
+  the first set server that serves it; equal neighbours merge into one hop.
+- "chain" (ours): one gene per block holding the peer that runs it, valid by construction
+  (so no constraint and no wasted bits). Mutation reassigns a random contiguous sub-range of
+  one peer's range to that peer, which makes or splits whole hops; crossover is single-point
+  on the block axis, which splices two chains at a layer boundary. The initial population is
+  random chains plus anchors: the exact min-latency chain (so the front always holds the
+  fastest chain) and three chains under throughput floors near the widest end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from pymoo.algorithms.moo.nsga2 import NSGA2
+from pymoo.core.mutation import Mutation
+from pymoo.core.problem import Problem
+from pymoo.core.sampling import Sampling
+from pymoo.operators.crossover.pntx import SinglePointCrossover
+from pymoo.operators.mutation.bitflip import BitflipMutation
+from pymoo.operators.sampling.rnd import BinaryRandomSampling
+from pymoo.optimize import minimize
+
+from routing.chain_cost import Candidates, route_from_assignment
+from routing.chain_front import Front
+from routing.max_throughput import hop_widest_bottleneck
+from routing.min_latency import Hops, _chain_dp, _max_blocks, shortest_chain
+
+ENCODINGS = ("chain", "matrix")
+
+
+@dataclass(frozen=True)
+class NsgaConfig:
+    """Search budget and encoding of one NSGA-II run."""
+
+    pop_size: int = 40  # the seed used 100; 40 keeps a 100-peer run near 100 ms
+    generations: int = 30
+    seed: int = 0
+    encoding: str = "chain"  # "chain" (ours) or "matrix" (the seed's)
+    anchors: bool = True  # chain encoding: start from the exact min-latency and widest chains
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
+        if self.pop_size < 4 or self.generations < 1:
+            raise ValueError(
+                f"need pop_size >= 4 and generations >= 1, got {self.pop_size}, {self.generations}"
+            )
+
+
+def evaluate_assignments(cands: Candidates, assign: np.ndarray) -> np.ndarray:
+    """(pop, 2) objectives [latency_ms, -throughput] of (pop, L) per-block candidate indices."""
+    pop, num_blocks = assign.shape
+    starts = np.ones_like(assign, dtype=bool)  # block b opens a new hop
+    starts[:, 1:] = assign[:, 1:] != assign[:, :-1]
+    latency = cands.decode_ms[assign].sum(axis=1) + (cands.overhead_ms[assign] * starts).sum(axis=1)
+    per_peer = np.zeros((pop, cands.size), dtype=np.int64)  # blocks each peer runs per chain
+    np.add.at(per_peer, (np.arange(pop)[:, None], assign), 1)
+    throughput = (cands.capacity[assign] / np.take_along_axis(per_peer, assign, axis=1)).min(axis=1)
+    return np.column_stack([latency, -throughput])
+
+
+class ChainProblem(Problem):
+    """Our encoding: gene b = candidate index running block b."""
+
+    def __init__(self, cands: Candidates):
+        super().__init__(n_var=cands.num_blocks, n_obj=2, xl=0, xu=cands.size - 1, vtype=int)
+        self.cands = cands
+
+    def _evaluate(self, x, out, *args, **kwargs):
+        out["F"] = evaluate_assignments(self.cands, x.astype(np.int64))
+
+
+class MatrixProblem(Problem):
+    """The seed's encoding: x[i * L + b] = 1 when candidate i runs block b (§II-B2)."""
+
+    def __init__(self, cands: Candidates):
+        n, num_blocks = cands.size, cands.num_blocks
+        super().__init__(n_var=n * num_blocks, n_obj=2, n_ieq_constr=1, xl=0, xu=1, vtype=bool)
+        self.cands = cands
+        self.serves = cands.serves()  # (n, L)
+
+    def _evaluate(self, x, out, *args, **kwargs):
+        bits = x.reshape(len(x), self.cands.size, self.cands.num_blocks).astype(bool) & self.serves
+        covered = bits.any(axis=1)  # (pop, L)
+        out["F"] = evaluate_assignments(self.cands, bits.argmax(axis=1))
+        out["G"] = (~covered).sum(axis=1, keepdims=True).astype(float)  # uncovered blocks <= 0
+
+
+def _random_chain(cands: Candidates, rng: np.random.Generator) -> np.ndarray:
+    """A random chain as a per-block assignment: random peer at each boundary, long hops likelier."""
+    assign = np.empty(cands.num_blocks, dtype=np.int64)
+    b = 0
+    while b < cands.num_blocks:
+        rows = np.flatnonzero((cands.start <= b) & (b < cands.end))
+        i = int(rng.choice(rows))
+        end = int(cands.end[i]) if rng.random() < 0.5 else int(rng.integers(b + 1, cands.end[i] + 1))
+        assign[b:end] = i
+        b = end
+    return assign
+
+
+def _assignment(hops: Hops, num_blocks: int) -> np.ndarray:
+    assign = np.empty(num_blocks, dtype=np.int64)
+    for i, s, e in hops:
+        assign[s:e] = i
+    return assign
+
+
+class ChainSampling(Sampling):
+    """Random chains, led by the exact anchors when the config asks for them."""
+
+    def __init__(self, cands: Candidates, anchors: list[Hops], seed: int):
+        super().__init__()
+        self.cands, self.anchors, self.rng = cands, anchors, np.random.default_rng(seed)
+
+    def _do(self, problem, n_samples, **kwargs):
+        rows = [_assignment(h, self.cands.num_blocks) for h in self.anchors[:n_samples]]
+        rows += [_random_chain(self.cands, self.rng) for _ in range(n_samples - len(rows))]
+        return np.array(rows)
+
+
+class HopMutation(Mutation):
+    """Give a random sub-range of one peer's blocks (around a random block) to that peer."""
+
+    def __init__(self, cands: Candidates, seed: int):
+        super().__init__()
+        self.cands, self.rng = cands, np.random.default_rng(seed)
+        self.serving = [np.flatnonzero((cands.start <= b) & (b < cands.end)) for b in range(cands.num_blocks)]
+
+    def _do(self, problem, x, **kwargs):
+        x = x.astype(np.int64, copy=True)
+        for row in x:
+            b = int(self.rng.integers(0, self.cands.num_blocks))
+            i = int(self.rng.choice(self.serving[b]))
+            lo, hi = int(self.cands.start[i]), int(self.cands.end[i])
+            s = lo if self.rng.random() < 0.5 else int(self.rng.integers(lo, b + 1))
+            e = hi if self.rng.random() < 0.5 else int(self.rng.integers(b + 1, hi + 1))
+            row[s:e] = i
+        return x
+
+
+def _anchors(cands: Candidates) -> list[Hops]:
+    """The exact min-latency chain, and chains under throughput floors below the hop-wise widest.
+
+    The floored ones skip the repair of routing.min_latency (one DP each, a few ms): they
+    are only starting points, scored like any other chain.
+    """
+    fast = shortest_chain(cands)
+    if fast is None:
+        return []
+    top = hop_widest_bottleneck(cands)
+    floored = [_chain_dp(cands, _max_blocks(cands, top * f), cands.end - 1) for f in (1.0, 0.5, 0.25)]
+    return [fast, *(h for h in floored if h)]
+
+
+def _algorithm(cands: Candidates, config: NsgaConfig) -> tuple[Problem, NSGA2]:
+    if config.encoding == "matrix":
+        ops = {"sampling": BinaryRandomSampling(), "mutation": BitflipMutation()}
+        # Duplicate checks on n * L bits cost more than the whole search; the seed had none either.
+        return MatrixProblem(cands), NSGA2(
+            pop_size=config.pop_size, crossover=SinglePointCrossover(), eliminate_duplicates=False, **ops
+        )
+    anchors = _anchors(cands) if config.anchors else []
+    algorithm = NSGA2(
+        pop_size=config.pop_size,
+        sampling=ChainSampling(cands, anchors, config.seed),
+        crossover=SinglePointCrossover(),
+        mutation=HopMutation(cands, config.seed + 1),
+        eliminate_duplicates=True,
+    )
+    return ChainProblem(cands), algorithm
+
+
+def nsga_front(cands: Candidates, config: NsgaConfig = NsgaConfig()) -> Front:
+    """The non-dominated chains NSGA-II finds (empty front when no chain covers the model)."""
+    if cands.size == 0:
+        return Front.of([])
+    problem, algorithm = _algorithm(cands, config)
+    result = minimize(problem, algorithm, ("n_gen", config.generations), seed=config.seed, verbose=False)
+    if result.X is None:  # the seed's encoding found no feasible chain
+        return Front.of([])
+    xs = np.atleast_2d(result.X)
+    if config.encoding == "matrix":
+        bits = xs.reshape(len(xs), cands.size, cands.num_blocks).astype(bool) & problem.serves
+        assigns = bits.argmax(axis=1)
+    else:
+        assigns = xs.astype(np.int64)
+    return Front.of([route_from_assignment(cands, a) for a in assigns])

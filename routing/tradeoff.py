@@ -1,0 +1,243 @@
+"""The latency-throughput trade-off mode (seed 004, §II-B4), with fronts cached per snapshot.
+
+Design: an NSGA-II run (routing.chain_nsga) takes tens to hundreds of ms, far too long to
+pay per request, but its front depends only on the snapshot and on the request's class
+(batch size and the cache tokens it needs). So:
+
+1. the front is cached per (snapshot version, request class); a decision from the cache
+   is a lookup plus a pick on a few dozen points (microseconds);
+2. a miss never waits for NSGA-II: it answers from the min-latency solver under a
+   throughput floor set by the preference (`floor_route`) and hands the run to a worker
+   thread;
+3. a new snapshot version also schedules the classes seen recently.
+
+Clients that route on one stale snapshot would all take the same knee and pile onto it,
+the very herding this mode is meant to avoid, so `spread` > 0 draws the answer among the
+front points within that normalised distance of the preferred one (seeded, so a sequence
+of decisions is reproducible). With `background=False` a miss computes the front inline
+(deterministic; what tests and the load simulator use).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from routing.chain_cost import Candidates, candidates, make_route, no_route_error, request_cache_tokens
+from routing.chain_front import Front, neighbours, pick_index
+from routing.chain_nsga import NsgaConfig, nsga_front
+from routing.max_throughput import hop_widest_bottleneck
+from routing.min_latency import shortest_chain
+from routing.swarm_view import Route, RouteRequest, SwarmView
+
+log = logging.getLogger(__name__)
+
+RequestClass = tuple[int, int]  # (batch_size, cache tokens rounded up to a power of two)
+CacheKey = tuple[int, RequestClass]  # (snapshot version, request class)
+
+
+def request_class(request: RouteRequest) -> RequestClass:
+    """Requests of one class share a front: same batch, cache need within a power of two."""
+    need = request_cache_tokens(request)
+    return request.batch_size, 1 << max(0, need - 1).bit_length()
+
+
+def class_request(cls: RequestClass) -> RouteRequest:
+    """The most demanding request of a class: peers eligible for it are eligible for all of it."""
+    batch, tokens = cls
+    return RouteRequest(prompt_tokens=-(-tokens // batch), new_tokens=0, batch_size=batch)
+
+
+@dataclass(frozen=True)
+class CachedFront:
+    """A front plus what a decision needs precomputed."""
+
+    front: Front
+    peer_sets: tuple[frozenset[str], ...]  # peers of each route, to honour `exclude`
+    choices: np.ndarray  # indices a decision with no exclusions draws from
+
+
+def floor_route(cands: Candidates, preference: float | None) -> list[tuple[int, int, int]] | None:
+    """Exact-solver fallback: min-latency chain whose bottleneck is >= a floor set by `preference`.
+
+    The floor sits at that share of the way from the min-latency chain's bottleneck to the
+    hop-by-hop widest bound (one DP, not the slower widest search); if no chain meets it,
+    it comes down by halves, and in the end the min-latency chain answers.
+    """
+    fast = shortest_chain(cands)
+    if fast is None:
+        return None
+    low = make_route(cands, fast).throughput
+    gap = (0.5 if preference is None else preference) * max(0.0, hop_widest_bottleneck(cands) - low)
+    for _ in range(4):
+        hops = shortest_chain(cands, min_throughput=low + gap) if gap > 0 else None
+        if hops is not None:
+            return hops
+        gap /= 2
+    return fast
+
+
+class TradeoffRouter:
+    """Router (routing.swarm_view.Router) picking on a cached NSGA-II front; see module docstring."""
+
+    def __init__(
+        self,
+        preference: float | None = None,
+        *,
+        config: NsgaConfig | None = None,
+        spread: float = 0.1,
+        seed: int = 0,
+        background: bool = True,
+        max_entries: int = 32,
+    ):
+        if preference is not None and not 0.0 <= preference <= 1.0:
+            raise ValueError(f"preference must be in [0, 1], got {preference}")
+        if spread < 0 or max_entries < 1:
+            raise ValueError(f"need spread >= 0 and max_entries >= 1, got {spread}, {max_entries}")
+        self.preference, self.spread = preference, spread
+        self.config = replace(config or NsgaConfig(), seed=seed)
+        self.background, self.max_entries = background, max_entries
+        self._rng = np.random.default_rng(seed)
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[CacheKey, CachedFront] = OrderedDict()
+        self._pending: set[CacheKey] = set()
+        self._recent: OrderedDict[RequestClass, None] = OrderedDict()
+        self._jobs: queue.Queue[tuple[CacheKey, SwarmView] | None] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self.stats = {"hits": 0, "misses": 0, "refreshes": 0}
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    def choose(self, view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> Route:
+        key = (view.version, request_class(request))
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached is None and not self.background:
+            cached = self.refresh(view, request)
+        if cached is not None:
+            route = self._pick(cached, exclude)
+            if route is not None:
+                self.stats["hits"] += 1
+                return route
+        else:
+            self._schedule(view, key)
+        self.stats["misses"] += 1
+        return self._fallback(view, request, exclude)
+
+    def _pick(self, cached: CachedFront, exclude: frozenset[str]) -> Route | None:
+        if not exclude:
+            return cached.front.routes[self._draw(cached.choices)]
+        keep = np.array([not (s & exclude) for s in cached.peer_sets])
+        if not keep.any():
+            return None
+        idx = np.flatnonzero(keep)
+        lat, thr = cached.front.latency_ms[idx], cached.front.throughput[idx]
+        return cached.front.routes[idx[self._draw(self._choices(lat, thr))]]
+
+    def _choices(self, latency_ms: np.ndarray, throughput: np.ndarray) -> np.ndarray:
+        at = pick_index(latency_ms, throughput, self.preference)
+        return neighbours(latency_ms, throughput, at, self.spread) if self.spread > 0 else np.array([at])
+
+    def _draw(self, choices: np.ndarray) -> int:
+        if len(choices) == 1:
+            return int(choices[0])
+        with self._lock:
+            return int(choices[self._rng.integers(len(choices))])
+
+    def _fallback(self, view: SwarmView, request: RouteRequest, exclude: frozenset[str]) -> Route:
+        cands = candidates(view, request, exclude)
+        hops = floor_route(cands, self.preference)
+        if hops is None:
+            raise no_route_error(view, request, exclude, cands)
+        return make_route(cands, hops)
+
+    # -- the cache ----------------------------------------------------------------------------
+
+    def refresh(self, view: SwarmView, request: RouteRequest) -> CachedFront | None:
+        """Computes and caches the front for this snapshot and request class now (blocking)."""
+        return self._refresh((view.version, request_class(request)), view)
+
+    def _refresh(self, key: CacheKey, view: SwarmView) -> CachedFront | None:
+        cands = candidates(view, class_request(key[1]))
+        front = nsga_front(cands, self.config)
+        if len(front) == 0:
+            return None
+        cached = CachedFront(
+            front=front,
+            peer_sets=tuple(frozenset(h.peer_id for h in r.hops) for r in front.routes),
+            choices=self._choices(front.latency_ms, front.throughput),
+        )
+        with self._lock:
+            self._cache[key] = cached
+            self._cache.move_to_end(key)
+            self._evict(view.version)
+            self.stats["refreshes"] += 1
+        return cached
+
+    def cached_front(self, view: SwarmView, request: RouteRequest) -> Front | None:
+        """The cached front for this snapshot and request class, if any."""
+        with self._lock:
+            cached = self._cache.get((view.version, request_class(request)))
+        return None if cached is None else cached.front
+
+    def _evict(self, newest: int) -> None:
+        """Drops fronts of older snapshots, then the least recently stored beyond max_entries."""
+        for key in [k for k in self._cache if k[0] < newest]:
+            del self._cache[key]
+        while len(self._cache) > self.max_entries:
+            self._cache.popitem(last=False)
+
+    def _schedule(self, view: SwarmView, key: CacheKey) -> None:
+        """Queues this key and, for a new version, the classes seen lately (once each)."""
+        with self._lock:
+            self._recent[key[1]] = None
+            self._recent.move_to_end(key[1])
+            while len(self._recent) > 8:
+                self._recent.popitem(last=False)
+            keys = [(view.version, cls) for cls in self._recent]
+            fresh = [k for k in keys if k not in self._pending and k not in self._cache]
+            self._pending.update(fresh)
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._work, name="tradeoff-router", daemon=True)
+                self._worker.start()
+        for k in fresh:
+            self._jobs.put((k, view))
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                self._jobs.task_done()
+                return
+            key, view = job
+            try:
+                if self._newest_pending_version() <= key[0]:  # skip snapshots already superseded
+                    self._refresh(key, view)
+            except Exception:  # a bad snapshot must not kill the worker; the next miss retries
+                log.exception("front refresh failed for snapshot %d, class %s", key[0], key[1])
+            finally:
+                with self._lock:
+                    self._pending.discard(key)
+                self._jobs.task_done()
+
+    def _newest_pending_version(self) -> int:
+        with self._lock:
+            return max((k[0] for k in self._pending), default=-1)
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Blocks until no refresh is queued or running (for tests and benchmarks)."""
+        done = threading.Event()
+        threading.Thread(target=lambda: (self._jobs.join(), done.set()), daemon=True).start()
+        return done.wait(timeout)
+
+    def close(self) -> None:
+        """Stops the worker thread (the router still answers, inline)."""
+        self.background = False
+        if self._worker is not None and self._worker.is_alive():
+            self._jobs.put(None)
+            self._worker.join(timeout=5.0)
