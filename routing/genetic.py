@@ -1,0 +1,280 @@
+"""HexGen's genetic search over pipeline groups (§4.3), with warm start for re-planning.
+
+Each generation mutates tournament-chosen parents (merge / split / swap, early rejection of
+offspring that cannot hold a replica), lays out every new group with Algorithm 1
+(`PipelineDP`, cached per bucket vector), scores the candidate by the SLO attainment the
+AlpaServe-style simulator predicts (ties broken by mean latency), and keeps the best
+`population` distinct individuals (elitism: the best never leaves). The search stops at the
+generation or time budget, or after `stall_generations` without improvement.
+
+Warm start: a previous Plan's pipelines become the first individual (devices that left are
+dropped, devices that joined form their own K-means groups), so re-planning after a join or
+leave starts from a good plan instead of from scratch.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from routing.cluster import Cluster
+from routing.ga_operators import Individual, Mutator, canonical, kmeans_init
+from routing.model_spec import ModelSpec, Workload
+from routing.pipeline_dp import MAX_DP_STATES, PipelineDP, PipelineLayout, bucket_key
+from routing.plan import PipelinePlan, Plan, PlanEstimate, StagePlan
+from routing.simulator import SimResult, make_trace, pipeline_latencies, simulate
+
+Fitness = tuple[float, float]  # (attainment, -mean latency of requests within the SLO)
+
+
+class NoFeasiblePlanError(ValueError):
+    """No group of the cluster's devices can hold one replica of the model."""
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Budgets and knobs of the search."""
+
+    population: int = 12
+    offspring: int = 12  # children per generation
+    max_generations: int = 400
+    time_budget_s: float = 20.0
+    stall_generations: int = 0  # stop after this many generations without improvement; 0 = never
+    seed: int = 0
+    mutation: str = "hexgen"  # "hexgen" (merge/split/swap) or "random" (§5.4 ablation)
+    symmetric: bool = False  # stages share one TP degree and equal layer counts (baseline ii of §5.1)
+
+    def __post_init__(self) -> None:
+        if self.population < 1 or self.offspring < 1 or self.max_generations < 0 or self.time_budget_s < 0:
+            raise ValueError("population and offspring must be >= 1, budgets >= 0")
+        if self.mutation not in ("hexgen", "random"):
+            raise ValueError(f"mutation must be 'hexgen' or 'random', got {self.mutation!r}")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Reported after every generation."""
+
+    generation: int
+    evaluations: int
+    best_attainment: float
+    best_mean_latency_s: float
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The best plan found, with how the search went."""
+
+    plan: Plan
+    result: SimResult
+    generations: int
+    evaluations: int
+    elapsed_s: float
+    history: tuple[float, ...]  # best attainment after each generation
+
+
+class Evaluator:
+    """Fitness of individuals: DP layouts per group, then the simulator (cached per bucket vector)."""
+
+    def __init__(self, cluster: Cluster, model: ModelSpec, workload: Workload, symmetric: bool = False):
+        self.cluster, self.model, self.workload = cluster, model, workload
+        self.dp = PipelineDP(cluster, model, workload, symmetric=symmetric)
+        self.trace = make_trace(model, workload)
+        keys = [bucket_key(cluster, i) for i in range(len(cluster))]
+        ids = {k: n for n, k in enumerate(sorted(set(keys)))}
+        self.bucket_of = [ids[k] for k in keys]
+        self._latency: dict[tuple, np.ndarray | None] = {}
+        self._fitness: dict[tuple, tuple[Fitness, SimResult]] = {}
+        self.evaluations = 0
+
+    def group_signature(self, group: Sequence[int]) -> tuple:
+        counts: dict[int, int] = {}
+        for d in group:
+            counts[self.bucket_of[d]] = counts.get(self.bucket_of[d], 0) + 1
+        return tuple(sorted(counts.items()))
+
+    def accept_group(self, group: Sequence[int]) -> bool:
+        """Cheap check that keeps the DP's state space (prod of bucket counts + 1) bounded."""
+        states = 1
+        for _, count in self.group_signature(group):
+            states *= count + 1
+        return states <= MAX_DP_STATES
+
+    def layouts(self, ind: Individual) -> list[PipelineLayout]:
+        out = []
+        for group in ind:
+            layout = self.dp.layout(group)
+            if layout is not None:
+                out.append(layout)
+        return out
+
+    def fitness(self, ind: Individual) -> tuple[Fitness, SimResult]:
+        signatures = sorted(self.group_signature(g) for g in ind)
+        key = tuple(signatures)
+        if key not in self._fitness:
+            self.evaluations += 1
+            rows = [self._group_latency(g) for g in ind]
+            rows = [r for r in rows if r is not None]
+            matrix = np.vstack(rows) if rows else np.empty((0, len(self.trace.arrivals)))
+            result = simulate(matrix, self.trace)
+            latency = result.mean_latency_s if result.served else float("inf")
+            self._fitness[key] = ((result.attainment, -latency), result)
+        return self._fitness[key]
+
+    def _group_latency(self, group: Sequence[int]) -> np.ndarray | None:
+        key = self.group_signature(group)
+        if key not in self._latency:
+            layout = self.dp.layout(group) if self.accept_group(group) else None
+            self._latency[key] = (
+                None
+                if layout is None
+                else pipeline_latencies(
+                    self.cluster, [layout], self.model, self.trace, self.workload.batch_size
+                )[0]
+            )
+        return self._latency[key]
+
+
+def search(
+    cluster: Cluster,
+    model: ModelSpec,
+    workload: Workload,
+    config: SearchConfig = SearchConfig(),
+    previous: Plan | None = None,
+    progress: Callable[[Progress], None] | None = None,
+) -> SearchResult:
+    """Runs the genetic search (§4.3) and returns the best plan; raises NoFeasiblePlanError."""
+    start = time.perf_counter()
+    rng = random.Random(config.seed)
+    ev = Evaluator(cluster, model, workload, config.symmetric)
+    replica = model.weight_bytes
+    mutator = Mutator(cluster, replica, ev.accept_group)
+    if sum(d.memory_bytes for d in cluster.devices) < replica:
+        raise NoFeasiblePlanError(
+            f"the cluster's {len(cluster)} devices hold {_gib(cluster)} GiB in all, "
+            f"less than the {replica / 2**30:.1f} GiB of {model.name}'s layers"
+        )
+    seeds = list(dict.fromkeys(mutator.repair(s) for s in _initial(cluster, config, previous)))
+    population = _grow(seeds, mutator, ev, rng, config)
+    history: list[float] = []
+    best, stall, generation = population[0], 0, 0
+    while generation < config.max_generations and time.perf_counter() - start < config.time_budget_s:
+        generation += 1
+        children = [_offspring(population, mutator, ev, rng, config) for _ in range(config.offspring)]
+        population = _select(population + [c for c in children if c is not None], ev, config.population)
+        stall = stall + 1 if ev.fitness(population[0])[0] <= ev.fitness(best)[0] else 0
+        best = population[0]
+        history.append(ev.fitness(best)[0][0])
+        if progress is not None:
+            (att, neg_lat), _ = ev.fitness(best)
+            progress(Progress(generation, ev.evaluations, att, -neg_lat, time.perf_counter() - start))
+        if config.stall_generations and stall >= config.stall_generations:
+            break
+    layouts = ev.layouts(best)
+    if not layouts:
+        raise NoFeasiblePlanError(
+            f"no group of devices can hold a replica of {model.name} "
+            f"({replica / 2**30:.1f} GiB of layers, KV cache for {workload.s_in_max + workload.s_out} tokens)"
+        )
+    result = ev.fitness(best)[1]
+    plan = make_plan(cluster, model, workload, layouts, result, ev.trace.deadline_s)
+    return SearchResult(plan, result, generation, ev.evaluations, time.perf_counter() - start, tuple(history))
+
+
+def _gib(cluster: Cluster) -> str:
+    return f"{sum(d.memory_bytes for d in cluster.devices) / 2**30:.1f}"
+
+
+def _initial(cluster: Cluster, config: SearchConfig, previous: Plan | None) -> list[Individual]:
+    """K-means groups at the elbow K and a few larger K; the warm-start individual first."""
+    elbow, partitions = kmeans_init(cluster, range(len(cluster)), config.seed)
+    ks = sorted(partitions, key=lambda k: (abs(k - elbow), k))
+    seeds = [partitions[k] for k in ks if k >= elbow][:4]
+    if previous is not None:
+        seeds.insert(0, warm_individual(cluster, previous, config.seed))
+    return seeds
+
+
+def warm_individual(cluster: Cluster, previous: Plan, seed: int = 0) -> Individual:
+    """The previous plan's pipelines on today's devices; new or idle devices grouped by K-means."""
+    index = {d.id: i for i, d in enumerate(cluster.devices)}
+    groups = [[index[d] for d in p.device_ids if d in index] for p in previous.pipelines]
+    placed = {d for g in groups for d in g}
+    rest = [i for i in range(len(cluster)) if i not in placed]
+    if rest:
+        elbow, partitions = kmeans_init(cluster, rest, seed)
+        groups += [list(g) for g in partitions[elbow]]
+    return canonical(groups)
+
+
+def _grow(
+    seeds: list[Individual], mutator: Mutator, ev: Evaluator, rng: random.Random, config: SearchConfig
+) -> list[Individual]:
+    """Fills the first population with mutants of the seeds, then ranks it."""
+    pool = list(dict.fromkeys(seeds))
+    tries = 0
+    while len(pool) < config.population and tries < 20 * config.population:
+        tries += 1
+        child = _mutate(rng.choice(pool[: len(seeds)]), mutator, rng, config)
+        if child is not None and child not in pool:
+            pool.append(child)
+    return _select(pool, ev, config.population)
+
+
+def _mutate(
+    parent: Individual, mutator: Mutator, rng: random.Random, config: SearchConfig
+) -> Individual | None:
+    if config.mutation == "random":
+        return mutator.random_move(parent, rng)
+    return mutator.mutate(parent, rng)
+
+
+def _offspring(
+    population: list[Individual], mutator: Mutator, ev: Evaluator, rng: random.Random, config: SearchConfig
+) -> Individual | None:
+    """Binary tournament, then one mutation (a few tries if offspring are rejected early)."""
+    a, b = rng.choice(population), rng.choice(population)
+    parent = a if ev.fitness(a)[0] >= ev.fitness(b)[0] else b
+    for _ in range(4):
+        child = _mutate(parent, mutator, rng, config)
+        if child is not None:
+            return child
+    return None
+
+
+def _select(candidates: list[Individual], ev: Evaluator, size: int) -> list[Individual]:
+    """Elitist truncation: the best `size` distinct candidates (distinct by bucket vectors)."""
+    ranked, seen = [], set()
+    for ind in sorted(dict.fromkeys(candidates), key=lambda i: ev.fitness(i)[0], reverse=True):
+        key = tuple(sorted(ev.group_signature(g) for g in ind))
+        if key not in seen:
+            seen.add(key)
+            ranked.append(ind)
+    return ranked[:size]
+
+
+def make_plan(
+    cluster: Cluster,
+    model: ModelSpec,
+    workload: Workload,
+    layouts: Sequence[PipelineLayout],
+    result: SimResult,
+    slo_s: float,
+) -> Plan:
+    """Turns layouts (device indices) into a Plan (device ids) with its estimate."""
+    pipelines = []
+    for layout in sorted(layouts, key=lambda lay: lay.latency_s):
+        stages = tuple(
+            StagePlan(tuple(cluster.devices[d].id for d in s.devices), s.start, s.end) for s in layout.stages
+        )
+        pipelines.append(PipelinePlan(stages, layout.latency_s, layout.prefill_s, layout.decode_s))
+    mean = result.mean_latency_s if result.served else 0.0
+    estimate = PlanEstimate(
+        result.attainment, result.goodput_rps, mean, slo_s, workload.rate, workload.s_in, workload.s_out
+    )
+    return Plan(model.name, model.num_layers, tuple(pipelines), estimate)

@@ -1,0 +1,46 @@
+"""Checks and scores a given Plan (a fixed one such as HexGen's Table 4, or one read back from disk)."""
+
+from __future__ import annotations
+
+from routing.cluster import Cluster
+from routing.cost_model import stage_memory
+from routing.model_spec import ModelSpec, Workload
+from routing.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
+from routing.plan import Plan
+from routing.simulator import SimResult, evaluate_layouts, make_trace
+
+
+def plan_layouts(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> list[PipelineLayout]:
+    """The plan's pipelines as layouts over `cluster` (device ids -> indices), with Eq. 2 costs."""
+    dp = PipelineDP(cluster, model, workload)
+    layouts = []
+    for pipeline in plan.pipelines:
+        stages = [
+            StageLayout(tuple(cluster.index(d) for d in s.device_ids), s.start, s.end)
+            for s in pipeline.stages
+        ]
+        layouts.append(dp.evaluate(stages))
+    return layouts
+
+
+def memory_violations(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> list[str]:
+    """Devices whose share (Eq. 7, longest prompt of the workload) exceeds their memory."""
+    tokens = workload.s_in_max + workload.s_out
+    problems = []
+    for pipeline in plan.pipelines:
+        for stage in pipeline.stages:
+            need = stage_memory(model, stage.tp_degree, stage.layers, tokens, workload.batch_size)
+            for device_id in stage.device_ids:
+                have = cluster.devices[cluster.index(device_id)].memory_bytes
+                if need > have:
+                    problems.append(
+                        f"{device_id}: needs {need / 2**30:.2f} GiB for layers "
+                        f"[{stage.start}, {stage.end}), has {have / 2**30:.2f} GiB"
+                    )
+    return problems
+
+
+def evaluate_plan(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> SimResult:
+    """SLO attainment of a fixed plan on the workload's trace (same trace as the search uses)."""
+    layouts = plan_layouts(cluster, model, workload, plan)
+    return evaluate_layouts(cluster, layouts, model, make_trace(model, workload), workload.batch_size)
