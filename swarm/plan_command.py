@@ -1,0 +1,120 @@
+"""`hexswarm plan`: plan a swarm over a cluster file with the HexGen scheduler (routing/genetic.py).
+
+Reads the cluster file (format in routing/cluster.py and the README), searches for the plan
+with the best SLO attainment on the given workload, prints progress to stderr and the plan to
+stdout: a table by default, the plan's JSON with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster", required=True, help="cluster JSON file (devices and network)")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="preset (Llama-2-70B, Llama-2-7B, OPT-30B) or a Hugging Face model directory",
+    )
+    parser.add_argument("--s-in", type=int, default=128, help="mean prompt tokens (default 128)")
+    parser.add_argument("--s-out", type=int, default=32, help="generated tokens per request (default 32)")
+    parser.add_argument("--rate", type=float, default=1.0, help="requests per second to plan for (default 1)")
+    parser.add_argument("--slo-scale", type=float, default=5.0, help="deadline in units of the A100 latency")
+    parser.add_argument(
+        "--budget-s", type=float, default=20.0, help="search time budget in seconds (default 20)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the search and of the simulated trace")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from routing.cluster import ClusterError
+    from routing.genetic import NoFeasiblePlanError
+
+    try:
+        return _run(args)
+    except (ClusterError, NoFeasiblePlanError, ValueError, OSError) as exc:
+        print(f"hexswarm plan: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from routing.genetic import Progress, SearchConfig, search
+    from routing.model_spec import Workload
+
+    cluster = load_cluster(args.cluster)
+    model = load_model(args.model)
+    workload = Workload(
+        rate=args.rate, s_in=args.s_in, s_out=args.s_out, slo_scale=args.slo_scale, seed=args.seed
+    )
+    if args.budget_s <= 0:
+        raise ValueError("--budget-s must be positive")
+
+    def report(p: Progress) -> None:
+        if p.generation % 10 == 0:
+            print(
+                f"  generation {p.generation:4d}  attainment {p.best_attainment:6.1%}  "
+                f"mean latency {p.best_mean_latency_s:7.2f} s  ({p.elapsed_s:.1f} s)",
+                file=sys.stderr,
+            )
+
+    print(f"planning {model.name} on {len(cluster)} devices (budget {args.budget_s:g} s)", file=sys.stderr)
+    config = SearchConfig(time_budget_s=args.budget_s, seed=args.seed, stall_generations=100)
+    result = search(cluster, model, workload, config, progress=report)
+    print(f"done: {result.generations} generations, {result.elapsed_s:.1f} s", file=sys.stderr)
+    print(result.plan.to_json(indent=2) if args.json else format_plan(result.plan))
+    return 0
+
+
+def load_cluster(path: str):
+    """Reads and parses a cluster file; errors are ClusterError / OSError with the path in them."""
+    from routing.cluster import Cluster, ClusterError
+
+    with open(path, encoding="utf-8") as f:
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ClusterError(f"{path} is not valid JSON: {exc}") from exc
+    return Cluster.from_dict(raw)
+
+
+def load_model(name_or_dir: str):
+    """A preset by name, or the config.json of a Hugging Face model directory."""
+    from routing.model_spec import ModelSpec, preset
+
+    if os.path.isdir(name_or_dir):
+        config_path = os.path.join(name_or_dir, "config.json")
+        with open(config_path, encoding="utf-8") as f:
+            try:
+                config = json.load(f)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{config_path} is not valid JSON: {exc}") from exc
+        if not isinstance(config, dict):
+            raise ValueError(f"{config_path} must hold a JSON object")
+        return ModelSpec.from_hf_config(config, os.path.basename(os.path.normpath(name_or_dir)))
+    try:
+        return preset(name_or_dir)
+    except KeyError as exc:
+        raise ValueError(f"{exc.args[0]}, and {name_or_dir!r} is not a model directory") from None
+
+
+def format_plan(plan) -> str:
+    """A readable table: one line per stage, grouped by pipeline."""
+    lines = [f"plan for {plan.model}: {len(plan.pipelines)} pipelines on {len(plan.device_ids)} devices"]
+    for i, pipeline in enumerate(plan.pipelines):
+        lines.append(f"pipeline {i}  strategy {pipeline.strategy}  latency {pipeline.latency_s:.2f} s")
+        for stage in pipeline.stages:
+            span = f"[{stage.start}, {stage.end})"
+            lines.append(f"    layers {span:>10}  tp={stage.tp_degree}  {', '.join(stage.device_ids)}")
+    est = plan.estimate
+    if est is not None:
+        lines.append(
+            f"estimate: {est.attainment:.1%} of requests within the {est.slo_s:.2f} s SLO at {est.rate:g} req/s "
+            f"(goodput {est.goodput_rps:.2f} req/s, mean latency {est.mean_latency_s:.2f} s, "
+            f"s_in {est.s_in}, s_out {est.s_out})"
+        )
+    return "\n".join(lines)

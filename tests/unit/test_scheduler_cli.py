@@ -1,0 +1,85 @@
+"""`hexswarm plan` through the real dispatcher (swarm.cli.main)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from routing.plan import Plan
+from swarm.cli import main
+
+
+def write_cluster(tmp_path, devices, name="cluster.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"devices": devices}))
+    return str(path)
+
+
+def a6000s(n, machine="m1"):
+    return [{"id": f"{machine}-g{i}", "type": "A6000", "machine": machine, "region": "r"} for i in range(n)]
+
+
+def test_plan_prints_json(tmp_path, capsys):
+    cluster = write_cluster(tmp_path, a6000s(4) + a6000s(4, "m2"))
+    argv = [
+        "plan",
+        "--cluster",
+        cluster,
+        "--model",
+        "Llama-2-70B",
+        "--budget-s",
+        "2",
+        "--json",
+        "--rate",
+        "0.5",
+    ]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    plan = Plan.from_json(out)
+    assert plan.model == "Llama-2-70B" and plan.num_layers == 80 and len(plan.pipelines) == 2
+    assert "planning" in err and "generation" in err
+
+
+def test_plan_prints_a_table_for_a_model_directory(tmp_path, capsys):
+    model_dir = tmp_path / "tiny-llama"
+    model_dir.mkdir()
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "torch_dtype": "float32",
+        "vocab_size": 100,
+    }
+    (model_dir / "config.json").write_text(json.dumps(config))
+    cluster = write_cluster(tmp_path, [{"id": "cpu0", "type": "CPU", "machine": "h", "region": "r"}])
+    assert main(["plan", "--cluster", cluster, "--model", str(model_dir), "--budget-s", "1"]) == 0
+    out, _ = capsys.readouterr()
+    assert "plan for tiny-llama" in out and "layers     [0, 4)  tp=1  cpu0" in out
+
+
+@pytest.mark.parametrize(
+    "devices, model, message",
+    [
+        ([{"id": "x", "type": "GTX480"}], "Llama-2-7B", "unknown GPU type"),
+        ([{"id": "x", "type": "T4"}], "Llama-2-70B", "less than"),
+        ([{"id": "x", "type": "T4"}], "No-Such-Model", "unknown model preset"),
+    ],
+)
+def test_errors_are_one_line_without_traceback(tmp_path, capsys, devices, model, message):
+    cluster = write_cluster(tmp_path, devices)
+    assert main(["plan", "--cluster", cluster, "--model", model, "--budget-s", "1"]) == 2
+    _, err = capsys.readouterr()
+    assert message in err and "Traceback" not in err
+
+
+def test_malformed_and_missing_files(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"devices": ')
+    assert main(["plan", "--cluster", str(bad), "--model", "Llama-2-7B"]) == 2
+    assert main(["plan", "--cluster", str(tmp_path / "missing.json"), "--model", "Llama-2-7B"]) == 2
+    _, err = capsys.readouterr()
+    assert "not valid JSON" in err and "missing.json" in err and "Traceback" not in err
