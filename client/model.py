@@ -68,8 +68,13 @@ class DistributedMixin:
             self.session = None
 
     def generate(self, inputs: torch.Tensor | None = None, *args, **kwargs):
-        if kwargs.get("num_beams", 1) > 1 or (getattr(kwargs.get("generation_config"), "num_beams", 1) or 1) > 1:
-            raise NotImplementedError("beam search would reorder the swarm's KV caches; use greedy or sampling")
+        if (
+            kwargs.get("num_beams", 1) > 1
+            or (getattr(kwargs.get("generation_config"), "num_beams", 1) or 1) > 1
+        ):
+            raise NotImplementedError(
+                "beam search would reorder the swarm's KV caches; use greedy or sampling"
+            )
         with self.inference_session(max_length=self._generation_length(inputs, kwargs)):
             return super().generate(inputs, *args, **kwargs)
 
@@ -85,8 +90,18 @@ class DistributedMixin:
             return prompt_len + config.max_new_tokens
         return max(config.max_length, prompt_len + 1)
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
         if labels is not None:
             raise NotImplementedError("training through the swarm is not supported")
         if attention_mask is not None and attention_mask.ndim == 2 and not bool(attention_mask.all()):
@@ -116,8 +131,14 @@ class DistributedMixin:
         if session is None or restart:
             self._close_session()
             self.session = InferenceSession(
-                self.swarm, self.router, self.spec, max_length=self._session_max_length, batch_size=batch,
-                dtype=self.wire_dtype, coverage_timeout=self.coverage_timeout, step_timeout=self.step_timeout,
+                self.swarm,
+                self.router,
+                self.spec,
+                max_length=self._session_max_length,
+                batch_size=batch,
+                dtype=self.wire_dtype,
+                coverage_timeout=self.coverage_timeout,
+                step_timeout=self.step_timeout,
             ).open()
             self.last_route = self.session.describe_route()
         return self.session

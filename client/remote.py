@@ -44,7 +44,9 @@ _nonces = itertools.count(1)
 class PeerConnection:
     """One stream to one peer. Not thread-safe: one request at a time, on the client loop."""
 
-    def __init__(self, peer_name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float):
+    def __init__(
+        self, peer_name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float
+    ):
         self.peer_name = peer_name
         self.reader, self.writer = reader, writer
         self.timeout = timeout
@@ -70,7 +72,9 @@ class PeerConnection:
         if isinstance(reply, Error):
             raise PeerError(self.peer_name, reply.code, reply.message)
         if not isinstance(reply, expect):
-            raise PeerError(self.peer_name, ErrorCode.MALFORMED, f"expected {expect.__name__}, got {type(reply).__name__}")
+            raise PeerError(
+                self.peer_name, ErrorCode.MALFORMED, f"expected {expect.__name__}, got {type(reply).__name__}"
+            )
         return reply
 
     async def ping(self) -> float:
@@ -82,15 +86,28 @@ class PeerConnection:
             raise PeerError(self.peer_name, ErrorCode.MALFORMED, "pong for another ping")
         return 1000 * (time.perf_counter() - began)
 
-    async def open(self, session_id: str, model_id: str, start: int, end: int, max_length: int,
-                   batch_size: int, dtype: torch.dtype) -> None:
-        await self.request(Open(session_id, model_id, start, end, max_length, batch_size, DTYPE_NAMES[dtype]), Opened)
+    async def open(
+        self,
+        session_id: str,
+        model_id: str,
+        start: int,
+        end: int,
+        max_length: int,
+        batch_size: int,
+        dtype: torch.dtype,
+    ) -> None:
+        await self.request(
+            Open(session_id, model_id, start, end, max_length, batch_size, DTYPE_NAMES[dtype]), Opened
+        )
 
     async def step(self, session_id: str, position: int, hidden: torch.Tensor) -> torch.Tensor:
         result = await self.request(Step(session_id, position, hidden), StepResult)
         if result.hidden.shape != hidden.shape:
-            raise PeerError(self.peer_name, ErrorCode.BAD_TENSOR,
-                            f"returned shape {tuple(result.hidden.shape)} for input {tuple(hidden.shape)}")
+            raise PeerError(
+                self.peer_name,
+                ErrorCode.BAD_TENSOR,
+                f"returned shape {tuple(result.hidden.shape)} for input {tuple(hidden.shape)}",
+            )
         return result.hidden
 
     async def close_session(self, session_id: str) -> None:

@@ -17,7 +17,7 @@ import torch
 from client.remote import PeerConnection, PeerError
 from client.swarm_client import SwarmClient
 from client.worker import run_sync
-from routing.swarm_view import NoRouteError, Route, RouteRequest, Router
+from routing.swarm_view import NoRouteError, Route, Router, RouteRequest
 from swarm.model_spec import ModelSpec
 from swarm.protocol import ErrorCode
 
@@ -29,8 +29,18 @@ OPEN_ATTEMPTS = 3  # routes tried when peers refuse or vanish while a session op
 class InferenceSession:
     """Remote sessions along one route; `step` is synchronous (it runs on the client loop)."""
 
-    def __init__(self, swarm: SwarmClient, router: Router, spec: ModelSpec, *, max_length: int, batch_size: int,
-                 dtype: torch.dtype, coverage_timeout: float, step_timeout: float):
+    def __init__(
+        self,
+        swarm: SwarmClient,
+        router: Router,
+        spec: ModelSpec,
+        *,
+        max_length: int,
+        batch_size: int,
+        dtype: torch.dtype,
+        coverage_timeout: float,
+        step_timeout: float,
+    ):
         self.swarm, self.router, self.spec = swarm, router, spec
         self.max_length, self.batch_size, self.dtype = max_length, batch_size, dtype
         self.coverage_timeout, self.step_timeout = coverage_timeout, step_timeout
@@ -45,7 +55,10 @@ class InferenceSession:
         request = RouteRequest(prompt_tokens=self.max_length, new_tokens=0, batch_size=self.batch_size)
         excluded: set[str] = set()
         for attempt in range(OPEN_ATTEMPTS):
-            records = self.swarm.wait_for_coverage(self.spec.model_id, self.spec.num_blocks, self.coverage_timeout)
+            records = self.swarm.wait_for_coverage(
+                self.spec.model_id, self.spec.num_blocks, self.coverage_timeout
+            )
+            excluded |= {r.peer_id for r in records if r.max_length < self.max_length}  # too short for us
             self.names = {r.peer_id: r.name for r in records}
             view = self.swarm.view(records, self.spec.num_blocks, self.spec.hidden_size)
             try:
@@ -53,12 +66,14 @@ class InferenceSession:
             except NoRouteError as e:
                 raise PeerError("(none)", None, f"no usable chain: {e}") from None
             try:
-                self.connections = run_sync(self._open_hops(), timeout=self.step_timeout * len(self.route.hops))
+                self.connections = run_sync(
+                    self._open_hops(), timeout=self.step_timeout * len(self.route.hops)
+                )
                 logger.info("session %s: route %s", self.session_id, self.describe_route())
                 return self
             except PeerError as e:
                 failed = self._peer_id_of(e.peer)
-                retryable = e.code in (None, ErrorCode.BUSY, ErrorCode.LEAVING)
+                retryable = e.code in (None, ErrorCode.BUSY, ErrorCode.LEAVING, ErrorCode.TOO_LONG)
                 if attempt + 1 == OPEN_ATTEMPTS or failed is None or not retryable:
                     raise
                 logger.info("peer %s could not open a session (%s); routing around it", e.peer, e.message)
@@ -74,8 +89,15 @@ class InferenceSession:
                 conn = await self.swarm.open_connection(hop.peer_id, name, timeout=self.step_timeout)
                 opened.append(conn)
                 conn.timeout = self.step_timeout
-                await conn.open(self.session_id, self.spec.model_id, hop.start, hop.end,
-                                self.max_length, self.batch_size, self.dtype)
+                await conn.open(
+                    self.session_id,
+                    self.spec.model_id,
+                    hop.start,
+                    hop.end,
+                    self.max_length,
+                    self.batch_size,
+                    self.dtype,
+                )
         except BaseException:
             for conn in opened:
                 conn.close()
@@ -85,9 +107,13 @@ class InferenceSession:
     def step(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (batch, new_tokens, hidden_size) -> the same shape, after every block."""
         if self.position + hidden.shape[1] > self.max_length:
-            raise ValueError(f"session max_length {self.max_length} reached ({self.position} + {hidden.shape[1]})")
+            raise ValueError(
+                f"session max_length {self.max_length} reached ({self.position} + {hidden.shape[1]})"
+            )
         began = time.perf_counter()
-        output = run_sync(self._step(hidden.to(self.dtype).contiguous()), timeout=self.step_timeout * len(self.connections))
+        output = run_sync(
+            self._step(hidden.to(self.dtype).contiguous()), timeout=self.step_timeout * len(self.connections)
+        )
         self.position += hidden.shape[1]
         self.step_times.append(time.perf_counter() - began)
         return output
@@ -114,7 +140,9 @@ class InferenceSession:
     def describe_route(self) -> str:
         if self.route is None:
             return "(no route)"
-        return " -> ".join(f"{self.names.get(h.peer_id, h.peer_id[-6:])}[{h.start}:{h.end})" for h in self.route.hops)
+        return " -> ".join(
+            f"{self.names.get(h.peer_id, h.peer_id[-6:])}[{h.start}:{h.end})" for h in self.route.hops
+        )
 
     def _peer_id_of(self, name: str) -> str | None:
         return next((pid for pid, n in self.names.items() if n == name or pid == name), None)

@@ -46,7 +46,9 @@ class SwarmClient:
     view_version: int = 0
 
     @classmethod
-    def connect(cls, initial_peers: Sequence[str], host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",)) -> SwarmClient:
+    def connect(
+        cls, initial_peers: Sequence[str], host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",)
+    ) -> SwarmClient:
         dht = start_dht(initial_peers, identity=None, host_maddrs=host_maddrs, client_mode=True)
         p2p = run_sync(dht.replicate_p2p(), timeout=30)
         return cls(dht=dht, p2p=p2p)
@@ -78,13 +80,25 @@ class SwarmClient:
         rtts = run_sync(self._measure_rtts(records), timeout=PING_TIMEOUT_S + 5)
         self.view_version += 1
         peers = tuple(
-            PeerView(peer_id=r.peer_id, start=r.start, end=r.end, throughput=r.throughput,
-                     decode_ms_per_block=r.decode_ms_per_block, cache_tokens_left=r.cache_tokens_left,
-                     open_sessions=r.open_sessions)
-            for r in records if r.peer_id in rtts
+            PeerView(
+                peer_id=r.peer_id,
+                start=r.start,
+                end=r.end,
+                throughput=r.throughput,
+                decode_ms_per_block=r.decode_ms_per_block,
+                cache_tokens_left=r.cache_tokens_left,
+                open_sessions=r.open_sessions,
+            )
+            for r in records
+            if r.peer_id in rtts
         )
-        return SwarmView(num_blocks=num_blocks, peers=peers, client_rtt_ms=rtts, hidden_size=hidden_size,
-                         version=self.view_version)
+        return SwarmView(
+            num_blocks=num_blocks,
+            peers=peers,
+            client_rtt_ms=rtts,
+            hidden_size=hidden_size,
+            version=self.view_version,
+        )
 
     async def _measure_rtts(self, records: list[PeerRecord]) -> dict[str, float]:
         now = time.monotonic()

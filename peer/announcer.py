@@ -13,6 +13,8 @@ from swarm.records import MODELS_KEY, ModelEntry, PeerRecord, PeerState, model_k
 
 logger = logging.getLogger(__name__)
 
+STORE_TIMEOUT_S = 10.0
+
 
 class Announcer:
     """Stores `make_record(state)` under this peer's protected subkey every `period` seconds.
@@ -22,8 +24,15 @@ class Announcer:
     that must replace the current one (e.g. "leaving") never expires earlier than it.
     """
 
-    def __init__(self, dht, identity: Identity, make_record: Callable[[PeerState], PeerRecord],
-                 num_blocks: int, period: float, ttl_periods: float = 2.5):
+    def __init__(
+        self,
+        dht,
+        identity: Identity,
+        make_record: Callable[[PeerState], PeerRecord],
+        num_blocks: int,
+        period: float,
+        ttl_periods: float = 2.5,
+    ):
         self.dht = dht
         self.identity = identity
         self.make_record = make_record
@@ -38,9 +47,15 @@ class Announcer:
         self.last_expiration = expiration
         subkey = self.identity.owner_marker
         entry = ModelEntry(record.model_id, self.num_blocks).to_bytes()
-        stored = await asyncio.to_thread(
-            self.dht.store, model_key(record.model_id), record.to_bytes(), expiration, subkey=subkey
-        )
-        await asyncio.to_thread(self.dht.store, MODELS_KEY, entry, expiration, subkey=subkey)
+        try:
+            stored = await self._store(model_key(record.model_id), record.to_bytes(), expiration, subkey)
+            await self._store(MODELS_KEY, entry, expiration, subkey)
+        except (TimeoutError, RuntimeError, OSError) as e:  # a dead DHT process must not hang the peer
+            logger.warning("announcing %s (%s) failed: %s", record.model_id, state.value, type(e).__name__)
+            return
         if not stored:
             logger.warning("announcing %s (%s) reached no DHT node; will retry", record.model_id, state.value)
+
+    async def _store(self, key: str, value: bytes, expiration: float, subkey: bytes) -> bool:
+        future = self.dht.store(key, value, expiration, subkey=subkey, return_future=True)
+        return await asyncio.wait_for(asyncio.wrap_future(future), STORE_TIMEOUT_S)

@@ -26,7 +26,11 @@ logger = logging.getLogger(__name__)
 # model_type -> (module, decoder layer class, rotary embedding class)
 _CLASSES = {
     "llama": ("transformers.models.llama.modeling_llama", "LlamaDecoderLayer", "LlamaRotaryEmbedding"),
-    "mistral": ("transformers.models.mistral.modeling_mistral", "MistralDecoderLayer", "MistralRotaryEmbedding"),
+    "mistral": (
+        "transformers.models.mistral.modeling_mistral",
+        "MistralDecoderLayer",
+        "MistralRotaryEmbedding",
+    ),
     "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2DecoderLayer", "Qwen2RotaryEmbedding"),
 }
 
@@ -44,26 +48,39 @@ class BlockStack(nn.Module):
         module_name, layer_cls, rotary_cls = _CLASSES[spec.model_type]
         module = importlib.import_module(module_name)
         with torch.device("meta"):
-            self.layers = nn.ModuleList(getattr(module, layer_cls)(self.config, i) for i in range(end - start))
+            self.layers = nn.ModuleList(
+                getattr(module, layer_cls)(self.config, i) for i in range(end - start)
+            )
         self.rotary_emb = getattr(module, rotary_cls)(config=self.config).to(device)
 
     @classmethod
-    def load(cls, spec: ModelSpec, start: int, end: int, dtype: torch.dtype, device: torch.device) -> BlockStack:
+    def load(
+        cls, spec: ModelSpec, start: int, end: int, dtype: torch.dtype, device: torch.device
+    ) -> BlockStack:
         """Builds the blocks and loads their weights, logging progress per checkpoint file."""
         began = time.perf_counter()
         stack = cls(spec, start, end, dtype, device)
         prefixes = tuple(f"model.layers.{i}." for i in range(start, end))
 
         def on_file(path, n_tensors):
-            logger.info("%s [%d:%d): reading %d tensors from %s", spec.model_id, start, end, n_tensors, path.name)
+            logger.info(
+                "%s [%d:%d): reading %d tensors from %s", spec.model_id, start, end, n_tensors, path.name
+            )
 
         tensors = load_tensors(spec.path, lambda name: name.startswith(prefixes), dtype, on_file)
         for local_index, global_index in enumerate(range(start, end)):
             layer_tensors = strip_prefix(tensors, f"model.layers.{global_index}.")
             stack._fill_layer(local_index, global_index, layer_tensors)
         stack.eval()
-        logger.info("%s [%d:%d): loaded in %.1f s (%s, %s)", spec.model_id, start, end,
-                    time.perf_counter() - began, dtype, device)
+        logger.info(
+            "%s [%d:%d): loaded in %.1f s (%s, %s)",
+            spec.model_id,
+            start,
+            end,
+            time.perf_counter() - began,
+            dtype,
+            device,
+        )
         return stack
 
     def _fill_layer(self, local_index: int, global_index: int, tensors: dict[str, torch.Tensor]) -> None:
@@ -78,7 +95,9 @@ class BlockStack(nn.Module):
         return DynamicCache(config=self.config)
 
     @torch.inference_mode()
-    def forward(self, hidden: torch.Tensor, cache: DynamicCache, position: int, start: int, end: int) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, cache: DynamicCache, position: int, start: int, end: int
+    ) -> torch.Tensor:
         """Runs new tokens through global blocks [start, end) (inside this stack's range),
         appending their keys/values to `cache`.
 
@@ -100,25 +119,45 @@ class BlockStack(nn.Module):
             )
         return hidden
 
-    def _masks(self, hidden: torch.Tensor, cache: DynamicCache, position_ids: torch.Tensor, first: int, last: int):
+    def _masks(
+        self, hidden: torch.Tensor, cache: DynamicCache, position_ids: torch.Tensor, first: int, last: int
+    ):
         """The attention mask of each layer in [first, last), made the way the full model makes them.
 
         Masks are sized against the first cache layer of their kind that this session runs
         (`layer_idx`): a hop over part of the stack leaves the other layers' caches empty.
         """
-        kwargs = dict(config=self.config, inputs_embeds=hidden, attention_mask=None,
-                      past_key_values=cache, position_ids=position_ids)
+        kwargs = dict(
+            config=self.config,
+            inputs_embeds=hidden,
+            attention_mask=None,
+            past_key_values=cache,
+            position_ids=position_ids,
+        )
         if self.spec.model_type == "mistral":  # one kind of mask for all layers (see MistralModel)
-            make = create_causal_mask if self.config.sliding_window is None else create_sliding_window_causal_mask
+            make = (
+                create_causal_mask
+                if self.config.sliding_window is None
+                else create_sliding_window_causal_mask
+            )
             return [make(**kwargs, layer_idx=first)] * (last - first)
         all_types = getattr(self.config, "layer_types", None) or ["full_attention"] * len(self.layers)
         layer_types = all_types[first:last]
-        makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
-        by_type = {kind: makers[kind](**kwargs, layer_idx=first + layer_types.index(kind)) for kind in set(layer_types)}
+        makers = {
+            "full_attention": create_causal_mask,
+            "sliding_attention": create_sliding_window_causal_mask,
+        }
+        by_type = {
+            kind: makers[kind](**kwargs, layer_idx=first + layer_types.index(kind))
+            for kind in set(layer_types)
+        }
         return [by_type[kind] for kind in layer_types]
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of KV cache one token of one sequence takes in these blocks."""
-        head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
+        head_dim = (
+            getattr(self.config, "head_dim", None)
+            or self.config.hidden_size // self.config.num_attention_heads
+        )
         element = torch.tensor([], dtype=self.dtype).element_size()
         return 2 * len(self.layers) * self.config.num_key_value_heads * head_dim * element

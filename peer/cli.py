@@ -24,21 +24,41 @@ def build_parser() -> argparse.ArgumentParser:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members, e.g. the bootstrap's")
     where.add_argument("--public", action="store_true", help="join the public swarm")
-    p.add_argument("--host-maddrs", nargs="+", default=list(DEFAULT_HOST_MADDRS), help="multiaddrs to listen on")
+    p.add_argument(
+        "--host-maddrs", nargs="+", default=list(DEFAULT_HOST_MADDRS), help="multiaddrs to listen on"
+    )
     p.add_argument("--announce-maddrs", nargs="+", default=[], help="public multiaddrs to tell others")
-    p.add_argument("--identity", default=None, help="identity key file (created if missing): a stable peer id")
+    p.add_argument(
+        "--identity", default=None, help="identity key file (created if missing): a stable peer id"
+    )
     p.add_argument("--name", default=None, help="a human-friendly name shown in status")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
-                   help="compute dtype; auto = the checkpoint's on GPU, float32 on CPU")
+    p.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda or cuda:N"
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *DTYPES],
+        help="compute dtype; auto = the checkpoint's on GPU, float32 on CPU",
+    )
     p.add_argument("--max-sessions", type=int, default=16, help="concurrent inference sessions")
-    p.add_argument("--max-length", type=int, default=2048, help="longest sequence a session may reach (tokens)")
+    p.add_argument(
+        "--max-length", type=int, default=2048, help="longest sequence a session may reach (tokens)"
+    )
     p.add_argument("--max-batch", type=int, default=16, help="largest batch of sequences in one session")
-    p.add_argument("--cache-tokens", type=int, default=None,
-                   help="KV-cache budget in tokens over all sessions (default max-sessions x max-length)")
-    p.add_argument("--session-idle-timeout", type=float, default=300.0, help="seconds before an idle session is freed")
+    p.add_argument(
+        "--cache-tokens",
+        type=int,
+        default=None,
+        help="KV-cache budget in tokens over all sessions (default max-sessions x max-length)",
+    )
+    p.add_argument(
+        "--session-idle-timeout", type=float, default=300.0, help="seconds before an idle session is freed"
+    )
     p.add_argument("--announce-period", type=float, default=15.0, help="seconds between DHT record refreshes")
-    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds open sessions get to finish on exit")
+    p.add_argument(
+        "--drain-timeout", type=float, default=30.0, help="seconds open sessions get to finish on exit"
+    )
     p.add_argument("--max-frame-mb", type=float, default=64.0, help="largest frame accepted (MiB)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -73,17 +93,25 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     max_sessions, max_length = args.max_sessions, args.max_length
     config = PeerConfig(
-        spec=spec, start=start, end=end,
+        spec=spec,
+        start=start,
+        end=end,
         initial_peers=tuple(public_initial_peers() if args.public else args.initial_peers),
-        host_maddrs=tuple(args.host_maddrs), announce_maddrs=tuple(args.announce_maddrs),
-        identity_path=args.identity, name=args.name, device=device,
+        host_maddrs=tuple(args.host_maddrs),
+        announce_maddrs=tuple(args.announce_maddrs),
+        identity_path=args.identity,
+        name=args.name,
+        device=device,
         dtype=choose_dtype(args.dtype, device, getattr(spec.config, "dtype", None)),
         limits=PeerLimits(
-            max_sessions=max_sessions, max_length=max_length, max_batch=args.max_batch,
+            max_sessions=max_sessions,
+            max_length=max_length,
+            max_batch=args.max_batch,
             cache_tokens=args.cache_tokens or max_sessions * max_length,
             session_idle_timeout=args.session_idle_timeout,
         ),
-        announce_period=args.announce_period, drain_timeout=args.drain_timeout,
+        announce_period=args.announce_period,
+        drain_timeout=args.drain_timeout,
         max_frame_bytes=int(args.max_frame_mb * (1 << 20)),
     )
     _setup_logging(args, spec.model_id, start, end)

@@ -97,9 +97,13 @@ class PeerCore:
                 f"blocks [{r.start}:{r.end}) asked, this peer serves [{self.blocks.start}:{self.blocks.end})",
             )
         if r.dtype not in WIRE_DTYPES:
-            raise ProtocolError(ErrorCode.BAD_TENSOR, f"dtype {r.dtype!r} is not one of {sorted(WIRE_DTYPES)}")
+            raise ProtocolError(
+                ErrorCode.BAD_TENSOR, f"dtype {r.dtype!r} is not one of {sorted(WIRE_DTYPES)}"
+            )
         if not 1 <= r.max_length <= limits.max_length:
-            raise ProtocolError(ErrorCode.TOO_LONG, f"max_length {r.max_length} is not in 1..{limits.max_length}")
+            raise ProtocolError(
+                ErrorCode.TOO_LONG, f"max_length {r.max_length} is not in 1..{limits.max_length}"
+            )
         if not 1 <= r.batch_size <= limits.max_batch:
             raise ProtocolError(ErrorCode.BUSY, f"batch size {r.batch_size} is not in 1..{limits.max_batch}")
         if r.session_id in self.sessions:
@@ -116,7 +120,11 @@ class PeerCore:
         """Validates a step and marks its session busy; returns the input in the compute dtype."""
         session = self.get(request.session_id)
         hidden = request.hidden
-        expected_shape = (session.batch_size, hidden.shape[1] if hidden.ndim == 3 else -1, self.blocks.spec.hidden_size)
+        expected_shape = (
+            session.batch_size,
+            hidden.shape[1] if hidden.ndim == 3 else -1,
+            self.blocks.spec.hidden_size,
+        )
         if hidden.ndim != 3 or tuple(hidden.shape) != expected_shape or hidden.shape[1] < 1:
             raise ProtocolError(
                 ErrorCode.BAD_TENSOR,
@@ -124,10 +132,13 @@ class PeerCore:
                 f"hidden={self.blocks.spec.hidden_size}), got {tuple(hidden.shape)}",
             )
         if hidden.dtype != session.wire_dtype:
-            raise ProtocolError(ErrorCode.BAD_TENSOR, f"session dtype is {session.wire_dtype}, got {hidden.dtype}")
+            raise ProtocolError(
+                ErrorCode.BAD_TENSOR, f"session dtype is {session.wire_dtype}, got {hidden.dtype}"
+            )
         if request.position != session.position:
             raise ProtocolError(
-                ErrorCode.BAD_STATE, f"step at position {request.position}, the session is at {session.position}"
+                ErrorCode.BAD_STATE,
+                f"step at position {request.position}, the session is at {session.position}",
             )
         if session.position + hidden.shape[1] > session.max_length:
             raise ProtocolError(
@@ -170,10 +181,13 @@ class PeerCore:
     def expire_idle(self, now: float | None = None) -> list[str]:
         now = time.monotonic() if now is None else now
         expired = [
-            sid for sid, s in self.sessions.items()
+            sid
+            for sid, s in self.sessions.items()
             if not s.busy and now - s.last_used > self.limits.session_idle_timeout
         ]
         for sid in expired:
-            logger.info("session %s idle for over %.0f s; freeing its cache", sid, self.limits.session_idle_timeout)
+            logger.info(
+                "session %s idle for over %.0f s; freeing its cache", sid, self.limits.session_idle_timeout
+            )
             self.drop(sid)
         return expired

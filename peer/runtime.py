@@ -57,9 +57,8 @@ async def serve(config: PeerConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     identity = load_or_create_identity(config.identity_path)
-    dht = await asyncio.to_thread(
-        start_dht, config.initial_peers, identity, config.host_maddrs, config.announce_maddrs
-    )
+    # In the main thread (a second or two of blocking): it sets up signal dispositions for the DHT child.
+    dht = start_dht(config.initial_peers, identity, config.host_maddrs, config.announce_maddrs)
     name = config.name or f"{socket.gethostname()}-{identity.peer_id.to_base58()[-6:]}"
     logger.info("peer %s joined the DHT as %s", name, identity.peer_id)
     peer = _Peer(config, dht, identity, name)
@@ -84,18 +83,28 @@ class _Peer:
         self.throughput = (0.0, 0.0)
         self.p2p = None
         self.addrs = tuple(str(a) for a in dht.get_visible_maddrs())
-        self.announcer = Announcer(dht, identity, self._record, config.spec.num_blocks, config.announce_period)
+        self.announcer = Announcer(
+            dht, identity, self._record, config.spec.num_blocks, config.announce_period
+        )
 
     def _record(self, state: PeerState) -> PeerRecord:
         c = self.config
         return PeerRecord(
-            peer_id=self.identity.peer_id.to_base58(), name=self.name, model_id=c.spec.model_id,
-            start=c.start, end=c.end, state=state,
-            throughput=self.throughput[0], decode_ms_per_block=self.throughput[1],
+            peer_id=self.identity.peer_id.to_base58(),
+            name=self.name,
+            model_id=c.spec.model_id,
+            start=c.start,
+            end=c.end,
+            state=state,
+            throughput=self.throughput[0],
+            decode_ms_per_block=self.throughput[1],
             cache_tokens_left=self.core.cache_tokens_left if self.core else 0,
             open_sessions=len(self.core.sessions) if self.core else 0,
-            max_length=c.limits.max_length, dtype=DTYPE_NAMES.get(c.dtype, str(c.dtype)), device=str(c.device),
-            version=swarm.__version__, addrs=self.addrs,
+            max_length=c.limits.max_length,
+            dtype=DTYPE_NAMES.get(c.dtype, str(c.dtype)),
+            device=str(c.device),
+            version=swarm.__version__,
+            addrs=self.addrs,
         )
 
     async def start_serving(self, stop: asyncio.Event) -> bool:
@@ -103,7 +112,9 @@ class _Peer:
         blocks = await asyncio.to_thread(BlockStack.load, c.spec, c.start, c.end, c.dtype, c.device)
         figures = await asyncio.to_thread(measure_or_load, blocks)
         self.throughput = (figures.tokens_per_s, figures.decode_ms_per_block)
-        logger.info("throughput %.0f tokens/s per block (prefill), %.2f ms per block (decode)", *self.throughput)
+        logger.info(
+            "throughput %.0f tokens/s per block (prefill), %.2f ms per block (decode)", *self.throughput
+        )
         if stop.is_set():
             return False
         self.core = PeerCore(blocks, c.spec.model_id, c.limits)
@@ -142,5 +153,5 @@ class _Peer:
                 await self.p2p.shutdown()
             except Exception as e:
                 logger.debug("p2p shutdown: %s", e)
-        await asyncio.to_thread(self.dht.shutdown)
+        await asyncio.wait_for(asyncio.to_thread(self.dht.shutdown), 15)
         logger.info("stopped")

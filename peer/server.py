@@ -45,7 +45,9 @@ class PeerServer:
         self.open_streams = 0
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
 
-    async def handle_stream(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle_stream(
+        self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         remote = str(getattr(stream_info, "peer_id", "?"))[-8:]
         if self.open_streams >= self.max_streams:
             await self._send(writer, Error(ErrorCode.BUSY, f"all {self.max_streams} stream slots are taken"))
@@ -102,13 +104,17 @@ class PeerServer:
                 owned.discard(message.session_id)
                 return self.core.close(message)
             case _:
-                raise ProtocolError(ErrorCode.BAD_STATE, f"a peer does not accept {type(message).__name__} frames")
+                raise ProtocolError(
+                    ErrorCode.BAD_STATE, f"a peer does not accept {type(message).__name__} frames"
+                )
 
     @staticmethod
     def _check_owned(session_id: str, owned: set[str]) -> None:
         # Sessions are bound to the stream that opened them, so nobody can step or close another's.
         if session_id not in owned:
-            raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"no session {session_id!r} is open on this stream")
+            raise ProtocolError(
+                ErrorCode.UNKNOWN_SESSION, f"no session {session_id!r} is open on this stream"
+            )
 
     @staticmethod
     async def _send(writer, message: Message) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +39,10 @@ def cache_path() -> Path:
 def measure_or_load(blocks: BlockStack) -> Throughput:
     """Returns cached figures for this block shape/dtype/device, measuring them if absent."""
     c = blocks.config
-    key = (f"{blocks.spec.model_type}-h{c.hidden_size}-i{c.intermediate_size}-a{c.num_attention_heads}"
-           f"-kv{c.num_key_value_heads}-{blocks.dtype}-{blocks.device}-t{torch.get_num_threads()}")
+    key = (
+        f"{blocks.spec.model_type}-h{c.hidden_size}-i{c.intermediate_size}-a{c.num_attention_heads}"
+        f"-kv{c.num_key_value_heads}-{blocks.dtype}-{blocks.device}-t{torch.get_num_threads()}"
+    )
     path = cache_path()
     try:
         cached = json.loads(path.read_text())
@@ -59,24 +62,32 @@ def measure_or_load(blocks: BlockStack) -> Throughput:
 
 
 def measure(blocks: BlockStack) -> Throughput:
-    """Times a prefill of PREFILL_TOKENS and DECODE_STEPS one-token steps through the blocks."""
+    """Times a prefill of PREFILL_TOKENS and the median of DECODE_STEPS one-token steps."""
     n_blocks = blocks.end - blocks.start
-    hidden = torch.randn(1, PREFILL_TOKENS, blocks.spec.hidden_size, dtype=blocks.dtype, device=blocks.device)
-    blocks(hidden[:, :8], blocks.new_cache(), 0, blocks.start, blocks.end)  # warm-up
-    cache = blocks.new_cache()
-    began = time.perf_counter()
-    blocks(hidden, cache, 0, blocks.start, blocks.end)
-    _sync(blocks.device)
-    prefill_s = time.perf_counter() - began
-    began = time.perf_counter()
-    for i in range(DECODE_STEPS):
-        blocks(hidden[:, i : i + 1], cache, PREFILL_TOKENS + i, blocks.start, blocks.end)
-    _sync(blocks.device)
-    decode_s = (time.perf_counter() - began) / DECODE_STEPS
+    hidden = torch.randn(
+        1, PREFILL_TOKENS + DECODE_STEPS, blocks.spec.hidden_size, dtype=blocks.dtype, device=blocks.device
+    )
+    _run(blocks, hidden, blocks.new_cache())  # warm-up: first calls pay for allocations and kernel setup
+    prefill_s, decode_s = _run(blocks, hidden, blocks.new_cache())
     return Throughput(
         tokens_per_s=PREFILL_TOKENS * n_blocks / prefill_s,
         decode_ms_per_block=1000 * decode_s / n_blocks,
     )
+
+
+def _run(blocks: BlockStack, hidden: torch.Tensor, cache) -> tuple[float, float]:
+    """(prefill seconds, median decode-step seconds)."""
+    began = time.perf_counter()
+    blocks(hidden[:, :PREFILL_TOKENS], cache, 0, blocks.start, blocks.end)
+    _sync(blocks.device)
+    prefill_s = time.perf_counter() - began
+    steps = []
+    for i in range(PREFILL_TOKENS, PREFILL_TOKENS + DECODE_STEPS):
+        began = time.perf_counter()
+        blocks(hidden[:, i : i + 1], cache, i, blocks.start, blocks.end)
+        _sync(blocks.device)
+        steps.append(time.perf_counter() - began)
+    return prefill_s, statistics.median(steps)
 
 
 def _sync(device: torch.device) -> None:

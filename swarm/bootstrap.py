@@ -12,18 +12,27 @@ from swarm.identity import load_or_create_identity
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"],
-                        help="multiaddrs to listen on, e.g. /ip4/0.0.0.0/tcp/31337")
+    parser.add_argument(
+        "--host-maddrs",
+        nargs="+",
+        default=["/ip4/0.0.0.0/tcp/0"],
+        help="multiaddrs to listen on, e.g. /ip4/0.0.0.0/tcp/31337",
+    )
     parser.add_argument("--announce-maddrs", nargs="+", default=[], help="public multiaddrs to tell others")
-    parser.add_argument("--identity", default=None,
-                        help="identity key file (created if missing); keeps the peer id stable across restarts")
+    parser.add_argument(
+        "--identity",
+        default=None,
+        help="identity key file (created if missing); keeps the peer id stable across restarts",
+    )
     parser.add_argument("--initial-peers", nargs="*", default=[], help="other bootstrap nodes to join")
 
 
 def run(args: argparse.Namespace) -> int:
     quiet_hivemind()
     identity = load_or_create_identity(args.identity)
-    dht = start_dht(args.initial_peers, identity, host_maddrs=args.host_maddrs, announce_maddrs=args.announce_maddrs)
+    dht = start_dht(
+        args.initial_peers, identity, host_maddrs=args.host_maddrs, announce_maddrs=args.announce_maddrs
+    )
     for maddr in dht.get_visible_maddrs():
         print(maddr, flush=True)
     print(f"bootstrap node {identity.peer_id} is up; Ctrl-C stops it", file=sys.stderr, flush=True)

@@ -58,4 +58,6 @@ def strip_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, tor
 def require(names: Iterable[str], tensors: dict[str, torch.Tensor], what: str) -> None:
     missing = sorted(set(names) - set(tensors))
     if missing:
-        raise CheckpointError(f"checkpoint lacks tensors for {what}: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        raise CheckpointError(
+            f"checkpoint lacks tensors for {what}: {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+        )

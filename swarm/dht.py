@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import threading
 from collections.abc import Sequence
 
 from swarm.identity import Identity
@@ -61,4 +64,20 @@ def start_dht(
         kwargs["announce_maddrs"] = list(announce_maddrs)
     if identity is not None:
         kwargs["identity_path"] = str(identity.identity_path)
-    return hivemind.DHT(**kwargs)
+    with _children_ignore_ctrl_c():
+        return hivemind.DHT(**kwargs)
+
+
+@contextlib.contextmanager
+def _children_ignore_ctrl_c():
+    """Ctrl-C in a terminal reaches the whole process group. The DHT child process and its
+    p2pd inherit "ignore SIGINT" from here, so they stay up while the parent announces that
+    it is leaving, and the parent shuts them down itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

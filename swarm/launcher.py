@@ -54,19 +54,50 @@ class LocalSwarm:
 
     def start_bootstrap(self, timeout: float = 60) -> list[str]:
         identity = self.workdir / "bootstrap.key"
-        proc = self._spawn("bootstrap", [sys.executable, "-m", "swarm.cli", "bootstrap",
-                                         "--host-maddrs", LOOPBACK, "--identity", str(identity)],
-                           stdout=subprocess.PIPE)
+        proc = self._spawn(
+            "bootstrap",
+            [
+                sys.executable,
+                "-m",
+                "swarm.cli",
+                "bootstrap",
+                "--host-maddrs",
+                LOOPBACK,
+                "--identity",
+                str(identity),
+            ],
+            stdout=subprocess.PIPE,
+        )
         line = _read_line(proc, timeout)
         if not line.startswith("/"):
             raise LaunchError(f"bootstrap did not print its address:\n{proc.log()}")
         self.initial_peers = [line]
         return self.initial_peers
 
-    def start_peer(self, model_dir: str | Path, layers: str, name: str, *extra: str, wait: bool = True,
-                   timeout: float = 120) -> Managed:
-        args = [sys.executable, "-m", "peer.cli", str(model_dir), "--layers", layers, "--name", name,
-                "--initial-peers", *self.initial_peers, "--host-maddrs", LOOPBACK, *extra]
+    def start_peer(
+        self,
+        model_dir: str | Path,
+        layers: str,
+        name: str,
+        *extra: str,
+        wait: bool = True,
+        timeout: float = 120,
+    ) -> Managed:
+        args = [
+            sys.executable,
+            "-m",
+            "peer.cli",
+            str(model_dir),
+            "--layers",
+            layers,
+            "--name",
+            name,
+            "--initial-peers",
+            *self.initial_peers,
+            "--host-maddrs",
+            LOOPBACK,
+            *extra,
+        ]
         proc = self._spawn(name, args)
         if wait:
             self.wait_for_log(proc, "online:", timeout)
@@ -78,7 +109,9 @@ class LocalSwarm:
             if not proc.alive():
                 raise LaunchError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}")
             if time.monotonic() > deadline:
-                raise LaunchError(f"{proc.name} did not log {text!r} within {timeout} s:\n{proc.log()[-3000:]}")
+                raise LaunchError(
+                    f"{proc.name} did not log {text!r} within {timeout} s:\n{proc.log()[-3000:]}"
+                )
             time.sleep(0.1)
 
     def stop(self, proc: Managed, timeout: float = 30) -> int | None:
@@ -111,8 +144,15 @@ class LocalSwarm:
         log_path = self.workdir / f"{name}.log"
         log = open(log_path, "wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        popen = subprocess.Popen(args, stdout=stdout or log, stderr=log, stdin=subprocess.DEVNULL, env=env,
-                                 start_new_session=True, cwd=self.workdir)
+        popen = subprocess.Popen(
+            args,
+            stdout=stdout or log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            cwd=self.workdir,
+        )
         log.close()
         proc = Managed(name, popen, log_path)
         self.processes.append(proc)

@@ -162,7 +162,9 @@ def decode_tensor(obj: Any) -> torch.Tensor:
     dtype = WIRE_DTYPES[dtype_name]
     expected = int(np.prod(shape, dtype=np.int64)) * torch.tensor([], dtype=dtype).element_size()
     if expected != len(data):
-        raise ProtocolError(ErrorCode.BAD_TENSOR, f"shape {shape} of {dtype_name} needs {expected} bytes, got {len(data)}")
+        raise ProtocolError(
+            ErrorCode.BAD_TENSOR, f"shape {shape} of {dtype_name} needs {expected} bytes, got {len(data)}"
+        )
     if not data:
         return torch.empty(shape, dtype=dtype)
     raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -177,16 +179,30 @@ def encode(message: Message) -> bytes:
     body: dict[str, Any] = {"v": PROTOCOL_VERSION}
     match message:
         case Open():
-            body.update(t=MsgType.OPEN, session=message.session_id, model=message.model_id, start=message.start,
-                        end=message.end, max_length=message.max_length, batch=message.batch_size, dtype=message.dtype)
+            body.update(
+                t=MsgType.OPEN,
+                session=message.session_id,
+                model=message.model_id,
+                start=message.start,
+                end=message.end,
+                max_length=message.max_length,
+                batch=message.batch_size,
+                dtype=message.dtype,
+            )
         case Opened() | Closed() | Close():
             kind = {Opened: MsgType.OPENED, Closed: MsgType.CLOSED, Close: MsgType.CLOSE}[type(message)]
             body.update(t=kind, session=message.session_id)
         case Step():
-            body.update(t=MsgType.STEP, session=message.session_id, position=message.position,
-                        hidden=encode_tensor(message.hidden))
+            body.update(
+                t=MsgType.STEP,
+                session=message.session_id,
+                position=message.position,
+                hidden=encode_tensor(message.hidden),
+            )
         case StepResult():
-            body.update(t=MsgType.STEP_RESULT, session=message.session_id, hidden=encode_tensor(message.hidden))
+            body.update(
+                t=MsgType.STEP_RESULT, session=message.session_id, hidden=encode_tensor(message.hidden)
+            )
         case Ping() | Pong():
             body.update(t=MsgType.PING if isinstance(message, Ping) else MsgType.PONG, nonce=message.nonce)
         case Error():
@@ -205,7 +221,9 @@ def decode(payload: bytes) -> Message:
     fields = _require_map(obj, "frame")
     version = _field(fields, "v", int)
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(ErrorCode.VERSION, f"protocol version {version} (this side speaks {PROTOCOL_VERSION})")
+        raise ProtocolError(
+            ErrorCode.VERSION, f"protocol version {version} (this side speaks {PROTOCOL_VERSION})"
+        )
     kind = _field(fields, "t", int)
     if kind not in MsgType._value2member_map_:
         raise ProtocolError(ErrorCode.MALFORMED, f"unknown message type {kind}")
@@ -252,7 +270,9 @@ def _require_map(obj: Any, what: str) -> dict:
 def _field(fields: dict, name: str, kind: type) -> Any:
     value = fields.get(name)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ProtocolError(ErrorCode.MALFORMED, f"field {name!r} must be {kind.__name__}, got {type(value).__name__}")
+        raise ProtocolError(
+            ErrorCode.MALFORMED, f"field {name!r} must be {kind.__name__}, got {type(value).__name__}"
+        )
     return value
 
 

@@ -30,7 +30,7 @@ def model_key(model_id: str) -> str:
     return f"{MODELS_KEY}/{model_id}"
 
 
-class PeerState(str, enum.Enum):
+class PeerState(enum.StrEnum):
     JOINING = "joining"  # loading layers, not serving yet
     ONLINE = "online"
     LEAVING = "leaving"  # finishing open sessions, refusing new ones
@@ -89,7 +89,9 @@ class ModelEntry:
     schema: int = RECORD_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
-        return msgpack.packb({"model_id": self.model_id, "num_blocks": self.num_blocks, "schema": self.schema})
+        return msgpack.packb(
+            {"model_id": self.model_id, "num_blocks": self.num_blocks, "schema": self.schema}
+        )
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ModelEntry:
@@ -131,7 +133,9 @@ def read_peer_records(dht, model_id: str) -> list[PeerRecord]:
 def read_models(dht) -> dict[str, int]:
     """model_id -> number of blocks, for every model some peer announced."""
     value = dht.get(MODELS_KEY, latest=True)
-    return {entry.model_id: entry.num_blocks for _, entry in parse_signed_entries(value, ModelEntry.from_bytes)}
+    return {
+        entry.model_id: entry.num_blocks for _, entry in parse_signed_entries(value, ModelEntry.from_bytes)
+    }
 
 
 def _unpack_map(data: Any) -> dict:
@@ -146,9 +150,21 @@ def _unpack_map(data: Any) -> dict:
     return body
 
 
-_FIELD_TYPES = {"peer_id": str, "name": str, "model_id": str, "start": int, "end": int, "throughput": (int, float),
-                "decode_ms_per_block": (int, float), "cache_tokens_left": int, "open_sessions": int,
-                "max_length": int, "dtype": str, "device": str, "version": str}
+_FIELD_TYPES = {
+    "peer_id": str,
+    "name": str,
+    "model_id": str,
+    "start": int,
+    "end": int,
+    "throughput": (int, float),
+    "decode_ms_per_block": (int, float),
+    "cache_tokens_left": int,
+    "open_sessions": int,
+    "max_length": int,
+    "dtype": str,
+    "device": str,
+    "version": str,
+}
 
 
 def _check_types(record: PeerRecord) -> None:

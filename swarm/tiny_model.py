@@ -11,7 +11,8 @@ from pathlib import Path
 
 # A short text the byte-level BPE tokenizer learns its merges from. Any text works (byte-level
 # BPE can encode every string); English prose gives merges that make demo output readable.
-_TOKENIZER_CORPUS = """
+_TOKENIZER_CORPUS = (
+    """
 A swarm of volunteers serves a language model together. Each peer holds a few layers of the
 network and passes hidden states to the next one, so no single machine needs the whole model.
 The client embeds the prompt, sends it through a chain of peers, and turns the last hidden
@@ -21,7 +22,9 @@ table; a coordinator plans who should serve what, and clients pick fast and ligh
 routes. Good systems measure before they guess, and they never trust what arrives from the
 network without checking it first. Once upon a time there was a little model that generated
 text one token at a time, and every token travelled across many computers owned by many people.
-""" * 4
+"""
+    * 4
+)
 
 ARCHS = ("llama", "qwen2", "mistral")
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>"]
@@ -34,7 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden", type=int, default=256, help="hidden size")
     parser.add_argument("--heads", type=int, default=8, help="attention heads")
     parser.add_argument("--kv-heads", type=int, default=4, help="key/value heads (GQA)")
-    parser.add_argument("--intermediate", type=int, default=None, help="MLP size (default: about 2.7 x hidden)")
+    parser.add_argument(
+        "--intermediate", type=int, default=None, help="MLP size (default: about 2.7 x hidden)"
+    )
     parser.add_argument("--vocab", type=int, default=512, help="tokenizer vocabulary size to train")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-shard-size", default=None, help="split weights into shards, e.g. 500KB")

@@ -1,0 +1,76 @@
+"""`hexswarm status`: the peers of a swarm and the block coverage of each model.
+
+Exits 0 when every block of every listed model has an online peer, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from swarm.dht import public_initial_peers, quiet_hivemind, start_dht
+from swarm.records import PeerRecord, PeerState, read_models, read_peer_records
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members")
+    where.add_argument("--public", action="store_true", help="look at the public swarm")
+    parser.add_argument("--model", default=None, help="only this model (its checkpoint directory)")
+
+
+def run(args: argparse.Namespace) -> int:
+    quiet_hivemind()
+    dht = start_dht(
+        public_initial_peers() if args.public else args.initial_peers,
+        identity=None,
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        client_mode=True,
+    )
+    try:
+        models = _models(dht, args.model)
+        if not models:
+            print("no models are announced in this swarm")
+            return 1
+        complete = True
+        for model_id, num_blocks in sorted(models.items()):
+            records = read_peer_records(dht, model_id)
+            complete &= print_model(model_id, num_blocks, records)
+        return 0 if complete else 1
+    finally:
+        dht.shutdown()
+
+
+def _models(dht, model_dir: str | None) -> dict[str, int]:
+    if model_dir is None:
+        return read_models(dht)
+    from swarm.model_spec import load_model_spec
+
+    spec = load_model_spec(model_dir)
+    return {spec.model_id: spec.num_blocks}
+
+
+def print_model(model_id: str, num_blocks: int, records: list[PeerRecord]) -> bool:
+    """Prints the peer table and coverage line of one model; True if every block has an online peer."""
+    print(f"model {model_id}: {num_blocks} blocks")
+    print(
+        f"  {'peer id':<14} {'name':<16} {'layers':<9} {'state':<8} {'tok/s/blk':>9} {'ms/blk':>7} "
+        f"{'sessions':>8} {'cache left':>10}  address"
+    )
+    for r in sorted(records, key=lambda r: (r.start, r.end, r.name)):
+        address = r.addrs[0] if r.addrs else "-"
+        print(
+            f"  ...{r.peer_id[-11:]:<11} {r.name[:16]:<16} {f'{r.start}:{r.end}':<9} {r.state.value:<8} "
+            f"{r.throughput:>9.0f} {r.decode_ms_per_block:>7.2f} {r.open_sessions:>8} {r.cache_tokens_left:>10}  "
+            f"{address}"
+        )
+    online = [0] * num_blocks
+    for r in records:
+        if r.state == PeerState.ONLINE:
+            for block in range(r.start, min(r.end, num_blocks)):
+                online[block] += 1
+    missing = [b for b, n in enumerate(online) if n == 0]
+    print("  coverage: " + " ".join(str(min(n, 9)) for n in online) + "  (online peers per block)")
+    if missing:
+        print(f"  MISSING: blocks {missing} have no online peer", file=sys.stdout)
+    return not missing

@@ -1,0 +1,80 @@
+"""Distributed generation equals the local model's, token for token; peers come and go."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from swarm.records import read_peer_records
+
+pytestmark = pytest.mark.integration
+
+
+def test_greedy_equals_local(model, local_model):
+    input_ids = torch.randint(3, 400, (1, 7), generator=torch.Generator().manual_seed(1))
+    expected = local_model.generate(input_ids, max_new_tokens=20, do_sample=False)
+    got = model.generate(input_ids, max_new_tokens=20, do_sample=False)
+    assert torch.equal(got, expected), model.last_route
+
+
+def test_greedy_batch_equals_local(model, local_model):
+    input_ids = torch.randint(3, 400, (3, 5), generator=torch.Generator().manual_seed(2))
+    expected = local_model.generate(input_ids, max_new_tokens=12, do_sample=False)
+    assert torch.equal(model.generate(input_ids, max_new_tokens=12, do_sample=False), expected)
+
+
+def test_seeded_sampling_equals_local(model, local_model):
+    input_ids = torch.randint(3, 400, (2, 4), generator=torch.Generator().manual_seed(3))
+    kwargs = dict(max_new_tokens=12, do_sample=True, temperature=0.9, top_k=40)
+    torch.manual_seed(11)
+    expected = local_model.generate(input_ids, **kwargs)
+    torch.manual_seed(11)
+    assert torch.equal(model.generate(input_ids, **kwargs), expected)
+
+
+def test_status_lists_peers_and_full_coverage(swarm):
+    result = subprocess.run(
+        [sys.executable, "-m", "swarm.cli", "status", "--initial-peers", *swarm.initial_peers],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in ("p1", "p2", "p3", "guard"):
+        assert name in result.stdout
+    assert "coverage: 2 2 3 2 2 2" in result.stdout
+
+
+def test_missing_blocks_are_named(swarm, make_model):
+    from client import DistributedModelForCausalLM, MissingBlocksError
+
+    unserved = make_model(arch="llama", seed=7)  # same shape, other weights: another model id
+    other = DistributedModelForCausalLM.from_pretrained(
+        unserved, initial_peers=swarm.initial_peers, coverage_timeout=2
+    )
+    try:
+        with pytest.raises(MissingBlocksError, match=r"blocks 0:6"):
+            other.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2)
+    finally:
+        other.shutdown()
+
+
+def test_stopped_peer_disappears_and_a_new_chain_is_used(swarm, model, local_model):
+    """Runs last in this module: it stops a peer."""
+    input_ids = torch.randint(3, 400, (1, 6), generator=torch.Generator().manual_seed(4))
+    expected = local_model.generate(input_ids, max_new_tokens=10, do_sample=False)
+    model.generate(input_ids, max_new_tokens=10, do_sample=False)
+    victim = "p2" if "p2[" in model.last_route else "p3"
+    survivor = "p3" if victim == "p2" else "p2"
+
+    assert swarm.local.stop(swarm.peers[victim], timeout=30) == 0  # a clean leave
+    deadline = time.monotonic() + 20
+    while any(r.name == victim for r in read_peer_records(model.swarm.dht, model.spec.model_id)):
+        assert time.monotonic() < deadline, f"{victim}'s record did not disappear"
+        time.sleep(0.5)
+
+    got = model.generate(input_ids, max_new_tokens=10, do_sample=False)
+    assert torch.equal(got, expected)
+    assert victim not in model.last_route and survivor in model.last_route

@@ -1,0 +1,70 @@
+"""DHT records: schema, unknown fields, and the binding of peer ids to signing keys."""
+
+import msgpack
+import pytest
+
+from swarm.identity import load_or_create_identity, peer_id_from_owner_marker
+from swarm.records import PeerRecord, PeerState
+
+
+def _record(**overrides):
+    fields = dict(
+        peer_id="Qm123",
+        name="p",
+        model_id="m-1",
+        start=0,
+        end=4,
+        state=PeerState.ONLINE,
+        throughput=100.0,
+        decode_ms_per_block=1.5,
+        cache_tokens_left=1000,
+        open_sessions=0,
+        max_length=2048,
+        dtype="float32",
+        device="cpu",
+        version="0.1.0",
+        addrs=("/ip4/1.2.3.4",),
+    )
+    return PeerRecord(**{**fields, **overrides})
+
+
+def test_round_trip_and_unknown_fields_ignored():
+    record = _record()
+    assert PeerRecord.from_bytes(record.to_bytes()) == record
+    body = msgpack.unpackb(record.to_bytes())
+    body["from_the_future"] = [1, 2, 3]
+    assert PeerRecord.from_bytes(msgpack.packb(body)) == record
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"schema": 2}, {"state": "dancing"}, {"start": "0"}, {"start": 5, "end": 2}, {"throughput": None}],
+)
+def test_malformed_records_are_rejected(change):
+    body = msgpack.unpackb(_record().to_bytes())
+    body.update(change)
+    with pytest.raises(ValueError):
+        PeerRecord.from_bytes(msgpack.packb(body))
+
+
+def test_not_msgpack_or_too_big_is_rejected():
+    with pytest.raises(ValueError):
+        PeerRecord.from_bytes(b"\xc1\xc1")
+    with pytest.raises(ValueError):
+        PeerRecord.from_bytes(b"\x00" * (65 * 1024))
+
+
+def test_identity_is_stable_and_bound_to_its_owner_marker(tmp_path):
+    path = tmp_path / "id.key"
+    first, again = load_or_create_identity(path), load_or_create_identity(path)
+    assert first.peer_id == again.peer_id
+    assert peer_id_from_owner_marker(first.owner_marker) == first.peer_id
+    other = load_or_create_identity(tmp_path / "other.key")
+    assert peer_id_from_owner_marker(other.owner_marker) != first.peer_id
+
+
+def test_bad_identity_file(tmp_path):
+    bad = tmp_path / "bad.key"
+    bad.write_bytes(b"not a key")
+    with pytest.raises(ValueError, match="identity"):
+        load_or_create_identity(bad)
