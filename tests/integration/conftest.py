@@ -30,8 +30,10 @@ class Swarm:
         return self.local.initial_peers
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def swarm(make_model, tmp_path_factory):
+    """One swarm for all integration tests (starting one takes ~20 s on 2 cores); tests that
+    stop a peer start it again."""
     model_dir = make_model(arch="llama")
     with LocalSwarm(tmp_path_factory.mktemp("swarm")) as local:
         local.start_bootstrap()
@@ -44,7 +46,16 @@ def swarm(make_model, tmp_path_factory):
         yield Swarm(local, Path(model_dir), peers)
 
 
-@pytest.fixture(scope="module")
+def peer_id_of(model, name: str) -> str:
+    from swarm.records import read_peer_records
+
+    ids = [r.peer_id for r in read_peer_records(model.swarm.dht, model.spec.model_id) if r.name == name]
+    if not ids:
+        raise LookupError(f"no record for peer {name}")
+    return ids[0]
+
+
+@pytest.fixture(scope="session")
 def model(swarm):
     from client import DistributedModelForCausalLM
 
@@ -55,7 +66,7 @@ def model(swarm):
     model.shutdown()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def local_model(swarm):
     from transformers import AutoModelForCausalLM
 

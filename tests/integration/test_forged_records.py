@@ -1,0 +1,75 @@
+"""Nobody can overwrite another peer's DHT record or announce one under its peer id."""
+
+import time
+
+import pytest
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.utils import get_dht_time
+
+from swarm.dht import start_dht
+from swarm.identity import load_or_create_identity
+from swarm.records import PeerRecord, PeerState, model_key, read_peer_records
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def attacker(swarm, tmp_path):
+    identity = load_or_create_identity(tmp_path / "attacker.key")
+    dht = start_dht(swarm.initial_peers, identity, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    yield dht, identity
+    dht.shutdown()
+
+
+def _victim(model, name="p1") -> PeerRecord:
+    return next(r for r in read_peer_records(model.swarm.dht, model.spec.model_id) if r.name == name)
+
+
+def _victim_subkey(model, victim: PeerRecord) -> bytes:
+    value = model.swarm.dht.get(model_key(model.spec.model_id), latest=True).value
+    from swarm.identity import peer_id_from_owner_marker
+
+    return next(s for s in value if peer_id_from_owner_marker(s).to_base58() == victim.peer_id)
+
+
+def _forged(victim: PeerRecord, **changes) -> bytes:
+    fields = {**victim.__dict__, **changes}
+    return PeerRecord(**fields).to_bytes()
+
+
+def test_overwriting_another_peers_record_is_refused(model, attacker):
+    dht, identity = attacker
+    victim = _victim(model)
+    subkey = _victim_subkey(model, victim)
+    forged = _forged(victim, state=PeerState.LEAVING, start=0, end=6)
+    expiration = get_dht_time() + 600
+
+    # Unsigned (the attacker's validator signs only its own subkeys) ...
+    assert not dht.store(model_key(model.spec.model_id), forged, expiration, subkey=subkey)
+    # ... and signed with the attacker's key instead of the owner's.
+    signature = identity.private_key.sign(forged)
+    signed_wrong = forged + RSASignatureValidator.SIGNATURE_FORMAT.replace(b"_value_", signature)
+    assert not dht.store(model_key(model.spec.model_id), signed_wrong, expiration, subkey=subkey)
+
+    time.sleep(1)
+    after = _victim(model)
+    assert after.state == PeerState.ONLINE and (after.start, after.end) == (victim.start, victim.end)
+
+
+def test_record_claiming_another_peers_id_is_ignored(model, attacker):
+    dht, identity = attacker
+    key = model_key(model.spec.model_id)
+    victim = _victim(model)
+    claim = _forged(victim, name="impostor", start=0, end=6)
+    assert dht.store(key, claim, get_dht_time() + 60, subkey=identity.owner_marker)
+
+    raw = model.swarm.dht.get(key, latest=True).value
+    assert any(item.value == claim for item in raw.values())  # it is in the DHT, correctly signed ...
+    names = {r.name for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
+    assert "impostor" not in names  # ... but by a key that is not the claimed peer's, so readers drop it
+
+    # Control: the same attacker announcing under its own id is accepted.
+    own = _forged(victim, peer_id=identity.peer_id.to_base58(), name="attacker-own", state=PeerState.JOINING)
+    assert dht.store(key, own, get_dht_time() + 60, subkey=identity.owner_marker)
+    names = {r.name for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
+    assert "attacker-own" in names
