@@ -191,12 +191,12 @@ def _gib(cluster: Cluster) -> str:
 
 
 def _initial(cluster: Cluster, config: SearchConfig, previous: Plan | None) -> list[Individual]:
-    """K-means groups at the elbow K and a few larger K; the warm-start individual first."""
+    """K-means groups at the elbow K (§4.3) and at every larger K: the elbow groups follow the
+    network, the finer ones give the search replica-sized groups to start from."""
     elbow, partitions = kmeans_init(cluster, range(len(cluster)), config.seed)
-    ks = sorted(partitions, key=lambda k: (abs(k - elbow), k))
-    seeds = [partitions[k] for k in ks if k >= elbow][:4]
-    if previous is not None:
-        seeds.insert(0, warm_individual(cluster, previous, config.seed))
+    seeds = [partitions[k] for k in sorted(partitions) if k >= elbow]
+    if previous is not None:  # re-planning: start from the old plan, keep the elbow groups as a fallback
+        seeds = [warm_individual(cluster, previous, config.seed), partitions[elbow]]
     return seeds
 
 
