@@ -8,13 +8,14 @@ used and its speed. Everything is stopped on exit, Ctrl-C included.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from swarm.launcher import LocalSwarm
+from swarm.launcher import COLOCATED_ENV, LocalSwarm
 
 DEMO_LAYERS = 8
 PEER_RANGES = (("alice", "0:4"), ("bob", "2:8"), ("carol", "4:8"))
@@ -65,4 +66,5 @@ def _run_swarm(swarm: LocalSwarm, model_dir: Path, args: argparse.Namespace) -> 
         "--max-new-tokens",
         str(args.max_new_tokens),
     ]
-    return subprocess.run(client, stdin=subprocess.DEVNULL).returncode
+    env = {**os.environ, **COLOCATED_ENV}
+    return subprocess.run(client, stdin=subprocess.DEVNULL, env=env).returncode

@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+# Before torch loads: the test process shares 2 cores with the swarm's peers (see swarm.launcher).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
