@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_COVERAGE_TIMEOUT_S = 60.0  # how long to wait for every block to have an online peer
 DEFAULT_STEP_TIMEOUT_S = 60.0  # per hop and step
+DEFAULT_ROUTING = "min_latency"  # see README "Routing requests through the swarm"
 
 
 class DistributedMixin:
@@ -159,6 +160,8 @@ class DistributedModelForCausalLM:
         initial_peers: Sequence[str] | None = None,
         *,
         public: bool = False,
+        routing: str = DEFAULT_ROUTING,
+        preference: float | None = None,
         router: Router | None = None,
         dtype: torch.dtype = torch.float32,
         coverage_timeout: float = DEFAULT_COVERAGE_TIMEOUT_S,
@@ -167,6 +170,9 @@ class DistributedModelForCausalLM:
     ):
         """Loads embeddings, norm and LM head of `model_dir` and joins the swarm through `initial_peers`.
 
+        `routing` picks how chains are chosen: "min_latency", "max_throughput" or "tradeoff"
+        (NSGA-II; `preference` in [0, 1] leans from latency to throughput, default the knee);
+        `router` overrides it with any object that has the `routing.swarm_view.Router` interface.
         `dtype` is the client's compute dtype and the dtype of hidden states on the wire.
         The first step of a session waits up to `coverage_timeout` seconds for every block
         to have an online peer, then fails with an error naming the blocks still missing.
@@ -177,9 +183,9 @@ class DistributedModelForCausalLM:
             raise ValueError("pass initial_peers=[...] (the bootstrap's multiaddrs) or public=True")
         model = _build_local_parts(spec, dtype)
         if router is None:
-            from routing.min_latency import MinLatencyRouter
+            from routing.routers import make_router
 
-            router = MinLatencyRouter()
+            router = make_router(routing, preference)
         swarm = SwarmClient.connect(peers, host_maddrs)
         model._init_swarm(spec, swarm, router, coverage_timeout, step_timeout, dtype)
         return model

@@ -44,6 +44,7 @@ class SwarmClient:
     p2p: object
     rtt_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (ms, measured at)
     view_version: int = 0
+    _last_snapshot: tuple | None = None
 
     @classmethod
     def connect(
@@ -78,7 +79,6 @@ class SwarmClient:
     def view(self, records: list[PeerRecord], num_blocks: int, hidden_size: int) -> SwarmView:
         """A SwarmView of `records`, with fresh round trips (peers that do not answer are left out)."""
         rtts = run_sync(self._measure_rtts(records), timeout=PING_TIMEOUT_S + 5)
-        self.view_version += 1
         peers = tuple(
             PeerView(
                 peer_id=r.peer_id,
@@ -92,6 +92,11 @@ class SwarmClient:
             for r in records
             if r.peer_id in rtts
         )
+        # Routers cache their work per version: bump it only when what they see has changed.
+        snapshot = (peers, tuple(sorted(rtts.items())), num_blocks)
+        if snapshot != self._last_snapshot:
+            self._last_snapshot = snapshot
+            self.view_version += 1
         return SwarmView(
             num_blocks=num_blocks,
             peers=peers,
