@@ -1,0 +1,103 @@
+"""Swarm overhead: ms per generated token through two local peers vs. the same model in one process.
+
+Prints one JSON line. For each model size: local and swarm ms per token (greedy decode, after
+the first token), their ratio, time to first token, and whether the outputs were equal.
+Everything runs on this machine (127.0.0.1), so the ratio is the cost of hexswarm itself:
+framing, p2p streams, process hops, the client's relay. Run:
+
+    python benchmarks/overhead.py [--new-tokens 32] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Before torch loads: local baseline, client and peers share this machine's cores (see swarm.launcher).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from swarm.launcher import LocalSwarm  # noqa: E402
+from swarm.tiny_model import make_tiny_model  # noqa: E402
+
+SIZES = {
+    "tiny": dict(hidden=256, layers=8, heads=8, kv_heads=4),
+    "medium": dict(hidden=1024, layers=16, heads=16, kv_heads=8),
+}
+PROMPT_TOKENS = 16
+
+
+def time_generation(model, input_ids, new_tokens: int, repeats: int) -> tuple[float, float, torch.Tensor]:
+    """(median ms per token after the first, median ms to first token, output)."""
+    per_token, first = [], []
+    output = None
+    for _ in range(repeats):
+        began = time.perf_counter()
+        model.generate(input_ids, max_new_tokens=1, do_sample=False)
+        ttft = time.perf_counter() - began
+        began = time.perf_counter()
+        output = model.generate(input_ids, max_new_tokens=new_tokens, do_sample=False)
+        total = time.perf_counter() - began
+        first.append(1000 * ttft)
+        per_token.append(1000 * (total - ttft) / (new_tokens - 1))
+    return statistics.median(per_token), statistics.median(first), output
+
+
+def bench_size(name: str, shape: dict, workdir: Path, new_tokens: int, repeats: int) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from client import DistributedModelForCausalLM
+
+    model_dir = make_tiny_model(workdir / name, seed=0, **shape)
+    input_ids = torch.randint(3, 400, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
+    local = AutoModelForCausalLM.from_pretrained(model_dir)
+    local_ms, local_ttft, local_out = time_generation(local, input_ids, new_tokens, repeats)
+    del local
+
+    half = shape["layers"] // 2
+    with LocalSwarm(workdir / f"{name}-logs", env={"HEXSWARM_CACHE_DIR": str(workdir / "cache")}) as swarm:
+        swarm.start_bootstrap()
+        peers = [swarm.start_peer(model_dir, layers, f"{name}-{i}", wait=False)
+                 for i, layers in enumerate((f"0:{half}", f"{half}:{shape['layers']}"))]
+        for proc in peers:
+            swarm.wait_for_log(proc, "online:", timeout=300)
+        remote = DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=swarm.initial_peers)
+        try:
+            swarm_ms, swarm_ttft, swarm_out = time_generation(remote, input_ids, new_tokens, repeats)
+            route = remote.last_route
+        finally:
+            remote.shutdown()
+    return {
+        "hidden": shape["hidden"], "layers": shape["layers"],
+        "local_ms_per_token": round(local_ms, 2), "swarm_ms_per_token": round(swarm_ms, 2),
+        "ratio": round(swarm_ms / local_ms, 3),
+        "local_ttft_ms": round(local_ttft, 1), "swarm_ttft_ms": round(swarm_ttft, 1),
+        "outputs_equal": bool(torch.equal(local_out, swarm_out)), "chain": route,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hexswarm-bench-") as tmp:
+        result = {"bench": "overhead", "new_tokens": args.new_tokens, "prompt_tokens": PROMPT_TOKENS,
+                  "torch_threads": torch.get_num_threads()}
+        for name in args.sizes:
+            result[name] = bench_size(name, SIZES[name], Path(tmp), args.new_tokens, args.repeats)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
