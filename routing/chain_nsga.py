@@ -29,7 +29,7 @@ from pymoo.operators.mutation.bitflip import BitflipMutation
 from pymoo.operators.sampling.rnd import BinaryRandomSampling
 from pymoo.optimize import minimize
 
-from routing.chain_cost import Candidates, route_from_assignment
+from routing.chain_cost import Candidates, missing_blocks, route_from_assignment
 from routing.chain_front import Front
 from routing.max_throughput import hop_widest_bottleneck
 from routing.min_latency import Hops, _chain_dp, _max_blocks, shortest_chain
@@ -182,7 +182,7 @@ def _algorithm(cands: Candidates, config: NsgaConfig) -> tuple[Problem, NSGA2]:
 
 def nsga_front(cands: Candidates, config: NsgaConfig = NsgaConfig()) -> Front:
     """The non-dominated chains NSGA-II finds (empty front when no chain covers the model)."""
-    if cands.size == 0:
+    if cands.size == 0 or missing_blocks(cands):
         return Front.of([])
     problem, algorithm = _algorithm(cands, config)
     result = minimize(problem, algorithm, ("n_gen", config.generations), seed=config.seed, verbose=False)

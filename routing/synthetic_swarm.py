@@ -25,14 +25,16 @@ class Tier:
     weight: float  # how common it is in the swarm
 
 
-# Rough Llama-70B-class figures per block (fp16); the spread matters more than the values.
+# Llama-70B-class block (~0.85 B params, fp16): decode reads 1.7 GB of weights per step
+# (ms = 1.7 GB / memory bandwidth); prefill does ~1.7 GFLOP per token (tokens/s = FLOP/s / that,
+# at ~60% of peak). Rough, but the spread between tiers is what the routers see.
 TIERS = (
-    Tier("h100", 0.25, 12000.0, 40, 0.10),
-    Tier("a100", 0.40, 6000.0, 32, 0.15),
-    Tier("rtx4090", 0.90, 2500.0, 10, 0.30),
-    Tier("rtx3090", 1.20, 1500.0, 10, 0.25),
-    Tier("t4", 3.00, 400.0, 6, 0.12),
-    Tier("cpu", 25.00, 40.0, 16, 0.08),
+    Tier("h100", 0.60, 150000.0, 40, 0.10),
+    Tier("a100", 0.90, 60000.0, 32, 0.15),
+    Tier("rtx4090", 1.70, 50000.0, 10, 0.30),
+    Tier("rtx3090", 1.80, 25000.0, 10, 0.25),
+    Tier("t4", 5.50, 10000.0, 6, 0.12),
+    Tier("cpu", 35.00, 300.0, 16, 0.08),
 )
 
 

@@ -6,12 +6,12 @@ import math
 from dataclasses import replace
 
 import pytest
-from router_cases import REQUEST, all_routes, assert_covers, small_view
 
 from routing.chain_cost import request_cache_tokens
 from routing.min_latency import MinLatencyRouter, min_latency_route
 from routing.swarm_view import NoRouteError, PeerView, RouteRequest, SwarmView
 from routing.synthetic_swarm import SwarmSpec, generate_swarm
+from tests.unit.router_cases import REQUEST, all_routes, assert_covers, small_view
 
 
 @pytest.mark.parametrize("seed", range(40))

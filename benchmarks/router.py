@@ -1,0 +1,138 @@
+"""Chain-router benchmark: one JSON line per swarm size (seed 004, §II-B; issue 4).
+
+    python benchmarks/router.py --json [--sizes 10,100,500] [--requests 1000] [--seed 0]
+
+Per size: a seeded synthetic swarm (routing.synthetic_swarm, 80 blocks), then
+- fresh_ms: one full NSGA-II run (our chain encoding), and the seed's matrix encoding's;
+- cached_decision_ms_p50/_p99: TradeoffRouter.choose served from the cached front;
+- front_size and hypervolume of our front, the seed encoding's and the epsilon-constraint
+  sweep's (objectives normalised by the sweep front's ranges, reference point (1.1, 1.1));
+- latency_gap_vs_dijkstra: best latency on our front / the exact min-latency chain's;
+- load: routing.route_load_sim with Poisson arrivals at `--load` x the swarm's compute
+  capacity, routed by each mode: mean and p99 latency (s) and total generated tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from routing.chain_cost import candidates  # noqa: E402
+from routing.chain_front import Front, hypervolume_2d, sweep_front  # noqa: E402
+from routing.chain_nsga import NsgaConfig, nsga_front  # noqa: E402
+from routing.min_latency import min_latency_route  # noqa: E402
+from routing.route_load_sim import LoadSpec, simulate_load  # noqa: E402
+from routing.routers import make_router  # noqa: E402
+from routing.swarm_view import RouteRequest, SwarmView  # noqa: E402
+from routing.synthetic_swarm import SwarmSpec, generate_swarm  # noqa: E402
+from routing.tradeoff import TradeoffRouter  # noqa: E402
+
+REQUEST = RouteRequest(prompt_tokens=128, new_tokens=32, batch_size=1)
+LOAD_MODES = (
+    ("min_latency", {}),
+    ("max_throughput", {}),
+    ("tradeoff", {}),
+    ("tradeoff", {"preference": 0.2}),
+)
+
+
+def timed_ms(fn) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = fn()
+    return (time.perf_counter() - start) * 1e3, out
+
+
+def hypervolume(front: Front, reference: Front) -> float:
+    """Area dominated in objectives normalised to the reference front's ranges, ref point (1.1, 1.1)."""
+    if len(front) == 0:
+        return 0.0
+    lat0, lat_span = reference.latency_ms.min(), np.ptp(reference.latency_ms) or 1.0
+    thr0, thr_span = reference.throughput.max(), np.ptp(reference.throughput) or 1.0
+    pts = np.column_stack([(front.latency_ms - lat0) / lat_span, (thr0 - front.throughput) / thr_span])
+    return round(hypervolume_2d(pts, (1.1, 1.1)), 4)
+
+
+def decision_times(view: SwarmView, seed: int) -> dict:
+    router = TradeoffRouter(seed=seed, background=False)
+    fresh, _ = timed_ms(lambda: router.refresh(view, REQUEST))
+    samples = [timed_ms(lambda: router.choose(view, REQUEST))[0] for _ in range(2000)]
+    return {
+        "fresh_ms": round(fresh, 1),
+        "cached_decision_ms_p50": round(float(np.percentile(samples, 50)), 4),
+        "cached_decision_ms_p99": round(float(np.percentile(samples, 99)), 4),
+    }
+
+
+def fronts(view: SwarmView, seed: int) -> dict:
+    cands = candidates(view, REQUEST)
+    config = NsgaConfig(seed=seed)
+    ours = nsga_front(cands, config)
+    no_anchor = nsga_front(cands, replace(config, anchors=False))
+    seed_ms, seed_front = timed_ms(lambda: nsga_front(cands, replace(config, encoding="matrix")))
+    sweep_ms, sweep = timed_ms(lambda: sweep_front(cands))
+    best = min_latency_route(view, REQUEST).latency_ms
+    return {
+        "front_size": len(ours),
+        "hypervolume": hypervolume(ours, sweep),
+        "hypervolume_no_anchors": hypervolume(no_anchor, sweep),
+        "hypervolume_seed_encoding": hypervolume(seed_front, sweep),
+        "hypervolume_sweep": hypervolume(sweep, sweep),
+        "seed_encoding_fresh_ms": round(seed_ms, 1),
+        "sweep_ms": round(sweep_ms, 1),
+        "sweep_front_size": len(sweep),
+        "latency_gap_vs_dijkstra": round(float(ours.latency_ms[0]) / best, 4),
+        "latency_gap_no_anchors": round(float(no_anchor.latency_ms[0]) / best, 4),
+        "latency_gap_seed_encoding": round(float(seed_front.latency_ms[0]) / best, 4)
+        if len(seed_front)
+        else None,
+    }
+
+
+def load_test(view: SwarmView, requests: int, load: float, seed: int) -> dict:
+    per_request = REQUEST.prompt_tokens + REQUEST.new_tokens
+    rate = load * sum(p.throughput for p in view.peers) / view.num_blocks / per_request
+    spec = LoadSpec(num_requests=requests, rate_per_s=rate, request=REQUEST, seed=seed)
+    out: dict = {"load_rate_per_s": round(rate, 2)}
+    for mode, kw in LOAD_MODES:
+        extra = {"background": False, "seed": seed} if mode == "tradeoff" else {}
+        res = simulate_load(view, make_router(mode, **kw, **extra), spec)
+        name = mode + (f"_pref{kw['preference']}" if "preference" in kw else "")
+        out[name] = {
+            "mean_latency_s": round(res.mean_latency_s, 2),
+            "p99_latency_s": round(res.p99_latency_s, 2),
+            "tokens_per_s": round(res.tokens_per_s, 1),
+            "mean_hops": round(res.mean_hops, 1),
+            "completed": res.completed,
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--json", action="store_true", help="one JSON object per line (the only output format)"
+    )
+    parser.add_argument("--sizes", default="10,100,500")
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--load", type=float, default=0.1, help="arrival rate as a share of compute capacity")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    nsga_front(candidates(generate_swarm(SwarmSpec(10, seed=args.seed)), REQUEST))  # warm up imports
+    for size in (int(s) for s in args.sizes.split(",")):
+        view = generate_swarm(SwarmSpec(num_peers=size, num_blocks=80, seed=args.seed))
+        row = {"peers": size, "blocks": view.num_blocks, "seed": args.seed}
+        row |= decision_times(view, args.seed) | fronts(view, args.seed)
+        row["load"] = load_test(view, args.requests, args.load, args.seed)
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Load simulator (routing.route_load_sim): agrees with the route estimate alone, queues under load."""
+
+from __future__ import annotations
+
+import pytest
+
+from routing.chain_cost import transfer_ms
+from routing.min_latency import MinLatencyRouter, min_latency_route
+from routing.route_load_sim import LoadSpec, simulate_load
+from routing.routers import make_router
+from routing.swarm_view import PeerView, RouteRequest, SwarmView
+from routing.synthetic_swarm import SwarmSpec, generate_swarm
+
+REQ = RouteRequest(prompt_tokens=8, new_tokens=4)
+
+
+def test_one_request_takes_the_estimated_time() -> None:
+    peers = (PeerView("a", 0, 2, 1e9, 3.0, 10_000), PeerView("b", 2, 4, 1e9, 5.0, 10_000))
+    view = SwarmView(4, peers, client_rtt_ms={"a": 10.0, "b": 20.0}, hidden_size=512, dtype_bytes=2)
+    route = min_latency_route(view, REQ)
+    res = simulate_load(view, MinLatencyRouter(), LoadSpec(num_requests=1, request=REQ))
+    prefill_extra = 2 * (transfer_ms(view, REQ, REQ.prompt_tokens) - transfer_ms(view, REQ))  # two hops
+    expected_ms = (REQ.new_tokens + 1) * route.latency_ms + prefill_extra
+    assert res.completed == 1
+    assert res.mean_latency_s * 1e3 == pytest.approx(expected_ms)
+
+
+def test_load_queues_and_every_mode_completes() -> None:
+    view = generate_swarm(SwarmSpec(num_peers=30, seed=4))
+    light = simulate_load(view, MinLatencyRouter(), LoadSpec(num_requests=40, rate_per_s=0.5, request=REQ))
+    heavy = simulate_load(view, MinLatencyRouter(), LoadSpec(num_requests=40, rate_per_s=50.0, request=REQ))
+    assert heavy.mean_latency_s > light.mean_latency_s
+    for mode in ("max_throughput", "tradeoff"):
+        kw = {"background": False} if mode == "tradeoff" else {}
+        res = simulate_load(
+            view, make_router(mode, **kw), LoadSpec(num_requests=40, rate_per_s=5.0, request=REQ)
+        )
+        assert res.completed == 40 and res.tokens_per_s > 0
+
+
+def test_deterministic_for_a_seed() -> None:
+    view = generate_swarm(SwarmSpec(num_peers=30, seed=4))
+    spec = LoadSpec(num_requests=30, rate_per_s=5.0, request=REQ, seed=9)
+    runs = [simulate_load(view, make_router("tradeoff", background=False, seed=1), spec) for _ in range(2)]
+    assert runs[0] == runs[1]
