@@ -147,6 +147,9 @@ class DistributedMixin:
     def shutdown(self) -> None:
         """Closes the session and the client's DHT node (also done at interpreter exit)."""
         self._close_session()
+        close_router = getattr(self.router, "close", None)  # e.g. the trade-off router's worker thread
+        if close_router is not None:
+            close_router()
         self.swarm.shutdown()
 
 

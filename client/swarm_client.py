@@ -61,14 +61,19 @@ class SwarmClient:
             logger.debug("p2p shutdown: %s", e)
         self.dht.shutdown()
 
-    def online_records(self, model_id: str) -> list[PeerRecord]:
-        return [r for r in read_peer_records(self.dht, model_id) if r.state == PeerState.ONLINE]
+    def online_records(self, model_id: str, num_blocks: int) -> list[PeerRecord]:
+        """Online peers of the model whose layer range fits it (a bad record must not break routing)."""
+        return [
+            r
+            for r in read_peer_records(self.dht, model_id)
+            if r.state == PeerState.ONLINE and 0 <= r.start < r.end <= num_blocks
+        ]
 
     def wait_for_coverage(self, model_id: str, num_blocks: int, timeout: float) -> list[PeerRecord]:
         """Online records once every block is served, polling the DHT; MissingBlocksError on timeout."""
         began = time.monotonic()
         while True:
-            records = self.online_records(model_id)
+            records = self.online_records(model_id, num_blocks)
             missing = uncovered_blocks(records, num_blocks)
             if not missing:
                 return records

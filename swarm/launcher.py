@@ -87,6 +87,7 @@ class LocalSwarm:
         *extra: str,
         wait: bool = True,
         timeout: float = 120,
+        env: dict[str, str] | None = None,
     ) -> Managed:
         args = [
             sys.executable,
@@ -103,7 +104,7 @@ class LocalSwarm:
             LOOPBACK,
             *extra,
         ]
-        proc = self._spawn(name, args)
+        proc = self._spawn(name, args, env=env)
         if wait:
             self.wait_for_log(proc, "online:", timeout)
         return proc
@@ -145,10 +146,10 @@ class LocalSwarm:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _spawn(self, name: str, args: list[str], stdout=None) -> Managed:
+    def _spawn(self, name: str, args: list[str], stdout=None, env: dict[str, str] | None = None) -> Managed:
         log_path = self.workdir / f"{name}.log"
         log = open(log_path, "wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **COLOCATED_ENV, **self.env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **COLOCATED_ENV, **self.env, **(env or {})}
         popen = subprocess.Popen(
             args,
             stdout=stdout or log,
