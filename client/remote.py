@@ -32,8 +32,8 @@ from swarm.protocol import (
 class PeerError(RuntimeError):
     """A peer refused a request or failed to answer; says which peer and why."""
 
-    def __init__(self, peer: str, code: ErrorCode | None, message: str):
-        self.peer, self.code, self.message = peer, code, message
+    def __init__(self, peer: str, code: ErrorCode | None, message: str, peer_id: str | None = None):
+        self.peer, self.code, self.message, self.peer_id = peer, code, message, peer_id
         what = code.name if code is not None else "UNREACHABLE"
         super().__init__(f"peer {peer} refused: {what}: {message}")
 
@@ -45,9 +45,14 @@ class PeerConnection:
     """One stream to one peer. Not thread-safe: one request at a time, on the client loop."""
 
     def __init__(
-        self, peer_name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float
+        self,
+        peer_id: str,
+        peer_name: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        timeout: float,
     ):
-        self.peer_name = peer_name
+        self.peer_id, self.peer_name = peer_id, peer_name
         self.reader, self.writer = reader, writer
         self.timeout = timeout
 
@@ -58,23 +63,25 @@ class PeerConnection:
                 p2p.call_binary_stream_handler(peer_id, SESSION_PROTOCOL), timeout
             )
         except Exception as e:
-            raise PeerError(peer_name, None, f"cannot open a stream: {type(e).__name__}: {e}") from None
-        return cls(peer_name, reader, writer, timeout)
+            message = f"cannot open a stream: {type(e).__name__}: {e}"
+            raise PeerError(peer_name, None, message, peer_id=peer_id.to_base58()) from None
+        return cls(peer_id.to_base58(), peer_name, reader, writer, timeout)
+
+    def _error(self, code: ErrorCode | None, message: str) -> PeerError:
+        return PeerError(self.peer_name, code, message, peer_id=self.peer_id)
 
     async def request(self, message: Message, expect: type) -> Message:
         try:
             await write_frame(self.writer, message)
             reply = await asyncio.wait_for(read_frame(self.reader, DEFAULT_MAX_FRAME_BYTES), self.timeout)
         except ProtocolError as e:
-            raise PeerError(self.peer_name, e.code, f"sent a bad reply: {e.message}") from None
+            raise self._error(e.code, f"sent a bad reply: {e.message}") from None
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, OSError) as e:
-            raise PeerError(self.peer_name, None, f"{type(e).__name__}: {e or 'no reply'}") from None
+            raise self._error(None, f"{type(e).__name__}: {e or 'no reply'}") from None
         if isinstance(reply, Error):
-            raise PeerError(self.peer_name, reply.code, reply.message)
+            raise self._error(reply.code, reply.message)
         if not isinstance(reply, expect):
-            raise PeerError(
-                self.peer_name, ErrorCode.MALFORMED, f"expected {expect.__name__}, got {type(reply).__name__}"
-            )
+            raise self._error(ErrorCode.MALFORMED, f"expected {expect.__name__}, got {type(reply).__name__}")
         return reply
 
     async def ping(self) -> float:
@@ -83,7 +90,7 @@ class PeerConnection:
         nonce = next(_nonces)
         pong = await self.request(Ping(nonce), Pong)
         if pong.nonce != nonce:
-            raise PeerError(self.peer_name, ErrorCode.MALFORMED, "pong for another ping")
+            raise self._error(ErrorCode.MALFORMED, "pong for another ping")
         return 1000 * (time.perf_counter() - began)
 
     async def open(
@@ -103,8 +110,7 @@ class PeerConnection:
     async def step(self, session_id: str, position: int, hidden: torch.Tensor) -> torch.Tensor:
         result = await self.request(Step(session_id, position, hidden), StepResult)
         if result.hidden.shape != hidden.shape:
-            raise PeerError(
-                self.peer_name,
+            raise self._error(
                 ErrorCode.BAD_TENSOR,
                 f"returned shape {tuple(result.hidden.shape)} for input {tuple(hidden.shape)}",
             )

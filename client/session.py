@@ -72,7 +72,7 @@ class InferenceSession:
                 logger.info("session %s: route %s", self.session_id, self.describe_route())
                 return self
             except PeerError as e:
-                failed = self._peer_id_of(e.peer)
+                failed = e.peer_id
                 retryable = e.code in (None, ErrorCode.BUSY, ErrorCode.LEAVING, ErrorCode.TOO_LONG)
                 if attempt + 1 == OPEN_ATTEMPTS or failed is None or not retryable:
                     raise
@@ -143,9 +143,6 @@ class InferenceSession:
         return " -> ".join(
             f"{self.names.get(h.peer_id, h.peer_id[-6:])}[{h.start}:{h.end})" for h in self.route.hops
         )
-
-    def _peer_id_of(self, name: str) -> str | None:
-        return next((pid for pid, n in self.names.items() if n == name or pid == name), None)
 
     def __enter__(self) -> InferenceSession:
         return self

@@ -60,8 +60,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--drain-timeout", type=float, default=30.0, help="seconds open sessions get to finish on exit"
     )
     p.add_argument("--max-frame-mb", type=float, default=64.0, help="largest frame accepted (MiB)")
+    p.add_argument(
+        "--throughput",
+        type=_auto_or_positive,
+        default=None,
+        metavar="auto|TOKENS_PER_S",
+        help="announce this prefill throughput (tokens/s per block) instead of measuring it",
+    )
+    p.add_argument(
+        "--decode-ms",
+        type=_auto_or_positive,
+        default=None,
+        metavar="auto|MS",
+        help="announce this decode time (ms per block) instead of measuring it",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
+
+
+def _auto_or_positive(text: str) -> float | None:
+    """'auto' (measure) or a positive number: operators may announce their own figures to steer load."""
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
 
 
 def parse_layers(text: str, num_blocks: int) -> tuple[int, int]:
@@ -113,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         announce_period=args.announce_period,
         drain_timeout=args.drain_timeout,
         max_frame_bytes=int(args.max_frame_mb * (1 << 20)),
+        throughput=args.throughput,
+        decode_ms=args.decode_ms,
     )
     _setup_logging(args, spec.model_id, start, end)
     return asyncio.run(serve(config))

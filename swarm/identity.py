@@ -9,7 +9,9 @@ So nobody can write a record that claims another peer's id, or change another pe
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +42,9 @@ def load_or_create_identity(path: str | Path | None) -> Identity:
     With no path, a fresh identity lives in a temporary file (a new peer id every start).
     """
     if path is None:
-        path = Path(tempfile.mkdtemp(prefix="hexswarm-id-")) / "identity.key"
+        directory = tempfile.mkdtemp(prefix="hexswarm-id-")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)  # p2pd reads it only at start
+        path = Path(directory) / "identity.key"
     path = Path(path)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
