@@ -3,6 +3,7 @@
 import asyncio
 import random
 import struct
+import time
 
 import msgpack
 import pytest
@@ -62,7 +63,10 @@ class RawStream:
         return self.recv()
 
     def close(self) -> None:
-        self.writer.close()
+        async def go():  # transports are not thread-safe: close on the client's loop
+            self.writer.close()
+
+        run_sync(go(), timeout=10)
 
 
 @pytest.fixture
@@ -213,3 +217,24 @@ def test_flood_of_garbage_streams(model, local_model):
     input_ids = torch.tensor([[11, 22, 33, 44]])
     expected = local_model.generate(input_ids, max_new_tokens=8, do_sample=False)
     assert torch.equal(model.generate(input_ids, max_new_tokens=8, do_sample=False), expected)
+
+
+def test_abandoned_session_is_freed_on_disconnect(model):
+    from swarm.records import read_peer_records
+
+    def guard_record():
+        return next(r for r in read_peer_records(model.swarm.dht, model.spec.model_id) if r.name == "guard")
+
+    def wait_until(predicate, timeout=20):
+        deadline = time.monotonic() + timeout
+        while not predicate(guard_record()):
+            assert time.monotonic() < deadline, guard_record()
+            time.sleep(0.3)
+
+    wait_until(lambda r: r.open_sessions == 0)
+    full = guard_record().cache_tokens_left
+    stream = RawStream(model, peer_id_of(model, "guard"))
+    assert isinstance(stream.ask(_open(model, "abandoned")), Opened)
+    wait_until(lambda r: r.open_sessions == 1 and r.cache_tokens_left < full)
+    stream.close()  # gone without a CLOSE frame
+    wait_until(lambda r: r.open_sessions == 0 and r.cache_tokens_left == full)

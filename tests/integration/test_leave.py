@@ -1,0 +1,49 @@
+"""A peer told to stop refuses new sessions, lets open ones finish, then exits on its own."""
+
+import signal
+import time
+
+import pytest
+import torch
+
+from swarm.protocol import Error, ErrorCode, Open
+from tests.integration.conftest import peer_id_of
+from tests.integration.test_bad_input import RawStream
+
+pytestmark = pytest.mark.integration
+
+
+def test_leaving_peer_drains_open_sessions(swarm, make_model):
+    from client import DistributedModelForCausalLM
+
+    model_dir = make_model(arch="llama", layers=2, seed=9)
+    drainer = swarm.local.start_peer(
+        model_dir, "0:2", "drainer", "--announce-period", "1", "--drain-timeout", "60"
+    )
+    client = DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=swarm.initial_peers)
+    try:
+        with client.inference_session(max_length=8):
+            client(torch.tensor([[5, 6, 7]]))  # a session is open on the drainer
+            drainer_id = peer_id_of(client, "drainer")
+            drainer.popen.send_signal(signal.SIGTERM)
+            swarm.local.wait_for_log(drainer, "leaving:", timeout=30)
+
+            newcomer = RawStream(client, drainer_id)
+            try:
+                reply = newcomer.ask(_open(client))
+                assert isinstance(reply, Error) and reply.code == ErrorCode.LEAVING
+            finally:
+                newcomer.close()
+            logits = client(torch.tensor([[8]])).logits  # the open session still works
+            assert logits.shape[:2] == (1, 1)
+            assert drainer.alive()
+        began = time.monotonic()
+        drainer.popen.wait(timeout=30)  # the session closed: the peer exits long before its drain timeout
+        assert drainer.popen.returncode == 0 and time.monotonic() - began < 30
+    finally:
+        client.shutdown()
+        swarm.local.stop(drainer)
+
+
+def _open(client) -> Open:
+    return Open("late", client.spec.model_id, 0, 2, 8, 1, "float32")
