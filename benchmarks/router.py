@@ -1,6 +1,6 @@
 """Chain-router benchmark: one JSON line per swarm size (seed 004, §II-B; issue 4).
 
-    python benchmarks/router.py --json [--sizes 10,100,500] [--requests 1000] [--seed 0]
+    python benchmarks/router.py --json [--sizes 10,100,500] [--requests 1000] [--loads 0.3,0.6,0.9] [--seed 0]
 
 Per size: a seeded synthetic swarm (routing.synthetic_swarm, 80 blocks), then
 - fresh_ms: one full NSGA-II run (our chain encoding), and the seed's matrix encoding's;
@@ -8,8 +8,10 @@ Per size: a seeded synthetic swarm (routing.synthetic_swarm, 80 blocks), then
 - front_size and hypervolume of our front, the seed encoding's and the epsilon-constraint
   sweep's (objectives normalised by the sweep front's ranges, reference point (1.1, 1.1));
 - latency_gap_vs_dijkstra: best latency on our front / the exact min-latency chain's;
-- load: routing.route_load_sim with Poisson arrivals at `--load` x the swarm's compute
-  capacity, routed by each mode: mean and p99 latency (s) and total generated tokens/s.
+- load: routing.route_load_sim with Poisson arrivals at each of `--loads` x the swarm's
+  sustainable rate (route_load_sim.sustainable_rate: compute LP and KV-cache bound), the
+  same arrivals for every mode: mean and p99 request latency (s, arrival to last token,
+  waiting for cache included) and total generated tokens/s.
 """
 
 from __future__ import annotations
@@ -29,18 +31,19 @@ from routing.chain_cost import candidates  # noqa: E402
 from routing.chain_front import Front, hypervolume_2d, sweep_front  # noqa: E402
 from routing.chain_nsga import NsgaConfig, nsga_front  # noqa: E402
 from routing.min_latency import min_latency_route  # noqa: E402
-from routing.route_load_sim import LoadSpec, simulate_load  # noqa: E402
+from routing.route_load_sim import LoadSpec, simulate_load, sustainable_rate  # noqa: E402
 from routing.routers import make_router  # noqa: E402
 from routing.swarm_view import RouteRequest, SwarmView  # noqa: E402
 from routing.synthetic_swarm import SwarmSpec, generate_swarm  # noqa: E402
 from routing.tradeoff import TradeoffRouter  # noqa: E402
 
 REQUEST = RouteRequest(prompt_tokens=128, new_tokens=32, batch_size=1)
-LOAD_MODES = (
-    ("min_latency", {}),
-    ("max_throughput", {}),
-    ("tradeoff", {}),
-    ("tradeoff", {"preference": 0.2}),
+LOAD_MODES = (  # (column name, mode, options)
+    ("min_latency", "min_latency", {}),
+    ("max_throughput", "max_throughput", {}),
+    ("tradeoff", "tradeoff", {}),  # the default: load-aware front, DEFAULT_PREFERENCE
+    ("tradeoff_knee", "tradeoff", {"preference": "knee"}),
+    ("tradeoff_idle_knee", "tradeoff", {"preference": "knee", "load_aware": False}),  # the previous default
 )
 
 
@@ -97,14 +100,13 @@ def fronts(view: SwarmView, seed: int) -> dict:
 
 
 def load_test(view: SwarmView, requests: int, load: float, seed: int) -> dict:
-    per_request = REQUEST.prompt_tokens + REQUEST.new_tokens
-    rate = load * sum(p.throughput for p in view.peers) / view.num_blocks / per_request
+    """Every mode on the same arrivals (same seed) at `load` x the swarm's sustainable rate."""
+    rate = load * sustainable_rate(view, REQUEST)
     spec = LoadSpec(num_requests=requests, rate_per_s=rate, request=REQUEST, seed=seed)
-    out: dict = {"load_rate_per_s": round(rate, 2)}
-    for mode, kw in LOAD_MODES:
+    out: dict = {"load": load, "rate_per_s": round(rate, 2)}
+    for name, mode, kw in LOAD_MODES:
         extra = {"background": False, "seed": seed} if mode == "tradeoff" else {}
         res = simulate_load(view, make_router(mode, **kw, **extra), spec)
-        name = mode + (f"_pref{kw['preference']}" if "preference" in kw else "")
         out[name] = {
             "mean_latency_s": round(res.mean_latency_s, 2),
             "p99_latency_s": round(res.p99_latency_s, 2),
@@ -122,7 +124,9 @@ def main() -> None:
     )
     parser.add_argument("--sizes", default="10,100,500")
     parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--load", type=float, default=0.1, help="arrival rate as a share of compute capacity")
+    parser.add_argument(
+        "--loads", default="0.3,0.6,0.9", help="arrival rates as shares of the sustainable rate"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     nsga_front(candidates(generate_swarm(SwarmSpec(10, seed=args.seed)), REQUEST))  # warm up imports
@@ -130,7 +134,7 @@ def main() -> None:
         view = generate_swarm(SwarmSpec(num_peers=size, num_blocks=80, seed=args.seed))
         row = {"peers": size, "blocks": view.num_blocks, "seed": args.seed}
         row |= decision_times(view, args.seed) | fronts(view, args.seed)
-        row["load"] = load_test(view, args.requests, args.load, args.seed)
+        row["load"] = [load_test(view, args.requests, float(x), args.seed) for x in args.loads.split(",")]
         print(json.dumps(row), flush=True)
 
 

@@ -35,6 +35,7 @@ from routing.max_throughput import hop_widest_bottleneck
 from routing.min_latency import Hops, _chain_dp, _max_blocks, shortest_chain
 
 ENCODINGS = ("chain", "matrix")
+_MATING_TRIES = 5
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,9 @@ def _algorithm(cands: Candidates, config: NsgaConfig) -> tuple[Problem, NSGA2]:
         mutation=HopMutation(cands, config.seed + 1),
         eliminate_duplicates=True,
     )
+    # pymoo retries mating up to 100 times to fill a generation with unseen chains; a small
+    # swarm has few chains, and those retries made a 10-peer run 10x slower than a 100-peer one.
+    algorithm.mating.n_max_iterations = _MATING_TRIES
     return ChainProblem(cands), algorithm
 
 

@@ -23,6 +23,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from scipy import optimize, sparse
 
 from routing.chain_cost import DEFAULT_RTT_MS, request_cache_tokens
 from routing.swarm_view import NoRouteError, PeerView, Router, RouteRequest, SwarmView
@@ -184,6 +185,50 @@ class _Sim:
             completed=len(lat),
             mean_hops=float(np.mean(self.hop_counts)) if self.hop_counts else 0.0,
         )
+
+
+def compute_capacity(view: SwarmView) -> float:
+    """Most tokens/s the swarm can push through every block, by compute (an LP; 0.0 if a block is unserved).
+
+    Each peer splits its time among its blocks: x[i, b] block-tokens/s of block b on peer i,
+    sum_b x[i, b] <= throughput_i, and every block gets sum_i x[i, b] >= T; maximise T. This
+    is the rate at which the simulator's peers, always compute bound, would all be busy. The
+    sum of throughputs / blocks overstates it when few or slow peers serve some blocks.
+    """
+    pairs = [(i, b) for i, p in enumerate(view.peers) for b in range(p.start, p.end)]
+    if not pairs:
+        return 0.0
+    peer_of, block_of = np.array(pairs).T
+    nvar = len(pairs) + 1  # the x's, then T
+    cols = np.arange(len(pairs))
+    rows = np.concatenate([block_of, view.num_blocks + peer_of, np.arange(view.num_blocks)])
+    cols = np.concatenate([cols, cols, np.full(view.num_blocks, len(pairs))])
+    vals = np.concatenate([-np.ones(len(pairs)), np.ones(len(pairs)), np.ones(view.num_blocks)])
+    a_ub = sparse.csr_array((vals, (rows, cols)), shape=(view.num_blocks + len(view.peers), nvar))
+    b_ub = np.concatenate([np.zeros(view.num_blocks), [p.throughput for p in view.peers]])
+    cost = np.zeros(nvar)
+    cost[-1] = -1.0
+    res = optimize.linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method="highs")
+    return float(res.x[-1]) if res.status == 0 else 0.0
+
+
+def sustainable_rate(view: SwarmView, request: RouteRequest) -> float:
+    """Requests/s the swarm could serve at best: the lower of its compute and its KV-cache bound.
+
+    Compute: compute_capacity / tokens per request. Cache: by Little's law a block can hold
+    (sum of its peers' free cache / a session's need) sessions, each lasting at least
+    (new + 1) idle steps of the exact min-latency chain; the scarcest block sets the bound.
+    Both are optimistic, so a load of 1.0 is already more than any router can carry.
+    """
+    from routing.min_latency import min_latency_route  # only here: the simulator needs no solver
+
+    need = request_cache_tokens(request)
+    per_block = np.zeros(view.num_blocks)
+    for p in view.peers:
+        per_block[p.start : p.end] += p.cache_tokens_left // need
+    session_s = (request.new_tokens + 1) * min_latency_route(view, request).latency_ms / 1e3
+    compute = compute_capacity(view) / (request.batch_size * (request.prompt_tokens + request.new_tokens))
+    return float(min(compute, per_block.min() / session_s))
 
 
 def simulate_load(view: SwarmView, router: Router, spec: LoadSpec) -> LoadResult:

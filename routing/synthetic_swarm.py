@@ -49,6 +49,10 @@ class SwarmSpec:
     dtype_bytes: int = 2
     client_bandwidth_mbps: float = 100.0
     cache_tokens: tuple[int, int] = (4096, 65536)  # range of cache tokens left per peer
+    # "balanced": a joining peer takes the window of blocks with the least throughput so far
+    # (Petals' rule, what auto peers do without a coordinator); "uniform": a random window,
+    # which leaves the first and last blocks to a few peers (the edge of every window).
+    placement: str = "balanced"
 
 
 def _tier_of(rng: np.random.Generator) -> Tier:
@@ -56,11 +60,16 @@ def _tier_of(rng: np.random.Generator) -> Tier:
     return TIERS[int(rng.choice(len(TIERS), p=weights / weights.sum()))]
 
 
-def _peer(rng: np.random.Generator, spec: SwarmSpec, index: int, start: int | None) -> PeerView:
+def _peer(
+    rng: np.random.Generator, spec: SwarmSpec, index: int, start: int | None, coverage: np.ndarray
+) -> PeerView:
     tier = _tier_of(rng)
     length = int(rng.integers(max(1, tier.max_blocks // 2), tier.max_blocks + 1))
     length = min(length, spec.num_blocks)
-    if start is None:
+    if start is None and spec.placement == "balanced":
+        window = np.convolve(coverage, np.ones(length), mode="valid")  # (L - length + 1,) sums
+        start = int(np.argmin(window))
+    elif start is None:
         start = int(rng.integers(0, spec.num_blocks - length + 1))
     end = min(spec.num_blocks, start + length)
     jitter = float(rng.uniform(0.8, 1.25))  # same card, different host
@@ -78,15 +87,19 @@ def generate_swarm(spec: SwarmSpec) -> SwarmView:
     """Exactly `spec.num_peers` peers; the first ones tile every block (so a chain exists)."""
     if spec.num_peers < 1 or spec.num_blocks < 1:
         raise ValueError(f"need >= 1 peer and >= 1 block, got {spec.num_peers}, {spec.num_blocks}")
+    if spec.placement not in ("balanced", "uniform"):
+        raise ValueError(f"placement must be 'balanced' or 'uniform', got {spec.placement!r}")
     rng = np.random.default_rng(spec.seed)
     peers: list[PeerView] = []
+    coverage = np.zeros(spec.num_blocks)  # throughput serving each block so far
     covered = 0
     while covered < spec.num_blocks or len(peers) < spec.num_peers:
         tiling = covered < spec.num_blocks
-        peer = _peer(rng, spec, len(peers), covered if tiling else None)
+        peer = _peer(rng, spec, len(peers), covered if tiling else None, coverage)
         if tiling and len(peers) == spec.num_peers - 1:  # last slot: stretch it over the rest
             peer = replace(peer, end=spec.num_blocks)
         covered = max(covered, peer.end) if tiling else covered
+        coverage[peer.start : peer.end] += peer.throughput
         peers.append(peer)
     # Round trips: log-uniform 5..200 ms, so a few peers are close and most are not.
     rtt = np.exp(rng.uniform(np.log(5.0), np.log(200.0), size=len(peers)))

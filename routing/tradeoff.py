@@ -30,6 +30,7 @@ import numpy as np
 
 from routing.chain_cost import Candidates, candidates, make_route, no_route_error, request_cache_tokens
 from routing.chain_front import Front, neighbours, pick_index
+from routing.chain_load import load_aware_candidates
 from routing.chain_nsga import NsgaConfig, nsga_front
 from routing.max_throughput import hop_widest_bottleneck
 from routing.min_latency import shortest_chain
@@ -37,20 +38,31 @@ from routing.swarm_view import Route, RouteRequest, SwarmView
 
 log = logging.getLogger(__name__)
 
-RequestClass = tuple[int, int]  # (batch_size, cache tokens rounded up to a power of two)
+RequestClass = tuple[
+    int, int, int
+]  # (batch_size, cache tokens, new tokens), counts rounded up to powers of two
 CacheKey = tuple[int, RequestClass]  # (snapshot version, request class)
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
 def request_class(request: RouteRequest) -> RequestClass:
-    """Requests of one class share a front: same batch, cache need within a power of two."""
-    need = request_cache_tokens(request)
-    return request.batch_size, 1 << max(0, need - 1).bit_length()
+    """Requests of one class share a front: same batch, cache need and new tokens within a power of two."""
+    return request.batch_size, _pow2(request_cache_tokens(request)), _pow2(request.new_tokens)
 
 
 def class_request(cls: RequestClass) -> RouteRequest:
-    """The most demanding request of a class: peers eligible for it are eligible for all of it."""
-    batch, tokens = cls
-    return RouteRequest(prompt_tokens=-(-tokens // batch), new_tokens=0, batch_size=batch)
+    """The most demanding request of a class: peers eligible for it are eligible for all of it.
+
+    Its cache need is the class's bound; the new tokens (which set how the load-aware cost
+    weighs prefill against decode) are the class's bound too, unless that leaves no prompt.
+    """
+    batch, tokens, new = cls
+    per_row = -(-tokens // batch)
+    new = min(new, per_row - 1)
+    return RouteRequest(prompt_tokens=per_row - new, new_tokens=new, batch_size=batch)
 
 
 @dataclass(frozen=True)
@@ -82,26 +94,43 @@ def floor_route(cands: Candidates, preference: float | None) -> list[tuple[int, 
     return fast
 
 
+# Chosen by benchmarks/router.py: under the simulated load the latency end of the load-aware
+# front beat the knee (which takes more hops; each costs a round trip per token) at every
+# size and load measured; see the README table.
+DEFAULT_PREFERENCE = 0.0
+KNEE = "knee"  # preference="knee": the knee of the front
+
+
 class TradeoffRouter:
-    """Router (routing.swarm_view.Router) picking on a cached NSGA-II front; see module docstring."""
+    """Router (routing.swarm_view.Router) picking on a cached NSGA-II front; see module docstring.
+
+    preference: 0 = least (load-aware) latency .. 1 = most throughput; None means
+    DEFAULT_PREFERENCE, and "knee" the front's knee. load_aware=False scores chains by the
+    idle cost model (routing.chain_cost) instead of routing.chain_load.
+    """
 
     def __init__(
         self,
-        preference: float | None = None,
+        preference: float | str | None = None,
         *,
         config: NsgaConfig | None = None,
-        spread: float = 0.1,
+        spread: float = 0.03,
         seed: int = 0,
         background: bool = True,
         max_entries: int = 32,
+        load_aware: bool = True,
     ):
-        if preference is not None and not 0.0 <= preference <= 1.0:
-            raise ValueError(f"preference must be in [0, 1], got {preference}")
+        if preference is None:
+            preference = DEFAULT_PREFERENCE
+        if preference != KNEE and not (isinstance(preference, float | int) and 0.0 <= preference <= 1.0):
+            raise ValueError(f"preference must be in [0, 1] or {KNEE!r}, got {preference!r}")
         if spread < 0 or max_entries < 1:
             raise ValueError(f"need spread >= 0 and max_entries >= 1, got {spread}, {max_entries}")
+        self._pick_pref = None if preference == KNEE else float(preference)
         self.preference, self.spread = preference, spread
         self.config = replace(config or NsgaConfig(), seed=seed)
         self.background, self.max_entries = background, max_entries
+        self.load_aware = load_aware
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
         self._cache: OrderedDict[CacheKey, CachedFront] = OrderedDict()
@@ -140,7 +169,7 @@ class TradeoffRouter:
         return cached.front.routes[idx[self._draw(self._choices(lat, thr))]]
 
     def _choices(self, latency_ms: np.ndarray, throughput: np.ndarray) -> np.ndarray:
-        at = pick_index(latency_ms, throughput, self.preference)
+        at = pick_index(latency_ms, throughput, self._pick_pref)
         return neighbours(latency_ms, throughput, at, self.spread) if self.spread > 0 else np.array([at])
 
     def _draw(self, choices: np.ndarray) -> int:
@@ -150,11 +179,15 @@ class TradeoffRouter:
             return int(choices[self._rng.integers(len(choices))])
 
     def _fallback(self, view: SwarmView, request: RouteRequest, exclude: frozenset[str]) -> Route:
-        cands = candidates(view, request, exclude)
-        hops = floor_route(cands, self.preference)
+        cands = self._candidates(view, request, exclude)
+        hops = floor_route(cands, self._pick_pref)
         if hops is None:
             raise no_route_error(view, request, exclude, cands)
         return make_route(cands, hops)
+
+    def _candidates(self, view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset()):
+        """The problem as this router scores it: load-aware costs (routing.chain_load) or idle ones."""
+        return (load_aware_candidates if self.load_aware else candidates)(view, request, exclude)
 
     # -- the cache ----------------------------------------------------------------------------
 
@@ -163,7 +196,7 @@ class TradeoffRouter:
         return self._refresh((view.version, request_class(request)), view)
 
     def _refresh(self, key: CacheKey, view: SwarmView) -> CachedFront | None:
-        cands = candidates(view, class_request(key[1]))
+        cands = self._candidates(view, class_request(key[1]))
         front = nsga_front(cands, self.config)
         if len(front) == 0:
             return None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from routing.chain_cost import transfer_ms
 from routing.min_latency import MinLatencyRouter, min_latency_route
-from routing.route_load_sim import LoadSpec, simulate_load
+from routing.route_load_sim import LoadSpec, compute_capacity, simulate_load, sustainable_rate
 from routing.routers import make_router
 from routing.swarm_view import PeerView, RouteRequest, SwarmView
 from routing.synthetic_swarm import SwarmSpec, generate_swarm
@@ -43,3 +45,13 @@ def test_deterministic_for_a_seed() -> None:
     spec = LoadSpec(num_requests=30, rate_per_s=5.0, request=REQ, seed=9)
     runs = [simulate_load(view, make_router("tradeoff", background=False, seed=1), spec) for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+def test_sustainable_rate_is_set_by_the_scarce_blocks() -> None:
+    fast = PeerView("a", 0, 4, 1000.0, 1.0, 10**6)
+    slow = PeerView("b", 2, 4, 10.0, 1.0, 10**6)  # helps "a" with blocks [2, 4)
+    view = SwarmView(4, (fast, slow), client_rtt_ms={"a": 100.0, "b": 100.0})
+    # "a" runs 4 blocks at T, less the 10 block-tokens/s "b" takes: 4T - 10 <= 1000
+    assert compute_capacity(view) == pytest.approx(252.5)
+    tight = SwarmView(4, (replace(fast, cache_tokens_left=2 * 12), slow), client_rtt_ms=view.client_rtt_ms)
+    assert sustainable_rate(tight, REQ) < sustainable_rate(view, REQ)  # blocks 0-1: two sessions at most

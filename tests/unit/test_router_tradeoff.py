@@ -10,12 +10,13 @@ import pytest
 
 from routing.chain_cost import candidates, request_cache_tokens
 from routing.chain_front import hypervolume_2d, pick_index
+from routing.chain_load import load_aware_candidates
 from routing.chain_nsga import NsgaConfig, nsga_front
 from routing.min_latency import min_latency_route
 from routing.routers import MODES, make_router
-from routing.swarm_view import NoRouteError, RouteRequest
+from routing.swarm_view import NoRouteError, PeerView, RouteRequest, SwarmView
 from routing.synthetic_swarm import SwarmSpec, generate_swarm
-from routing.tradeoff import TradeoffRouter, request_class
+from routing.tradeoff import DEFAULT_PREFERENCE, TradeoffRouter, request_class
 from tests.unit.router_cases import REQUEST, assert_covers
 
 FAST = NsgaConfig(pop_size=16, generations=8)
@@ -85,7 +86,10 @@ def test_miss_answers_at_once_and_refreshes_in_background() -> None:
 
 
 def test_request_class_buckets_cache_need() -> None:
-    assert request_class(RouteRequest(100, 20)) == request_class(RouteRequest(60, 50))  # 120, 110 -> 128
+    assert request_class(RouteRequest(100, 20)) == request_class(
+        RouteRequest(80, 30)
+    )  # 120, 110 -> 128; 20, 30 -> 32
+    assert request_class(RouteRequest(100, 20)) != request_class(RouteRequest(60, 50))  # new tokens 32 vs 64
     assert request_class(RouteRequest(100, 20)) != request_class(RouteRequest(100, 20, batch_size=2))
 
 
@@ -107,3 +111,34 @@ def test_factory() -> None:
         make_router("min_latency", preference=0.5)
     with pytest.raises(ValueError):
         make_router("tradeoff", preference=2.0)
+
+
+def test_load_aware_costs_steer_around_busy_peers() -> None:
+    idle = (PeerView("a", 0, 4, 1000.0, 1.0, 10**6), PeerView("b", 0, 4, 1000.0, 1.2, 10**6))
+    rtt = {"a": 5.0, "b": 5.0}
+    view = SwarmView(4, idle, client_rtt_ms=rtt)
+    assert [h.peer_id for h in min_latency_route(view, REQUEST).hops] == ["a"]
+    busy = SwarmView(4, (replace(idle[0], open_sessions=50), idle[1]), client_rtt_ms=rtt)
+    cands = load_aware_candidates(busy, REQUEST)
+    assert cands.decode_ms[0] > cands.decode_ms[1] and cands.overhead_ms[0] > cands.overhead_ms[1]
+    assert [h.peer_id for h in TradeoffRouter(config=FAST, background=False).choose(busy, REQUEST).hops] == [
+        "b"
+    ]
+    assert [h.peer_id for h in min_latency_route(busy, REQUEST).hops] == ["a"]  # Petals' rule ignores load
+
+
+def test_default_preference_and_knee() -> None:
+    assert TradeoffRouter().preference == DEFAULT_PREFERENCE
+    assert TradeoffRouter("knee", background=False).choose(VIEW, REQUEST) is not None
+    with pytest.raises(ValueError):
+        TradeoffRouter("elbow")
+
+
+def test_balanced_placement_covers_the_edges() -> None:
+    uniform = generate_swarm(SwarmSpec(num_peers=100, seed=0, placement="uniform"))
+    balanced = generate_swarm(SwarmSpec(num_peers=100, seed=0))
+
+    def fewest_peers(view) -> int:
+        return min(sum(p.start <= b < p.end for p in view.peers) for b in range(view.num_blocks))
+
+    assert fewest_peers(balanced) > fewest_peers(uniform)

@@ -1,0 +1,83 @@
+"""Load-aware chain costs for the trade-off mode: what a request will wait, not just the idle step.
+
+Why: routing.chain_cost scores a hop by its idle decode step, which is what Petals minimises
+(seed 004, §II-A), and every client that uses it piles onto the same fastest peers. Under
+load a chain's time is set by three things that estimate ignores:
+
+1. the prefill: `prompt` tokens through each block, compute bound (prompt / throughput per
+   block when that exceeds the weights read), paid once per request;
+2. queueing: a peer already busy with `open_sessions` others serves a new step later;
+3. hops: each one costs a round trip on every one of the request's (new + 1) steps, and on
+   a busy peer also the wait for the iteration in progress plus an iteration that reads the
+   weights of every block the batch runs (about its whole range), not just the hop's.
+
+So the trade-off mode scores a hop by the request's mean time per step,
+
+    overhead_i = rtt_i + (transfer(prompt) + new * transfer(1)) / (new + 1)
+    per_block_i = (new * d_i + max(d_i, prompt * batch / thr_i)) / (new + 1) * inflation_i
+
+plus, in overhead_i, 1.5 * busy_i * d_i * span_i for a peer found busy with chance busy_i =
+min(1, open_i * d_i * span_i / step) (half an iteration of waiting, and the hop's own
+iteration reading the whole range rather than its blocks), and an M/M/1-style inflation_i = 1 / (1 - rho_i) for the peer's utilisation rho_i (clipped
+at RHO_MAX). rho_i comes from its announced open sessions, assuming they are like this
+request: each runs about the peer's whole range and asks it for batch * (prompt + new)
+block-tokens over a session lasting (new + 1) idle steps of the exact min-latency chain,
+
+    rho_i = open_i * batch * (prompt + new) * span_i / (thr_i * session_s).
+
+Both stay linear in a hop's blocks, so every solver in routing/ (the exact DP, NSGA-II,
+the sweep) runs on them unchanged: they are just other `Candidates` arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from routing.chain_cost import Candidates, candidates, make_route, transfer_ms
+from routing.min_latency import shortest_chain
+from routing.swarm_view import RouteRequest, SwarmView
+
+# Utilisation is clipped here (inflation <= 20x): a snapshot's load is an estimate, and a
+# finite cost keeps a busy peer usable when it is the only one serving some blocks.
+RHO_MAX = 0.95
+WAIT_FACTOR = 1.5  # half an iteration of waiting + one whole-range iteration, in units of d_i * span_i
+
+
+def utilisation(cands: Candidates, request: RouteRequest, session_s: float) -> np.ndarray:
+    """(n,) estimated share of each candidate's compute its open sessions take (see module docstring)."""
+    open_sessions = np.array([p.open_sessions for p in cands.peers], dtype=float)
+    throughput = np.array([p.throughput for p in cands.peers], dtype=float)
+    span = (cands.end - cands.start).astype(float)
+    tokens = request.batch_size * (request.prompt_tokens + request.new_tokens)
+    return open_sessions * tokens * span / (throughput * max(session_s, 1e-3))
+
+
+def load_aware_candidates(
+    view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset()
+) -> Candidates:
+    """`candidates(...)` with per-hop and per-block costs replaced by the load-aware ones above."""
+    cands = candidates(view, request, exclude)
+    if cands.size == 0:
+        return cands
+    steps = request.new_tokens + 1
+    transfer = (
+        transfer_ms(view, request, request.prompt_tokens) + request.new_tokens * transfer_ms(view, request)
+    ) / steps
+    rtt = cands.overhead_ms - transfer_ms(view, request)
+    throughput = np.array([p.throughput for p in cands.peers], dtype=float)
+    prefill_ms = np.maximum(cands.decode_ms, 1e3 * request.batch_size * request.prompt_tokens / throughput)
+    per_block = (request.new_tokens * cands.decode_ms + prefill_ms) / steps
+    idle = shortest_chain(cands)  # the session length the open sessions are assumed to have
+    step_ms = make_route(cands, idle).latency_ms if idle is not None else float(cands.overhead_ms.sum())
+    rho = np.minimum(utilisation(cands, request, steps * step_ms / 1e3), RHO_MAX)
+    wait = WAIT_FACTOR * busy_share(cands, step_ms) * cands.decode_ms * (cands.end - cands.start)
+    return replace(cands, overhead_ms=rtt + transfer + wait, decode_ms=per_block / (1 - rho))
+
+
+def busy_share(cands: Candidates, step_ms: float) -> np.ndarray:
+    """(n,) chance a step finds the peer mid-iteration: each open session visits once per step."""
+    open_sessions = np.array([p.open_sessions for p in cands.peers], dtype=float)
+    iteration_ms = cands.decode_ms * (cands.end - cands.start)
+    return np.minimum(1.0, open_sessions * iteration_ms / max(step_ms, 1e-3))
