@@ -43,7 +43,6 @@ LOAD_MODES = (  # (column name, mode, options)
     ("max_throughput", "max_throughput", {}),
     ("tradeoff", "tradeoff", {}),  # the default: load-aware front, DEFAULT_PREFERENCE
     ("tradeoff_knee", "tradeoff", {"preference": "knee"}),
-    ("tradeoff_idle_knee", "tradeoff", {"preference": "knee", "load_aware": False}),  # the previous default
 )
 
 
