@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_COVERAGE_TIMEOUT_S = 60.0  # how long to wait for every block to have an online peer
 DEFAULT_STEP_TIMEOUT_S = 60.0  # per hop and step
-DEFAULT_ROUTING = "min_latency"  # see README "Routing requests through the swarm"
+DEFAULT_ROUTING = "tradeoff"  # won the multi-client load benchmark (README "Routing requests through the swarm")
 
 
 class DistributedMixin:
