@@ -1,6 +1,7 @@
 """Chain-router benchmark: one JSON line per swarm size (seed 004, §II-B; issue 4).
 
     python benchmarks/router.py --json [--sizes 10,100,500] [--requests 1000] [--loads 0.3,0.6,0.9] [--seed 0]
+        [--all-modes-max-peers 100]
 
 Per size: a seeded synthetic swarm (routing.synthetic_swarm, 80 blocks), then
 - fresh_ms: one full NSGA-II run (our chain encoding), and the seed's matrix encoding's;
@@ -11,7 +12,9 @@ Per size: a seeded synthetic swarm (routing.synthetic_swarm, 80 blocks), then
 - load: routing.route_load_sim with Poisson arrivals at each of `--loads` x the swarm's
   sustainable rate (route_load_sim.sustainable_rate: compute LP and KV-cache bound), the
   same arrivals for every mode: mean and p99 request latency (s, arrival to last token,
-  waiting for cache included) and total generated tokens/s.
+  waiting for cache included) and total generated tokens/s. Above `--all-modes-max-peers`
+  only min_latency and the default tradeoff run: max_throughput and the knee take chains of
+  30-60 hops at 500 peers, which made that size alone take ~20 min, and they lose anyway.
 """
 
 from __future__ import annotations
@@ -98,12 +101,17 @@ def fronts(view: SwarmView, seed: int) -> dict:
     }
 
 
-def load_test(view: SwarmView, requests: int, load: float, seed: int) -> dict:
-    """Every mode on the same arrivals (same seed) at `load` x the swarm's sustainable rate."""
+def load_test(view: SwarmView, requests: int, load: float, seed: int, all_modes: bool = True) -> dict:
+    """Every mode on the same arrivals (same seed) at `load` x the swarm's sustainable rate.
+
+    all_modes=False runs only min_latency and the default tradeoff (same arrivals still).
+    """
     rate = load * sustainable_rate(view, REQUEST)
     spec = LoadSpec(num_requests=requests, rate_per_s=rate, request=REQUEST, seed=seed)
     out: dict = {"load": load, "rate_per_s": round(rate, 2)}
     for name, mode, kw in LOAD_MODES:
+        if not all_modes and name not in ("min_latency", "tradeoff"):
+            continue
         extra = {"background": False, "seed": seed} if mode == "tradeoff" else {}
         res = simulate_load(view, make_router(mode, **kw, **extra), spec)
         out[name] = {
@@ -127,13 +135,22 @@ def main() -> None:
         "--loads", default="0.3,0.6,0.9", help="arrival rates as shares of the sustainable rate"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--all-modes-max-peers",
+        type=int,
+        default=100,
+        help="larger swarms load-test only min_latency and the default tradeoff (the slow modes lose)",
+    )
     args = parser.parse_args()
     nsga_front(candidates(generate_swarm(SwarmSpec(10, seed=args.seed)), REQUEST))  # warm up imports
     for size in (int(s) for s in args.sizes.split(",")):
         view = generate_swarm(SwarmSpec(num_peers=size, num_blocks=80, seed=args.seed))
         row = {"peers": size, "blocks": view.num_blocks, "seed": args.seed}
         row |= decision_times(view, args.seed) | fronts(view, args.seed)
-        row["load"] = [load_test(view, args.requests, float(x), args.seed) for x in args.loads.split(",")]
+        all_modes = size <= args.all_modes_max_peers
+        row["load"] = [
+            load_test(view, args.requests, float(x), args.seed, all_modes) for x in args.loads.split(",")
+        ]
         print(json.dumps(row), flush=True)
 
 

@@ -14,8 +14,12 @@ pay per request, but its front depends only on the snapshot and on the request's
 Clients that route on one stale snapshot would all take the same knee and pile onto it,
 the very herding this mode is meant to avoid, so `spread` > 0 draws the answer among the
 front points within that normalised distance of the preferred one (seeded, so a sequence
-of decisions is reproducible). With `background=False` a miss computes the front inline
-(deterministic; what tests and the load simulator use).
+of decisions is reproducible). A request re-routed around refused peers (`exclude`) takes
+the cached point nearest the preference only while some of those drawn-among points
+survive; otherwise it solves again without the excluded peers, as min_latency does: on a
+large swarm the surviving front points can be far from the preferred end (the load test at
+500 peers sent refused requests to a 16-hop chain). With `background=False` a miss computes
+the front inline (deterministic; what tests and the load simulator use).
 """
 
 from __future__ import annotations
@@ -162,8 +166,8 @@ class TradeoffRouter:
         if not exclude:
             return cached.front.routes[self._draw(cached.choices)]
         keep = np.array([not (s & exclude) for s in cached.peer_sets])
-        if not keep.any():
-            return None
+        if not keep[cached.choices].any():
+            return None  # every chain near the preferred one is excluded: solve again without them
         idx = np.flatnonzero(keep)
         lat, thr = cached.front.latency_ms[idx], cached.front.throughput[idx]
         return cached.front.routes[idx[self._draw(self._choices(lat, thr))]]

@@ -69,6 +69,17 @@ def test_cached_decision_is_fast_and_respects_exclude_and_cache() -> None:
         assert next(p for p in VIEW.peers if p.peer_id == hop.peer_id).cache_tokens_left >= need
 
 
+def test_exclude_that_removes_the_preferred_chains_solves_again() -> None:
+    """A refused peer must not send the request to a far end of the front: it gets the exact
+    best chain without that peer, as min_latency would."""
+    router = TradeoffRouter(config=FAST, background=False, spread=0.0)
+    banned = frozenset(h.peer_id for h in router.choose(VIEW, REQUEST).hops[:1])
+    route = router.choose(VIEW, REQUEST, banned)
+    best = router._fallback(VIEW, REQUEST, banned)
+    assert banned.isdisjoint(h.peer_id for h in route.hops)
+    assert route.latency_ms == pytest.approx(best.latency_ms)
+
+
 def test_miss_answers_at_once_and_refreshes_in_background() -> None:
     router = TradeoffRouter(config=NsgaConfig(pop_size=40, generations=40))
     try:
