@@ -12,6 +12,7 @@ object it passes around is only there to make `generate` send one new token per 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 from collections.abc import Sequence
@@ -44,6 +45,8 @@ class DistributedMixin:
 
     def _init_swarm(self, spec, swarm, router, coverage_timeout, step_timeout, wire_dtype) -> None:
         self.spec, self.swarm, self.router = spec, swarm, router
+        self._shut_down = False
+        atexit.register(self.shutdown)
         self.coverage_timeout, self.step_timeout, self.wire_dtype = coverage_timeout, step_timeout, wire_dtype
         self._session_max_length: int | None = None
         self.session: InferenceSession | None = None
@@ -145,12 +148,19 @@ class DistributedMixin:
         return self.session
 
     def shutdown(self) -> None:
-        """Closes the session and the client's DHT node (also done at interpreter exit)."""
-        self._close_session()
-        close_router = getattr(self.router, "close", None)  # e.g. the trade-off router's worker thread
-        if close_router is not None:
-            close_router()
-        self.swarm.shutdown()
+        """Closes the session, the router and the client's DHT node. Safe to call twice;
+        registered to run at interpreter exit, so a forgotten call leaves nothing running."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        atexit.unregister(self.shutdown)
+        try:
+            self._close_session()
+        finally:
+            close_router = getattr(self.router, "close", None)  # e.g. the trade-off router's worker thread
+            if close_router is not None:
+                close_router()
+            self.swarm.shutdown()
 
 
 class DistributedModelForCausalLM:
