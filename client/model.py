@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_COVERAGE_TIMEOUT_S = 60.0  # how long to wait for every block to have an online peer
 DEFAULT_STEP_TIMEOUT_S = 60.0  # per hop and step
-DEFAULT_ROUTING = "tradeoff"  # won the multi-client load benchmark (README "Routing requests through the swarm")
+# The winner of the multi-client load benchmark (README "Routing requests through the swarm").
+DEFAULT_ROUTING = "tradeoff"
 
 
 class DistributedMixin:

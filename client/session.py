@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 
 import torch
 
@@ -49,7 +48,6 @@ class InferenceSession:
         self.names: dict[str, str] = {}  # peer id -> name, for messages
         self.connections: list[PeerConnection] = []
         self.position = 0  # tokens of each sequence the swarm has cached
-        self.step_times: list[float] = []
 
     def open(self) -> InferenceSession:
         request = RouteRequest(prompt_tokens=self.max_length, new_tokens=0, batch_size=self.batch_size)
@@ -110,12 +108,10 @@ class InferenceSession:
             raise ValueError(
                 f"session max_length {self.max_length} reached ({self.position} + {hidden.shape[1]})"
             )
-        began = time.perf_counter()
         output = run_sync(
             self._step(hidden.to(self.dtype).contiguous()), timeout=self.step_timeout * len(self.connections)
         )
         self.position += hidden.shape[1]
-        self.step_times.append(time.perf_counter() - began)
         return output
 
     async def _step(self, hidden: torch.Tensor) -> torch.Tensor:

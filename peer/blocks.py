@@ -152,12 +152,3 @@ class BlockStack(nn.Module):
             for kind in set(layer_types)
         }
         return [by_type[kind] for kind in layer_types]
-
-    def kv_bytes_per_token(self) -> int:
-        """Bytes of KV cache one token of one sequence takes in these blocks."""
-        head_dim = (
-            getattr(self.config, "head_dim", None)
-            or self.config.hidden_size // self.config.num_attention_heads
-        )
-        element = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * len(self.layers) * self.config.num_key_value_heads * head_dim * element

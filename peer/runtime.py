@@ -80,7 +80,6 @@ class _Peer:
 
     def __init__(self, config: PeerConfig, dht, identity, name: str):
         self.config, self.dht, self.identity, self.name = config, dht, identity, name
-        self.state = PeerState.JOINING
         self.core: PeerCore | None = None
         self.throughput = (0.0, 0.0)
         self.p2p = None
@@ -129,7 +128,6 @@ class _Peer:
         server = PeerServer(self.core, c.max_frame_bytes, c.max_streams)
         self.p2p = await self.dht.replicate_p2p()
         await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, server.handle_stream)
-        self.state = PeerState.ONLINE
         await self.announcer.announce(PeerState.ONLINE)
         logger.info("online: serving %s blocks [%d:%d)", c.spec.model_id, c.start, c.end)
         return True
@@ -144,7 +142,6 @@ class _Peer:
 
     async def leave(self) -> None:
         """Refuses new sessions, lets open ones finish, and tells the swarm it is gone."""
-        self.state = PeerState.LEAVING
         self.core.leaving = True
         logger.info("leaving: refusing new sessions, %d open", len(self.core.sessions))
         await self.announcer.announce(PeerState.LEAVING, ttl=self.config.announce_period)

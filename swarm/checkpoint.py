@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -53,11 +53,3 @@ def load_tensors(
 
 def strip_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     return {name[len(prefix) :]: t for name, t in tensors.items() if name.startswith(prefix)}
-
-
-def require(names: Iterable[str], tensors: dict[str, torch.Tensor], what: str) -> None:
-    missing = sorted(set(names) - set(tensors))
-    if missing:
-        raise CheckpointError(
-            f"checkpoint lacks tensors for {what}: {missing[:5]}{' ...' if len(missing) > 5 else ''}"
-        )

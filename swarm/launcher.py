@@ -131,10 +131,6 @@ class LocalSwarm:
         _kill_group(proc.popen)
         return proc.popen.returncode
 
-    def kill(self, proc: Managed) -> None:
-        """Abrupt death (no leave announcement), as when a volunteer's machine crashes."""
-        _kill_group(proc.popen)
-
     def close(self) -> None:
         for proc in reversed(self.processes):
             self.stop(proc, timeout=15)

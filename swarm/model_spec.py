@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,8 +88,3 @@ def config_for_blocks(config: PretrainedConfig, start: int, end: int) -> Pretrai
     if layer_types is not None:
         local.layer_types = list(layer_types[start:end])
     return local
-
-
-def read_json(path: Path) -> dict:
-    with open(path) as f:
-        return json.load(f)
