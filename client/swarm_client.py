@@ -18,7 +18,7 @@ from client.remote import PeerConnection, PeerError
 from client.worker import run_sync
 from routing.swarm_view import PeerView, SwarmView
 from swarm.dht import start_dht
-from swarm.records import PeerRecord, PeerState, read_peer_records
+from swarm.records import PeerRecord, PeerState, online_peers_per_block, read_peer_records
 
 logger = logging.getLogger(__name__)
 
@@ -139,11 +139,8 @@ class SwarmClient:
 
 
 def uncovered_blocks(records: list[PeerRecord], num_blocks: int) -> list[int]:
-    covered = [False] * num_blocks
-    for r in records:
-        for block in range(max(r.start, 0), min(r.end, num_blocks)):
-            covered[block] = True
-    return [b for b, ok in enumerate(covered) if not ok]
+    """Blocks no online record serves."""
+    return [b for b, n in enumerate(online_peers_per_block(records, num_blocks)) if n == 0]
 
 
 def _ranges(blocks: list[int]) -> str:

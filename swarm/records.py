@@ -138,6 +138,16 @@ def read_models(dht) -> dict[str, int]:
     }
 
 
+def online_peers_per_block(records: list[PeerRecord], num_blocks: int) -> list[int]:
+    """How many online peers serve each block of a model (0 means the block is missing)."""
+    counts = [0] * num_blocks
+    for r in records:
+        if r.state == PeerState.ONLINE:
+            for block in range(r.start, min(r.end, num_blocks)):
+                counts[block] += 1
+    return counts
+
+
 def _unpack_map(data: Any) -> dict:
     if not isinstance(data, bytes | bytearray) or len(data) > 64 * 1024:
         raise ValueError("record must be at most 64 KiB of bytes")

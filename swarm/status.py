@@ -6,10 +6,9 @@ Exits 0 when every block of every listed model has an online peer, 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from swarm.dht import public_initial_peers, quiet_hivemind, start_dht
-from swarm.records import PeerRecord, PeerState, read_models, read_peer_records
+from swarm.records import PeerRecord, online_peers_per_block, read_models, read_peer_records
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,13 +63,9 @@ def print_model(model_id: str, num_blocks: int, records: list[PeerRecord]) -> bo
             f"{r.throughput:>9.0f} {r.decode_ms_per_block:>7.2f} {r.open_sessions:>8} {r.cache_tokens_left:>10}  "
             f"{address}"
         )
-    online = [0] * num_blocks
-    for r in records:
-        if r.state == PeerState.ONLINE:
-            for block in range(r.start, min(r.end, num_blocks)):
-                online[block] += 1
+    online = online_peers_per_block(records, num_blocks)
     missing = [b for b, n in enumerate(online) if n == 0]
     print("  coverage: " + " ".join(str(min(n, 9)) for n in online) + "  (online peers per block)")
     if missing:
-        print(f"  MISSING: blocks {missing} have no online peer", file=sys.stdout)
+        print(f"  MISSING: blocks {missing} have no online peer")
     return not missing
