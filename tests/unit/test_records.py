@@ -4,32 +4,12 @@ import msgpack
 import pytest
 
 from swarm.identity import load_or_create_identity, peer_id_from_owner_marker
-from swarm.records import PeerRecord, PeerState
-
-
-def _record(**overrides):
-    fields = dict(
-        peer_id="Qm123",
-        name="p",
-        model_id="m-1",
-        start=0,
-        end=4,
-        state=PeerState.ONLINE,
-        throughput=100.0,
-        decode_ms_per_block=1.5,
-        cache_tokens_left=1000,
-        open_sessions=0,
-        max_length=2048,
-        dtype="float32",
-        device="cpu",
-        version="0.1.0",
-        addrs=("/ip4/1.2.3.4",),
-    )
-    return PeerRecord(**{**fields, **overrides})
+from swarm.records import PeerRecord
+from tests.unit.record_cases import make_record
 
 
 def test_round_trip_and_unknown_fields_ignored():
-    record = _record()
+    record = make_record()
     assert PeerRecord.from_bytes(record.to_bytes()) == record
     body = msgpack.unpackb(record.to_bytes())
     body["from_the_future"] = [1, 2, 3]
@@ -41,7 +21,7 @@ def test_round_trip_and_unknown_fields_ignored():
     [{"schema": 2}, {"state": "dancing"}, {"start": "0"}, {"start": 5, "end": 2}, {"throughput": None}],
 )
 def test_malformed_records_are_rejected(change):
-    body = msgpack.unpackb(_record().to_bytes())
+    body = msgpack.unpackb(make_record().to_bytes())
     body.update(change)
     with pytest.raises(ValueError):
         PeerRecord.from_bytes(msgpack.packb(body))

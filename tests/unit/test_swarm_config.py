@@ -4,7 +4,7 @@ import pytest
 
 from client.swarm_client import MissingBlocksError, uncovered_blocks
 from swarm.dht import INITIAL_PEERS_ENV, public_initial_peers
-from swarm.records import PeerRecord, PeerState
+from tests.unit.record_cases import make_record
 
 
 def test_public_peers_come_from_the_environment(monkeypatch):
@@ -19,27 +19,8 @@ def test_no_public_peers_is_a_clear_error(monkeypatch):
         public_initial_peers()
 
 
-def _record(start, end):
-    return PeerRecord(
-        peer_id="Qm",
-        name="p",
-        model_id="m",
-        start=start,
-        end=end,
-        state=PeerState.ONLINE,
-        throughput=1.0,
-        decode_ms_per_block=1.0,
-        cache_tokens_left=1,
-        open_sessions=0,
-        max_length=1,
-        dtype="float32",
-        device="cpu",
-        version="0",
-    )
-
-
 def test_uncovered_blocks_and_their_message():
-    records = [_record(0, 3), _record(5, 6)]
+    records = [make_record(start=0, end=3), make_record(start=5, end=6)]
     assert uncovered_blocks(records, 9) == [3, 4, 6, 7, 8]
     error = MissingBlocksError("m-1", uncovered_blocks(records, 9), 60)
     assert "blocks 3:5, 6:9 of m-1" in str(error)
