@@ -22,10 +22,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from routing.genetic import SearchConfig, search  # noqa: E402
-from routing.model_spec import Workload, preset  # noqa: E402
-from routing.plan_eval import evaluate_plan, memory_violations  # noqa: E402
-from routing.scenarios import SCENARIOS, scenario, table4_plan  # noqa: E402
+from routing.scheduler.genetic import SearchConfig, search  # noqa: E402
+from routing.scheduler.model_spec import Workload, preset  # noqa: E402
+from routing.scheduler.plan_eval import evaluate_plan, memory_violations  # noqa: E402
+from routing.scheduler.scenarios import SCENARIOS, scenario, table4_plan  # noqa: E402
 
 REPLAN_BUDGET_S = 2.5
 LEAVING = 4

@@ -24,7 +24,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from client.session import InferenceSession
 from client.swarm_client import SwarmClient
-from routing.swarm_view import Router
+from routing.chains.swarm_view import Router
 from swarm.checkpoint import load_tensors
 from swarm.dht import public_initial_peers
 from swarm.model_spec import ModelSpec, config_for_blocks, load_model_spec
@@ -186,7 +186,7 @@ class DistributedModelForCausalLM:
 
         `routing` picks how chains are chosen: "min_latency", "max_throughput" or "tradeoff"
         (NSGA-II; `preference` in [0, 1] leans from latency to throughput, default the knee);
-        `router` overrides it with any object that has the `routing.swarm_view.Router` interface.
+        `router` overrides it with any object that has the `routing.chains.swarm_view.Router` interface.
         `dtype` is the client's compute dtype and the dtype of hidden states on the wire.
         The first step of a session waits up to `coverage_timeout` seconds for every block
         to have an online peer, then fails with an error naming the blocks still missing.
@@ -197,7 +197,7 @@ class DistributedModelForCausalLM:
             raise ValueError("pass initial_peers=[...] (the bootstrap's multiaddrs) or public=True")
         model = _build_local_parts(spec, dtype)
         if router is None:
-            from routing.routers import make_router
+            from routing.chains.routers import make_router
 
             router = make_router(routing, preference)
         swarm = SwarmClient.connect(peers, host_maddrs)

@@ -16,7 +16,7 @@ import torch
 from client.remote import PeerConnection, PeerError
 from client.swarm_client import SwarmClient
 from client.worker import run_sync
-from routing.swarm_view import NoRouteError, Route, Router, RouteRequest
+from routing.chains.swarm_view import NoRouteError, Route, Router, RouteRequest
 from swarm.model_spec import ModelSpec
 from swarm.protocol import ErrorCode
 

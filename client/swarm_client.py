@@ -16,7 +16,7 @@ from hivemind.p2p import PeerID
 
 from client.remote import PeerConnection, PeerError
 from client.worker import run_sync
-from routing.swarm_view import PeerView, SwarmView
+from routing.chains.swarm_view import PeerView, SwarmView
 from swarm.dht import start_dht
 from swarm.records import PeerRecord, PeerState, online_peers_per_block, read_peer_records
 

@@ -1,0 +1,16 @@
+"""Pure solvers for hexswarm: plain data in, plain data out (no torch, no network, no I/O).
+
+Two halves, each answering one question:
+
+- ``routing.scheduler`` — *which peer serves which layers, at which TP degree.* HexGen's
+  placement search (seed 000/003): GPU catalog and cluster model, the Table 1 / Appendix B
+  cost model, the pipeline DP of Algorithm 1, the genetic search of §4.3, the serving
+  simulator that scores a plan, and the ``Plan`` record the coordinator publishes.
+- ``routing.chains`` — *which peers one request passes through.* The per-request chain
+  routers (seed 004): the ``SwarmView`` snapshot and ``Router`` interface, the chain cost
+  model, exact min-latency and max-throughput solvers, the NSGA-II trade-off router, and a
+  multi-client load simulator used by the benchmarks.
+
+The coordinator, the client and the benchmarks call these with plain data; nothing here
+imports torch or opens a socket, so every solver can be unit-tested and timed on its own.
+"""

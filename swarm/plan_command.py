@@ -32,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from routing.cluster import ClusterError
-    from routing.genetic import NoFeasiblePlanError
+    from routing.scheduler.cluster import ClusterError
+    from routing.scheduler.genetic import NoFeasiblePlanError
 
     try:
         return _run(args)
@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from routing.genetic import Progress, SearchConfig, search
-    from routing.model_spec import Workload
+    from routing.scheduler.genetic import Progress, SearchConfig, search
+    from routing.scheduler.model_spec import Workload
 
     cluster = load_cluster(args.cluster)
     model = load_model(args.model)
@@ -72,7 +72,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def load_cluster(path: str):
     """Reads and parses a cluster file; errors are ClusterError / OSError with the path in them."""
-    from routing.cluster import Cluster, ClusterError
+    from routing.scheduler.cluster import Cluster, ClusterError
 
     with open(path, encoding="utf-8") as f:
         try:
@@ -84,7 +84,7 @@ def load_cluster(path: str):
 
 def load_model(name_or_dir: str):
     """A preset by name, or the config.json of a Hugging Face model directory."""
-    from routing.model_spec import ModelSpec, preset
+    from routing.scheduler.model_spec import ModelSpec, preset
 
     if os.path.isdir(name_or_dir):
         config_path = os.path.join(name_or_dir, "config.json")

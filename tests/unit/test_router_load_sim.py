@@ -1,4 +1,4 @@
-"""Load simulator (routing.route_load_sim): agrees with the route estimate alone, queues under load."""
+"""Load simulator (routing.chains.load_sim): agrees with the route estimate alone, queues under load."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from routing.chain_cost import transfer_ms
-from routing.min_latency import MinLatencyRouter, min_latency_route
-from routing.route_load_sim import LoadSpec, compute_capacity, simulate_load, sustainable_rate
-from routing.routers import make_router
-from routing.swarm_view import PeerView, RouteRequest, SwarmView
-from routing.synthetic_swarm import SwarmSpec, generate_swarm
+from routing.chains.cost import transfer_ms
+from routing.chains.load_sim import LoadSpec, compute_capacity, simulate_load, sustainable_rate
+from routing.chains.min_latency import MinLatencyRouter, min_latency_route
+from routing.chains.routers import make_router
+from routing.chains.swarm_view import PeerView, RouteRequest, SwarmView
+from routing.chains.synthetic_swarm import SwarmSpec, generate_swarm
 
 REQ = RouteRequest(prompt_tokens=8, new_tokens=4)
 

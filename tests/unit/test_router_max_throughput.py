@@ -1,15 +1,15 @@
-"""Widest chain (routing.max_throughput) and the exact front sweep against brute force."""
+"""Widest chain (routing.chains.max_throughput) and the exact front sweep against brute force."""
 
 from __future__ import annotations
 
 import pytest
 
-from routing.chain_cost import candidates
-from routing.chain_front import pareto_filter, sweep_front
-from routing.max_throughput import MaxThroughputRouter, max_throughput_route
-from routing.min_latency import min_latency_route
-from routing.swarm_view import NoRouteError
-from routing.synthetic_swarm import SwarmSpec, generate_swarm
+from routing.chains.cost import candidates
+from routing.chains.front import pareto_filter, sweep_front
+from routing.chains.max_throughput import MaxThroughputRouter, max_throughput_route
+from routing.chains.min_latency import min_latency_route
+from routing.chains.swarm_view import NoRouteError
+from routing.chains.synthetic_swarm import SwarmSpec, generate_swarm
 from tests.unit.router_cases import REQUEST, all_routes, assert_covers, small_view
 
 SEEDS = range(120)
@@ -33,7 +33,7 @@ def test_widest_is_near_brute_force_and_never_below_min_latency() -> None:
         assert route.throughput <= top * (1 + 1e-9)
         assert route.throughput >= min_latency_route(view, REQUEST).throughput * (1 - 1e-9)
         exact += route.throughput >= top * (1 - 1e-9)
-    # The repair in routing.min_latency is not proven optimal; it must stay nearly always right.
+    # The repair in routing.chains.min_latency is not proven optimal; it must stay nearly always right.
     assert total > 30 and exact / total >= 0.75, (exact, total)
 
 

@@ -1,4 +1,4 @@
-"""Exact min-latency chain (routing.min_latency) against brute force, plus eligibility rules."""
+"""Exact min-latency chain (routing.chains.min_latency) against brute force, plus eligibility rules."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from routing.chain_cost import request_cache_tokens
-from routing.min_latency import MinLatencyRouter, min_latency_route
-from routing.swarm_view import NoRouteError, PeerView, RouteRequest, SwarmView
-from routing.synthetic_swarm import SwarmSpec, generate_swarm
+from routing.chains.cost import request_cache_tokens
+from routing.chains.min_latency import MinLatencyRouter, min_latency_route
+from routing.chains.swarm_view import NoRouteError, PeerView, RouteRequest, SwarmView
+from routing.chains.synthetic_swarm import SwarmSpec, generate_swarm
 from tests.unit.router_cases import REQUEST, all_routes, assert_covers, small_view
 
 

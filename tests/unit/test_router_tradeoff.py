@@ -1,4 +1,4 @@
-"""NSGA-II trade-off router (routing.tradeoff, routing.chain_nsga): fronts, picks, cache, factory."""
+"""NSGA-II trade-off router (routing.chains.tradeoff, routing.chains.nsga): fronts, picks, cache, factory."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from routing.chain_cost import candidates, request_cache_tokens
-from routing.chain_front import hypervolume_2d, pick_index
-from routing.chain_load import load_aware_candidates
-from routing.chain_nsga import NsgaConfig, nsga_front
-from routing.min_latency import min_latency_route
-from routing.routers import MODES, make_router
-from routing.swarm_view import NoRouteError, PeerView, RouteRequest, SwarmView
-from routing.synthetic_swarm import SwarmSpec, generate_swarm
-from routing.tradeoff import DEFAULT_PREFERENCE, TradeoffRouter, request_class
+from routing.chains.cost import candidates, request_cache_tokens
+from routing.chains.front import hypervolume_2d, pick_index
+from routing.chains.load_costs import load_aware_candidates
+from routing.chains.min_latency import min_latency_route
+from routing.chains.nsga import NsgaConfig, nsga_front
+from routing.chains.routers import MODES, make_router
+from routing.chains.swarm_view import NoRouteError, PeerView, RouteRequest, SwarmView
+from routing.chains.synthetic_swarm import SwarmSpec, generate_swarm
+from routing.chains.tradeoff import DEFAULT_PREFERENCE, TradeoffRouter, request_class
 from tests.unit.router_cases import REQUEST, assert_covers
 
 FAST = NsgaConfig(pop_size=16, generations=8)

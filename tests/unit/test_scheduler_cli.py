@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from routing.plan import Plan
+from routing.scheduler.plan import Plan
 from swarm.cli import main
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from routing.cluster import Cluster
-from routing.cost_model import (
+from routing.scheduler.cluster import Cluster
+from routing.scheduler.cost_model import (
     StageSpec,
     comp_cost,
     max_layers,
@@ -15,7 +15,7 @@ from routing.cost_model import (
     stage_memory,
     tp_comm_cost,
 )
-from routing.model_spec import ModelSpec, preset
+from routing.scheduler.model_spec import ModelSpec, preset
 
 H, B, L = 1024, 2, 4
 MEM_GIB, BW_GBPS, TFLOPS = 10.0, 100.0, 10.0

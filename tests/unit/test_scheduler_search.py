@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from routing.cluster import Device
-from routing.ga_operators import elbow_k, kmeans_init
-from routing.genetic import SearchConfig, search, warm_individual
-from routing.gpu_catalog import lookup
-from routing.model_spec import Workload, preset
-from routing.plan import validate
-from routing.plan_eval import evaluate_plan, memory_violations
-from routing.scenarios import scenario, table4_plan
-from routing.simulator import Trace, simulate
+from routing.scheduler.cluster import Device
+from routing.scheduler.ga_operators import elbow_k, kmeans_init
+from routing.scheduler.genetic import SearchConfig, search, warm_individual
+from routing.scheduler.gpu_catalog import lookup
+from routing.scheduler.model_spec import Workload, preset
+from routing.scheduler.plan import validate
+from routing.scheduler.plan_eval import evaluate_plan, memory_violations
+from routing.scheduler.scenarios import scenario, table4_plan
+from routing.scheduler.simulator import Trace, simulate
 
 MODEL = preset("Llama-2-70B")
 WORKLOAD = Workload(rate=2.0, s_out=32, num_requests=150)
@@ -124,7 +124,7 @@ def test_warm_start_after_join(half_price, half_price_result):
 
 
 def test_cluster_too_small_is_a_clear_error():
-    from routing.genetic import NoFeasiblePlanError
+    from routing.scheduler.genetic import NoFeasiblePlanError
 
     cluster = scenario("heterogeneous-half-price").subset({"norway-0-g0", "norway-0-g1"})
     with pytest.raises(NoFeasiblePlanError, match="GiB"):

@@ -1,6 +1,6 @@
 """Load-aware chain costs for the trade-off mode: what a request will wait, not just the idle step.
 
-Why: routing.chain_cost scores a hop by its idle decode step, which is what Petals minimises
+Why: routing.chains.cost scores a hop by its idle decode step, which is what Petals minimises
 (seed 004, §II-A), and every client that uses it piles onto the same fastest peers. Under
 load a chain's time is set by three things that estimate ignores:
 
@@ -35,9 +35,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from routing.chain_cost import Candidates, candidates, make_route, transfer_ms
-from routing.min_latency import shortest_chain
-from routing.swarm_view import RouteRequest, SwarmView
+from routing.chains.cost import Candidates, candidates, make_route, transfer_ms
+from routing.chains.min_latency import shortest_chain
+from routing.chains.swarm_view import RouteRequest, SwarmView
 
 # Utilisation is clipped here (inflation <= 20x): a snapshot's load is an estimate, and a
 # finite cost keeps a busy peer usable when it is the only one serving some blocks.

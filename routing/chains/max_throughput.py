@@ -1,7 +1,7 @@
 """Exact maximum-throughput chain (widest path), the Petals "max throughput" mode (seed 004, §II-B4).
 
 A chain's throughput is its bottleneck: the smallest per-peer throughput after each peer's
-current load is shared out (routing.chain_cost). Widest path over layer boundaries:
+current load is shared out (routing.chains.cost). Widest path over layer boundaries:
 
     best[0] = inf
     best[e] = max over peers i serving block e-1, s in [start_i, e) of
@@ -9,7 +9,7 @@ current load is shared out (routing.chain_cost). Widest path over layer boundari
 
 That DP scores hop by hop, so a chain that returns to a peer (p, q, p) looks wider than it
 is; we use it as an upper bound and binary-search the floor of the epsilon-constrained
-shortest chain (routing.min_latency.shortest_chain) below it. Many chains share the widest
+shortest chain (routing.chains.min_latency.shortest_chain) below it. Many chains share the widest
 bottleneck (short hops are cheap in throughput); that search returns the one with least
 latency among them.
 """
@@ -20,15 +20,15 @@ from collections import OrderedDict
 
 import numpy as np
 
-from routing.chain_cost import Candidates, candidates, make_route, no_route_error
-from routing.min_latency import Hops, shortest_chain
-from routing.swarm_view import Route, RouteRequest, SwarmView
+from routing.chains.cost import Candidates, candidates, make_route, no_route_error
+from routing.chains.min_latency import Hops, shortest_chain
+from routing.chains.swarm_view import Route, RouteRequest, SwarmView
 
 
 def hop_widest_bottleneck(cands: Candidates) -> float:
     """Highest bottleneck over chains scored hop by hop (an upper bound; 0.0 when no chain).
 
-    As in routing.min_latency.shortest_chain, each boundary keeps its two best arrivals with
+    As in routing.chains.min_latency.shortest_chain, each boundary keeps its two best arrivals with
     different last peers, so a peer never follows itself (that would split one peer's work
     into two hops and fake a higher throughput).
     """
@@ -63,7 +63,7 @@ def widest_chain(cands: Candidates) -> Hops | None:
 
     The bottleneck of the best chain is some capacity_i / m, so we binary-search those values
     between the min-latency chain's bottleneck and the hop-by-hop upper bound, each probe
-    an epsilon-constrained shortest chain (routing.min_latency.shortest_chain).
+    an epsilon-constrained shortest chain (routing.chains.min_latency.shortest_chain).
     """
     best = shortest_chain(cands)
     if best is None:
@@ -92,7 +92,7 @@ def max_throughput_route(
 
 
 class MaxThroughputRouter:
-    """Router (see routing.swarm_view.Router) that spreads load: the widest chain after current load.
+    """Router (see routing.chains.swarm_view.Router) that spreads load: the widest chain after current load.
 
     Short hops on lightly loaded peers raise the bottleneck, so its chains have more hops
     (and more latency) than the min-latency chain. The search takes up to a few hundred ms

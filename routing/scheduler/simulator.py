@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from routing.cluster import Cluster
-from routing.cost_model import StageSpec, pipeline_cost, reference_latency
-from routing.model_spec import ModelSpec, Workload
-from routing.pipeline_dp import PipelineLayout
+from routing.scheduler.cluster import Cluster
+from routing.scheduler.cost_model import StageSpec, pipeline_cost, reference_latency
+from routing.scheduler.model_spec import ModelSpec, Workload
+from routing.scheduler.pipeline_dp import PipelineLayout
 
 
 @dataclass(frozen=True, eq=False)

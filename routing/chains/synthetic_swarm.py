@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from routing.swarm_view import PeerView, SwarmView
+from routing.chains.swarm_view import PeerView, SwarmView
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from routing.cluster import Cluster
-from routing.ga_operators import Individual, Mutator, canonical, kmeans_init
-from routing.model_spec import ModelSpec, Workload
-from routing.pipeline_dp import MAX_DP_STATES, PipelineDP, PipelineLayout, bucket_key
-from routing.plan import PipelinePlan, Plan, PlanEstimate, StagePlan
-from routing.simulator import SimResult, make_trace, pipeline_latencies, simulate
+from routing.scheduler.cluster import Cluster
+from routing.scheduler.ga_operators import Individual, Mutator, canonical, kmeans_init
+from routing.scheduler.model_spec import ModelSpec, Workload
+from routing.scheduler.pipeline_dp import MAX_DP_STATES, PipelineDP, PipelineLayout, bucket_key
+from routing.scheduler.plan import PipelinePlan, Plan, PlanEstimate, StagePlan
+from routing.scheduler.simulator import SimResult, make_trace, pipeline_latencies, simulate
 
 Fitness = tuple[float, float]  # (attainment, -mean latency of requests within the SLO)
 

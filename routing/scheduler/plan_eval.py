@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from routing.cluster import Cluster
-from routing.cost_model import stage_memory
-from routing.model_spec import ModelSpec, Workload
-from routing.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
-from routing.plan import Plan
-from routing.simulator import SimResult, evaluate_layouts, make_trace
+from routing.scheduler.cluster import Cluster
+from routing.scheduler.cost_model import stage_memory
+from routing.scheduler.model_spec import ModelSpec, Workload
+from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
+from routing.scheduler.plan import Plan
+from routing.scheduler.simulator import SimResult, evaluate_layouts, make_trace
 
 
 def plan_layouts(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> list[PipelineLayout]:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from routing.cluster import Cluster
-from routing.model_spec import ModelSpec
+from routing.scheduler.cluster import Cluster
+from routing.scheduler.model_spec import ModelSpec
 
 ArrayLike = float | np.ndarray
 
@@ -180,8 +180,8 @@ def reference_latency(model: ModelSpec, s_in: float, s_out: int, batch: int = 1)
     p4d.24xlarge, the paper's homogeneous baseline), from this same cost model; memory is not
     checked, so the unit exists for any model.
     """
-    from routing.cluster import Device, Link, Network, build_cluster
-    from routing.gpu_catalog import lookup
+    from routing.scheduler.cluster import Device, Link, Network, build_cluster
+    from routing.scheduler.gpu_catalog import lookup
 
     a100 = lookup("A100-40G")
     devices = [Device.from_spec(f"ref{i}", a100, "ref", "ref") for i in range(8)]

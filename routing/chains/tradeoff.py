@@ -1,6 +1,6 @@
 """The latency-throughput trade-off mode (seed 004, §II-B4), with fronts cached per snapshot.
 
-Design: an NSGA-II run (routing.chain_nsga) takes tens to hundreds of ms, far too long to
+Design: an NSGA-II run (routing.chains.nsga) takes tens to hundreds of ms, far too long to
 pay per request, but its front depends only on the snapshot and on the request's class
 (batch size and the cache tokens it needs). So:
 
@@ -32,13 +32,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from routing.chain_cost import Candidates, candidates, make_route, no_route_error, request_cache_tokens
-from routing.chain_front import Front, neighbours, pick_index
-from routing.chain_load import load_aware_candidates
-from routing.chain_nsga import NsgaConfig, nsga_front
-from routing.max_throughput import hop_widest_bottleneck
-from routing.min_latency import shortest_chain
-from routing.swarm_view import Route, RouteRequest, SwarmView
+from routing.chains.cost import Candidates, candidates, make_route, no_route_error, request_cache_tokens
+from routing.chains.front import Front, neighbours, pick_index
+from routing.chains.load_costs import load_aware_candidates
+from routing.chains.max_throughput import hop_widest_bottleneck
+from routing.chains.min_latency import shortest_chain
+from routing.chains.nsga import NsgaConfig, nsga_front
+from routing.chains.swarm_view import Route, RouteRequest, SwarmView
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +106,11 @@ KNEE = "knee"  # preference="knee": the knee of the front
 
 
 class TradeoffRouter:
-    """Router (routing.swarm_view.Router) picking on a cached NSGA-II front; see module docstring.
+    """Router (routing.chains.swarm_view.Router) picking on a cached NSGA-II front; see module docstring.
 
     preference: 0 = least (load-aware) latency .. 1 = most throughput; None means
     DEFAULT_PREFERENCE, and "knee" the front's knee. load_aware=False scores chains by the
-    idle cost model (routing.chain_cost) instead of routing.chain_load.
+    idle cost model (routing.chains.cost) instead of routing.chains.load_costs.
     """
 
     def __init__(
@@ -190,7 +190,7 @@ class TradeoffRouter:
         return make_route(cands, hops)
 
     def _candidates(self, view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset()):
-        """The problem as this router scores it: load-aware costs (routing.chain_load) or idle ones."""
+        """The problem as this router scores it: load-aware costs (routing.chains.load_costs) or idle ones."""
         return (load_aware_candidates if self.load_aware else candidates)(view, request, exclude)
 
     # -- the cache ----------------------------------------------------------------------------

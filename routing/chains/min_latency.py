@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from routing.chain_cost import Candidates, candidates, make_route, no_route_error
-from routing.swarm_view import Route, RouteRequest, SwarmView
+from routing.chains.cost import Candidates, candidates, make_route, no_route_error
+from routing.chains.swarm_view import Route, RouteRequest, SwarmView
 
 Hops = list[tuple[int, int, int]]  # (candidate index, start block, end block)
 
@@ -126,7 +126,7 @@ def min_latency_route(view: SwarmView, request: RouteRequest, exclude: frozenset
 
 
 class MinLatencyRouter:
-    """Router (see routing.swarm_view.Router) that always returns the exact min-latency chain.
+    """Router (see routing.chains.swarm_view.Router) that always returns the exact min-latency chain.
 
     Stateless and deterministic; every client that uses it piles onto the same fastest
     peers, which is what the study's trade-off mode (seed 004, §II-B) sets out to fix.

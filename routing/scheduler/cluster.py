@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from routing.gpu_catalog import GIB, GpuSpec, UnknownGpuError, lookup
+from routing.scheduler.gpu_catalog import GIB, GpuSpec, UnknownGpuError, lookup
 
 
 class ClusterError(ValueError):

@@ -1,6 +1,6 @@
 """NSGA-II over chains of peers (seed 004, §II-B), with the seed's encoding and ours.
 
-Both problems minimise (latency_ms, -throughput) of the decoded chain (routing.chain_cost),
+Both problems minimise (latency_ms, -throughput) of the decoded chain (routing.chains.cost),
 so their fronts live in one objective space and can be compared by hypervolume.
 
 - "matrix" (the seed's, §II-B2..B4): a servers x blocks bit matrix, bit (i, b) = "server i
@@ -29,10 +29,10 @@ from pymoo.operators.mutation.bitflip import BitflipMutation
 from pymoo.operators.sampling.rnd import BinaryRandomSampling
 from pymoo.optimize import minimize
 
-from routing.chain_cost import Candidates, missing_blocks, route_from_assignment
-from routing.chain_front import Front
-from routing.max_throughput import hop_widest_bottleneck
-from routing.min_latency import Hops, _chain_dp, _max_blocks, shortest_chain
+from routing.chains.cost import Candidates, missing_blocks, route_from_assignment
+from routing.chains.front import Front
+from routing.chains.max_throughput import hop_widest_bottleneck
+from routing.chains.min_latency import Hops, _chain_dp, _max_blocks, shortest_chain
 
 ENCODINGS = ("chain", "matrix")
 _MATING_TRIES = 5
@@ -152,7 +152,7 @@ class HopMutation(Mutation):
 def _anchors(cands: Candidates) -> list[Hops]:
     """The exact min-latency chain, and chains under throughput floors below the hop-wise widest.
 
-    The floored ones skip the repair of routing.min_latency (one DP each, a few ms): they
+    The floored ones skip the repair of routing.chains.min_latency (one DP each, a few ms): they
     are only starting points, scored like any other chain.
     """
     fast = shortest_chain(cands)

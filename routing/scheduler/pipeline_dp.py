@@ -28,9 +28,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from routing.cluster import Cluster
-from routing.cost_model import StageSpec, comp_cost, max_layers, pipeline_cost, pp_comm_cost, tp_comm_cost
-from routing.model_spec import ModelSpec, Workload
+from routing.scheduler.cluster import Cluster
+from routing.scheduler.cost_model import (
+    StageSpec,
+    comp_cost,
+    max_layers,
+    pipeline_cost,
+    pp_comm_cost,
+    tp_comm_cost,
+)
+from routing.scheduler.model_spec import ModelSpec, Workload
 
 INF = float("inf")
 TP_DEGREES = (1, 2, 4, 8)

@@ -10,7 +10,7 @@ line between the two ends.
 `sweep_front` is the reference front of the benchmark: latency is a sum and throughput a
 bottleneck, so the epsilon-constraint sweep (raise the throughput floor just above the last
 chain's bottleneck, solve the floored shortest chain again) visits each trade-off once. It
-would be exact with an exact floored solver; routing.min_latency's is repaired, so a few of
+would be exact with an exact floored solver; routing.chains.min_latency's is repaired, so a few of
 its points can be dominated (the tests measure how many).
 """
 
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from routing.chain_cost import Candidates, make_route
-from routing.min_latency import shortest_chain
-from routing.swarm_view import Route
+from routing.chains.cost import Candidates, make_route
+from routing.chains.min_latency import shortest_chain
+from routing.chains.swarm_view import Route
 
 # Next floor = last bottleneck * (1 + this): strictly above it, far above float round-off.
 _FLOOR_STEP = 1e-6
