@@ -71,7 +71,9 @@ class InferenceSession:
                 return self
             except PeerError as e:
                 failed = e.peer_id
-                retryable = e.code in (None, ErrorCode.BUSY, ErrorCode.LEAVING, ErrorCode.TOO_LONG)
+                retryable = e.code in (
+                    None, ErrorCode.BUSY, ErrorCode.LEAVING, ErrorCode.TOO_LONG, ErrorCode.PEER_FAILED
+                )
                 if attempt + 1 == OPEN_ATTEMPTS or failed is None or not retryable:
                     raise
                 logger.info("peer %s could not open a session (%s); routing around it", e.peer, e.message)

@@ -5,6 +5,9 @@ indices against a config that describes only this slice (see `config_for_blocks`
 filled from just this slice's tensors in the checkpoint. A session's KV cache is a plain
 transformers `DynamicCache` over the slice, so attention, rotary embeddings, GQA, biases
 and sliding windows behave exactly as in the full model.
+
+A tensor-parallel rank builds the same stack from its shard of each layer (`peer/tp_shard.py`):
+layers with 1/K of the heads and MLP width, plus an all-reduce after each row-parallel module.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from peer.tp_shard import AllReduce, ShardPlan, all_reduce_after_row_parallel, shard_config
 from swarm.checkpoint import CheckpointError, load_tensors, strip_prefix
 from swarm.model_spec import ModelSpec, config_for_blocks
 
@@ -38,12 +42,23 @@ _CLASSES = {
 class BlockStack(nn.Module):
     """Blocks [start, end) of one model, ready to run steps of inference sessions."""
 
-    def __init__(self, spec: ModelSpec, start: int, end: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        start: int,
+        end: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        shard: ShardPlan | None = None,
+    ):
         super().__init__()
         spec.check_range(start, end)
         self.spec, self.start, self.end = spec, start, end
         self.dtype, self.device = dtype, device
+        self.shard = shard
         self.config = config_for_blocks(spec.config, start, end)
+        if shard is not None:
+            self.config = shard_config(self.config, shard.tp)
         self.config._attn_implementation = "sdpa"
         module_name, layer_cls, rotary_cls = _CLASSES[spec.model_type]
         module = importlib.import_module(module_name)
@@ -55,11 +70,24 @@ class BlockStack(nn.Module):
 
     @classmethod
     def load(
-        cls, spec: ModelSpec, start: int, end: int, dtype: torch.dtype, device: torch.device
+        cls,
+        spec: ModelSpec,
+        start: int,
+        end: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        shard: ShardPlan | None = None,
+        all_reduce: AllReduce | None = None,
     ) -> BlockStack:
-        """Builds the blocks and loads their weights, logging progress per checkpoint file."""
+        """Builds the blocks and loads their weights, logging progress per checkpoint file.
+
+        With `shard`, only this rank's slice of each tensor is read, and `all_reduce` sums
+        the row-parallel outputs over the tensor-parallel group.
+        """
+        if (shard is None) != (all_reduce is None):
+            raise ValueError("a tensor-parallel shard needs an all_reduce, and only it does")
         began = time.perf_counter()
-        stack = cls(spec, start, end, dtype, device)
+        stack = cls(spec, start, end, dtype, device, shard)
         prefixes = tuple(f"model.layers.{i}." for i in range(start, end))
 
         def on_file(path, n_tensors):
@@ -67,19 +95,30 @@ class BlockStack(nn.Module):
                 "%s [%d:%d): reading %d tensors from %s", spec.model_id, start, end, n_tensors, path.name
             )
 
-        tensors = load_tensors(spec.path, lambda name: name.startswith(prefixes), dtype, on_file)
+        tensors = load_tensors(
+            spec.path,
+            lambda name: name.startswith(prefixes),
+            dtype,
+            on_file,
+            slice_of=shard.slice_of if shard else None,
+        )
+        if shard is not None:
+            tensors = {name: shard.finish(name, t) for name, t in tensors.items()}
         for local_index, global_index in enumerate(range(start, end)):
             layer_tensors = strip_prefix(tensors, f"model.layers.{global_index}.")
             stack._fill_layer(local_index, global_index, layer_tensors)
+            if shard is not None:
+                all_reduce_after_row_parallel(stack.layers[local_index], shard, all_reduce)
         stack.eval()
         logger.info(
-            "%s [%d:%d): loaded in %.1f s (%s, %s)",
+            "%s [%d:%d): loaded in %.1f s (%s, %s%s)",
             spec.model_id,
             start,
             end,
             time.perf_counter() - began,
             dtype,
             device,
+            f", tensor-parallel rank {shard.rank} of {shard.tp}" if shard else "",
         )
         return stack
 
@@ -91,8 +130,18 @@ class BlockStack(nn.Module):
             raise CheckpointError(f"checkpoint lacks {sorted(missing)} for block {global_index}")
         layer.load_state_dict({k: tensors[k].to(self.device) for k in expected}, assign=True, strict=True)
 
-    def new_cache(self) -> DynamicCache:
+    @property
+    def tp(self) -> int:
+        """Tensor-parallel degree: how many ranks share each layer."""
+        return self.shard.tp if self.shard is not None else 1
+
+    def new_cache(self, session_id: str) -> DynamicCache:
+        """A session's KV cache over this stack (sharded by KV heads on a tensor-parallel rank)."""
         return DynamicCache(config=self.config)
+
+    def release(self, session_id: str) -> None:
+        """Nothing to do: a one-process stack's caches are freed with their sessions.
+        (A tensor-parallel group's leader tells its other ranks here; see peer/tp_group.py.)"""
 
     @torch.inference_mode()
     def forward(

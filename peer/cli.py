@@ -10,7 +10,9 @@ import sys
 import torch
 
 from peer.core import PeerLimits
+from peer.devices import DeviceError, parse_devices
 from peer.runtime import PeerConfig, serve
+from peer.tp_shard import TPDegreeError, check_degree
 from swarm.dht import DEFAULT_HOST_MADDRS, public_initial_peers, quiet_hivemind
 from swarm.model_spec import ModelSpecError, load_model_spec
 
@@ -34,6 +36,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="a human-friendly name shown in status")
     p.add_argument(
         "--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda or cuda:N"
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="K",
+        help="tensor-parallel degree: split every layer over K ranks, one process per device",
+    )
+    p.add_argument(
+        "--devices",
+        default=None,
+        help="device of each rank, e.g. cuda:0,cuda:1 or cpu,cpu (default: cuda:0..K-1 on GPU, else cpu x K)",
+    )
+    p.add_argument(
+        "--tp-timeout",
+        type=float,
+        default=30.0,
+        help="seconds any collective may take and a rank may stay silent before the group is declared failed",
     )
     p.add_argument(
         "--dtype",
@@ -117,7 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run-peer: {e}", file=sys.stderr)
         return 2
     start, end = parse_layers(args.layers, spec.num_blocks)
-    device = torch.device(args.device)
+    try:  # before anything loads or joins the swarm
+        devices = parse_devices(args.devices, args.tp, args.device)
+        check_degree(spec.config, args.tp)
+    except (DeviceError, TPDegreeError) as e:
+        print(f"run-peer: {e}", file=sys.stderr)
+        return 2
+    device = devices[0]
     max_sessions, max_length = args.max_sessions, args.max_length
     config = PeerConfig(
         spec=spec,
@@ -128,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         announce_maddrs=tuple(args.announce_maddrs),
         identity_path=args.identity,
         name=args.name,
-        device=device,
+        devices=devices,
         dtype=choose_dtype(args.dtype, device, getattr(spec.config, "dtype", None)),
         limits=PeerLimits(
             max_sessions=max_sessions,
@@ -142,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         max_frame_bytes=int(args.max_frame_mb * (1 << 20)),
         throughput=args.throughput,
         decode_ms=args.decode_ms,
+        tp_timeout=args.tp_timeout,
     )
     _setup_logging(args, spec.model_id, start, end)
     return asyncio.run(serve(config))

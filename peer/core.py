@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
-from transformers import DynamicCache
 
-from peer.blocks import BlockStack
+from swarm.model_spec import ModelSpec
 from swarm.protocol import (
     WIRE_DTYPES,
     Close,
@@ -28,6 +28,24 @@ from swarm.protocol import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+class Blocks(Protocol):
+    """What PeerCore runs sessions on: a BlockStack in this process, or a tensor-parallel
+    group's leader (peer/tp_group.py), which runs the same steps on all its ranks."""
+
+    spec: ModelSpec
+    start: int
+    end: int
+    dtype: torch.dtype
+    device: torch.device
+    tp: int  # tensor-parallel degree
+
+    def new_cache(self, session_id: str) -> Any: ...
+
+    def release(self, session_id: str) -> None: ...
+
+    def __call__(self, hidden: torch.Tensor, cache: Any, position: int, start: int, end: int) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -47,7 +65,7 @@ class Session:
     batch_size: int
     max_length: int
     wire_dtype: torch.dtype
-    cache: DynamicCache
+    cache: Any  # the Blocks' KV cache for this session (a transformers DynamicCache, or a rank's share)
     position: int = 0  # tokens per sequence already in the cache
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False  # a step is being computed; never expire it then
@@ -58,14 +76,23 @@ class Session:
 
 
 class PeerCore:
-    """The sessions of one peer over one BlockStack."""
+    """The sessions of one peer over its Blocks."""
 
-    def __init__(self, blocks: BlockStack, model_id: str, limits: PeerLimits):
+    def __init__(self, blocks: Blocks, model_id: str, limits: PeerLimits):
         self.blocks = blocks
         self.model_id = model_id
         self.limits = limits
         self.sessions: dict[str, Session] = {}
         self.leaving = False
+        self.failure: str | None = None  # set when part of the peer broke: every request gets PEER_FAILED
+
+    def fail(self, reason: str) -> None:
+        """Part of this peer (e.g. a tensor-parallel rank) is gone: refuse everything from now on."""
+        self.failure, self.leaving = reason, True
+
+    def _check_not_failed(self) -> None:
+        if self.failure is not None:
+            raise ProtocolError(ErrorCode.PEER_FAILED, self.failure)
 
     @property
     def cache_tokens_left(self) -> int:
@@ -80,13 +107,14 @@ class PeerCore:
             batch_size=request.batch_size,
             max_length=request.max_length,
             wire_dtype=WIRE_DTYPES[request.dtype],
-            cache=self.blocks.new_cache(),
+            cache=self.blocks.new_cache(request.session_id),
         )
         logger.debug("session %s opened for [%d:%d)", request.session_id, request.start, request.end)
         return Opened(request.session_id)
 
     def _check_open(self, r: Open) -> None:
         limits = self.limits
+        self._check_not_failed()
         if self.leaving:
             raise ProtocolError(ErrorCode.LEAVING, "this peer is shutting down and takes no new sessions")
         if r.model_id != self.model_id:
@@ -118,6 +146,7 @@ class PeerCore:
 
     def begin_step(self, request: Step) -> tuple[Session, torch.Tensor]:
         """Validates a step and marks its session busy; returns the input in the compute dtype."""
+        self._check_not_failed()
         session = self.get(request.session_id)
         hidden = request.hidden
         expected_shape = (
@@ -176,6 +205,7 @@ class PeerCore:
     def drop(self, session_id: str) -> None:
         """Frees a session's cache (on close, disconnect or idle timeout)."""
         if self.sessions.pop(session_id, None) is not None:
+            self.blocks.release(session_id)
             logger.debug("session %s freed", session_id)
 
     def expire_idle(self, now: float | None = None) -> list[str]:

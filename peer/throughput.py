@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from peer.blocks import BlockStack
+from peer.core import Blocks
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +36,14 @@ def cache_path() -> Path:
     return Path(base) / "throughput.json"
 
 
-def measure_or_load(blocks: BlockStack) -> Throughput:
-    """Returns cached figures for this block shape/dtype/device, measuring them if absent."""
-    c = blocks.config
+def measure_or_load(blocks: Blocks) -> Throughput:
+    """Returns cached figures for this block shape/dtype/device and tensor-parallel degree,
+    measuring them if absent. A group is measured through all its ranks, collectives included."""
+    c = blocks.config  # on a tensor-parallel group: one rank's share of a layer
     key = (
         f"{blocks.spec.model_type}-h{c.hidden_size}-i{c.intermediate_size}-a{c.num_attention_heads}"
         f"-kv{c.num_key_value_heads}-{blocks.dtype}-{blocks.device}-t{torch.get_num_threads()}"
+        f"-tp{blocks.tp}"
     )
     path = cache_path()
     try:
@@ -61,22 +63,30 @@ def measure_or_load(blocks: BlockStack) -> Throughput:
     return figures
 
 
-def measure(blocks: BlockStack) -> Throughput:
+def measure(blocks: Blocks) -> Throughput:
     """Times a prefill of PREFILL_TOKENS and the median of DECODE_STEPS one-token steps."""
     n_blocks = blocks.end - blocks.start
     hidden = torch.randn(
         1, PREFILL_TOKENS + DECODE_STEPS, blocks.spec.hidden_size, dtype=blocks.dtype, device=blocks.device
     )
-    _run(blocks, hidden, blocks.new_cache())  # warm-up: first calls pay for allocations and kernel setup
-    prefill_s, decode_s = _run(blocks, hidden, blocks.new_cache())
+    _run(blocks, hidden, "measure-warm-up")  # first calls pay for allocations and kernel setup
+    prefill_s, decode_s = _run(blocks, hidden, "measure")
     return Throughput(
         tokens_per_s=PREFILL_TOKENS * n_blocks / prefill_s,
         decode_ms_per_block=1000 * decode_s / n_blocks,
     )
 
 
-def _run(blocks: BlockStack, hidden: torch.Tensor, cache) -> tuple[float, float]:
-    """(prefill seconds, median decode-step seconds)."""
+def _run(blocks: Blocks, hidden: torch.Tensor, session_id: str) -> tuple[float, float]:
+    """(prefill seconds, median decode-step seconds) in a throwaway session."""
+    cache = blocks.new_cache(session_id)
+    try:
+        return _time_steps(blocks, hidden, cache)
+    finally:
+        blocks.release(session_id)
+
+
+def _time_steps(blocks: Blocks, hidden: torch.Tensor, cache) -> tuple[float, float]:
     began = time.perf_counter()
     blocks(hidden[:, :PREFILL_TOKENS], cache, 0, blocks.start, blocks.end)
     _sync(blocks.device)

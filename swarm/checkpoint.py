@@ -27,15 +27,22 @@ def tensor_locations(model_dir: Path) -> dict[str, Path]:
         return {name: single for name in f.keys()}
 
 
+# (tensor name, its full shape) -> the part to read, one slice per leading dimension; None = all of it
+SliceOf = Callable[[str, list[int]], tuple[slice, ...] | None]
+
+
 def load_tensors(
     model_dir: Path,
     wanted: Callable[[str], bool],
     dtype: torch.dtype,
     on_file: Callable[[Path, int], None] | None = None,
+    slice_of: SliceOf | None = None,
 ) -> dict[str, torch.Tensor]:
     """Reads every tensor whose name `wanted` accepts, file by file, cast to `dtype`.
 
     `on_file(path, n_tensors)` is called before each file is read, for progress logs.
+    `slice_of` picks part of a tensor (a tensor-parallel rank's shard); only that part's
+    bytes are read from the file (safetensors `get_slice`).
     """
     by_file: dict[Path, list[str]] = {}
     for name, path in tensor_locations(model_dir).items():
@@ -47,7 +54,11 @@ def load_tensors(
             on_file(path, len(names))
         with safe_open(path, framework="pt") as f:
             for name in names:
-                tensors[name] = f.get_tensor(name).to(dtype)
+                part = None
+                if slice_of is not None:
+                    view = f.get_slice(name)
+                    part = slice_of(name, list(view.get_shape()))
+                tensors[name] = (f.get_tensor(name) if part is None else view[part]).to(dtype)
     return tensors
 
 

@@ -54,6 +54,7 @@ class ErrorCode(enum.IntEnum):
     LEAVING = 10  # the peer is shutting down
     BAD_STATE = 11  # e.g. STEP before OPEN, second OPEN on one stream
     INTERNAL = 12
+    PEER_FAILED = 13  # part of the peer (a tensor-parallel rank) died or hung; the peer is leaving
 
 
 class ProtocolError(Exception):

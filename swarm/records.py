@@ -6,7 +6,10 @@ Layout (one DHT key per model; each peer owns one subkey, protected by its signa
     hexswarm/v1/models              subkey [owner:<peer's public key>]  ->  msgpack ModelEntry
 
 Values carry a schema version; readers skip records they cannot parse, records whose peer id
-is not the one of the key that signed them, and fields they do not know.
+is not the one of the key that signed them, and fields they do not know. A new field with a
+default (like `tp` and `devices`) keeps the schema version, so older readers still read newer
+records and newer readers fill in the default for older ones; the version changes only when
+a field changes meaning or goes away.
 """
 
 from __future__ import annotations
@@ -37,6 +40,26 @@ class PeerState(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class DeviceInfo:
+    """One device of a peer (one tensor-parallel rank), as read from the hardware."""
+
+    type: str  # "cuda" or "cpu"
+    name: str  # e.g. "NVIDIA H100 80GB HBM3", or the CPU model
+    memory_bytes: int  # GPU memory; for a CPU rank, the machine's RAM
+    cores: int  # GPU multiprocessors; for a CPU rank, the cores (threads) it computes with
+
+    @classmethod
+    def from_dict(cls, body: Any) -> DeviceInfo:
+        if not isinstance(body, dict):
+            raise ValueError("a device entry is not a map")
+        types = {"type": str, "name": str, "memory_bytes": int, "cores": int}
+        for name, kind in types.items():
+            if not isinstance(body.get(name), kind):
+                raise ValueError(f"device field {name} is missing or has the wrong type")
+        return cls(**{name: body[name] for name in types})
+
+
+@dataclass(frozen=True)
 class PeerRecord:
     """One peer's announcement for one model."""
 
@@ -55,12 +78,15 @@ class PeerRecord:
     device: str
     version: str  # hexswarm version
     addrs: tuple[str, ...] = ()  # multiaddrs, for people reading status
+    tp: int = 1  # tensor-parallel degree: how many devices share each layer (throughput is the group's)
+    devices: tuple[DeviceInfo, ...] = ()  # one per rank, rank 0 first
     schema: int = RECORD_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
         body = asdict(self)
         body["state"] = self.state.value
         body["addrs"] = list(self.addrs)
+        body["devices"] = [asdict(d) for d in self.devices]
         return msgpack.packb(body, use_bin_type=True)
 
     @classmethod
@@ -73,6 +99,7 @@ class PeerRecord:
         try:
             known["state"] = PeerState(known["state"])
             known["addrs"] = tuple(str(a) for a in known.get("addrs", ()))
+            known["devices"] = tuple(DeviceInfo.from_dict(d) for d in known.get("devices", ()))
             record = cls(**known)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed peer record: {e}") from None
@@ -174,6 +201,7 @@ _FIELD_TYPES = {
     "dtype": str,
     "device": str,
     "version": str,
+    "tp": int,
 }
 
 
@@ -183,3 +211,5 @@ def _check_types(record: PeerRecord) -> None:
             raise ValueError(f"field {name} has the wrong type")
     if not 0 <= record.start < record.end:
         raise ValueError(f"bad layer range {record.start}:{record.end}")
+    if record.tp < 1 or (record.devices and len(record.devices) != record.tp):
+        raise ValueError(f"tp {record.tp} does not match its {len(record.devices)} devices")

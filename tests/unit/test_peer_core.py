@@ -27,7 +27,7 @@ def test_chain_of_sub_ranges_equals_full_model(make_model, arch):
         BlockStack.load(spec, 2, 6, torch.float32, CPU),
     ]
     hops = [(stacks[0], 0, 3), (stacks[1], 3, 6)]
-    caches = [stack.new_cache() for stack, _, _ in hops]
+    caches = [stack.new_cache("s") for stack, _, _ in hops]
     embeds = full.model.embed_tokens(ids)
     outputs = []
     for a, b in [(0, 6), (6, 7), (7, 8), (8, 9)]:

@@ -4,8 +4,10 @@ import msgpack
 import pytest
 
 from swarm.identity import load_or_create_identity, peer_id_from_owner_marker
-from swarm.records import PeerRecord
+from swarm.records import DeviceInfo, PeerRecord
 from tests.unit.record_cases import make_record
+
+GPU = DeviceInfo(type="cuda", name="NVIDIA H100", memory_bytes=80 << 30, cores=132)
 
 
 def test_round_trip_and_unknown_fields_ignored():
@@ -14,6 +16,36 @@ def test_round_trip_and_unknown_fields_ignored():
     body = msgpack.unpackb(record.to_bytes())
     body["from_the_future"] = [1, 2, 3]
     assert PeerRecord.from_bytes(msgpack.packb(body)) == record
+
+
+def test_tensor_parallel_fields_round_trip():
+    record = make_record(tp=2, devices=(GPU, GPU))
+    assert PeerRecord.from_bytes(record.to_bytes()) == record
+
+
+def test_record_without_tp_fields_reads_as_one_device():
+    """A record from before tensor parallelism (no tp, no devices) still parses, at degree 1."""
+    body = msgpack.unpackb(make_record().to_bytes())
+    del body["tp"], body["devices"]
+    record = PeerRecord.from_bytes(msgpack.packb(body))
+    assert record.tp == 1 and record.devices == ()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tp": 0},
+        {"tp": "2"},
+        {"tp": 3, "devices": [GPU.__dict__, GPU.__dict__]},
+        {"tp": 1, "devices": [{"type": "cuda", "name": "x"}]},
+        {"tp": 1, "devices": ["cuda"]},
+    ],
+)
+def test_malformed_tp_fields_are_rejected(change):
+    body = msgpack.unpackb(make_record().to_bytes())
+    body.update(change)
+    with pytest.raises(ValueError):
+        PeerRecord.from_bytes(msgpack.packb(body))
 
 
 @pytest.mark.parametrize(

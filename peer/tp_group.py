@@ -1,0 +1,287 @@
+"""A peer served by a tensor-parallel group: the leader's side (rank 0).
+
+The leader owns the network; its `PeerCore` runs sessions on `TPBlocks`, which has the same
+interface as a one-process `BlockStack`. Each step is sent to every rank (a `RunStep` over
+its pipe), the hidden states are broadcast from rank 0, every rank runs its shard of the
+layers (all-reducing after each row-parallel module, peer/tp_shard.py) and the leader returns
+its copy of the result. Opening and freeing a session's cache reach every rank the same way,
+so no rank keeps a cache its leader has freed (close, disconnect, idle expiry).
+
+Failure: a rank that exits, stops sending heartbeats for `timeout_s`, or breaks a collective
+(each one times out after `timeout_s`) fails the whole group at once: the leader kills the
+other ranks (which also unblocks any collective it is waiting in) and calls `on_failure`,
+after which every request is answered with PEER_FAILED and the peer leaves (peer/runtime.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from transformers import DynamicCache
+
+from peer.blocks import BlockStack
+from peer.devices import describe, threads_per_rank
+from peer.tp_rank import (
+    HEARTBEAT_S,
+    Failed,
+    FreeCache,
+    Heartbeat,
+    Joining,
+    OpenCache,
+    RankSetup,
+    Ready,
+    RunStep,
+    Stop,
+    all_reduce,
+    broadcast_from_leader,
+    join_group,
+    rank_main,
+)
+from peer.tp_shard import ShardPlan
+from swarm.model_spec import ModelSpec
+from swarm.protocol import ErrorCode, ProtocolError
+from swarm.records import DeviceInfo
+
+logger = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_S = 600.0  # loading a large shard from disk may take minutes
+STOP_TIMEOUT_S = 10.0
+
+
+class TPGroupError(RuntimeError):
+    """The group could not start."""
+
+
+class TPGroup:
+    """Ranks 1..K-1 of this peer: their processes, pipes and liveness."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        start: int,
+        end: int,
+        dtype: torch.dtype,
+        devices: tuple[torch.device, ...],
+        timeout_s: float,
+        on_failure: Callable[[str], None],
+    ):
+        self.spec, self.start, self.end, self.dtype = spec, start, end, dtype
+        self.devices, self.tp, self.timeout_s = devices, len(devices), timeout_s
+        self.on_failure = on_failure
+        self.failure: str | None = None
+        self.device_info: tuple[DeviceInfo, ...] = ()
+        self._procs: dict[int, multiprocessing.Process] = {}
+        self._conns: dict[int, object] = {}
+        self._joining: set[int] = set()
+        self._ready: dict[int, Ready] = {}
+        self._last_seen: dict[int, float] = {}
+        self._send_lock = threading.Lock()
+        self._fail_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._joined = False
+
+    def launch(self) -> TPBlocks:
+        """Spawns the ranks, joins the process group, loads rank 0's shard and waits until every
+        rank has loaded its own (blocking: run it in a thread). Raises TPGroupError on failure."""
+        threads = threads_per_rank(self.devices)
+        if threads is not None:
+            torch.set_num_threads(threads)
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        context = multiprocessing.get_context("spawn")  # a fork would copy the DHT's threads
+        for rank in range(1, self.tp):
+            parent_end, child_end = context.Pipe()
+            setup = self._setup(rank, init_method, threads)
+            proc = context.Process(target=rank_main, args=(setup, child_end), name=f"tp-rank-{rank}", daemon=True)
+            proc.start()
+            child_end.close()
+            self._procs[rank], self._conns[rank] = proc, parent_end
+            logger.info("tensor-parallel rank %d: pid %d on %s", rank, proc.pid, self.devices[rank])
+        self._watcher = threading.Thread(target=self._watch, name="tp-watch", daemon=True)
+        self._watcher.start()
+        try:
+            # Spawning and importing take seconds on a busy machine: only once every rank is
+            # up does the rendezvous start, so its `timeout_s` bounds the join alone.
+            self._wait_for(lambda: len(self._joining) == self.tp - 1, "start")
+            join_group(self._setup(0, init_method, threads))
+            self._joined = True
+            plan = ShardPlan(self.spec.config, 0, self.tp)
+            local = BlockStack.load(self.spec, self.start, self.end, self.dtype, self.devices[0], plan, all_reduce)
+            self._wait_for(lambda: len(self._ready) == self.tp - 1, "load their shards")
+        except Exception as e:
+            self.fail(f"the group failed to start: {type(e).__name__}: {e}")
+            raise TPGroupError(self.failure) from e
+        self.device_info = (describe(self.devices[0], threads),) + tuple(
+            self._ready[r].device for r in range(1, self.tp)
+        )
+        logger.info("tensor-parallel group of %d ready on %s", self.tp, ",".join(map(str, self.devices)))
+        return TPBlocks(self, local)
+
+    def _setup(self, rank: int, init_method: str, threads: int | None) -> RankSetup:
+        return RankSetup(
+            rank=rank,
+            tp=self.tp,
+            device=str(self.devices[rank]),
+            model_dir=str(self.spec.path),
+            start=self.start,
+            end=self.end,
+            dtype=self.dtype,
+            init_method=init_method,
+            timeout_s=self.timeout_s,
+            threads=threads,
+            log_format=f"%(asctime)s %(levelname)s tp rank {rank} [{self.start}:{self.end}): %(message)s",
+            log_level=logging.getLogger().getEffectiveLevel(),
+        )
+
+    def _wait_for(self, done: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not done():
+            if self.failure is not None:
+                raise TPGroupError(self.failure)
+            if time.monotonic() > deadline:
+                raise TPGroupError(f"the ranks did not {what} within {STARTUP_TIMEOUT_S:.0f} s")
+            time.sleep(0.05)
+
+    def _watch(self) -> None:
+        """Reads the ranks' messages and checks they live, until the group stops."""
+        while not self._stopping.wait(0.2):
+            for rank, conn in self._conns.items():
+                self._drain(rank, conn)
+                silent = time.monotonic() - self._last_seen.get(rank, time.monotonic())
+                if self._procs[rank].exitcode is not None:
+                    self.fail(self.dead_rank(0))
+                elif rank in self._ready and silent > self.timeout_s:
+                    self.fail(f"tensor-parallel rank {rank} sent no heartbeat for {silent:.0f} s (hung?)")
+
+    def _drain(self, rank: int, conn) -> None:
+        try:
+            while conn.poll():
+                message = conn.recv()
+                self._last_seen[rank] = time.monotonic()
+                match message:
+                    case Joining():
+                        self._joining.add(rank)
+                    case Ready():
+                        self._ready[rank] = message
+                    case Failed(reason=reason):
+                        self.fail(f"tensor-parallel rank {rank} failed: {reason}")
+                    case Heartbeat():
+                        pass
+        except (EOFError, OSError):
+            pass  # the process is gone; its exit code tells the rest
+
+    def dead_rank(self, wait_s: float = 1.0) -> str | None:
+        """Which rank died, if one did (a broken collective is usually why); None otherwise."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for rank, proc in self._procs.items():
+                if proc.exitcode is not None:
+                    return f"tensor-parallel rank {rank} (pid {proc.pid}) {_exit_reason(proc.exitcode)}"
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+
+    def send_all(self, message, *, quiet: bool = False) -> None:
+        """Sends a command to every rank; with `quiet`, a failed group is not an error."""
+        if self.failure is not None:
+            if quiet:
+                return
+            raise ProtocolError(ErrorCode.PEER_FAILED, self.failure)
+        try:
+            with self._send_lock:
+                for conn in self._conns.values():
+                    conn.send(message)
+        except (OSError, ValueError) as e:
+            self.fail(f"cannot reach a tensor-parallel rank: {type(e).__name__}: {e}")
+            if not quiet:
+                raise ProtocolError(ErrorCode.PEER_FAILED, self.failure) from None
+
+    def fail(self, reason: str) -> None:
+        """Fails the group once: kills every rank and tells the peer."""
+        with self._fail_lock:
+            if self.failure is not None or self._stopping.is_set():
+                return
+            self.failure = reason
+        logger.error("%s; stopping the group", reason)
+        for proc in self._procs.values():
+            if proc.exitcode is None:
+                proc.kill()
+        self.on_failure(reason)
+
+    def stop(self) -> None:
+        """Stops every rank: politely if the group is healthy, by SIGKILL after STOP_TIMEOUT_S."""
+        if self.failure is None:
+            self.send_all(Stop(), quiet=True)
+        self._stopping.set()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for proc in self._procs.values():
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.exitcode is None:
+                logger.warning("rank %s did not stop; killing it", proc.name)
+                proc.kill()
+                proc.join(5)
+        if self._joined and self.failure is None:
+            dist.destroy_process_group()
+        self._joined = False
+
+
+@dataclass
+class GroupCache:
+    """Rank 0's share of a session's KV cache; the other ranks keep theirs under the same id."""
+
+    session_id: str
+    local: DynamicCache
+
+
+class TPBlocks:
+    """The group's blocks as PeerCore sees them: one BlockStack's interface, run on all ranks."""
+
+    def __init__(self, group: TPGroup, local: BlockStack):
+        self.group, self.local = group, local
+        self.spec, self.start, self.end = local.spec, local.start, local.end
+        self.dtype, self.device, self.config = local.dtype, local.device, local.config
+        self.tp = group.tp
+
+    def new_cache(self, session_id: str) -> GroupCache:
+        self.group.send_all(OpenCache(session_id))
+        return GroupCache(session_id, self.local.new_cache(session_id))
+
+    def release(self, session_id: str) -> None:
+        self.group.send_all(FreeCache(session_id), quiet=True)
+
+    def __call__(
+        self, hidden: torch.Tensor, cache: GroupCache, position: int, start: int, end: int
+    ) -> torch.Tensor:
+        batch, tokens, width = hidden.shape
+        self.group.send_all(RunStep(cache.session_id, position, start, end, (batch, tokens, width)))
+        try:
+            hidden = hidden.contiguous()
+            broadcast_from_leader(hidden)
+            return self.local(hidden, cache.local, position, start, end)
+        except (RuntimeError, OSError) as e:  # torch.distributed raises RuntimeError subclasses
+            self.group.fail(self.group.dead_rank() or f"a collective failed: {type(e).__name__}: {e}")
+            raise ProtocolError(ErrorCode.PEER_FAILED, self.group.failure or str(e)) from None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+__all__ = ["HEARTBEAT_S", "TPBlocks", "TPGroup", "TPGroupError"]

@@ -1,0 +1,223 @@
+"""A tensor-parallel rank other than the leader: its process, its collectives, its loop.
+
+Ranks 1..K-1 of a peer are child processes of the leader (rank 0). The leader talks to each
+over a pipe (commands, in order) and to all of them at once over `torch.distributed` (NCCL
+on CUDA, gloo on CPU): a step's hidden states are broadcast from rank 0, and every layer
+all-reduces its row-parallel outputs. Commands go through the pipe rather than a collective
+so that an idle group waits in `poll`, not in a collective that would time out.
+
+Liveness, both ways: a rank sends a heartbeat every HEARTBEAT_S (the leader declares it hung
+after `timeout_s` of silence), and exits when the leader's end of the pipe closes or the
+leader process dies (PR_SET_PDEATHSIG on Linux, and a parent-pid check as a fallback).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from swarm.records import DeviceInfo
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_S = 1.0
+
+
+# Messages over a rank's pipe (between our own processes on one machine, never the network).
+@dataclass(frozen=True)
+class OpenCache:
+    session_id: str
+
+
+@dataclass(frozen=True)
+class FreeCache:
+    session_id: str
+
+
+@dataclass(frozen=True)
+class RunStep:
+    """Run global blocks [start, end) of a session; the input arrives by broadcast from rank 0."""
+
+    session_id: str
+    position: int
+    start: int
+    end: int
+    shape: tuple[int, int, int]  # (batch, new tokens, hidden)
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+# ... and from a rank to the leader.
+@dataclass(frozen=True)
+class Joining:
+    """The rank has started and imported its libraries; it joins the process group next."""
+
+    rank: int
+
+
+@dataclass(frozen=True)
+class Ready:
+    rank: int
+    pid: int
+    device: DeviceInfo
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    rank: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    rank: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """Everything a rank process needs to join its group and load its shard."""
+
+    rank: int
+    tp: int
+    device: str
+    model_dir: str
+    start: int
+    end: int
+    dtype: torch.dtype
+    init_method: str  # tcp://127.0.0.1:PORT, where rank 0 hosts the rendezvous
+    timeout_s: float  # bound on every collective
+    threads: int | None  # CPU threads of this rank (None: torch's default)
+    log_format: str
+    log_level: int
+
+
+def join_group(setup: RankSetup) -> None:
+    """Joins the group's process group; every collective then times out after `timeout_s`."""
+    device = torch.device(setup.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend="nccl" if device.type == "cuda" else "gloo",
+        init_method=setup.init_method,
+        rank=setup.rank,
+        world_size=setup.tp,
+        timeout=timedelta(seconds=setup.timeout_s),
+    )
+
+
+def all_reduce(tensor: torch.Tensor) -> None:
+    """Sums `tensor` in place over the group (the row-parallel layers' partial outputs)."""
+    dist.all_reduce(tensor)
+
+
+def broadcast_from_leader(tensor: torch.Tensor) -> None:
+    dist.broadcast(tensor, src=0)
+
+
+def rank_main(setup: RankSetup, conn) -> None:
+    """Entry point of rank processes 1..K-1 (spawned by peer/tp_group.py)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the leader, which stops the group
+    _die_with_parent()
+    logging.basicConfig(level=setup.log_level, format=setup.log_format, stream=sys.stderr, force=True)
+    if setup.threads is not None:
+        torch.set_num_threads(setup.threads)
+    from peer.blocks import BlockStack  # heavy imports after the process is set up
+    from peer.devices import describe
+    from peer.tp_shard import ShardPlan
+    from swarm.model_spec import load_model_spec
+
+    device = torch.device(setup.device)
+    conn.send(Joining(setup.rank))
+    try:
+        join_group(setup)
+        spec = load_model_spec(setup.model_dir)
+        plan = ShardPlan(spec.config, setup.rank, setup.tp)
+        stack = BlockStack.load(spec, setup.start, setup.end, setup.dtype, device, plan, all_reduce)
+        conn.send(Ready(setup.rank, os.getpid(), describe(device, setup.threads)))
+    except Exception as e:
+        logger.exception("rank %d failed to start", setup.rank)
+        conn.send(Failed(setup.rank, f"{type(e).__name__}: {e}"))
+        sys.exit(1)
+    send_lock = threading.Lock()
+    threading.Thread(target=_heartbeats, args=(conn, setup.rank, send_lock), daemon=True).start()
+    try:
+        _serve(stack, conn)
+    except Exception as e:  # a failed collective, or the leader gone: the leader tears the group down
+        logger.error("rank %d stops: %s: %s", setup.rank, type(e).__name__, e)
+        with send_lock:
+            _try_send(conn, Failed(setup.rank, f"{type(e).__name__}: {e}"))
+        os._exit(1)  # skip interpreter teardown: a broken process group may block it
+    dist.destroy_process_group()
+
+
+def _serve(stack, conn) -> None:
+    """Runs the leader's commands in order until Stop."""
+    parent = os.getppid()
+    caches = {}
+    while True:
+        if not conn.poll(HEARTBEAT_S):
+            if os.getppid() != parent:
+                raise ConnectionError("the leader process is gone")
+            continue
+        message = conn.recv()  # EOFError when the leader closed its end
+        match message:
+            case OpenCache(session_id):
+                caches[session_id] = stack.new_cache(session_id)
+            case FreeCache(session_id):
+                caches.pop(session_id, None)
+            case RunStep():
+                _step(stack, caches, message)
+            case Stop():
+                return
+            case _:
+                raise TypeError(f"unexpected command {message!r}")
+
+
+def _step(stack, caches: dict, step: RunStep) -> None:
+    hidden = torch.empty(step.shape, dtype=stack.dtype, device=stack.device)
+    broadcast_from_leader(hidden)
+    # A session freed while its step was queued at the leader still runs there: join the
+    # collectives with a throwaway cache (nobody reads that step's output).
+    cache = caches.get(step.session_id)
+    if cache is None:  # (not `or`: an empty DynamicCache is falsy)
+        cache = stack.new_cache(step.session_id)
+    stack(hidden, cache, step.position, step.start, step.end)
+
+
+def _heartbeats(conn, rank: int, lock: threading.Lock) -> None:
+    stopped = threading.Event()
+    while not stopped.wait(HEARTBEAT_S):
+        with lock:
+            if not _try_send(conn, Heartbeat(rank)):
+                return
+
+
+def _try_send(conn, message) -> bool:
+    try:
+        conn.send(message)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _die_with_parent() -> None:
+    """Asks Linux to SIGKILL this rank when the leader dies, however it dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        logger.debug("prctl unavailable; relying on the pipe and parent checks")
