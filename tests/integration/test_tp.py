@@ -32,19 +32,30 @@ SHAPE = dict(hidden=128, heads=4, kv_heads=2)
 
 @pytest.fixture(scope="module")
 def tp_swarm(make_model, tmp_path_factory):
-    llama = make_model(arch="llama", layers=8, **SHAPE)
-    qwen = make_model(arch="qwen2", layers=4, max_shard_size="300KB", **SHAPE)
+    """The two chains, plus "victim" (TP 2, a model of its own) for the rank-failure test."""
+    models = {
+        "llama": make_model(arch="llama", layers=8, **SHAPE),
+        "qwen2": make_model(arch="qwen2", layers=4, max_shard_size="300KB", **SHAPE),
+        "victim": make_model(arch="llama", layers=2, seed=9, **SHAPE),
+    }
+    peers = [
+        *((models["llama"], name, layers, tp) for name, (layers, tp) in LLAMA_PEERS.items()),
+        *((models["qwen2"], name, layers, tp) for name, (layers, tp) in QWEN_PEERS.items()),
+        (models["victim"], "victim", "0:2", 2),
+    ]
     with LocalSwarm(tmp_path_factory.mktemp("tp-swarm")) as local:
         local.start_bootstrap()
-        procs = {}
-        for model_dir, peers in ((llama, LLAMA_PEERS), (qwen, QWEN_PEERS)):
-            for name, (layers, tp) in peers.items():
-                procs[name] = local.start_peer(
-                    model_dir, layers, name, "--tp", str(tp), "--announce-period", "1", wait=False
-                )
-        for proc in procs.values():
+        procs = [
+            local.start_peer(model_dir, layers, name, "--tp", str(tp), "--announce-period", "1",
+                             "--tp-timeout", "10", wait=False)
+            for model_dir, name, layers, tp in peers
+        ]  # fmt: skip
+        for proc in procs:
             local.wait_for_log(proc, "online:", timeout=180)
-        yield local, {"llama": Path(llama), "qwen2": Path(qwen)}
+        yield local, {name: Path(path) for name, path in models.items()}
+        for proc in local.processes:  # all leave at once, not one after another
+            if proc.alive():
+                proc.popen.send_signal(signal.SIGTERM)
 
 
 def _client(local: LocalSwarm, model_dir: Path):
@@ -85,37 +96,44 @@ def test_record_shows_tp_and_devices(tp_swarm):
     assert records["tp-a"].device == "cpu,cpu"
 
 
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (("--tp", "3"), "--tp 3 does not divide the model's 4 attention heads"),
-        (("--tp", "2", "--devices", "cpu"), "--tp 2 needs 2 devices, but --devices names 1"),
-        (("--tp", "2", "--devices", "cuda:0,cuda:0"), "cuda:0 is given twice"),
-        (("--tp", "2", "--devices", "cuda:0,"), "a device is missing"),
-    ],
-)
-def test_bad_degree_or_devices_exit_2(make_model, flags, message):
+UNREACHABLE = ("--initial-peers", "/ip4/127.0.0.1/tcp/9/p2p/QmUnreachable")  # never contacted
+
+
+def test_bad_degree_exits_2_before_loading(make_model):
     model_dir = make_model(arch="llama", layers=8, **SHAPE)
     result = subprocess.run(
-        [sys.executable, "-m", "peer.cli", str(model_dir), "--layers", "0:2", *flags,
-         "--initial-peers", "/ip4/127.0.0.1/tcp/9/p2p/QmUnreachable"],
+        [sys.executable, "-m", "peer.cli", str(model_dir), "--layers", "0:2", "--tp", "3", *UNREACHABLE],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
-    assert message in result.stderr
+    assert "--tp 3 does not divide the model's 4 attention heads" in result.stderr
 
 
-def test_killed_rank_fails_the_peer_and_stops_the_group(tp_swarm, make_model):
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (("--tp", "2", "--devices", "cuda:0,cuda:0"), "cuda:0 is given twice"),
+        (("--tp", "2", "--devices", "cpu"), "--tp 2 needs 2 devices, but --devices names 1"),
+        (("--tp", "2", "--devices", "cuda:0,cuda:9"), "is missing: this machine has"),
+    ],
+)  # more bad lists in tests/unit/test_tp_shard.py
+def test_bad_devices_exit_2_before_loading(make_model, capsys, flags, message):
+    """The same `main` as the subprocess above, in this process: it returns before any I/O."""
+    from peer.cli import main
+
+    model_dir = make_model(arch="llama", layers=8, **SHAPE)
+    assert main([str(model_dir), "--layers", "0:2", *flags, *UNREACHABLE]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_killed_rank_fails_the_peer_and_stops_the_group(tp_swarm):
     """SIGKILL to rank 1 while a session is open: the client hears PEER_FAILED, the leader
     exits non-zero, and nothing of the group keeps running."""
     from client import PeerError
 
-    local, _ = tp_swarm
-    model_dir = make_model(arch="llama", layers=2, seed=9, **SHAPE)
-    victim = local.start_peer(
-        model_dir, "0:2", "victim", "--tp", "2", "--announce-period", "1", "--tp-timeout", "10"
-    )
-    client = _client(local, model_dir)
+    local, models = tp_swarm
+    victim = next(p for p in local.processes if p.name == "victim")
+    client = _client(local, models["victim"])
     try:
         with pytest.raises(PeerError) as failure:
             with client.inference_session(max_length=8):
@@ -132,7 +150,23 @@ def test_killed_rank_fails_the_peer_and_stops_the_group(tp_swarm, make_model):
         assert "killed by SIGKILL" in victim.log()
     finally:
         client.shutdown()
-        local.stop(victim)
+
+
+@pytest.mark.parametrize("name, how", [("tp-c", "SIGTERM to the leader"), ("qw-a", "Ctrl-C to the group")])
+def test_signal_stops_the_whole_group(tp_swarm, name, how):
+    """Runs last: stops a TP 2 peer of the module's swarm. It leaves cleanly (status 0), its
+    ranks included; Ctrl-C reaches every process of the group, as in a terminal."""
+    local, _ = tp_swarm
+    proc = next(p for p in local.processes if p.name == name)
+    if how.startswith("SIGTERM"):
+        proc.popen.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(proc.popen.pid, signal.SIGINT)
+    assert proc.popen.wait(timeout=60) == 0, proc.log()[-2000:]
+    deadline = time.monotonic() + 20
+    while _live_group_members(proc.popen.pid):
+        assert time.monotonic() < deadline, f"left running: {_live_group_members(proc.popen.pid)}"
+        time.sleep(0.2)
 
 
 def _live_group_members(pgid: int) -> list[int]:
