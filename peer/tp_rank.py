@@ -114,6 +114,7 @@ def join_group(setup: RankSetup) -> None:
         rank=setup.rank,
         world_size=setup.tp,
         timeout=timedelta(seconds=setup.timeout_s),
+        device_id=device if device.type == "cuda" else None,  # binds NCCL to this rank's GPU
     )
 
 
