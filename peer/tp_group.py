@@ -90,6 +90,11 @@ class TPGroup:
         self._watcher: threading.Thread | None = None
         self._joined = False
 
+    @property
+    def rank_processes(self) -> dict[int, multiprocessing.Process]:
+        """Ranks 1..K-1 by rank (for logs, and for tests that break one)."""
+        return dict(self._procs)
+
     def launch(self) -> TPBlocks:
         """Spawns the ranks, joins the process group, loads rank 0's shard and waits until every
         rank has loaded its own (blocking: run it in a thread). Raises TPGroupError on failure."""

@@ -107,3 +107,13 @@ def test_idle_sessions_are_freed(core):
     assert core.expire_idle(now=core.sessions["s1"].last_used + 0.5) == []
     assert core.expire_idle(now=core.sessions["s1"].last_used + 2.0) == ["s1"]
     assert core.sessions == {} and core.cache_tokens_left == 40
+
+
+def test_a_failed_peer_answers_peer_failed_but_lets_sessions_close(core):
+    _open(core, "a")
+    _step(core, "a")
+    core.fail("tensor-parallel rank 1 was killed by SIGKILL")
+    assert _code(lambda: _step(core, "a", position=3)) == ErrorCode.PEER_FAILED
+    assert _code(lambda: _open(core, "b")) == ErrorCode.PEER_FAILED
+    core.close(Close("a"))  # the client closes after hearing the error; its cache is freed
+    assert not core.sessions
