@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import PROMPT_TOKENS, SIZES, time_generation  # noqa: E402
 
 from swarm.launcher import LocalSwarm  # noqa: E402
+from swarm.records import read_peer_records  # noqa: E402
 from swarm.tiny_model import make_tiny_model  # noqa: E402
 
 DEGREES = (1, 2)
@@ -43,11 +44,17 @@ def bench_degree(swarm: LocalSwarm, model_dir: Path, tp: int, input_ids, new_tok
         try:
             ms, ttft, output = time_generation(model, input_ids, new_tokens, repeats)
             route = model.last_route
+            (record,) = read_peer_records(model.swarm.dht, model.spec.model_id)
         finally:
             model.shutdown()
     finally:
         swarm.stop(peer)
-    return {"ms_per_token": round(ms, 2), "ttft_ms": round(ttft, 1), "chain": route, "output": output}
+    return {
+        "ms_per_token": round(ms, 2), "ttft_ms": round(ttft, 1), "chain": route, "output": output,
+        # what the peer measured in itself at start (no network): its record's figures
+        "peer_decode_ms_per_block": round(record.decode_ms_per_block, 2),
+        "peer_prefill_tokens_per_s_per_block": round(record.throughput),
+    }  # fmt: skip
 
 
 def main() -> None:
