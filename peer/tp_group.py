@@ -206,7 +206,7 @@ class TPGroup:
                 for conn in self._conns.values():
                     conn.send(message)
         except (OSError, ValueError) as e:
-            self.fail(f"cannot reach a tensor-parallel rank: {type(e).__name__}: {e}")
+            self.fail(self.dead_rank() or f"cannot reach a tensor-parallel rank: {type(e).__name__}: {e}")
             if not quiet:
                 raise ProtocolError(ErrorCode.PEER_FAILED, self.failure) from None
 
