@@ -53,14 +53,14 @@ def print_model(model_id: str, num_blocks: int, records: list[PeerRecord]) -> bo
     """Prints the peer table and coverage line of one model; True if every block has an online peer."""
     print(f"model {model_id}: {num_blocks} blocks")
     print(
-        f"  {'peer id':<14} {'name':<16} {'layers':<9} {'state':<8} {'tok/s/blk':>9} {'ms/blk':>7} "
+        f"  {'peer id':<14} {'name':<16} {'layers':<9} {'state':<8} {'tp':>3} {'devices':<14} {'tok/s/blk':>9} {'ms/blk':>7} "
         f"{'sessions':>8} {'cache left':>10}  address"
     )
     for r in sorted(records, key=lambda r: (r.start, r.end, r.name)):
         address = r.addrs[0] if r.addrs else "-"
         print(
             f"  ...{r.peer_id[-11:]:<11} {r.name[:16]:<16} {f'{r.start}:{r.end}':<9} {r.state.value:<8} "
-            f"{r.throughput:>9.0f} {r.decode_ms_per_block:>7.2f} {r.open_sessions:>8} {r.cache_tokens_left:>10}  "
+            f"{r.tp:>3} {describe_devices(r)[:14]:<14} {r.throughput:>9.0f} {r.decode_ms_per_block:>7.2f} {r.open_sessions:>8} {r.cache_tokens_left:>10}  "
             f"{address}"
         )
     online = online_peers_per_block(records, num_blocks)
@@ -69,3 +69,13 @@ def print_model(model_id: str, num_blocks: int, records: list[PeerRecord]) -> bo
     if missing:
         print(f"  MISSING: blocks {missing} have no online peer")
     return not missing
+
+
+def describe_devices(record: PeerRecord) -> str:
+    """'2x cuda 80G', 'cpu' ...: the device kind, count and memory of a peer's TP ranks."""
+    if not record.devices:
+        return "-"
+    first = record.devices[0]
+    memory = f" {first.memory_bytes / 2**30:.0f}G" if first.type != "cpu" else ""
+    count = f"{len(record.devices)}x " if len(record.devices) > 1 else ""
+    return f"{count}{first.type}{memory}"
