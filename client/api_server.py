@@ -81,7 +81,7 @@ def create_app(model, tokenizer, config: ApiConfig, on_ready=None) -> FastAPI:
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
     def check_key(request: Request) -> None:
-        if config.api_key is None:
+        if not config.api_key:  # no key (or an empty one) set: the API is open
             return
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         if not secrets.compare_digest(given.encode(), config.api_key.encode()):
@@ -272,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
         coverage_timeout=args.coverage_timeout,
     )
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model))
-    config = ApiConfig(name=name, api_key=args.api_key, max_concurrent=args.max_concurrent)
+    config = ApiConfig(name=name, api_key=args.api_key or None, max_concurrent=args.max_concurrent)
     ready = f"api: serving {name} at http://{args.host}:{args.port}/v1"
     app = create_app(model, tokenizer, config, on_ready=lambda: print(ready, flush=True))
     try:
