@@ -1,0 +1,145 @@
+"""The API server's added latency: streamed completions through `hexswarm api` vs. `generate()`.
+
+Prints one JSON line. A bootstrap and two peers (the tiny model's layers split in half) run on
+this machine; the same greedy generations are timed two ways, with 1 and with 8 concurrent
+streams: `direct` calls `model.generate` with a streamer in this process (one thread per
+stream), `api` streams `/v1/completions` with the `openai` package from a `hexswarm api`
+process. Time to first token (TTFT) is from the call to the first token (direct) or first text
+chunk (api); ms per token is (last - first) / (tokens - 1) of one stream. Figures are medians
+over all streams of all repeats. Run:
+
+    python benchmarks/api.py [--new-tokens 32] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+# Before torch loads: this process, the API server and the peers share this machine's cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from swarm.launcher import LocalSwarm, free_port  # noqa: E402
+from swarm.tiny_model import make_tiny_model  # noqa: E402
+
+SHAPE = dict(hidden=256, layers=8, heads=8, kv_heads=4)  # the "tiny" model of benchmarks/overhead.py
+PROMPT_TOKENS = 16
+CONCURRENCY = (1, 8)
+
+
+class _Clock:
+    """A generate() streamer that notes when each new token arrives (the prompt comes first)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+        self.prompt_seen = False
+
+    def put(self, value) -> None:
+        if self.prompt_seen:
+            self.times.append(time.perf_counter())
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        pass
+
+
+def direct_stream(model, prompt: list[int], new_tokens: int) -> tuple[float, float]:
+    clock, began = _Clock(), time.perf_counter()
+    model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, streamer=clock)
+    return _figures(began, clock.times[0], clock.times[-1], len(clock.times))
+
+
+def api_stream(client, name: str, prompt: list[int], new_tokens: int) -> tuple[float, float]:
+    began, first, last, tokens = time.perf_counter(), None, None, 0
+    stream = client.completions.create(
+        model=name, prompt=prompt, max_tokens=new_tokens, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            last = time.perf_counter()
+            first = first or last
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return _figures(began, first, last, tokens)
+
+
+def _figures(began: float, first: float, last: float, tokens: int) -> tuple[float, float]:
+    """(TTFT ms, ms per token after the first)."""
+    return 1000 * (first - began), 1000 * (last - first) / max(tokens - 1, 1)
+
+
+def run_concurrent(one_stream, prompts: list[list[int]], concurrency: int, repeats: int) -> dict:
+    ttft, per_token = [], []
+    for _ in range(repeats):
+        start = threading.Barrier(concurrency)
+
+        def timed(prompt, start=start):
+            start.wait()
+            return one_stream(prompt)
+
+        with ThreadPoolExecutor(concurrency) as pool:
+            for t, p in pool.map(timed, prompts[:concurrency]):
+                ttft.append(t)
+                per_token.append(p)
+    return {"ttft_ms": round(statistics.median(ttft), 1), "ms_per_token": round(statistics.median(per_token), 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    import openai
+
+    from client import DistributedModelForCausalLM
+
+    with tempfile.TemporaryDirectory(prefix="hexswarm-bench-") as tmp:
+        model_dir = make_tiny_model(Path(tmp) / "tiny", seed=0, **SHAPE)
+        gen = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(3, 400, (PROMPT_TOKENS,), generator=gen).tolist() for _ in range(max(CONCURRENCY))]
+        half = SHAPE["layers"] // 2
+        with LocalSwarm(Path(tmp) / "logs", env={"HEXSWARM_CACHE_DIR": str(Path(tmp) / "cache")}) as swarm:
+            swarm.start_bootstrap()
+            peers = [swarm.start_peer(model_dir, r, f"peer{i}", wait=False) for i, r in enumerate((f"0:{half}", f"{half}:8"))]
+            for proc in peers:
+                swarm.wait_for_log(proc, "online:", timeout=300)
+            port = free_port()
+            swarm.start_command("api", [sys.executable, "-m", "swarm.cli", "api", "--initial-peers",
+                                        *swarm.initial_peers, "--model", str(model_dir), "--port", str(port)],
+                                ready="api: serving", timeout=300)
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=5)
+            model = DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=swarm.initial_peers)
+            try:
+                direct = lambda p: direct_stream(model, p, args.new_tokens)  # noqa: E731
+                api = lambda p: api_stream(client, "tiny", p, args.new_tokens)  # noqa: E731
+                direct(prompts[0]), api(prompts[0])  # warm up: first sessions, RTT measurements
+                result = {"bench": "api", "new_tokens": args.new_tokens, "prompt_tokens": PROMPT_TOKENS,
+                          "repeats": args.repeats, "torch_threads": torch.get_num_threads()}
+                for c in CONCURRENCY:
+                    d = run_concurrent(direct, prompts, c, args.repeats)
+                    a = run_concurrent(api, prompts, c, args.repeats)
+                    result[f"streams_{c}"] = {
+                        "direct": d, "api": a,
+                        "added_ttft_ms": round(a["ttft_ms"] - d["ttft_ms"], 1),
+                        "added_ms_per_token": round(a["ms_per_token"] - d["ms_per_token"], 2),
+                    }
+            finally:
+                model.shutdown()
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
