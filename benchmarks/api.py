@@ -97,6 +97,23 @@ def run_concurrent(one_stream, prompts: list[list[int]], concurrency: int, repea
     return {"ttft_ms": round(statistics.median(ttft), 1), "ms_per_token": round(statistics.median(per_token), 2)}
 
 
+def pick_prompts(model_dir: Path, count: int, new_tokens: int) -> list[list[int]]:
+    """Random prompts whose greedy continuation runs all `new_tokens` (no early end of sequence)
+    and whose first token is whole text (the API holds back a partial UTF-8 character, which
+    would delay its first chunk by a token and make TTFT unfair to it)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local, tokenizer = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    gen, prompts = torch.Generator().manual_seed(0), []
+    while len(prompts) < count:
+        prompt = torch.randint(3, 400, (1, PROMPT_TOKENS), generator=gen)
+        out = local.generate(prompt, max_new_tokens=new_tokens, do_sample=False)[0, PROMPT_TOKENS:]
+        first = tokenizer.decode(out[:1], skip_special_tokens=True)
+        if len(out) == new_tokens and first and "\ufffd" not in first:
+            prompts.append(prompt[0].tolist())
+    return prompts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=32)
@@ -108,8 +125,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="hexswarm-bench-") as tmp:
         model_dir = make_tiny_model(Path(tmp) / "tiny", seed=0, **SHAPE)
-        gen = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(3, 400, (PROMPT_TOKENS,), generator=gen).tolist() for _ in range(max(CONCURRENCY))]
+        prompts = pick_prompts(model_dir, max(CONCURRENCY), args.new_tokens)
         half = SHAPE["layers"] // 2
         with LocalSwarm(Path(tmp) / "logs", env={"HEXSWARM_CACHE_DIR": str(Path(tmp) / "cache")}) as swarm:
             swarm.start_bootstrap()

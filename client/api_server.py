@@ -1,4 +1,4 @@
-"""`hexswarm api`: an OpenAI-compatible HTTP API over the swarm (FastAPI + uvicorn).
+"""An OpenAI-compatible HTTP API over the swarm (FastAPI; `hexswarm api` runs it with uvicorn).
 
 Serves `/v1/models`, `/v1/completions` and `/v1/chat/completions` for one model, whose
 transformer layers run in the swarm. Each request runs `generate()` in a worker thread with
@@ -9,11 +9,9 @@ session is closed on every peer.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
-import os
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -59,84 +57,48 @@ class ApiConfig:
     default_chat_max_tokens: int = DEFAULT_CHAT_MAX_TOKENS
 
 
-def create_app(model, tokenizer, config: ApiConfig, on_ready=None) -> FastAPI:
-    """The FastAPI app serving `model` (a DistributedModelForCausalLM, or any HF causal LM);
-    `on_ready()` is called once the server listens."""
-    executor = ThreadPoolExecutor(config.max_concurrent, thread_name_prefix="api-generate")
+class ApiService:
+    """Serves requests for one model: checks them, starts their generation, shapes the answer."""
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        if on_ready is not None:
-            on_ready()
-        yield
-        executor.shutdown(wait=False, cancel_futures=True)
+    def __init__(self, model, tokenizer, config: ApiConfig):
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.executor = ThreadPoolExecutor(config.max_concurrent, thread_name_prefix="api-generate")
+        self.context = getattr(model.config, "max_position_embeddings", None)
+        self.started = int(time.time())
+        if tokenizer.chat_template is None:
+            logger.warning(
+                "the tokenizer has no chat template; chat requests use a plain 'role: content' one"
+            )
+            tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+        eos = model.generation_config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
-    app = FastAPI(title="hexswarm OpenAI-compatible API", lifespan=lifespan)
-    context = getattr(model.config, "max_position_embeddings", None)
-    started = int(time.time())
-    if tokenizer.chat_template is None:
-        logger.warning("the tokenizer has no chat template; chat requests use a plain 'role: content' one")
-        tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-
-    def check_key(request: Request) -> None:
-        if not config.api_key:  # no key (or an empty one) set: the API is open
+    def check_key(self, request: Request) -> None:
+        if not self.config.api_key:  # no key (or an empty one) set: the API is open
             return
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not secrets.compare_digest(given.encode(), config.api_key.encode()):
+        if not secrets.compare_digest(given.encode(), self.config.api_key.encode()):
             raise ApiError(401, "missing or wrong API key", "invalid_request_error", code="invalid_api_key")
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, error: ApiError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0] if error.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        error = bad_request(f"{where or 'body'}: {first.get('msg', 'invalid request')}", where)
-        return JSONResponse(error.body(), status_code=error.status)
-
-    @app.get("/v1/models", dependencies=[Depends(check_key)])
-    async def models() -> dict:
-        entry = {"id": config.name, "object": "model", "created": started, "owned_by": "hexswarm"}
+    def models(self) -> dict:
+        entry = {"id": self.config.name, "object": "model", "created": self.started, "owned_by": "hexswarm"}
         return {"object": "list", "data": [entry]}
 
-    @app.post("/v1/completions", dependencies=[Depends(check_key)])
-    async def completions(body: CompletionRequest):
-        body.check_supported()
-        return await _serve(body, _completion_ids(tokenizer, body.prompt), chat=False)
-
-    @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
-    async def chat_completions(body: ChatRequest):
-        body.check_supported()
+    def chat_ids(self, body: ChatRequest) -> list[int]:
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False).input_ids
-        return await _serve(body, ids, chat=True)
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as e:  # e.g. a template that refuses a system message
+            raise bad_request(f"the model's chat template refused these messages: {e}", "messages") from None
+        return self.tokenizer(text, add_special_tokens=False).input_ids
 
-    async def _serve(body: CompletionRequest | ChatRequest, ids: list[int], chat: bool):
-        if body.model != config.name:
-            raise ApiError(
-                404,
-                f"model {body.model!r} is not served here; try {config.name!r}",
-                "invalid_request_error",
-                code="model_not_found",
-                param="model",
-            )
-        max_tokens = _max_tokens(body, chat, config)
-        if not ids:
-            raise bad_request("the prompt is empty", "prompt")
-        if context is not None and len(ids) + max_tokens > context:
-            raise bad_request(
-                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's context of {context}",
-                "max_tokens",
-            )
+    async def serve(self, body: CompletionRequest | ChatRequest, ids: list[int], chat: bool):
+        """The whole answer, or a stream of server-sent events; ApiError for anything refused."""
+        max_tokens, stop = self._check(body, ids, chat)
         settings = SamplingSettings(max_tokens, body.temperature, body.top_p, body.seed)
-        stream = start_generation(model, executor, torch.tensor([ids]), settings)
-        pieces = text_deltas(stream, TextAssembler(tokenizer, body.stop_strings()), max_tokens, eos_ids)
-        shape = ResponseShape(chat, config.name)
+        stream = start_generation(self.model, self.executor, torch.tensor([ids]), settings)
+        pieces = text_deltas(stream, TextAssembler(self.tokenizer, stop), max_tokens, self.eos_ids)
+        shape = ResponseShape(chat, self.config.name)
         try:
             first = await _next_piece(pieces)  # errors before the first token get their HTTP status
         except BaseException:
@@ -147,7 +109,68 @@ def create_app(model, tokenizer, config: ApiConfig, on_ready=None) -> FastAPI:
         events = _sse(first, pieces, shape, len(ids), body.include_usage_in_stream(), stream.cancel)
         return StreamingResponse(events, media_type="text/event-stream")
 
+    def _check(self, body, ids: list[int], chat: bool) -> tuple[int, list[str]]:
+        """(max_tokens, stop strings) of a request that can be served; ApiError otherwise."""
+        body.check_supported()
+        if body.model != self.config.name:
+            message = f"model {body.model!r} is not served here; try {self.config.name!r}"
+            raise ApiError(404, message, "invalid_request_error", code="model_not_found", param="model")
+        if not ids:
+            raise bad_request("the prompt is empty", "prompt")
+        max_tokens = _max_tokens(body, chat, self.config)
+        if self.context is not None and len(ids) + max_tokens > self.context:
+            raise bad_request(
+                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's context "
+                f"of {self.context}",
+                "max_tokens",
+            )
+        return max_tokens, body.stop_strings()
+
+
+def create_app(model, tokenizer, config: ApiConfig, on_ready=None) -> FastAPI:
+    """The FastAPI app serving `model` (a DistributedModelForCausalLM, or any HF causal LM);
+    `on_ready()` is called once the app starts."""
+    service = ApiService(model, tokenizer, config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if on_ready is not None:
+            on_ready()
+        yield
+        service.executor.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="hexswarm OpenAI-compatible API", lifespan=lifespan)
+    _add_error_handlers(app)
+    keyed = [Depends(service.check_key)]
+
+    @app.get("/v1/models", dependencies=keyed)
+    async def models() -> dict:
+        return service.models()
+
+    @app.post("/v1/completions", dependencies=keyed)
+    async def completions(body: CompletionRequest):
+        return await service.serve(body, _completion_ids(tokenizer, body.prompt), chat=False)
+
+    @app.post("/v1/chat/completions", dependencies=keyed)
+    async def chat_completions(body: ChatRequest):
+        return await service.serve(body, service.chat_ids(body), chat=True)
+
     return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's shape, including FastAPI's own 422 (answered as 400, as OpenAI does)."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, error: ApiError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        refused = bad_request(f"{where or 'body'}: {first.get('msg', 'invalid request')}", where)
+        return JSONResponse(refused.body(), status_code=refused.status)
 
 
 def _completion_ids(tokenizer, prompt: str | list) -> list[int]:
@@ -171,17 +194,20 @@ def _max_tokens(body, chat: bool, config: ApiConfig) -> int:
 async def _next_piece(pieces: AsyncIterator) -> str | Finished:
     try:
         return await pieces.__anext__()
-    except (MissingBlocksError, PeerError, ValueError, NotImplementedError) as e:
+    except Exception as e:  # what generate() raised, in the worker thread
         raise _as_api_error(e) from None
 
 
-def _as_api_error(error: BaseException) -> ApiError:
+def _as_api_error(error: Exception) -> ApiError:
     """What generate() raised, as the HTTP error a client should see."""
     if isinstance(error, MissingBlocksError):
         return ApiError(503, str(error), "service_unavailable", code="missing_blocks")
     if isinstance(error, PeerError):
         return ApiError(503, str(error), "service_unavailable", code="peer_error")
-    return bad_request(str(error))
+    if isinstance(error, ValueError | NotImplementedError):
+        return bad_request(str(error))
+    logger.error("generation failed", exc_info=error)
+    return ApiError(500, f"generation failed: {error}", "server_error")
 
 
 async def _whole(first, pieces: AsyncIterator, shape: ResponseShape, prompt_tokens: int, cancel) -> dict:
@@ -223,60 +249,3 @@ async def _sse(first, pieces, shape: ResponseShape, prompt_tokens: int, include_
             logger.info(
                 "%s: the client left after %d chunks; generation stopped, session closed", shape.id, sent
             )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members")
-    where.add_argument("--public", action="store_true", help="use the public swarm")
-    parser.add_argument(
-        "--model", required=True, help="the model's checkpoint directory (config, tokenizer, embeddings)"
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("HEXSWARM_API_KEY"),
-        help="require 'Authorization: Bearer KEY' (default: $HEXSWARM_API_KEY, else none)",
-    )
-    parser.add_argument(
-        "--served-model-name", default=None, help="the model name clients use (default: the directory's name)"
-    )
-    parser.add_argument("--max-concurrent", type=int, default=16, help="generations running at once")
-    parser.add_argument(
-        "--coverage-timeout",
-        type=float,
-        default=10.0,
-        help="seconds to wait for every block to be served before answering 503",
-    )
-    parser.add_argument(
-        "--routing", default="tradeoff", choices=("tradeoff", "min_latency", "max_throughput")
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    import uvicorn
-    from transformers import AutoTokenizer
-
-    from client import DistributedModelForCausalLM
-    from swarm.dht import quiet_hivemind
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    quiet_hivemind()
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = DistributedModelForCausalLM.from_pretrained(
-        args.model,
-        initial_peers=args.initial_peers,
-        public=args.public,
-        routing=args.routing,
-        coverage_timeout=args.coverage_timeout,
-    )
-    name = args.served_model_name or os.path.basename(os.path.normpath(args.model))
-    config = ApiConfig(name=name, api_key=args.api_key or None, max_concurrent=args.max_concurrent)
-    ready = f"api: serving {name} at http://{args.host}:{args.port}/v1"
-    app = create_app(model, tokenizer, config, on_ready=lambda: print(ready, flush=True))
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    finally:
-        model.shutdown()
-    return 0
