@@ -61,9 +61,17 @@ def main() -> None:
             browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
             try:
                 browser.get(f"http://127.0.0.1:{monitor_port}/")
-                time.sleep(3)
-                height = browser.execute_script("return document.body.scrollHeight")
-                browser.set_window_size(1400, max(600, height + 20))
+                deadline = time.monotonic() + 60
+                while len(browser.find_elements("css selector", "section[data-model]")) < 2:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the monitor never showed both models")
+                    time.sleep(0.5)
+                time.sleep(2)
+                height = browser.execute_script("return document.documentElement.scrollHeight")
+                browser.execute_cdp_cmd(
+                    "Emulation.setDeviceMetricsOverride",
+                    {"width": 1400, "height": height, "deviceScaleFactor": 1, "mobile": False},
+                )
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 browser.save_screenshot(str(args.out))
             finally:
