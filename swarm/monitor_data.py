@@ -75,7 +75,7 @@ def model_entry(model_id: str, num_blocks: int, records: list[PeerRecord], rtts:
         "coverage": coverage,
         "missing": [b for b, n in enumerate(coverage) if n == 0],
         "peers": [peer_entry(r, rtts.get(r.peer_id)) for r in peers],
-        "open_sessions": sum(r.open_sessions for r in records if r.state == PeerState.ONLINE),
+        "open_sessions": sum(r.open_sessions for r in records),  # a leaving peer still serves its own
         "estimated_tokens_per_s": estimated_decode_tokens_per_s(records, num_blocks),
     }
 
