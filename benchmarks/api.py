@@ -6,7 +6,7 @@ streams: `direct` calls `model.generate` with a streamer in this process (one th
 stream), `api` streams `/v1/completions` with the `openai` package from a `hexswarm api`
 process. Time to first token (TTFT) is from the call to the first token (direct) or first text
 chunk (api); ms per token is (last - first) / (tokens - 1) of one stream. Figures are medians
-over all streams of all repeats. Run:
+(and minima) over all streams of all repeats; direct and API rounds alternate. Run:
 
     python benchmarks/api.py [--new-tokens 32] [--repeats 3]
 """
@@ -81,20 +81,38 @@ def _figures(began: float, first: float, last: float, tokens: int) -> tuple[floa
     return 1000 * (first - began), 1000 * (last - first) / max(tokens - 1, 1)
 
 
-def run_concurrent(one_stream, prompts: list[list[int]], concurrency: int, repeats: int) -> dict:
-    ttft, per_token = [], []
+def one_round(one_stream, prompts: list[list[int]], concurrency: int) -> list[tuple[float, float]]:
+    """`concurrency` streams started together; (TTFT ms, ms per token) of each."""
+    start = threading.Barrier(concurrency)
+
+    def timed(prompt):
+        start.wait()
+        return one_stream(prompt)
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(timed, prompts[:concurrency]))
+
+
+def summary(samples: list[tuple[float, float]]) -> dict:
+    ttft, per_token = [t for t, _ in samples], [p for _, p in samples]
+    return {
+        "ttft_ms": round(statistics.median(ttft), 1), "ttft_ms_min": round(min(ttft), 1),
+        "ms_per_token": round(statistics.median(per_token), 2), "ms_per_token_min": round(min(per_token), 2),
+    }
+
+
+def compare(direct, api, prompts: list[list[int]], concurrency: int, repeats: int) -> dict:
+    """Rounds of direct and API streams, interleaved so that load from elsewhere hits both alike."""
+    d, a = [], []
     for _ in range(repeats):
-        start = threading.Barrier(concurrency)
-
-        def timed(prompt, start=start):
-            start.wait()
-            return one_stream(prompt)
-
-        with ThreadPoolExecutor(concurrency) as pool:
-            for t, p in pool.map(timed, prompts[:concurrency]):
-                ttft.append(t)
-                per_token.append(p)
-    return {"ttft_ms": round(statistics.median(ttft), 1), "ms_per_token": round(statistics.median(per_token), 2)}
+        d += one_round(direct, prompts, concurrency)
+        a += one_round(api, prompts, concurrency)
+    d, a = summary(d), summary(a)
+    return {
+        "direct": d, "api": a,
+        "added_ttft_ms": round(a["ttft_ms"] - d["ttft_ms"], 1),
+        "added_ms_per_token": round(a["ms_per_token"] - d["ms_per_token"], 2),
+    }
 
 
 def pick_prompts(model_dir: Path, count: int, new_tokens: int) -> list[list[int]]:
@@ -145,13 +163,7 @@ def main() -> None:
                 result = {"bench": "api", "new_tokens": args.new_tokens, "prompt_tokens": PROMPT_TOKENS,
                           "repeats": args.repeats, "torch_threads": torch.get_num_threads()}
                 for c in CONCURRENCY:
-                    d = run_concurrent(direct, prompts, c, args.repeats)
-                    a = run_concurrent(api, prompts, c, args.repeats)
-                    result[f"streams_{c}"] = {
-                        "direct": d, "api": a,
-                        "added_ttft_ms": round(a["ttft_ms"] - d["ttft_ms"], 1),
-                        "added_ms_per_token": round(a["ms_per_token"] - d["ms_per_token"], 2),
-                    }
+                    result[f"streams_{c}"] = compare(direct, api, prompts, c, args.repeats)
             finally:
                 model.shutdown()
     print(json.dumps(result), flush=True)
