@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,6 +38,15 @@ DEFAULT_STEP_TIMEOUT_S = 60.0  # per hop and step
 DEFAULT_ROUTING = "tradeoff"
 
 
+class _ThreadSessions(threading.local):
+    """Each thread's own session state, so threads can call `generate` on one model at once
+    (the API server does), each with its own swarm session."""
+
+    session: InferenceSession | None = None
+    max_length: int | None = None  # set while inside `inference_session`
+    last_route: str | None = None
+
+
 class DistributedMixin:
     """Mixed into the model's own HF class (LlamaForCausalLM, ...) in front of it."""
 
@@ -49,9 +59,33 @@ class DistributedMixin:
         self._shut_down = False
         atexit.register(self.shutdown)
         self.coverage_timeout, self.step_timeout, self.wire_dtype = coverage_timeout, step_timeout, wire_dtype
-        self._session_max_length: int | None = None
-        self.session: InferenceSession | None = None
-        self.last_route: str | None = None
+        self._threads = _ThreadSessions()
+
+    @property
+    def session(self) -> InferenceSession | None:
+        """This thread's open swarm session, if any."""
+        return self._threads.session
+
+    @session.setter
+    def session(self, value: InferenceSession | None) -> None:
+        self._threads.session = value
+
+    @property
+    def _session_max_length(self) -> int | None:
+        return self._threads.max_length
+
+    @_session_max_length.setter
+    def _session_max_length(self, value: int | None) -> None:
+        self._threads.max_length = value
+
+    @property
+    def last_route(self) -> str | None:
+        """The chain this thread's last session used, e.g. 'alice[0:2) -> bob[2:8)'."""
+        return self._threads.last_route
+
+    @last_route.setter
+    def last_route(self, value: str | None) -> None:
+        self._threads.last_route = value
 
     @contextlib.contextmanager
     def inference_session(self, max_length: int):

@@ -83,7 +83,7 @@ class SwarmClient:
 
     def view(self, records: list[PeerRecord], num_blocks: int, hidden_size: int) -> SwarmView:
         """A SwarmView of `records`, with fresh round trips (peers that do not answer are left out)."""
-        rtts = run_sync(self._measure_rtts(records), timeout=PING_TIMEOUT_S + 5)
+        rtts = self.round_trips(records)
         peers = tuple(
             PeerView(
                 peer_id=r.peer_id,
@@ -109,6 +109,10 @@ class SwarmClient:
             hidden_size=hidden_size,
             version=self.view_version,
         )
+
+    def round_trips(self, records: list[PeerRecord]) -> dict[str, float]:
+        """peer id -> round trip in ms (a PING, re-measured after RTT_TTL_S); silent peers are left out."""
+        return run_sync(self._measure_rtts(records), timeout=PING_TIMEOUT_S + 5)
 
     async def _measure_rtts(self, records: list[PeerRecord]) -> dict[str, float]:
         now = time.monotonic()

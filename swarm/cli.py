@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "status": ("swarm.status", "print the peers of a swarm and the block coverage of each model"),
     "demo": ("swarm.demo", "run a private swarm on this machine and generate text"),
     "plan": ("swarm.plan_command", "plan a swarm over a cluster with the HexGen scheduler"),
+    "api": ("swarm.api_command", "serve an OpenAI-compatible HTTP API over the swarm"),
+    "monitor": ("swarm.monitor", "serve a live web page of the swarm's peers and block coverage"),
 }
 
 

@@ -109,6 +109,12 @@ class LocalSwarm:
             self.wait_for_log(proc, "online:", timeout)
         return proc
 
+    def start_command(self, name: str, args: list[str], ready: str, timeout: float = 120) -> Managed:
+        """Any other process of the swarm (an API server, a monitor), once its log says `ready`."""
+        proc = self._spawn(name, args)
+        self.wait_for_log(proc, ready, timeout)
+        return proc
+
     def wait_for_log(self, proc: Managed, text: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while text not in proc.log():
@@ -159,6 +165,15 @@ class LocalSwarm:
         proc = Managed(name, popen, log_path)
         self.processes.append(proc)
         return proc
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _read_line(proc: Managed, timeout: float) -> str:

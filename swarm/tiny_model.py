@@ -28,6 +28,12 @@ text one token at a time, and every token travelled across many computers owned 
 
 ARCHS = ("llama", "qwen2", "mistral")
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>"]
+# A plain chat template, so `/v1/chat/completions` of the API server works with tiny models:
+# "<s>user: hi\n</s>assistant: " (a real checkpoint brings its own in tokenizer_config.json).
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +142,8 @@ def _train_tokenizer(vocab_size: int):
         show_progress=False,
     )
     tokenizer.train_from_iterator(_TOKENIZER_CORPUS.split("\n"), trainer=trainer)
-    return PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
     )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast

@@ -1,0 +1,151 @@
+"""One API request's generation: `generate()` in a worker thread, its tokens fed to asyncio.
+
+The API server must not block its event loop, and many requests share one
+`DistributedModelForCausalLM`: each request runs `model.generate` in a thread of a pool
+(the model keeps one swarm session per thread), and a streamer hands every new token to
+the request's asyncio queue. Setting `cancel` (the client went away, or a stop string
+appeared) ends `generate` after the step in flight, which closes the session on every peer.
+
+Sampling draws from the request's own `torch.Generator`, so concurrent requests do not
+share the global RNG. It draws exactly what `generate(do_sample=True)` draws after
+`torch.manual_seed(seed)`: the same warpers in the same order, then `softmax` and
+`torch.multinomial` (tests/unit/test_api_sampling.py checks this).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+from transformers.generation.streamers import BaseStreamer
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """What a request asks of the sampler; temperature 0 means greedy."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class SeededSampler:
+    """A logits processor that samples the next token with its own generator and leaves only
+    that token possible, so greedy decoding inside `generate` picks it."""
+
+    def __init__(self, settings: SamplingSettings):
+        self.warpers = []
+        if settings.temperature != 1.0:  # as generate() does: 1.0 adds no warper
+            self.warpers.append(TemperatureLogitsWarper(settings.temperature))
+        if settings.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(settings.top_p))
+        seed = settings.seed if settings.seed is not None else secrets.randbits(63)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        probs = torch.nn.functional.softmax(scores, dim=-1)
+        chosen = torch.multinomial(probs.cpu(), num_samples=1, generator=self.generator).to(scores.device)
+        only = torch.full_like(scores, float("-inf"))
+        return only.scatter_(1, chosen, 0.0)
+
+
+def generation_kwargs(model, settings: SamplingSettings) -> dict:
+    """The `generate()` arguments for `settings` (greedy decoding plus, when sampling, a SeededSampler)."""
+    base = model.generation_config
+    config = GenerationConfig(
+        max_new_tokens=settings.max_tokens,
+        do_sample=False,
+        eos_token_id=base.eos_token_id,
+        bos_token_id=base.bos_token_id,
+        pad_token_id=base.pad_token_id if base.pad_token_id is not None else base.eos_token_id,
+    )
+    kwargs = {"generation_config": config}
+    if not settings.greedy:
+        kwargs["logits_processor"] = LogitsProcessorList([SeededSampler(settings)])
+    return kwargs
+
+
+class _Cancelled(StoppingCriteria):
+    def __init__(self, cancel: threading.Event):
+        self.cancel = cancel
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.cancel.is_set(), dtype=torch.bool)
+
+
+class _QueueStreamer(BaseStreamer):
+    """Forwards each new token id (not the prompt, which `generate` puts first) to an asyncio queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
+        self.loop, self.queue, self.prompt_seen = loop, queue, False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        for token in value.reshape(-1).tolist():
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, token)
+
+    def end(self) -> None:
+        pass  # the worker's own sentinel (after generate returns or raises) ends the stream
+
+
+_DONE = object()
+
+
+@dataclass
+class TokenStream:
+    """The token ids of one running generation, as an async iterator; `error` holds what
+    `generate` raised, if it did."""
+
+    queue: asyncio.Queue
+    cancel: threading.Event
+    error: BaseException | None = None
+
+    async def __aiter__(self) -> AsyncIterator[int]:
+        while True:
+            item = await self.queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                self.error = item
+                return
+            yield item
+
+
+def start_generation(
+    model, executor: Executor, input_ids: torch.Tensor, settings: SamplingSettings
+) -> TokenStream:
+    """Runs `model.generate` for one request in `executor`; returns its token stream at once."""
+    loop = asyncio.get_running_loop()
+    stream = TokenStream(queue=asyncio.Queue(), cancel=threading.Event())
+    kwargs = generation_kwargs(model, settings)
+    kwargs["streamer"] = _QueueStreamer(loop, stream.queue)
+    kwargs["stopping_criteria"] = StoppingCriteriaList([_Cancelled(stream.cancel)])
+
+    def work() -> None:
+        outcome: object = _DONE
+        try:
+            if not stream.cancel.is_set():  # the client may have left while the request queued
+                with torch.inference_mode():
+                    model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
+        except BaseException as e:  # handed to the request, which answers with an error
+            outcome = e
+        loop.call_soon_threadsafe(stream.queue.put_nowait, outcome)
+
+    loop.run_in_executor(executor, work)
+    return stream

@@ -1,0 +1,100 @@
+"""What `hexswarm monitor` shows, as plain JSON: every model, its peers and its block coverage.
+
+Everything comes from the peers' signed DHT records (what `hexswarm status` reads) plus the
+monitor's own round trip to each peer (a PING, as clients measure it).
+
+Tokens/s: peers announce their measured speeds and open sessions, but no count of tokens
+served, so the swarm's tokens/s cannot be measured from outside. The monitor shows an
+estimate from the announced speeds instead, and says so: the decode rate of one sequence
+along the fastest chain (per block, the fastest online peer's decode ms; network excluded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from swarm.records import PeerRecord, PeerState, online_peers_per_block, read_models, read_peer_records
+
+TOKENS_PER_S_NOTE = (
+    "estimate, not a measurement: one sequence's decode rate along the fastest chain, from the "
+    "peers' announced decode ms per block (network round trips excluded); peers do not announce "
+    "how many tokens they serve"
+)
+
+
+def peer_entry(record: PeerRecord, rtt_ms: float | None) -> dict[str, Any]:
+    """A record as JSON, with every field it has (so fields added to PeerRecord later show up too),
+    plus the TP degree, devices and the monitor's round trip, with defaults for older records."""
+    entry = dataclasses.asdict(record)
+    entry["state"] = record.state.value
+    entry["addrs"] = list(record.addrs)
+    entry["layers"] = f"{record.start}:{record.end}"
+    entry["tp"] = _tp_degree(record)
+    entry["devices"] = _devices(record)
+    entry["rtt_ms"] = rtt_ms
+    return entry
+
+
+def _tp_degree(record: PeerRecord) -> int:
+    for name in ("tp", "tp_degree", "tensor_parallel"):
+        value = getattr(record, name, None)
+        if isinstance(value, int) and value >= 1:
+            return value
+    return 1
+
+
+def _devices(record: PeerRecord) -> list[str]:
+    value = getattr(record, "devices", None)
+    if isinstance(value, list | tuple) and value:
+        return [str(d) for d in value]
+    return [record.device]
+
+
+def estimated_decode_tokens_per_s(records: list[PeerRecord], num_blocks: int) -> float | None:
+    """1000 / sum over blocks of the fastest online peer's decode ms for that block; None if a
+    block has no online peer."""
+    best = [float("inf")] * num_blocks
+    for r in records:
+        if r.state == PeerState.ONLINE and r.decode_ms_per_block > 0:
+            for block in range(r.start, min(r.end, num_blocks)):
+                best[block] = min(best[block], r.decode_ms_per_block)
+    total_ms = sum(best)
+    if not num_blocks or total_ms == float("inf"):
+        return None
+    return 1000.0 / total_ms
+
+
+def model_entry(model_id: str, num_blocks: int, records: list[PeerRecord], rtts: dict[str, float]) -> dict:
+    coverage = online_peers_per_block(records, num_blocks)
+    peers = sorted(records, key=lambda r: (r.start, r.end, r.name))
+    return {
+        "model_id": model_id,
+        "num_blocks": num_blocks,
+        "coverage": coverage,
+        "missing": [b for b, n in enumerate(coverage) if n == 0],
+        "peers": [peer_entry(r, rtts.get(r.peer_id)) for r in peers],
+        "open_sessions": sum(r.open_sessions for r in records),  # a leaving peer still serves its own
+        "estimated_tokens_per_s": estimated_decode_tokens_per_s(records, num_blocks),
+    }
+
+
+def collect(swarm) -> dict[str, Any]:
+    """A snapshot of the swarm seen through `swarm` (a client.SwarmClient)."""
+    models = []
+    for model_id, num_blocks in sorted(read_models(swarm.dht).items()):
+        records = [r for r in read_peer_records(swarm.dht, model_id) if r.end <= num_blocks]
+        rtts = swarm.round_trips([r for r in records if r.state != PeerState.JOINING])
+        models.append(model_entry(model_id, num_blocks, records, rtts))
+    rates = [m["estimated_tokens_per_s"] for m in models if m["estimated_tokens_per_s"] is not None]
+    return {
+        "time": time.time(),
+        "models": models,
+        "peers_online": len(
+            {p["peer_id"] for m in models for p in m["peers"] if p["state"] == PeerState.ONLINE.value}
+        ),
+        "open_sessions": sum(m["open_sessions"] for m in models),
+        "estimated_tokens_per_s": sum(rates) if rates else None,
+        "tokens_per_s_note": TOKENS_PER_S_NOTE,
+    }

@@ -1,0 +1,135 @@
+"""`hexswarm monitor` end to end: a real swarm, the page in headless Chromium (selenium).
+
+Needs Debian's `chromium` and `chromium-driver` (.ci/run installs them); skipped without them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from swarm.launcher import free_port
+
+pytestmark = pytest.mark.integration
+
+webdriver = pytest.importorskip("selenium.webdriver")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+if not (CHROMIUM and CHROMEDRIVER):
+    pytest.skip(
+        "needs chromium and chromedriver (apt-get install chromium chromium-driver)", allow_module_level=True
+    )
+
+
+def start_browser(width: int = 1400, height: int = 1000):
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        f"--window-size={width},{height}",
+    ):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def start_monitor(swarm, refresh: float = 1.0):
+    port = free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "swarm.cli",
+        "monitor",
+        "--initial-peers",
+        *swarm.initial_peers,
+        "--port",
+        str(port),
+        "--refresh",
+        str(refresh),
+    ]
+    proc = swarm.local.start_command("monitor", args, ready="monitor: http", timeout=120)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception:  # the page may be mid-redraw, or the server not up yet
+            value = None
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.3)
+
+
+def page_state(browser, model_id: str) -> dict:
+    """What the page shows for one model: peer name -> state, and the online count per block."""
+    from selenium.webdriver.common.by import By
+
+    section = browser.find_element(By.CSS_SELECTOR, f'section[data-model="{model_id}"]')
+    peers = {
+        r.get_attribute("data-peer"): r.get_attribute("data-state")
+        for r in section.find_elements(By.CSS_SELECTOR, "tr[data-peer]")
+    }
+    counts = [int(c.text) for c in section.find_elements(By.CSS_SELECTOR, "tr[data-coverage] td")]
+    return {"peers": peers, "coverage": counts}
+
+
+@pytest.fixture(scope="module")
+def extra_model(swarm, make_model):
+    """A second model served by two peers of its own, so the test can stop one freely."""
+    model_dir = make_model(arch="llama", layers=4, seed=21)
+    peers = {
+        name: swarm.local.start_peer(model_dir, layers, name, "--announce-period", "1", wait=False)
+        for name, layers in (("mon-a", "0:2"), ("mon-b", "2:4"))
+    }
+    for proc in peers.values():
+        swarm.local.wait_for_log(proc, "online:", timeout=180)
+    yield model_dir, peers
+    for proc in peers.values():
+        swarm.local.stop(proc)
+
+
+def test_monitor_page_shows_peers_and_coverage_live(swarm, extra_model, tmp_path):
+    from swarm.model_spec import load_model_spec
+
+    model_dir, extra_peers = extra_model
+    main_id, extra_id = load_model_spec(swarm.model_dir).model_id, load_model_spec(model_dir).model_id
+    proc, url = start_monitor(swarm)
+    browser = start_browser()
+    try:
+        browser.get(url)
+        shown = wait_for(lambda: page_state(browser, main_id), 60, "the main model's section")
+        wait_for(lambda: set(page_state(browser, main_id)["peers"]) == set(swarm.peers), 30, "every peer")
+        shown = page_state(browser, main_id)
+        assert all(state == "online" for state in shown["peers"].values()), shown
+        assert len(shown["coverage"]) == 6 and min(shown["coverage"]) >= 1, shown
+        wait_for(lambda: page_state(browser, extra_id)["coverage"] == [1, 1, 1, 1], 30, "the extra model")
+        browser.save_screenshot(str(tmp_path / "monitor-before.png"))
+
+        snapshot = json.loads(urllib.request.urlopen(f"{url}/api/swarm", timeout=10).read())
+        by_id = {m["model_id"]: m for m in snapshot["models"]}
+        assert {p["name"] for p in by_id[extra_id]["peers"]} == {"mon-a", "mon-b"}
+        assert all(p["rtt_ms"] is not None and p["tp"] >= 1 for p in by_id[main_id]["peers"])
+
+        swarm.local.stop(extra_peers["mon-b"])  # the page must notice: blocks 2:4 lose their only peer
+        wait_for(lambda: page_state(browser, extra_id)["coverage"] == [1, 1, 0, 0], 30, "blocks 2:4 missing")
+        assert page_state(browser, extra_id)["peers"].get("mon-b") in (None, "leaving")
+        wait_for(lambda: "missing blocks 2:4" in browser.page_source, 10, "the missing-blocks line")
+        browser.save_screenshot(str(tmp_path / "monitor-after.png"))
+        assert (tmp_path / "monitor-after.png").stat().st_size > 10_000
+    finally:
+        browser.quit()
+        swarm.local.stop(proc)
