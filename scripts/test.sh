@@ -1,6 +1,18 @@
 #!/usr/bin/env bash
 # Sets everything up (first run only) and runs the whole test suite.
+# Quick run without the slow multi-process TP suite: bash scripts/test.sh -m "not slow"
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ROOT"
+# The monitor's browser test drives Debian's headless Chromium; install it where we may (root).
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+        echo "[test] installing chromium and chromium-driver for the monitor's browser test"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq chromium chromium-driver >/dev/null
+    else
+        echo "[test] no chromium/chromedriver: the monitor's browser test will be skipped"
+    fi
+fi
 exec python -m pytest -q "$@"
