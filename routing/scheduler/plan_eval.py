@@ -7,7 +7,8 @@ from routing.scheduler.cost_model import stage_memory
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
 from routing.scheduler.plan import Plan
-from routing.scheduler.simulator import SimResult, evaluate_layouts, make_trace
+from routing.scheduler.serving import evaluate_layouts
+from routing.scheduler.simulator import SimResult, make_trace
 
 
 def plan_layouts(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> list[PipelineLayout]:
@@ -41,6 +42,6 @@ def memory_violations(cluster: Cluster, model: ModelSpec, workload: Workload, pl
 
 
 def evaluate_plan(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> SimResult:
-    """SLO attainment of a fixed plan on the workload's trace (same trace as the search uses)."""
+    """A fixed plan on the workload's trace (same trace as the search) under its serving model."""
     layouts = plan_layouts(cluster, model, workload, plan)
-    return evaluate_layouts(cluster, layouts, model, make_trace(model, workload), workload.batch_size)
+    return evaluate_layouts(cluster, layouts, model, make_trace(model, workload), workload)

@@ -26,6 +26,8 @@ from routing.scheduler.pipeline_dp import PipelineLayout
 from routing.scheduler.simulator import SimResult, Trace, pipeline_latencies, simulate, summarize
 from routing.scheduler.stage_costs import StageCosts, stage_costs
 
+MAX_IN_FLIGHT = 4096  # longest table of `loaded_latency`
+
 
 def evaluate_layouts(
     cluster: Cluster, layouts: Sequence[PipelineLayout], model: ModelSpec, trace: Trace, workload: Workload
@@ -88,17 +90,14 @@ def loaded_latency(costs: StageCosts, s_out: int, tokens: float, deadline_s: flo
     prefill_stage = costs.prefill_s.mean(axis=1)
     whole = float(prefill_stage.sum() + costs.hop_prefill_s.mean(axis=1).sum())
     busiest = float(prefill_stage.max())
-    out = []
-    for m in range(1, 4097):
-        active = min(m, fit)
-        b = min(max_batch, -(-active // n_stages))
-        through = costs.step_s[:, b].sum() + costs.hop_step_s[:, b].sum()
-        limit = -(-active // b) * costs.step_s[:, b].max()
-        decode = s_out * max(through, limit)
-        linear = whole + active * busiest + decode
-        x = (linear + np.sqrt(linear**2 - 4 * whole * active * busiest)) / 2
-        latency = x * m / active
-        out.append(latency)
-        if latency > deadline_s:
-            break
-    return np.asarray(out)
+    m = np.arange(1, MAX_IN_FLIGHT + 1)  # requests in the pipeline, this one included
+    active = np.minimum(m, fit)
+    b = np.minimum(max_batch, -(-active // n_stages))
+    through = costs.step_s[:, b].sum(axis=0) + costs.hop_step_s[:, b].sum(axis=0)
+    limit = -(-active // b) * costs.step_s[:, b].max(axis=0)
+    decode = s_out * np.maximum(through, limit)
+    linear = whole + active * busiest + decode
+    x = (linear + np.sqrt(np.maximum(linear**2 - 4 * whole * active * busiest, 0.0))) / 2
+    latency = x * m / active
+    over = np.flatnonzero(latency > deadline_s)
+    return latency[: over[0] + 1] if len(over) else latency

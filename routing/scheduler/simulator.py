@@ -111,10 +111,3 @@ def summarize(served_latency_s: np.ndarray, trace: Trace, last_s: float) -> SimR
     p99 = float(np.percentile(served_latency_s, 99)) if served else float("inf")
     tokens = served * trace.s_out / last_s if served and last_s > 0 else 0.0
     return SimResult(met / count, met / duration, mean, served, count - served, p99, tokens)
-
-
-def evaluate_layouts(
-    cluster: Cluster, layouts: Sequence[PipelineLayout], model: ModelSpec, trace: Trace, batch: int = 1
-) -> SimResult:
-    """SLO attainment and goodput of a set of pipelines on a trace."""
-    return simulate(pipeline_latencies(cluster, layouts, model, trace, batch), trace)
