@@ -88,7 +88,16 @@ def search(
     previous: Plan | None = None,
     progress: Callable[[Progress], None] | None = None,
 ) -> SearchResult:
-    """Runs the genetic search (§4.3) and returns the best plan; raises NoFeasiblePlanError."""
+    """Runs the genetic search (§4.3) and returns the best plan; raises NoFeasiblePlanError.
+
+    Clusters of more than `hierarchical.FLAT_LIMIT` devices in several regions are searched
+    region by region (`hierarchical.py`, which calls back into this function per region).
+    """
+    from routing.scheduler import hierarchical  # imported here: it calls this function
+
+    regions = {d.region for d in cluster.devices}
+    if len(cluster) > hierarchical.FLAT_LIMIT and len(regions) > 1:
+        return hierarchical.search_by_region(cluster, model, workload, config, previous, None)
     start = time.perf_counter()
     rng = random.Random(config.seed)
     ev = Evaluator(cluster, model, workload, config.symmetric)
