@@ -39,11 +39,12 @@ Relaxations (each can only raise the bound):
    links have no capacity limit. The cost model has no link contention, so a link-capacity
    constraint would not be valid for a simulator that charges hops as delays.
 4. KV memory: the activation term of Eq. 7 is dropped, and a sequence needs KV only where it
-   is batched (not on every stage it has passed), with t = the smallest prompt considered.
+   is batched (not on every stage it has passed), with t = s_in_min + s_out (shortest prompt).
 5. Batches are always full at b_k: no sequence waits on another stage, no idle gaps.
 6. Prompt lengths: every request's prefill is charged `prompt_tokens` tokens, by default the
-   workload's shortest prompt (s_in_min), so the bound also holds for a simulator that serves
-   only the shortest requests of a trace. Pass the mean prompt for the bound on serving them all.
+   workload's shortest prompt (s_in_min), so the bound holds whichever requests a simulator
+   serves. Passing the mean prompt of the requests a simulation completed gives the (tighter)
+   bound that is valid for that simulation: prefill work is linear in the prompt length.
 7. A class's devices may be split fractionally between batch levels, so when memory binds the
    LP can average memory over them (integer device counts would be tighter only there).
 Assumed: a device serves at most one stage (true of every Plan). Throughput must be measured as
@@ -116,7 +117,8 @@ def throughput_upper_bound(
     started = time.perf_counter()
     classes = _device_classes(cluster)
     levels = _batch_levels(max_batch)
-    problem = _build_lp(classes, levels, model, s_in, workload.s_out)
+    kv_tokens = workload.s_in_min + workload.s_out  # Eq. 7's t for the shortest request
+    problem = _build_lp(classes, levels, model, s_in, kv_tokens, workload.s_out)
     result = linprog(**problem, method="highs")
     if result.status == 2:  # infeasible: not even one replica fits
         return UpperBound(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, True, time.perf_counter() - started)
@@ -139,14 +141,16 @@ def _batch_levels(max_batch: int) -> np.ndarray:
     return np.array(sorted(set(range(1, min(max_batch, 32) + 1)) | set(powers) | {max_batch}), dtype=float)
 
 
-def _build_lp(classes: _Classes, levels: np.ndarray, model: ModelSpec, s_in: float, s_out: int) -> dict:
+def _build_lp(
+    classes: _Classes, levels: np.ndarray, model: ModelSpec, s_in: float, kv_tokens: int, s_out: int
+) -> dict:
     """linprog arguments; columns are (g, k, v) for v in N, Y, Z, W, H, then T last."""
     g_count, k_count = len(classes.count), len(levels)
     cells = g_count * k_count
     t_col = cells * _VARS
     flop_s = 2.0 * model.params_per_layer / classes.flops  # (G,) seconds per layer-token
     scan_s = model.layer_bytes / classes.bandwidth  # (G,) seconds per layer scan
-    kv_bytes = 2.0 * model.kv_width * model.dtype_bytes * (s_in + s_out)  # one sequence, one layer
+    kv_bytes = 2.0 * model.kv_width * model.dtype_bytes * kv_tokens  # one sequence, one layer
     previous = np.concatenate(([0.0], levels[:-1]))
     # (G, K) layer-equivalents a device may hold at level k: weights + KV of b_{k-1} + 1 sequences
     cap = classes.memory[:, None] / (model.layer_bytes + (previous[None, :] + 1.0) * kv_bytes)

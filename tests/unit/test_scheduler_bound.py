@@ -139,3 +139,12 @@ def test_bound_is_never_below_the_searched_plan():
 def test_thousand_gpus_have_a_bound():  # speed is measured in benchmarks/bound.py
     bound = throughput_upper_bound(synthetic_cluster(), preset("Llama-2-70B"), Workload())
     assert bound.tok_s > 0 and bound.requests_s == pytest.approx(bound.tok_s / 32)
+
+
+def test_longer_prompts_lower_the_bound():
+    cluster = _random_cluster(random.Random(2))
+    workload = Workload(s_in=128, s_in_spread=0.5)
+    strict = throughput_upper_bound(cluster, SMALL, workload)  # shortest prompt, 64 tokens
+    mean = throughput_upper_bound(cluster, SMALL, workload, prompt_tokens=128)
+    assert mean.tok_s < strict.tok_s
+    assert mean.prefill_share > strict.prefill_share
