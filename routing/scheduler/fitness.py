@@ -59,8 +59,7 @@ def pipeline_capacity(
     table = loaded_latency(costs, workload.s_out, float(workload.s_in + workload.s_out), deadline_s)
     within = table <= deadline_s
     m = np.arange(1, len(table) + 1)[within]
-    latency = table[within]
-    return PipelineCapacity(m / latency, latency)
+    return PipelineCapacity(m / table[within], table[within])
 
 
 def estimate(capacities: Sequence[PipelineCapacity], rate: float) -> Estimate:

@@ -35,8 +35,9 @@ class Evaluator:
 
     def __init__(self, cluster: Cluster, model: ModelSpec, workload: Workload, symmetric: bool = False):
         self.cluster, self.model, self.workload = cluster, model, workload
-        self.dp = PipelineDP(cluster, model, workload, symmetric=symmetric)
         self.trace = make_trace(model, workload)
+        score = None if self.sequential else self._capacity_score
+        self.dp = PipelineDP(cluster, model, workload, symmetric=symmetric, score=score)
         keys = [bucket_key(cluster, i) for i in range(len(cluster))]
         ids = {k: n for n, k in enumerate(sorted(set(keys)))}
         self.bucket_of = [ids[k] for k in keys]
@@ -96,6 +97,11 @@ class Evaluator:
             layouts = self.layouts(ind)
             self._simulated[key] = evaluate_layouts(self.cluster, layouts, self.model, self.trace, self.workload)
         return self._simulated[key]
+
+    def _capacity_score(self, layout: PipelineLayout) -> tuple[float, float]:
+        """Layouts by SLO capacity (more is better), then latency (for the DP)."""
+        capacity = pipeline_capacity(self.cluster, layout, self.model, self.workload, self.trace.deadline_s)
+        return (-capacity.slo_rps, layout.latency_s)
 
     def _group_score(self, group: Sequence[int]):
         """Per group: its service times on the trace (sequential) or its SLO capacity."""

@@ -28,6 +28,7 @@ from routing.scheduler.ga_operators import Individual, Mutator, canonical, kmean
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import PipelineLayout
 from routing.scheduler.plan import PipelinePlan, Plan, PlanEstimate, StagePlan
+from routing.scheduler.plan_eval import upper_bound_tok_s
 from routing.scheduler.simulator import SimResult
 
 
@@ -47,7 +48,7 @@ class SearchConfig:
     seed: int = 0
     mutation: str = "hexgen"  # "hexgen" (merge/split/swap) or "random" (§5.4 ablation)
     symmetric: bool = False  # stages share one TP degree and equal layer counts (baseline ii of §5.1)
-    finalists: int = 4  # best individuals re-scored by the event simulation at the end
+    finalists: int = 3  # best individuals re-scored by the event simulation at the end
 
     def __post_init__(self) -> None:
         if self.population < 1 or self.offspring < 1 or self.max_generations < 0 or self.time_budget_s < 0:
@@ -224,7 +225,7 @@ def make_plan(
     result: SimResult,
     slo_s: float,
 ) -> Plan:
-    """Turns layouts (device indices) into a Plan (device ids) with its estimate."""
+    """Turns layouts (device indices) into a Plan (device ids) with its estimate and bound ratio."""
     pipelines = []
     for layout in sorted(layouts, key=lambda lay: lay.latency_s):
         stages = tuple(
@@ -244,5 +245,6 @@ def make_plan(
         workload.max_batch,
         result.p99_latency_s if finite else 0.0,
         result.throughput_tok_s,
+        upper_bound_tok_s(cluster, model, workload),
     )
     return Plan(model.name, model.num_layers, tuple(pipelines), estimate)

@@ -17,14 +17,15 @@ computed here backwards with memoization (the same recursion as Algorithm 1). La
   * "proportional": every device of the group is used and a stage gets the layers of its share
                     of the group's memory, a function of tau alone (the fixed point of §4.3's
                     EM step; it finds layouts such as Norway's [2,1,1,2] where even splits OOM).
-After the DP the layer split is re-fitted: proportional to stage memory (§4.3) and the
-latency-optimal split under the memory caps (fill the cheapest stages first); the cheapest
-feasible layout wins. Infeasible stages (Eq. 7 > M_d) cost +inf (§4.2 footnote 2).
+After the DP the layer split is re-fitted (`layer_split.py`): proportional to stage memory
+(§4.3), the latency-optimal split under the memory caps, and, when layouts are scored for
+throughput, the split balanced to stage speed; the best feasible layout under the score wins
+(Eq. 2 latency by default). Infeasible stages (Eq. 7 > M_d) cost +inf (§4.2 footnote 2).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
@@ -37,6 +38,7 @@ from routing.scheduler.cost_model import (
     pp_comm_cost,
     tp_comm_cost,
 )
+from routing.scheduler.layer_split import balanced_split, greedy_split, proportional_split
 from routing.scheduler.model_spec import ModelSpec, Workload
 
 INF = float("inf")
@@ -44,6 +46,7 @@ TP_DEGREES = (1, 2, 4, 8)
 MAX_DP_STATES = 800  # tau vectors; bigger groups are rejected before the DP (§4.3 early checks)
 EVEN_DP_STATES = 100  # the per-S "even" DPs run only for groups this small (they cost S times more)
 MAX_EVEN_STAGES = 8
+THROUGHPUT_DEGREES = ((1, 2), (1, 2, 4), (2, 4))  # extra DP runs when the score is throughput
 
 
 @dataclass(frozen=True)
@@ -169,16 +172,6 @@ def _dp(tables: _Tables, num_layers: int, rule: str, num_stages: int, degrees: S
     return cost, list(path)
 
 
-def _instantiate(buckets: list[tuple[int, ...]], path) -> list[StageLayout]:
-    """Turns (bucket, degree, start, end) steps into stages with concrete devices."""
-    taken = [0] * len(buckets)
-    stages = []
-    for k, t, start, end in path:
-        stages.append(StageLayout(buckets[k][taken[k] : taken[k] + t], start, end))
-        taken[k] += t
-    return stages
-
-
 def _resplit(stages: list[StageLayout], splits: list[int]) -> list[StageLayout]:
     out, start = [], 0
     for stage, n in zip(stages, splits, strict=False):
@@ -188,22 +181,14 @@ def _resplit(stages: list[StageLayout], splits: list[int]) -> list[StageLayout]:
     return out
 
 
-def _proportional_split(cluster: Cluster, stages: list[StageLayout], num_layers: int) -> list[int]:
-    memory = [sum(cluster.devices[d].memory_bytes for d in s.devices) for s in stages]
-    total, acc, bounds = sum(memory), 0.0, [0]
-    for m in memory:
-        acc += m
-        bounds.append(round(num_layers * acc / total))
-    return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
-
-
-def _greedy_split(unit: list[float], caps: list[int], num_layers: int) -> list[int] | None:
-    """Latency-optimal split: min sum(unit_j * l_j), sum l_j = L, 0 <= l_j <= cap_j."""
-    split, left = [0] * len(unit), num_layers
-    for j in sorted(range(len(unit)), key=lambda j: unit[j]):
-        split[j] = min(caps[j], left)
-        left -= split[j]
-    return None if left else split
+def _instantiate(buckets: list[tuple[int, ...]], path) -> list[StageLayout]:
+    """Turns (bucket, degree, start, end) steps into stages with concrete devices."""
+    taken = [0] * len(buckets)
+    stages = []
+    for k, t, start, end in path:
+        stages.append(StageLayout(buckets[k][taken[k] : taken[k] + t], start, end))
+        taken[k] += t
+    return stages
 
 
 class PipelineDP:
@@ -220,10 +205,15 @@ class PipelineDP:
         workload: Workload,
         symmetric: bool = False,
         max_stages: int = 16,
+        score: Callable[[PipelineLayout], tuple] | None = None,
     ):
         self.cluster, self.model, self.workload = cluster, model, workload
         self.symmetric = symmetric  # every stage: one TP degree, equal layer counts (the paper's baseline ii)
         self.max_stages = max_stages
+        # Lower is better. None: Eq. 2 latency (one request alone, the sequential model). With
+        # pipelining and batching the caller passes a throughput-within-SLO score, and the DP
+        # also tries layouts with fewer TP degrees and splits balanced for throughput.
+        self.score = score
         self._cache: dict[tuple, PipelineLayout | None] = {}
 
     def layout(self, devs: Sequence[int]) -> PipelineLayout | None:
@@ -258,31 +248,36 @@ class PipelineDP:
                 continue
             stages = _instantiate(buckets, path)
             for candidate in self._refits(stages, tables, path):
-                if best is None or candidate.latency_s < best.latency_s:
+                if best is None or self._key(candidate) < self._key(best):
                     best = candidate
         return best
+
+    def _key(self, layout: PipelineLayout) -> tuple:
+        return (layout.latency_s,) if self.score is None else self.score(layout)
 
     def _searches(self, num_devices: int, states: int):
         top = min(self.max_stages, num_devices, self.model.num_layers)
         if self.symmetric:
             return [("even", s, (t,)) for t in TP_DEGREES for s in range(1, top + 1)]
         searches = [("proportional", 0, TP_DEGREES)]
+        if self.score is not None:  # deeper pipelines of narrower TP groups batch more sequences
+            searches += [("proportional", 0, degrees) for degrees in THROUGHPUT_DEGREES]
         if states <= EVEN_DP_STATES:
             searches += [("even", s, TP_DEGREES) for s in range(1, min(top, MAX_EVEN_STAGES) + 1)]
         return searches
 
     def _refits(self, stages: list[StageLayout], tables: _Tables, path) -> list[PipelineLayout]:
-        """The DP's own split, then §4.3's memory-proportional split and the latency-optimal one."""
+        """The DP's own split, then the splits of `layer_split.py` (balanced only for throughput)."""
         splits = [[s.layers for s in stages]]
         if not self.symmetric:
-            splits.append(_proportional_split(self.cluster, stages, self.model.num_layers))
-            greedy = _greedy_split(
-                [tables.unit[k, t] for k, t, _, _ in path],
-                [tables.cap[k, t] for k, t, _, _ in path],
-                self.model.num_layers,
-            )
-            if greedy is not None:
-                splits.append(greedy)
+            memory = [sum(self.cluster.devices[d].memory_bytes for d in s.devices) for s in stages]
+            unit = [tables.unit[k, t] for k, t, _, _ in path]
+            caps = [tables.cap[k, t] for k, t, _, _ in path]
+            splits.append(proportional_split(memory, self.model.num_layers))
+            splits.append(greedy_split(unit, caps, self.model.num_layers))
+            if self.score is not None:
+                splits.append(balanced_split(unit, caps, self.model.num_layers))
+            splits = [split for split in splits if split is not None]
         out = []
         for split in splits:
             caps_ok = all(n <= tables.cap[k, t] for n, (k, t, _, _) in zip(split, path, strict=False))

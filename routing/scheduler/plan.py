@@ -115,7 +115,9 @@ class Plan:
                 }
                 for p in self.pipelines
             ],
-            "estimate": None if self.estimate is None else dict(vars(self.estimate)),
+            "estimate": None
+            if self.estimate is None
+            else {**vars(self.estimate), "bound_ratio": self.estimate.bound_ratio},
         }
 
     @classmethod

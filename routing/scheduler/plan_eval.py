@@ -9,6 +9,7 @@ from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayou
 from routing.scheduler.plan import Plan
 from routing.scheduler.serving import evaluate_layouts
 from routing.scheduler.simulator import SimResult, make_trace
+from routing.scheduler.upper_bound import throughput_upper_bound
 
 
 def plan_layouts(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> list[PipelineLayout]:
@@ -39,6 +40,13 @@ def memory_violations(cluster: Cluster, model: ModelSpec, workload: Workload, pl
                         f"[{stage.start}, {stage.end}), has {have / 2**30:.2f} GiB"
                     )
     return problems
+
+
+def upper_bound_tok_s(cluster: Cluster, model: ModelSpec, workload: Workload) -> float:
+    """Most generated tokens/s any placement of the cluster could serve under the workload's
+    serving model (`upper_bound.py`; sequential serving batches nothing, so max_batch = 1)."""
+    max_batch = 1 if workload.serving == "sequential" else workload.max_batch
+    return throughput_upper_bound(cluster, model, workload, max_batch=max_batch).tok_s
 
 
 def evaluate_plan(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> SimResult:

@@ -27,6 +27,7 @@ from routing.scheduler.simulator import SimResult, Trace, pipeline_latencies, si
 from routing.scheduler.stage_costs import StageCosts, stage_costs
 
 MAX_IN_FLIGHT = 4096  # longest table of `loaded_latency`
+BURST = 0.4  # latency grows by this share of the utilisation under Poisson bursts (fitted)
 
 
 def evaluate_layouts(
@@ -83,7 +84,10 @@ def loaded_latency(costs: StageCosts, s_out: int, tokens: float, deadline_s: flo
     they take a share rho = (m / x) p of the busiest stage (m / x requests/s arrive by Little's
     law, p is that stage's prefill); the latency x = P + D / (1 - rho) (P: the whole prefill) is
     the larger root of x^2 - (P + m p + D) x + P m p = 0. Past the KV limit requests wait for a
-    free slot, so the latency grows in proportion. The table stops past the deadline.
+    free slot, so the latency grows in proportion. Poisson arrivals come in bursts, which a
+    fluid model does not see: the latency is raised by BURST x the utilisation (rate m / x over
+    the pipeline's saturation rate), a factor fitted to the event simulation on §5.1's
+    pipelines. The table stops past the deadline.
     """
     n_stages, max_batch = costs.num_stages, costs.max_batch
     fit = max(1, costs.max_sequences(tokens))
@@ -99,5 +103,7 @@ def loaded_latency(costs: StageCosts, s_out: int, tokens: float, deadline_s: flo
     linear = whole + active * busiest + decode
     x = (linear + np.sqrt(np.maximum(linear**2 - 4 * whole * active * busiest, 0.0))) / 2
     latency = x * m / active
+    rates = m / latency
+    latency = latency * (1 + BURST * rates / rates.max())
     over = np.flatnonzero(latency > deadline_s)
     return latency[: over[0] + 1] if len(over) else latency

@@ -73,7 +73,7 @@ def stage_costs(
         raise ValueError("max_batch must be at least 1")
     s_in = np.asarray(s_in, dtype=float)
     stages = layout.stages
-    n_stages, batches = len(stages), range(1, max_batch + 1)
+    n_stages, batches = len(stages), np.arange(1, max_batch + 1)
     prefill = np.zeros((n_stages, len(s_in)))
     hop_prefill = np.zeros_like(prefill)
     step = np.zeros((n_stages, max_batch + 1))
@@ -85,16 +85,14 @@ def stage_costs(
             comp_cost(cluster, devs, model, layers, s_in, 1).prefill
             + tp_comm_cost(cluster, devs, model, layers, s_in, 1).prefill
         )
-        for b in batches:
-            step[j, b] = float(
-                comp_cost(cluster, devs, model, layers, 0.0, 1, b).decode
-                + tp_comm_cost(cluster, devs, model, layers, 0.0, 1, b).decode
-            )
+        step[j, 1:] = (
+            comp_cost(cluster, devs, model, layers, 0.0, 1, batches).decode
+            + tp_comm_cost(cluster, devs, model, layers, 0.0, 1, batches).decode
+        )
         if j + 1 < n_stages:
             nxt = stages[j + 1].devices
             hop_prefill[j] = pp_comm_cost(cluster, devs, nxt, model, s_in, 1).prefill
-            for b in batches:
-                hop_step[j, b] = float(pp_comm_cost(cluster, devs, nxt, model, 0.0, 1, b).decode)
+            hop_step[j, 1:] = pp_comm_cost(cluster, devs, nxt, model, 0.0, 1, batches).decode
         tp = len(devs)
         weights = stage_memory(model, tp, layers, 0)
         budget[j] = min(cluster.devices[d].memory_bytes for d in devs) - weights
