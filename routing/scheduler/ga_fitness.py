@@ -44,6 +44,7 @@ class Evaluator:
         self._group: dict[tuple, np.ndarray | PipelineCapacity | None] = {}
         self._fitness: dict[tuple, Fitness] = {}
         self._simulated: dict[tuple, SimResult] = {}
+        self._scores: dict[tuple, tuple[float, float]] = {}
         self.evaluations = 0
 
     @property
@@ -99,9 +100,12 @@ class Evaluator:
         return self._simulated[key]
 
     def _capacity_score(self, layout: PipelineLayout) -> tuple[float, float]:
-        """Layouts by SLO capacity (more is better), then latency (for the DP)."""
-        capacity = pipeline_capacity(self.cluster, layout, self.model, self.workload, self.trace.deadline_s)
-        return (-capacity.slo_rps, layout.latency_s)
+        """Layouts by SLO capacity (more is better), then latency (for the DP; cached per layout)."""
+        key = tuple((s.devices, s.start, s.end) for s in layout.stages)
+        if key not in self._scores:
+            capacity = pipeline_capacity(self.cluster, layout, self.model, self.workload, self.trace.deadline_s)
+            self._scores[key] = (-capacity.slo_rps, layout.latency_s)
+        return self._scores[key]
 
     def _group_score(self, group: Sequence[int]):
         """Per group: its service times on the trace (sequential) or its SLO capacity."""

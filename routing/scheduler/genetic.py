@@ -245,6 +245,6 @@ def make_plan(
         workload.max_batch,
         result.p99_latency_s if finite else 0.0,
         result.throughput_tok_s,
-        upper_bound_tok_s(cluster, model, workload),
+        upper_bound_tok_s(cluster, model, workload, result),
     )
     return Plan(model.name, model.num_layers, tuple(pipelines), estimate)

@@ -46,7 +46,7 @@ TP_DEGREES = (1, 2, 4, 8)
 MAX_DP_STATES = 800  # tau vectors; bigger groups are rejected before the DP (§4.3 early checks)
 EVEN_DP_STATES = 100  # the per-S "even" DPs run only for groups this small (they cost S times more)
 MAX_EVEN_STAGES = 8
-THROUGHPUT_DEGREES = ((1, 2), (1, 2, 4), (2, 4))  # extra DP runs when the score is throughput
+THROUGHPUT_DEGREES = ((2,), (1, 2), (2, 4), (4,))  # DP runs when the score is throughput
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,7 @@ def _dp(tables: _Tables, num_layers: int, rule: str, num_stages: int, degrees: S
         if (k, t) in tables.cap and tables.cap[k, t] > 0
     ]
 
+    @cache
     def boundary(j: int, tau: tuple[int, ...]) -> int:
         if rule == "even":
             return round(j * num_layers / num_stages)
@@ -260,8 +261,8 @@ class PipelineDP:
         if self.symmetric:
             return [("even", s, (t,)) for t in TP_DEGREES for s in range(1, top + 1)]
         searches = [("proportional", 0, TP_DEGREES)]
-        if self.score is not None:  # deeper pipelines of narrower TP groups batch more sequences
-            searches += [("proportional", 0, degrees) for degrees in THROUGHPUT_DEGREES]
+        if self.score is not None:  # narrower TP groups in more stages: less all-reduce per step
+            return searches + [("proportional", 0, degrees) for degrees in THROUGHPUT_DEGREES]
         if states <= EVEN_DP_STATES:
             searches += [("even", s, TP_DEGREES) for s in range(1, min(top, MAX_EVEN_STAGES) + 1)]
         return searches

@@ -42,11 +42,15 @@ def memory_violations(cluster: Cluster, model: ModelSpec, workload: Workload, pl
     return problems
 
 
-def upper_bound_tok_s(cluster: Cluster, model: ModelSpec, workload: Workload) -> float:
+def upper_bound_tok_s(cluster: Cluster, model: ModelSpec, workload: Workload, result: SimResult) -> float:
     """Most generated tokens/s any placement of the cluster could serve under the workload's
-    serving model (`upper_bound.py`; sequential serving batches nothing, so max_batch = 1)."""
+    serving model (`upper_bound.py`; sequential serving batches nothing, so max_batch = 1).
+
+    Prefill is charged the mean prompt of the requests the simulation served (`result`): the
+    bound that holds for that simulation's throughput (upper_bound.py, relaxation 6)."""
     max_batch = 1 if workload.serving == "sequential" else workload.max_batch
-    return throughput_upper_bound(cluster, model, workload, max_batch=max_batch).tok_s
+    prompt = result.served_prompt_tokens if result.served else None
+    return throughput_upper_bound(cluster, model, workload, max_batch=max_batch, prompt_tokens=prompt).tok_s
 
 
 def evaluate_plan(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> SimResult:

@@ -49,7 +49,8 @@ def simulate_serving(costs: Sequence[StageCosts], trace: Trace) -> SimResult:
     finish = serving_sim.simulate(costs, trace.arrivals, trace.s_in + trace.s_out, trace.s_out, Dispatcher(costs, trace))
     served = np.isfinite(finish)
     latency = finish[served] - trace.arrivals[served]
-    return summarize(latency, trace, float(finish[served].max()) if served.any() else 0.0)
+    last = float(finish[served].max()) if served.any() else 0.0
+    return summarize(latency, trace.s_in[served], trace, last)
 
 
 class Dispatcher:

@@ -52,6 +52,7 @@ class SimResult:
     rejected: int  # requests turned away at dispatch
     p99_latency_s: float = float("inf")  # over the requests served
     throughput_tok_s: float = 0.0  # output tokens of served requests / time of the last completion
+    served_prompt_tokens: float = 0.0  # mean prompt of the served requests (what the bound needs)
 
 
 def make_trace(model: ModelSpec, workload: Workload) -> Trace:
@@ -83,8 +84,8 @@ def simulate(latencies: np.ndarray, trace: Trace) -> SimResult:
     columns = latencies.T.tolist()  # per request: service time on each pipeline
     arrivals = trace.arrivals.tolist()
     deadline = trace.deadline_s
-    latencies_s, last = [], 0.0
-    for arrival, service in zip(arrivals, columns, strict=False):
+    latencies_s, served, last = [], [], 0.0
+    for r, (arrival, service) in enumerate(zip(arrivals, columns, strict=False)):
         best_p, best_finish = -1, arrival + deadline
         for p, (busy_until, s) in enumerate(zip(free, service, strict=False)):
             finish = (busy_until if busy_until > arrival else arrival) + s
@@ -93,11 +94,12 @@ def simulate(latencies: np.ndarray, trace: Trace) -> SimResult:
         if best_p >= 0:
             free[best_p] = best_finish
             latencies_s.append(best_finish - arrival)
+            served.append(r)
             last = max(last, best_finish)
-    return summarize(np.asarray(latencies_s), trace, last)
+    return summarize(np.asarray(latencies_s), trace.s_in[served], trace, last)
 
 
-def summarize(served_latency_s: np.ndarray, trace: Trace, last_s: float) -> SimResult:
+def summarize(served_latency_s: np.ndarray, served_s_in: np.ndarray, trace: Trace, last_s: float) -> SimResult:
     """SimResult from the latencies of the served requests.
 
     Those within the deadline count for attainment and goodput. Throughput counts every served
@@ -110,4 +112,5 @@ def summarize(served_latency_s: np.ndarray, trace: Trace, last_s: float) -> SimR
     mean = float(served_latency_s.mean()) if served else float("inf")
     p99 = float(np.percentile(served_latency_s, 99)) if served else float("inf")
     tokens = served * trace.s_out / last_s if served and last_s > 0 else 0.0
-    return SimResult(met / count, met / duration, mean, served, count - served, p99, tokens)
+    prompt = float(served_s_in.mean()) if served else 0.0
+    return SimResult(met / count, met / duration, mean, served, count - served, p99, tokens, prompt)
