@@ -242,7 +242,7 @@ def make_plan(
         workload.s_in,
         workload.s_out,
         workload.serving,
-        workload.max_batch,
+        1 if workload.serving == "sequential" else workload.max_batch,
         result.p99_latency_s if finite else 0.0,
         result.throughput_tok_s,
         upper_bound_tok_s(cluster, model, workload, result),
