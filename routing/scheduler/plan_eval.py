@@ -1,9 +1,11 @@
-"""Checks and scores a given Plan (a fixed one such as HexGen's Table 4, or one read back from disk)."""
+"""Checks and scores a given Plan (a fixed one such as HexGen's Table 4, or one read back from disk),
+and computes the upper bound its throughput is compared with."""
 
 from __future__ import annotations
 
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.cost_model import stage_memory
+from routing.scheduler.fitness import Estimate, estimate, pipeline_capacity
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
 from routing.scheduler.plan import Plan
@@ -57,3 +59,10 @@ def evaluate_plan(cluster: Cluster, model: ModelSpec, workload: Workload, plan: 
     """A fixed plan on the workload's trace (same trace as the search) under its serving model."""
     layouts = plan_layouts(cluster, model, workload, plan)
     return evaluate_layouts(cluster, layouts, model, make_trace(model, workload), workload)
+
+
+def estimate_plan(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> Estimate:
+    """The search's analytic fitness (`fitness.py`) of a fixed plan, to compare with `evaluate_plan`."""
+    deadline = make_trace(model, workload).deadline_s
+    layouts = plan_layouts(cluster, model, workload, plan)
+    return estimate([pipeline_capacity(cluster, lay, model, workload, deadline) for lay in layouts], workload.rate)
