@@ -64,7 +64,8 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
     def config(**kw) -> SearchConfig:
         return SearchConfig(**{"time_budget_s": budget, "stall_generations": args.stall, "seed": args.seed, **kw})
 
-    ours = search(cluster, MODEL, workload, config())
+    layouts: dict = {}  # layout cache shared by our search and the re-plan (same network)
+    ours = search(cluster, MODEL, workload, config(), layout_cache=layouts)
     symmetric = search(cluster, MODEL, workload, config(symmetric=True, time_budget_s=budget / 2))
     pairs = _pairs(ours) + _pairs(symmetric)
     table4 = None
@@ -82,7 +83,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         seed=args.seed,
         finalists=1,
     )
-    replan = search(smaller, MODEL, workload, replan_cfg, previous=ours.plan)
+    replan = search(smaller, MODEL, workload, replan_cfg, previous=ours.plan, layout_cache=layouts)
     within = all(
         not memory_violations(c, MODEL, workload, p)
         for c, p in ((cluster, ours.plan), (cluster, symmetric.plan), (smaller, replan.plan))
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="one JSON line per row (default: a table)")
     parser.add_argument("--budget-s", type=float, default=15.0, help="budget of each §5.1 search (default 15)")
-    parser.add_argument("--budget-1000-s", type=float, default=55.0, help="budget on 1,000 GPUs (default 55)")
+    parser.add_argument("--budget-1000-s", type=float, default=48.0, help="budget on 1,000 GPUs (default 48)")
     parser.add_argument("--replan-s", type=float, default=2.0, help="re-plan budget, §5.1 clusters")
     parser.add_argument("--replan-1000-s", type=float, default=4.0, help="re-plan budget, 1,000 GPUs")
     parser.add_argument("--stall", type=int, default=30, help="stop a search after this many flat generations")

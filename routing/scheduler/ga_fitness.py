@@ -33,11 +33,18 @@ Fitness = tuple[float, float]  # (attainment, -mean latency)
 class Evaluator:
     """Fitness of individuals: DP layouts per group, then the serving model (cached per bucket vector)."""
 
-    def __init__(self, cluster: Cluster, model: ModelSpec, workload: Workload, symmetric: bool = False):
+    def __init__(
+        self,
+        cluster: Cluster,
+        model: ModelSpec,
+        workload: Workload,
+        symmetric: bool = False,
+        layout_cache: dict | None = None,
+    ):
         self.cluster, self.model, self.workload = cluster, model, workload
         self.trace = make_trace(model, workload)
         score = None if self.sequential else self._capacity_score
-        self.dp = PipelineDP(cluster, model, workload, symmetric=symmetric, score=score)
+        self.dp = PipelineDP(cluster, model, workload, symmetric=symmetric, score=score, cache=layout_cache)
         keys = [bucket_key(cluster, i) for i in range(len(cluster))]
         ids = {k: n for n, k in enumerate(sorted(set(keys)))}
         self.bucket_of = [ids[k] for k in keys]

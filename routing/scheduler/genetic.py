@@ -88,8 +88,12 @@ def search(
     config: SearchConfig = SearchConfig(),
     previous: Plan | None = None,
     progress: Callable[[Progress], None] | None = None,
+    layout_cache: dict | None = None,
 ) -> SearchResult:
     """Runs the genetic search (§4.3) and returns the best plan; raises NoFeasiblePlanError.
+
+    `layout_cache`: a dict kept between searches on the same network (first plan, then re-plans
+    after devices leave or join) so that a warm re-plan reuses the first search's layouts.
 
     Clusters of more than `hierarchical.FLAT_LIMIT` devices in several regions are searched
     region by region (`hierarchical.py`, which calls back into this function per region).
@@ -98,10 +102,10 @@ def search(
 
     regions = {d.region for d in cluster.devices}
     if len(cluster) > hierarchical.FLAT_LIMIT and len(regions) > 1:
-        return hierarchical.search_by_region(cluster, model, workload, config, previous, None)
+        return hierarchical.search_by_region(cluster, model, workload, config, previous, None, layout_cache)
     start = time.perf_counter()
     rng = random.Random(config.seed)
-    ev = Evaluator(cluster, model, workload, config.symmetric)
+    ev = Evaluator(cluster, model, workload, config.symmetric, layout_cache)
     replica = model.weight_bytes
     mutator = Mutator(cluster, replica, ev.accept_group)
     if sum(d.memory_bytes for d in cluster.devices) < replica:

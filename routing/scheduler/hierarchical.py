@@ -74,6 +74,7 @@ def search_by_region(
     config,
     previous: Plan | None = None,
     progress: Callable | None = None,
+    layout_cache: dict | None = None,
 ):
     """`genetic.search` for large clusters (module docstring); returns a `genetic.SearchResult`."""
     from routing.scheduler.genetic import NoFeasiblePlanError, SearchResult, make_plan
@@ -83,9 +84,9 @@ def search_by_region(
     layouts: list[PipelineLayout] = []
     generations = evaluations = 0
     if previous is not None:
-        layouts = _repair(cluster, model, workload, groups, previous)
+        layouts = _repair(cluster, model, workload, groups, previous, layout_cache)
     else:
-        for n, found in _search_groups(cluster, model, workload, config, groups):
+        for n, found in _search_groups(cluster, model, workload, config, groups, layout_cache):
             layouts += plan_layouts(cluster, model, workload, found.plan)
             generations += found.generations
             evaluations += found.evaluations
@@ -101,7 +102,9 @@ def search_by_region(
     return SearchResult(plan, result, generations, evaluations, elapsed, (), ((fitness, result),))
 
 
-def _search_groups(cluster: Cluster, model: ModelSpec, workload: Workload, config, groups: list[list[int]]):
+def _search_groups(
+    cluster: Cluster, model: ModelSpec, workload: Workload, config, groups: list[list[int]], cache: dict | None
+):
     """Yields (group number, genetic.SearchResult) for each region group that can hold a replica."""
     from routing.scheduler.genetic import NoFeasiblePlanError, search
 
@@ -118,7 +121,7 @@ def _search_groups(cluster: Cluster, model: ModelSpec, workload: Workload, confi
         sub_config = replace(config, time_budget_s=budget * len(group) / len(cluster), finalists=1)
         sub = cluster.subset(frozenset(cluster.devices[i].id for i in group))
         try:
-            yield n, search(sub, model, sub_workload, sub_config)
+            yield n, search(sub, model, sub_workload, sub_config, layout_cache=cache)
         except NoFeasiblePlanError:
             continue  # these devices cannot hold a replica even together: they stay idle
 
@@ -129,11 +132,12 @@ def _repair(
     workload: Workload,
     groups: list[list[int]],
     previous: Plan,
+    cache: dict | None,
 ) -> list[PipelineLayout]:
     """Warm re-plan: intact pipelines stay; each broken pipeline's surviving devices are laid out
     again with Algorithm 1; survivors too few to hold a replica are pooled per region group
     and laid out together (as one group, or halves of it)."""
-    evaluator = Evaluator(cluster, model, workload)
+    evaluator = Evaluator(cluster, model, workload, layout_cache=cache)
     index = {d.id: i for i, d in enumerate(cluster.devices)}
     intact = [p for p in previous.pipelines if all(d in index for d in p.device_ids)]
     layouts = plan_layouts(cluster, model, workload, Plan(model.name, model.num_layers, tuple(intact)))

@@ -26,7 +26,7 @@ throughput, the split balanced to stage speed; the best feasible layout under th
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from routing.scheduler.cluster import Cluster
@@ -207,6 +207,7 @@ class PipelineDP:
         symmetric: bool = False,
         max_stages: int = 16,
         score: Callable[[PipelineLayout], tuple] | None = None,
+        cache: dict | None = None,
     ):
         self.cluster, self.model, self.workload = cluster, model, workload
         self.symmetric = symmetric  # every stage: one TP degree, equal layer counts (the paper's baseline ii)
@@ -215,16 +216,30 @@ class PipelineDP:
         # pipelining and batching the caller passes a throughput-within-SLO score, and the DP
         # also tries layouts with fewer TP degrees and splits balanced for throughput.
         self.score = score
-        self._cache: dict[tuple, PipelineLayout | None] = {}
+        # Layouts per bucket vector. A caller may pass the dict of an earlier search on the same
+        # network (a re-plan after devices left): buckets name their machine and region, so a
+        # cached layout stays valid on any subset of the cluster.
+        self._cache: dict[tuple, PipelineLayout | None] = {} if cache is None else cache
+        lengths = replace(workload, rate=1.0, num_requests=1, seed=0)  # what layouts depend on
+        self._mode = (model, lengths, symmetric, max_stages, score is None)
 
     def layout(self, devs: Sequence[int]) -> PipelineLayout | None:
         """The best layout for a group, or None when it cannot hold a replica."""
         buckets = buckets_of(self.cluster, devs)
-        key = tuple((bucket_key(self.cluster, bk[0]), len(bk)) for bk in buckets)
+        key = (self._mode, tuple((bucket_key(self.cluster, bk[0]), len(bk)) for bk in buckets))
         if key not in self._cache:
-            self._cache[key] = self._solve(buckets)
+            self._cache[key] = self._template(self._solve(buckets))
         template = self._cache[key]
         return None if template is None else self._rebind(template, buckets)
+
+    def _template(self, layout: PipelineLayout | None):
+        """A layout with each stage as (bucket key, degree, start, end): valid on any cluster."""
+        if layout is None:
+            return None
+        stages = tuple(
+            (bucket_key(self.cluster, s.devices[0]), len(s.devices), s.start, s.end) for s in layout.stages
+        )
+        return stages, layout.prefill_s, layout.decode_s
 
     def dp_path(
         self, devs: Sequence[int], rule: str, num_stages: int = 0, degrees: Sequence[int] = TP_DEGREES
@@ -293,17 +308,14 @@ class PipelineDP:
         cost = pipeline_cost(self.cluster, specs, self.model, float(w.s_in), w.s_out, w.batch_size)
         return PipelineLayout(tuple(stages), float(cost.prefill), float(cost.decode))
 
-    def _rebind(self, template: PipelineLayout, buckets: list[tuple[int, ...]]) -> PipelineLayout:
-        """Maps a cached layout onto this group's own devices (same buckets, other members)."""
-        position = {}
-        for bk in buckets:
-            for d in bk:
-                position[bucket_key(self.cluster, d)] = bk
+    def _rebind(self, template, buckets: list[tuple[int, ...]]) -> PipelineLayout:
+        """Maps a cached template onto this group's own devices (same buckets, other members)."""
+        position = {bucket_key(self.cluster, bk[0]): bk for bk in buckets}
         taken: dict[tuple, int] = {}
         stages = []
-        for stage in template.stages:
-            key = bucket_key(self.cluster, stage.devices[0])
+        template_stages, prefill_s, decode_s = template
+        for key, degree, start, end in template_stages:
             bk, n = position[key], taken.get(key, 0)
-            stages.append(StageLayout(bk[n : n + len(stage.devices)], stage.start, stage.end))
-            taken[key] = n + len(stage.devices)
-        return PipelineLayout(tuple(stages), template.prefill_s, template.decode_s)
+            stages.append(StageLayout(bk[n : n + degree], start, end))
+            taken[key] = n + degree
+        return PipelineLayout(tuple(stages), prefill_s, decode_s)
