@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON line per row (default: a table)")
     parser.add_argument("--budget-s", type=float, default=15.0, help="budget of each §5.1 search (default 15)")
     parser.add_argument("--budget-1000-s", type=float, default=48.0, help="budget on 1,000 GPUs (default 48)")
-    parser.add_argument("--replan-s", type=float, default=2.0, help="re-plan budget, §5.1 clusters")
+    parser.add_argument("--replan-s", type=float, default=1.2, help="re-plan budget, §5.1 clusters")
     parser.add_argument("--replan-1000-s", type=float, default=4.0, help="re-plan budget, 1,000 GPUs")
     parser.add_argument("--stall", type=int, default=30, help="stop a search after this many flat generations")
     parser.add_argument("--loads", nargs="*", type=float, default=[0.5, 1.0], help="rates, x the bound")
