@@ -12,7 +12,8 @@ Eq. 3 sums stage costs, but the PP hop of Eq. 6 couples consecutive stages, so t
     DP[j; tau, k] = min over stages (k', t) of  DP[j-1; tau - t e_k', k] + C_comp + C_comm-tp
                                                 + C_comm-pp(k -> k')
 
-computed here backwards with memoization (the same recursion as Algorithm 1). Layer counts:
+computed backwards with memoization (the same recursion as Algorithm 1; `algorithm1.py`
+holds the tables and the recursion, this module the layout search around them). Layer counts:
   * "even":         S stages, stage j gets layers [round(jL/S), round((j+1)L/S))  (§4.3 start);
   * "proportional": every device of the group is used and a stage gets the layers of its share
                     of the group's memory, a function of tau alone (the fixed point of §4.3's
@@ -27,22 +28,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import cache
 
+from routing.scheduler.algorithm1 import TP_DEGREES, Tables, dp
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.cost_model import (
     StageSpec,
-    comp_cost,
-    max_layers,
     pipeline_cost,
-    pp_comm_cost,
-    tp_comm_cost,
 )
 from routing.scheduler.layer_split import balanced_split, greedy_split, proportional_split
 from routing.scheduler.model_spec import ModelSpec, Workload
 
-INF = float("inf")
-TP_DEGREES = (1, 2, 4, 8)
 MAX_DP_STATES = 800  # tau vectors; bigger groups are rejected before the DP (§4.3 early checks)
 EVEN_DP_STATES = 100  # the per-S "even" DPs run only for groups this small (they cost S times more)
 MAX_EVEN_STAGES = 8
@@ -91,86 +86,6 @@ def buckets_of(cluster: Cluster, devs: Sequence[int]) -> list[tuple[int, ...]]:
     for i in sorted(devs):
         groups.setdefault(bucket_key(cluster, i), []).append(i)
     return [tuple(groups[k]) for k in sorted(groups)]
-
-
-class _Tables:
-    """Per-bucket costs of one layer, memory caps and hop costs for one group (constant time, §4.2)."""
-
-    def __init__(
-        self, cluster: Cluster, buckets: list[tuple[int, ...]], model: ModelSpec, workload: Workload
-    ):
-        s_in, s_out, b = float(workload.s_in), workload.s_out, workload.batch_size
-        tokens = workload.s_in_max + workload.s_out
-        self.counts = tuple(len(bk) for bk in buckets)
-        self.unit: dict[tuple[int, int], float] = {}
-        self.cap: dict[tuple[int, int], int] = {}
-        for k, bk in enumerate(buckets):
-            for t in TP_DEGREES:
-                if t <= len(bk):
-                    devs = bk[:t]
-                    cost = comp_cost(cluster, devs, model, 1, s_in, s_out, b) + tp_comm_cost(
-                        cluster, devs, model, 1, s_in, s_out, b
-                    )
-                    self.unit[k, t] = float(cost.total)
-                    memory = min(cluster.devices[d].memory_bytes for d in devs)
-                    self.cap[k, t] = max_layers(model, t, memory, tokens, b)
-        self.hop: dict[tuple[int, int], float] = {}
-        for k1, b1 in enumerate(buckets):
-            for k2, b2 in enumerate(buckets):
-                a, c = (b1[:1], b2[:1]) if k1 != k2 else (b1[:1], b1[1:2])
-                if c:
-                    self.hop[k1, k2] = float(pp_comm_cost(cluster, a, c, model, s_in, s_out, b).total)
-        self.memory = tuple(cluster.devices[bk[0]].memory_bytes for bk in buckets)
-
-
-def _dp(tables: _Tables, num_layers: int, rule: str, num_stages: int, degrees: Sequence[int]):
-    """Algorithm 1 with backtracking; returns (cost, [(bucket, degree, start, end), ...]) or (inf, [])."""
-    counts = tables.counts
-    total_memory = sum(c * m for c, m in zip(counts, tables.memory, strict=False))
-    moves = [
-        (k, t, tables.unit[k, t], tables.cap[k, t])
-        for k in range(len(counts))
-        for t in degrees
-        if (k, t) in tables.cap and tables.cap[k, t] > 0
-    ]
-
-    @cache
-    def boundary(j: int, tau: tuple[int, ...]) -> int:
-        if rule == "even":
-            return round(j * num_layers / num_stages)
-        used = sum(c * m for c, m in zip(tau, tables.memory, strict=False))
-        return round(num_layers * used / total_memory)
-
-    @cache
-    def rest(j: int, tau: tuple[int, ...], last: int):
-        if rule == "even" and j == num_stages:
-            return 0.0, ()
-        if rule == "proportional" and tau == counts:
-            return 0.0, ()
-        best = (INF, ())
-        start = boundary(j, tau)
-        for k, t, unit, cap in moves:
-            if tau[k] + t > counts[k]:
-                continue
-            nxt = tau[:k] + (tau[k] + t,) + tau[k + 1 :]
-            end = boundary(j + 1, nxt)
-            layers = end - start
-            if layers > cap:
-                continue  # Eq. 7 violated: +inf
-            if layers == 0:  # a zero-layer share: these devices stay idle
-                cost, path = rest(j, nxt, last)
-            else:
-                hop = tables.hop.get((last, k), INF) if last >= 0 else 0.0
-                sub_cost, sub_path = rest(j + 1, nxt, k)
-                cost = unit * layers + hop + sub_cost
-                path = ((k, t, start, end),) + sub_path
-            if cost < best[0]:
-                best = (cost, path)
-        return best
-
-    zero = tuple(0 for _ in counts)
-    cost, path = rest(0, zero, -1)
-    return cost, list(path)
 
 
 def _resplit(stages: list[StageLayout], splits: list[int]) -> list[StageLayout]:
@@ -246,8 +161,8 @@ class PipelineDP:
     ) -> tuple[float, list[StageLayout]]:
         """The raw Algorithm 1 optimum for one layer rule (exposed for tests against brute force)."""
         buckets = buckets_of(self.cluster, devs)
-        tables = _Tables(self.cluster, buckets, self.model, self.workload)
-        cost, path = _dp(tables, self.model.num_layers, rule, num_stages, degrees)
+        tables = Tables(self.cluster, buckets, self.model, self.workload)
+        cost, path = dp(tables, self.model.num_layers, rule, num_stages, degrees)
         return cost, _instantiate(buckets, path)
 
     def _solve(self, buckets: list[tuple[int, ...]]) -> PipelineLayout | None:
@@ -256,10 +171,10 @@ class PipelineDP:
             states *= len(bk) + 1
         if states > MAX_DP_STATES:
             return None
-        tables = _Tables(self.cluster, buckets, self.model, self.workload)
+        tables = Tables(self.cluster, buckets, self.model, self.workload)
         best: PipelineLayout | None = None
         for rule, stages_count, degrees in self._searches(sum(tables.counts), states):
-            _, path = _dp(tables, self.model.num_layers, rule, stages_count, degrees)
+            _, path = dp(tables, self.model.num_layers, rule, stages_count, degrees)
             if not path:
                 continue
             stages = _instantiate(buckets, path)
@@ -282,7 +197,7 @@ class PipelineDP:
             searches += [("even", s, TP_DEGREES) for s in range(1, min(top, MAX_EVEN_STAGES) + 1)]
         return searches
 
-    def _refits(self, stages: list[StageLayout], tables: _Tables, path) -> list[PipelineLayout]:
+    def _refits(self, stages: list[StageLayout], tables: Tables, path) -> list[PipelineLayout]:
         """The DP's own split, then the splits of `layer_split.py` (balanced only for throughput)."""
         splits = [[s.layers for s in stages]]
         if not self.symmetric:
