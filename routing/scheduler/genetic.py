@@ -102,7 +102,7 @@ def search(
 
     regions = {d.region for d in cluster.devices}
     if len(cluster) > hierarchical.FLAT_LIMIT and len(regions) > 1:
-        return hierarchical.search_by_region(cluster, model, workload, config, previous, None, layout_cache)
+        return hierarchical.search_by_region(cluster, model, workload, config, previous, layout_cache)
     start = time.perf_counter()
     rng = random.Random(config.seed)
     ev = Evaluator(cluster, model, workload, config.symmetric, layout_cache)

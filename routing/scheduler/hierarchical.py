@@ -25,7 +25,6 @@ touches most of the 50 regions.)
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import replace
 
 from routing.scheduler.cluster import Cluster
@@ -73,7 +72,6 @@ def search_by_region(
     workload: Workload,
     config,
     previous: Plan | None = None,
-    progress: Callable | None = None,
     layout_cache: dict | None = None,
 ):
     """`genetic.search` for large clusters (module docstring); returns a `genetic.SearchResult`."""
@@ -86,12 +84,10 @@ def search_by_region(
     if previous is not None:
         layouts = _repair(cluster, model, workload, groups, previous, layout_cache)
     else:
-        for n, found in _search_groups(cluster, model, workload, config, groups, layout_cache):
+        for found in _search_groups(cluster, model, workload, config, groups, layout_cache):
             layouts += plan_layouts(cluster, model, workload, found.plan)
             generations += found.generations
             evaluations += found.evaluations
-            if progress is not None:
-                progress(n, len(groups), found, time.perf_counter() - start)
     if not layouts:
         raise NoFeasiblePlanError(f"no region group of the cluster can hold a replica of {model.name}")
     trace = make_trace(model, workload)
@@ -105,7 +101,7 @@ def search_by_region(
 def _search_groups(
     cluster: Cluster, model: ModelSpec, workload: Workload, config, groups: list[list[int]], cache: dict | None
 ):
-    """Yields (group number, genetic.SearchResult) for each region group that can hold a replica."""
+    """Yields a genetic.SearchResult for each region group that can hold a replica."""
     from routing.scheduler.genetic import NoFeasiblePlanError, search
 
     bandwidth = [sum(cluster.devices[i].bandwidth for i in g) for g in groups]
@@ -121,7 +117,7 @@ def _search_groups(
         sub_config = replace(config, time_budget_s=budget * len(group) / len(cluster), finalists=1)
         sub = cluster.subset(frozenset(cluster.devices[i].id for i in group))
         try:
-            yield n, search(sub, model, sub_workload, sub_config, layout_cache=cache)
+            yield search(sub, model, sub_workload, sub_config, layout_cache=cache)
         except NoFeasiblePlanError:
             continue  # these devices cannot hold a replica even together: they stay idle
 
