@@ -1,16 +1,20 @@
-"""How good and how fast the HexGen scheduler is on the paper's clusters (HexGen §5.1, §5.4).
+"""How good and how fast the HexGen scheduler is on §5.1's clusters and on 1,000 GPUs (issue 7).
 
-For each scenario and output length (32, 64, 128) it runs the genetic search and reports,
-on the same simulated trace (Llama-2-70B, Poisson arrivals, SLO scale 5):
-  attainment                  our plan
-  attainment_table4           HexGen's Table 4 plan (full-price cluster only)
-  attainment_random_mutation  the same search with random mutations (§5.4 ablation)
-  attainment_symmetric        best plan whose stages share one TP degree and layer count
-  replan_s, attainment_after_leave   4 GPUs of the plan leave; warm-started re-plan
-The request rate is `--rate` at 32 output tokens and scales as 32 / s_out, so every row
-offers the swarm the same number of generated tokens per second.
+Llama-2-70B, prompts 64-192 tokens, 32 output tokens, SLO scale 5 (HexGen §5.1), Poisson
+arrivals. Rates are loaded ones: `--loads` x the cluster's upper bound in requests/s
+(`upper_bound.py` at max_batch 16), the same offered rate for both serving models. Each row:
+  attainment, goodput_rps, throughput_tok_s, p99_latency_s   our plan, event-simulated
+  upper_bound_tok_s, bound_ratio    the bound for the prompts served, and our share of it
+  attainment_symmetric / goodput_symmetric   best plan whose stages share one TP degree and
+                                    layer count (HexGen's baseline ii), same serving model
+  attainment_table4 / goodput_table4   HexGen's Table 4 plan replayed (full-price cluster)
+  fitness_vs_sim                    the search's analytic fitness against the event simulation
+                                    on the plans of the row (finalists, baseline, Table 4):
+                                    Spearman rank correlation and mean |error| of attainment
+  replan_s, attainment_after_leave  4 GPUs of our plan leave (5% of GPUs on the 1,000-GPU
+                                    cluster); the search is warm-started from our plan
 
-    python benchmarks/scheduler.py --json [--budget-s 15] [--rate 8]
+    python benchmarks/scheduler.py --json [--budget-s 15] [--loads 0.5 1.0]
 """
 
 from __future__ import annotations
@@ -18,97 +22,171 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from routing.scheduler.genetic import SearchConfig, search  # noqa: E402
+from scipy.stats import spearmanr  # noqa: E402
+
+from routing.scheduler.genetic import SearchConfig, SearchResult, search  # noqa: E402
 from routing.scheduler.model_spec import Workload, preset  # noqa: E402
-from routing.scheduler.plan_eval import evaluate_plan, memory_violations  # noqa: E402
+from routing.scheduler.plan_eval import (  # noqa: E402
+    estimate_plan,
+    evaluate_plan,
+    memory_violations,
+    upper_bound_tok_s,
+)
 from routing.scheduler.scenarios import SCENARIOS, scenario, table4_plan  # noqa: E402
+from routing.scheduler.synthetic_cluster import synthetic_cluster  # noqa: E402
+from routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
 
-REPLAN_BUDGET_S = 2.5
-LEAVING = 4
+SYNTHETIC = "synthetic-1000"
+MODEL = preset("Llama-2-70B")
 
 
-def run_row(name: str, s_out: int, args: argparse.Namespace) -> dict:
-    """One scenario at one output length: our search, the baselines, and a re-plan after a leave."""
-    cluster, model = scenario(name), preset("Llama-2-70B")
-    workload = Workload(rate=args.rate * 32 / s_out, s_in=128, s_out=s_out, slo_scale=5.0, seed=args.seed)
+def cluster_of(name: str):
+    return synthetic_cluster(1000, 50, seed=0) if name == SYNTHETIC else scenario(name)
+
+
+def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> dict:
+    """One scenario, serving model and load: our search, the baselines, a re-plan after a leave."""
+    cluster = cluster_of(name)
+    big = name == SYNTHETIC
+    base = Workload(s_in=128, s_out=32, slo_scale=5.0, seed=args.seed, max_batch=16)
+    bound_rps = throughput_upper_bound(cluster, MODEL, base, max_batch=16, prompt_tokens=128).requests_s
+    rate = round(load * bound_rps, 1)
+    requests = max(1000, round(rate * (args.trace_1000_s if big else args.trace_s)))
+    workload = replace(base, rate=rate, num_requests=requests, serving=serving)
+    budget = args.budget_1000_s if big else args.budget_s
 
     def config(**kw) -> SearchConfig:
-        return SearchConfig(time_budget_s=args.budget_s, stall_generations=args.stall, seed=args.seed, **kw)
+        return SearchConfig(**{"time_budget_s": budget, "stall_generations": args.stall, "seed": args.seed, **kw})
 
-    ours = search(cluster, model, workload, config())
-    random_mut = search(cluster, model, workload, config(mutation="random"))
-    symmetric = search(cluster, model, workload, config(symmetric=True))
+    layouts: dict = {}  # layout cache shared by our search and the re-plan (same network)
+    ours = search(cluster, MODEL, workload, config(), layout_cache=layouts)
+    symmetric = search(cluster, MODEL, workload, config(symmetric=True, time_budget_s=budget / 2))
+    pairs = _pairs(ours) + _pairs(symmetric)
     table4 = None
     if name == "heterogeneous-full-price":
-        table4 = evaluate_plan(cluster, model, workload, table4_plan(cluster, model)).attainment
+        plan = table4_plan(cluster, MODEL)
+        table4 = evaluate_plan(cluster, MODEL, workload, plan)
+        if serving != "sequential":
+            pairs.append((estimate_plan(cluster, MODEL, workload, plan).attainment, table4.attainment))
 
-    leaving = set(ours.plan.device_ids[:LEAVING])
+    leaving = _leaving(ours, cluster, big, args.seed)
     smaller = cluster.without(leaving)
     replan_cfg = SearchConfig(
-        time_budget_s=REPLAN_BUDGET_S, stall_generations=args.stall // 2, seed=args.seed
+        time_budget_s=args.replan_1000_s if big else args.replan_s,
+        stall_generations=args.stall // 2,
+        seed=args.seed,
+        finalists=1,
     )
-    replan = search(smaller, model, workload, replan_cfg, previous=ours.plan)
-
-    plans = [
-        (cluster, ours.plan),
-        (cluster, random_mut.plan),
-        (cluster, symmetric.plan),
-        (smaller, replan.plan),
-    ]
-    within = all(not memory_violations(c, model, workload, p) for c, p in plans)
+    replan = search(smaller, MODEL, workload, replan_cfg, previous=ours.plan, layout_cache=layouts)
+    within = all(
+        not memory_violations(c, MODEL, workload, p)
+        for c, p in ((cluster, ours.plan), (cluster, symmetric.plan), (smaller, replan.plan))
+    )
+    est = ours.plan.estimate
     return {
         "scenario": name,
-        "s_out": s_out,
-        "rate": workload.rate,
-        "slo_s": round(ours.plan.estimate.slo_s, 3),
+        "serving": serving,
+        "max_batch": est.max_batch,
+        "load": load,
+        "rate": rate,
+        "requests": requests,
+        "slo_s": round(est.slo_s, 3),
         "devices": len(cluster),
+        "devices_used": len(ours.plan.device_ids),
         "schedule_s": round(ours.elapsed_s, 2),
         "generations": ours.generations,
-        "attainment": ours.result.attainment,
-        "attainment_table4": table4,
-        "attainment_random_mutation": random_mut.result.attainment,
-        "attainment_symmetric": symmetric.result.attainment,
+        "attainment": round(ours.result.attainment, 4),
+        "goodput_rps": round(ours.result.goodput_rps, 2),
+        "throughput_tok_s": round(ours.result.throughput_tok_s, 1),
+        "upper_bound_tok_s": round(est.upper_bound_tok_s, 1),
+        "bound_ratio": round(est.bound_ratio, 3),
+        "p99_latency_s": round(ours.result.p99_latency_s, 3),
+        "mean_latency_s": round(ours.result.mean_latency_s, 3),
+        "attainment_symmetric": round(symmetric.result.attainment, 4),
+        "goodput_symmetric": round(symmetric.result.goodput_rps, 2),
+        "throughput_symmetric": round(symmetric.result.throughput_tok_s, 1),
+        "attainment_table4": None if table4 is None else round(table4.attainment, 4),
+        "goodput_table4": None if table4 is None else round(table4.goodput_rps, 2),
+        "fitness_vs_sim": _agreement(pairs, serving),
         "replan_s": round(replan.elapsed_s, 2),
-        "attainment_after_leave": replan.result.attainment,
-        "left": sorted(leaving),
+        "left": len(leaving),
+        "attainment_after_leave": round(replan.result.attainment, 4),
+        "bound_ratio_after_leave": round(
+            replan.result.throughput_tok_s / upper_bound_tok_s(smaller, MODEL, workload, replan.result), 3
+        ),
         "within_memory": within,
-        "pipelines": [p.strategy for p in ours.plan.pipelines],
-        "plan": ours.plan.to_dict(),
+        "pipelines": sorted((p.strategy for p in ours.plan.pipelines), key=lambda s: (len(s), s))[:40],
+    }
+
+
+def _pairs(result: SearchResult) -> list[tuple[float, float]]:
+    """(analytic attainment, simulated attainment) of a search's finalists."""
+    return [(fitness[0], sim.attainment) for fitness, sim in result.finalists]
+
+
+def _leaving(ours: SearchResult, cluster, big: bool, seed: int) -> set[str]:
+    """4 GPUs of the plan, or 5% of the 1,000 GPUs drawn among those the plan uses."""
+    if not big:
+        return set(ours.plan.device_ids[:4])
+    used = sorted(ours.plan.device_ids)
+    return set(random.Random(seed).sample(used, min(len(used), len(cluster) // 20)))
+
+
+def _agreement(pairs: list[tuple[float, float]], serving: str) -> dict:
+    """Spearman rank correlation and mean |error| between estimated and simulated attainment."""
+    if serving == "sequential":
+        return {"note": "the fitness is the simulation itself", "spearman": 1.0, "mean_abs_error": 0.0}
+    unique = sorted(set(pairs))
+    est = [a for a, _ in unique]
+    sim = [b for _, b in unique]
+    rho = spearmanr(est, sim).statistic if len(unique) >= 3 else float("nan")
+    error = sum(abs(a - b) for a, b in unique) / max(1, len(unique))
+    return {
+        "plans": len(unique),
+        "spearman": None if rho != rho else round(float(rho), 3),
+        "mean_abs_error": round(error, 3),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="one JSON line per row (default: a table)")
-    parser.add_argument(
-        "--budget-s", type=float, default=15.0, help="time budget of each search (default 15)"
-    )
-    parser.add_argument(
-        "--stall", type=int, default=60, help="stop a search after this many flat generations"
-    )
-    parser.add_argument("--rate", type=float, default=8.0, help="requests/s at 32 output tokens (default 8)")
+    parser.add_argument("--budget-s", type=float, default=15.0, help="budget of each §5.1 search (default 15)")
+    parser.add_argument("--budget-1000-s", type=float, default=48.0, help="budget on 1,000 GPUs (default 48)")
+    parser.add_argument("--replan-s", type=float, default=1.2, help="re-plan budget, §5.1 clusters")
+    parser.add_argument("--replan-1000-s", type=float, default=4.0, help="re-plan budget, 1,000 GPUs")
+    parser.add_argument("--stall", type=int, default=30, help="stop a search after this many flat generations")
+    parser.add_argument("--loads", nargs="*", type=float, default=[0.5, 1.0], help="rates, x the bound")
+    parser.add_argument("--trace-s", type=float, default=20.0, help="seconds of arrivals per trace")
+    parser.add_argument("--trace-1000-s", type=float, default=4.0, help="the same on 1,000 GPUs")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--scenarios", nargs="*", default=list(SCENARIOS), choices=SCENARIOS)
-    parser.add_argument("--s-out", nargs="*", type=int, default=[32, 64, 128])
+    names = (*SCENARIOS, SYNTHETIC)
+    parser.add_argument("--scenarios", nargs="*", default=list(names), choices=names)
+    parser.add_argument("--serving", nargs="*", default=["pipelined-batched", "sequential"])
     args = parser.parse_args(argv)
     for name in args.scenarios:
-        for s_out in args.s_out:
-            row = run_row(name, s_out, args)
-            if args.json:
-                print(json.dumps(row), flush=True)
-            else:
-                t4 = "-" if row["attainment_table4"] is None else f"{row['attainment_table4']:.3f}"
-                print(
-                    f"{name:26s} s_out={s_out:<4d} schedule {row['schedule_s']:6.2f} s  ours {row['attainment']:.3f}  "
-                    f"table4 {t4}  random {row['attainment_random_mutation']:.3f}  "
-                    f"symmetric {row['attainment_symmetric']:.3f}  replan {row['replan_s']:.2f} s -> "
-                    f"{row['attainment_after_leave']:.3f}  memory ok {row['within_memory']}",
-                    flush=True,
-                )
+        for serving in args.serving:
+            loads = args.loads[:1] if name == SYNTHETIC else args.loads  # one row each at 1,000 GPUs
+            if name == SYNTHETIC and serving == "sequential":
+                continue  # sequential serving on 1,000 GPUs adds minutes and nothing new
+            for load in loads:
+                row = run_row(name, serving, load, args)
+                if args.json:
+                    print(json.dumps(row), flush=True)
+                else:
+                    print(
+                        f"{name:26s} {serving:17s} rate {row['rate']:7.1f}  ours {row['attainment']:.3f} "
+                        f"sym {row['attainment_symmetric']:.3f} t4 {row['attainment_table4']}  "
+                        f"tok/s {row['throughput_tok_s']:.0f} bound {row['bound_ratio']:.2f}  "
+                        f"schedule {row['schedule_s']:.1f} s replan {row['replan_s']:.1f} s",
+                        flush=True,
+                    )
     return 0
 
 

@@ -1,8 +1,10 @@
-"""`hexswarm plan`: plan a swarm over a cluster file with the HexGen scheduler (routing/genetic.py).
+"""`hexswarm plan`: plan a swarm over a cluster file with the HexGen scheduler (routing/scheduler/).
 
-Reads the cluster file (format in routing/cluster.py and the README), searches for the plan
-with the best SLO attainment on the given workload, prints progress to stderr and the plan to
-stdout: a table by default, the plan's JSON with --json.
+Reads the cluster file (format in routing/scheduler/cluster.py and the README), searches for
+the plan with the best SLO attainment on the given workload under the chosen serving model
+(pipelined and batched by default, `--serving sequential` for one request per pipeline at a
+time), prints progress to stderr and the plan to stdout: a table by default, the plan's JSON
+with --json. Both give the plan's tokens/s as a share of the cluster's upper bound.
 """
 
 from __future__ import annotations
@@ -27,6 +29,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--budget-s", type=float, default=20.0, help="search time budget in seconds (default 20)"
     )
+    parser.add_argument(
+        "--serving",
+        choices=("pipelined-batched", "sequential"),
+        default="pipelined-batched",
+        help="serving model to plan for (default pipelined-batched; sequential: one request per pipeline)",
+    )
+    parser.add_argument(
+        "--max-batch", type=int, default=16, help="decode steps a stage batches (default 16; 1: pipelining alone)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the search and of the simulated trace")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
@@ -49,7 +60,13 @@ def _run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     model = load_model(args.model)
     workload = Workload(
-        rate=args.rate, s_in=args.s_in, s_out=args.s_out, slo_scale=args.slo_scale, seed=args.seed
+        rate=args.rate,
+        s_in=args.s_in,
+        s_out=args.s_out,
+        slo_scale=args.slo_scale,
+        seed=args.seed,
+        serving=args.serving,
+        max_batch=args.max_batch,
     )
     if args.budget_s <= 0:
         raise ValueError("--budget-s must be positive")
@@ -62,7 +79,11 @@ def _run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
 
-    print(f"planning {model.name} on {len(cluster)} devices (budget {args.budget_s:g} s)", file=sys.stderr)
+    print(
+        f"planning {model.name} on {len(cluster)} devices (budget {args.budget_s:g} s, "
+        f"serving {args.serving}, max batch {args.max_batch})",
+        file=sys.stderr,
+    )
     config = SearchConfig(time_budget_s=args.budget_s, seed=args.seed, stall_generations=100)
     result = search(cluster, model, workload, config, progress=report)
     print(f"done: {result.generations} generations, {result.elapsed_s:.1f} s", file=sys.stderr)
@@ -113,8 +134,13 @@ def format_plan(plan) -> str:
     est = plan.estimate
     if est is not None:
         lines.append(
-            f"estimate: {est.attainment:.1%} of requests within the {est.slo_s:.2f} s SLO at {est.rate:g} req/s "
-            f"(goodput {est.goodput_rps:.2f} req/s, mean latency {est.mean_latency_s:.2f} s, "
-            f"s_in {est.s_in}, s_out {est.s_out})"
+            f"estimate ({est.serving}, max batch {est.max_batch}): {est.attainment:.1%} of requests within "
+            f"the {est.slo_s:.2f} s SLO at {est.rate:g} req/s (goodput {est.goodput_rps:.2f} req/s, "
+            f"mean latency {est.mean_latency_s:.2f} s, p99 {est.p99_latency_s:.2f} s, s_in {est.s_in}, "
+            f"s_out {est.s_out})"
+        )
+        lines.append(
+            f"throughput {est.throughput_tok_s:.0f} tokens/s = {est.bound_ratio:.1%} of the upper bound "
+            f"({est.upper_bound_tok_s:.0f} tokens/s for any placement of this cluster)"
         )
     return "\n".join(lines)

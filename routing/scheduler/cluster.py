@@ -18,6 +18,7 @@ A device may replace its catalog figures with `memory_gb` (GiB), `memory_bandwid
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -111,10 +112,14 @@ class Cluster:
         return tuple(d.id for d in self.devices)
 
     def index(self, device_id: str) -> int:
-        for i, device in enumerate(self.devices):
-            if device.id == device_id:
-                return i
-        raise KeyError(f"no device {device_id!r} in the cluster")
+        position = self._positions.get(device_id)
+        if position is None:
+            raise KeyError(f"no device {device_id!r} in the cluster")
+        return position
+
+    @cached_property
+    def _positions(self) -> dict[str, int]:
+        return {d.id: i for i, d in enumerate(self.devices)}
 
     def subset(self, keep_ids: set[str] | frozenset[str]) -> Cluster:
         """The cluster restricted to `keep_ids` (what is left after devices leave)."""

@@ -15,7 +15,8 @@ same terms by phase):
 12H^2 is the parameter count of one layer and the "2 ... H" of Eq. 7 is its key and value per
 token; both come from `ModelSpec` (exact for grouped-query attention and gated MLPs, equal to
 the paper's terms for a standard layer). Times are seconds, sizes bytes. `s_in` may be a numpy
-array of prompt lengths: every term is evaluated elementwise.
+array of prompt lengths: every term is evaluated elementwise. The decode terms also take an
+array `batch` (one decode cost per batch size, as the serving simulator tabulates them).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def tp_comm_cost(
     inv_sum = inv_beta.sum(axis=1)
     s = np.asarray(s_in, dtype=float)
     prefill = np.max(alpha_sum[:, None] + np.outer(inv_sum, np.atleast_1d(s)) * msg, axis=0) * 4 * layers
-    decode = float(np.max(alpha_sum + inv_sum * msg)) * 4 * s_out * layers
+    decode = _max_over_rows(alpha_sum, inv_sum, msg) * 4 * s_out * layers
     return PhaseCost(prefill if s.ndim else float(prefill[0]), decode)
 
 
@@ -114,8 +115,15 @@ def pp_comm_cost(
     token_bytes = batch * model.hidden_size * model.dtype_bytes
     s = np.asarray(s_in, dtype=float)
     prefill = np.min(alpha[:, None] + np.outer(inv_beta, np.atleast_1d(s)) * token_bytes, axis=0)
-    decode = float(np.min(alpha + inv_beta * token_bytes)) * s_out
+    decode = -_max_over_rows(-alpha, -inv_beta, token_bytes) * s_out
     return PhaseCost(prefill if s.ndim else float(prefill[0]), decode)
+
+
+def _max_over_rows(alpha: np.ndarray, inv_beta: np.ndarray, size: ArrayLike) -> ArrayLike:
+    """max_d (alpha_d + inv_beta_d * size); `size` may be an array (one value per batch size)."""
+    if np.ndim(size) == 0:
+        return float(np.max(alpha + inv_beta * size))
+    return np.max(alpha[:, None] + np.outer(inv_beta, size), axis=0)
 
 
 def stage_memory(model: ModelSpec, tp: int, layers: int, tokens: int, batch: int = 1) -> float:

@@ -2,10 +2,13 @@
 
 Each generation mutates tournament-chosen parents (merge / split / swap, early rejection of
 offspring that cannot hold a replica), lays out every new group with Algorithm 1
-(`PipelineDP`, cached per bucket vector), scores the candidate by the SLO attainment the
-AlpaServe-style simulator predicts (ties broken by mean latency), and keeps the best
-`population` distinct individuals (elitism: the best never leaves). The search stops at the
-generation or time budget, or after `stall_generations` without improvement.
+(`PipelineDP`, cached per bucket vector), scores the candidate by its predicted SLO
+attainment under the workload's serving model (`ga_fitness.py`; ties broken by mean latency),
+and keeps the best `population` distinct individuals (elitism: the best never leaves). The
+search stops at the generation or time budget, or after `stall_generations` without
+improvement. Under pipelined, batched serving the fitness is an analytic estimate, so the
+best `finalists` individuals are then run through the event simulation and the best of
+them by simulation becomes the plan.
 
 Warm start: a previous Plan's pipelines become the first individual (devices that left are
 dropped, devices that joined form their own K-means groups), so re-planning after a join or
@@ -19,16 +22,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from routing.scheduler.cluster import Cluster
+from routing.scheduler.ga_fitness import Evaluator, Fitness
 from routing.scheduler.ga_operators import Individual, Mutator, canonical, kmeans_init
 from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.pipeline_dp import MAX_DP_STATES, PipelineDP, PipelineLayout, bucket_key
+from routing.scheduler.pipeline_dp import PipelineLayout
 from routing.scheduler.plan import PipelinePlan, Plan, PlanEstimate, StagePlan
-from routing.scheduler.simulator import SimResult, make_trace, pipeline_latencies, simulate
-
-Fitness = tuple[float, float]  # (attainment, -mean latency of requests within the SLO)
+from routing.scheduler.plan_eval import upper_bound_tok_s
+from routing.scheduler.simulator import SimResult
 
 
 class NoFeasiblePlanError(ValueError):
@@ -47,6 +48,7 @@ class SearchConfig:
     seed: int = 0
     mutation: str = "hexgen"  # "hexgen" (merge/split/swap) or "random" (§5.4 ablation)
     symmetric: bool = False  # stages share one TP degree and equal layer counts (baseline ii of §5.1)
+    finalists: int = 3  # best individuals re-scored by the event simulation at the end
 
     def __post_init__(self) -> None:
         if self.population < 1 or self.offspring < 1 or self.max_generations < 0 or self.time_budget_s < 0:
@@ -76,68 +78,7 @@ class SearchResult:
     evaluations: int
     elapsed_s: float
     history: tuple[float, ...]  # best attainment after each generation
-
-
-class Evaluator:
-    """Fitness of individuals: DP layouts per group, then the simulator (cached per bucket vector)."""
-
-    def __init__(self, cluster: Cluster, model: ModelSpec, workload: Workload, symmetric: bool = False):
-        self.cluster, self.model, self.workload = cluster, model, workload
-        self.dp = PipelineDP(cluster, model, workload, symmetric=symmetric)
-        self.trace = make_trace(model, workload)
-        keys = [bucket_key(cluster, i) for i in range(len(cluster))]
-        ids = {k: n for n, k in enumerate(sorted(set(keys)))}
-        self.bucket_of = [ids[k] for k in keys]
-        self._latency: dict[tuple, np.ndarray | None] = {}
-        self._fitness: dict[tuple, tuple[Fitness, SimResult]] = {}
-        self.evaluations = 0
-
-    def group_signature(self, group: Sequence[int]) -> tuple:
-        counts: dict[int, int] = {}
-        for d in group:
-            counts[self.bucket_of[d]] = counts.get(self.bucket_of[d], 0) + 1
-        return tuple(sorted(counts.items()))
-
-    def accept_group(self, group: Sequence[int]) -> bool:
-        """Cheap check that keeps the DP's state space (prod of bucket counts + 1) bounded."""
-        states = 1
-        for _, count in self.group_signature(group):
-            states *= count + 1
-        return states <= MAX_DP_STATES
-
-    def layouts(self, ind: Individual) -> list[PipelineLayout]:
-        out = []
-        for group in ind:
-            layout = self.dp.layout(group)
-            if layout is not None:
-                out.append(layout)
-        return out
-
-    def fitness(self, ind: Individual) -> tuple[Fitness, SimResult]:
-        signatures = sorted(self.group_signature(g) for g in ind)
-        key = tuple(signatures)
-        if key not in self._fitness:
-            self.evaluations += 1
-            rows = [self._group_latency(g) for g in ind]
-            rows = [r for r in rows if r is not None]
-            matrix = np.vstack(rows) if rows else np.empty((0, len(self.trace.arrivals)))
-            result = simulate(matrix, self.trace)
-            latency = result.mean_latency_s if result.served else float("inf")
-            self._fitness[key] = ((result.attainment, -latency), result)
-        return self._fitness[key]
-
-    def _group_latency(self, group: Sequence[int]) -> np.ndarray | None:
-        key = self.group_signature(group)
-        if key not in self._latency:
-            layout = self.dp.layout(group) if self.accept_group(group) else None
-            self._latency[key] = (
-                None
-                if layout is None
-                else pipeline_latencies(
-                    self.cluster, [layout], self.model, self.trace, self.workload.batch_size
-                )[0]
-            )
-        return self._latency[key]
+    finalists: tuple[tuple[Fitness, SimResult], ...] = ()  # (fitness, simulation) of the finalists
 
 
 def search(
@@ -147,11 +88,24 @@ def search(
     config: SearchConfig = SearchConfig(),
     previous: Plan | None = None,
     progress: Callable[[Progress], None] | None = None,
+    layout_cache: dict | None = None,
 ) -> SearchResult:
-    """Runs the genetic search (§4.3) and returns the best plan; raises NoFeasiblePlanError."""
+    """Runs the genetic search (§4.3) and returns the best plan; raises NoFeasiblePlanError.
+
+    `layout_cache`: a dict kept between searches on the same network (first plan, then re-plans
+    after devices leave or join) so that a warm re-plan reuses the first search's layouts.
+
+    Clusters of more than `hierarchical.FLAT_LIMIT` devices in several regions are searched
+    region by region (`hierarchical.py`, which calls back into this function per region).
+    """
+    from routing.scheduler import hierarchical  # imported here: it calls this function
+
+    regions = {d.region for d in cluster.devices}
+    if len(cluster) > hierarchical.FLAT_LIMIT and len(regions) > 1:
+        return hierarchical.search_by_region(cluster, model, workload, config, previous, layout_cache)
     start = time.perf_counter()
     rng = random.Random(config.seed)
-    ev = Evaluator(cluster, model, workload, config.symmetric)
+    ev = Evaluator(cluster, model, workload, config.symmetric, layout_cache)
     replica = model.weight_bytes
     mutator = Mutator(cluster, replica, ev.accept_group)
     if sum(d.memory_bytes for d in cluster.devices) < replica:
@@ -167,23 +121,32 @@ def search(
         generation += 1
         children = [_offspring(population, mutator, ev, rng, config) for _ in range(config.offspring)]
         population = _select(population + [c for c in children if c is not None], ev, config.population)
-        stall = stall + 1 if ev.fitness(population[0])[0] <= ev.fitness(best)[0] else 0
+        stall = stall + 1 if ev.fitness(population[0]) <= ev.fitness(best) else 0
         best = population[0]
-        history.append(ev.fitness(best)[0][0])
+        history.append(ev.fitness(best)[0])
         if progress is not None:
-            (att, neg_lat), _ = ev.fitness(best)
+            att, neg_lat = ev.fitness(best)
             progress(Progress(generation, ev.evaluations, att, -neg_lat, time.perf_counter() - start))
         if config.stall_generations and stall >= config.stall_generations:
             break
+    finalists = population[: max(1, config.finalists)]
+    best = max(finalists, key=lambda ind: _simulated_rank(ev.simulate(ind)))
     layouts = ev.layouts(best)
     if not layouts:
         raise NoFeasiblePlanError(
             f"no group of devices can hold a replica of {model.name} "
             f"({replica / 2**30:.1f} GiB of layers, KV cache for {workload.s_in_max + workload.s_out} tokens)"
         )
-    result = ev.fitness(best)[1]
+    result = ev.simulate(best)
     plan = make_plan(cluster, model, workload, layouts, result, ev.trace.deadline_s)
-    return SearchResult(plan, result, generation, ev.evaluations, time.perf_counter() - start, tuple(history))
+    scored = tuple((ev.fitness(ind), ev.simulate(ind)) for ind in finalists)
+    elapsed = time.perf_counter() - start
+    return SearchResult(plan, result, generation, ev.evaluations, elapsed, tuple(history), scored)
+
+
+def _simulated_rank(result: SimResult) -> tuple[float, float, float]:
+    """Finalists by simulated attainment, then tokens/s, then mean latency."""
+    return (result.attainment, result.throughput_tok_s, -result.mean_latency_s)
 
 
 def _gib(cluster: Cluster) -> str:
@@ -239,7 +202,7 @@ def _offspring(
 ) -> Individual | None:
     """Binary tournament, then one mutation (a few tries if offspring are rejected early)."""
     a, b = rng.choice(population), rng.choice(population)
-    parent = a if ev.fitness(a)[0] >= ev.fitness(b)[0] else b
+    parent = a if ev.fitness(a) >= ev.fitness(b) else b
     for _ in range(4):
         child = _mutate(parent, mutator, rng, config)
         if child is not None:
@@ -250,8 +213,8 @@ def _offspring(
 def _select(candidates: list[Individual], ev: Evaluator, size: int) -> list[Individual]:
     """Elitist truncation: the best `size` distinct candidates (distinct by bucket vectors)."""
     ranked, seen = [], set()
-    for ind in sorted(dict.fromkeys(candidates), key=lambda i: ev.fitness(i)[0], reverse=True):
-        key = tuple(sorted(ev.group_signature(g) for g in ind))
+    for ind in sorted(dict.fromkeys(candidates), key=ev.fitness, reverse=True):
+        key = ev.key(ind)
         if key not in seen:
             seen.add(key)
             ranked.append(ind)
@@ -266,15 +229,26 @@ def make_plan(
     result: SimResult,
     slo_s: float,
 ) -> Plan:
-    """Turns layouts (device indices) into a Plan (device ids) with its estimate."""
+    """Turns layouts (device indices) into a Plan (device ids) with its estimate and bound ratio."""
     pipelines = []
     for layout in sorted(layouts, key=lambda lay: lay.latency_s):
         stages = tuple(
             StagePlan(tuple(cluster.devices[d].id for d in s.devices), s.start, s.end) for s in layout.stages
         )
         pipelines.append(PipelinePlan(stages, layout.latency_s, layout.prefill_s, layout.decode_s))
-    mean = result.mean_latency_s if result.served else 0.0
+    finite = result.served > 0
     estimate = PlanEstimate(
-        result.attainment, result.goodput_rps, mean, slo_s, workload.rate, workload.s_in, workload.s_out
+        result.attainment,
+        result.goodput_rps,
+        result.mean_latency_s if finite else 0.0,
+        slo_s,
+        workload.rate,
+        workload.s_in,
+        workload.s_out,
+        workload.serving,
+        1 if workload.serving == "sequential" else workload.max_batch,
+        result.p99_latency_s if finite else 0.0,
+        result.throughput_tok_s,
+        upper_bound_tok_s(cluster, model, workload, result),
     )
     return Plan(model.name, model.num_layers, tuple(pipelines), estimate)

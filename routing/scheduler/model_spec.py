@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+SERVING_MODES = ("pipelined-batched", "sequential")
 _DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float": 4, "half": 2, "int8": 1, "float8": 1}
 # Model types whose MLP is fc1 -> act -> fc2 (two matrices); the others use gate/up/down (three).
 _PLAIN_MLP = {"opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon", "phi"}
@@ -121,12 +122,19 @@ class Workload:
     batch_size: int = 1  # b_t: HexGen serves one request per pipeline pass (Appendix D)
     num_requests: int = 400  # requests per simulated trace
     seed: int = 0  # seed of the simulated trace
+    # How the swarm serves it (routing/scheduler/serving.py): "pipelined-batched" (stages work
+    # on different requests at once and batch up to max_batch decode steps, as peers do) or
+    # "sequential" (one request per pipeline at a time, the first version's model, an ablation).
+    serving: str = "pipelined-batched"
+    max_batch: int = 16  # decode steps a stage runs as one; 1 gives pipelining alone
 
     def __post_init__(self) -> None:
         if self.rate <= 0 or self.slo_scale <= 0:
             raise ValueError("rate and slo_scale must be positive")
         if self.s_in < 1 or self.s_out < 1 or self.batch_size < 1 or self.num_requests < 1:
             raise ValueError("s_in, s_out, batch_size and num_requests must be at least 1")
+        if self.serving not in SERVING_MODES or self.max_batch < 1:
+            raise ValueError(f"serving must be one of {SERVING_MODES} and max_batch >= 1")
         if not 0 <= self.s_in_spread < 1:
             raise ValueError("s_in_spread must be in [0, 1)")
 

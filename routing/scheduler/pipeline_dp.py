@@ -12,38 +12,36 @@ Eq. 3 sums stage costs, but the PP hop of Eq. 6 couples consecutive stages, so t
     DP[j; tau, k] = min over stages (k', t) of  DP[j-1; tau - t e_k', k] + C_comp + C_comm-tp
                                                 + C_comm-pp(k -> k')
 
-computed here backwards with memoization (the same recursion as Algorithm 1). Layer counts:
+computed backwards with memoization (the same recursion as Algorithm 1; `algorithm1.py`
+holds the tables and the recursion, this module the layout search around them). Layer counts:
   * "even":         S stages, stage j gets layers [round(jL/S), round((j+1)L/S))  (§4.3 start);
   * "proportional": every device of the group is used and a stage gets the layers of its share
                     of the group's memory, a function of tau alone (the fixed point of §4.3's
                     EM step; it finds layouts such as Norway's [2,1,1,2] where even splits OOM).
-After the DP the layer split is re-fitted: proportional to stage memory (§4.3) and the
-latency-optimal split under the memory caps (fill the cheapest stages first); the cheapest
-feasible layout wins. Infeasible stages (Eq. 7 > M_d) cost +inf (§4.2 footnote 2).
+After the DP the layer split is re-fitted (`layer_split.py`): proportional to stage memory
+(§4.3), the latency-optimal split under the memory caps, and, when layouts are scored for
+throughput, the split balanced to stage speed; the best feasible layout under the score wins
+(Eq. 2 latency by default). Infeasible stages (Eq. 7 > M_d) cost +inf (§4.2 footnote 2).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cache
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
+from routing.scheduler.algorithm1 import TP_DEGREES, Tables, dp
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.cost_model import (
     StageSpec,
-    comp_cost,
-    max_layers,
     pipeline_cost,
-    pp_comm_cost,
-    tp_comm_cost,
 )
+from routing.scheduler.layer_split import balanced_split, greedy_split, proportional_split
 from routing.scheduler.model_spec import ModelSpec, Workload
 
-INF = float("inf")
-TP_DEGREES = (1, 2, 4, 8)
 MAX_DP_STATES = 800  # tau vectors; bigger groups are rejected before the DP (§4.3 early checks)
 EVEN_DP_STATES = 100  # the per-S "even" DPs run only for groups this small (they cost S times more)
 MAX_EVEN_STAGES = 8
+THROUGHPUT_DEGREES = ((2,), (1, 2), (2, 4), (4,))  # DP runs when the score is throughput
 
 
 @dataclass(frozen=True)
@@ -90,83 +88,13 @@ def buckets_of(cluster: Cluster, devs: Sequence[int]) -> list[tuple[int, ...]]:
     return [tuple(groups[k]) for k in sorted(groups)]
 
 
-class _Tables:
-    """Per-bucket costs of one layer, memory caps and hop costs for one group (constant time, §4.2)."""
-
-    def __init__(
-        self, cluster: Cluster, buckets: list[tuple[int, ...]], model: ModelSpec, workload: Workload
-    ):
-        s_in, s_out, b = float(workload.s_in), workload.s_out, workload.batch_size
-        tokens = workload.s_in_max + workload.s_out
-        self.counts = tuple(len(bk) for bk in buckets)
-        self.unit: dict[tuple[int, int], float] = {}
-        self.cap: dict[tuple[int, int], int] = {}
-        for k, bk in enumerate(buckets):
-            for t in TP_DEGREES:
-                if t <= len(bk):
-                    devs = bk[:t]
-                    cost = comp_cost(cluster, devs, model, 1, s_in, s_out, b) + tp_comm_cost(
-                        cluster, devs, model, 1, s_in, s_out, b
-                    )
-                    self.unit[k, t] = float(cost.total)
-                    memory = min(cluster.devices[d].memory_bytes for d in devs)
-                    self.cap[k, t] = max_layers(model, t, memory, tokens, b)
-        self.hop: dict[tuple[int, int], float] = {}
-        for k1, b1 in enumerate(buckets):
-            for k2, b2 in enumerate(buckets):
-                a, c = (b1[:1], b2[:1]) if k1 != k2 else (b1[:1], b1[1:2])
-                if c:
-                    self.hop[k1, k2] = float(pp_comm_cost(cluster, a, c, model, s_in, s_out, b).total)
-        self.memory = tuple(cluster.devices[bk[0]].memory_bytes for bk in buckets)
-
-
-def _dp(tables: _Tables, num_layers: int, rule: str, num_stages: int, degrees: Sequence[int]):
-    """Algorithm 1 with backtracking; returns (cost, [(bucket, degree, start, end), ...]) or (inf, [])."""
-    counts = tables.counts
-    total_memory = sum(c * m for c, m in zip(counts, tables.memory, strict=False))
-    moves = [
-        (k, t, tables.unit[k, t], tables.cap[k, t])
-        for k in range(len(counts))
-        for t in degrees
-        if (k, t) in tables.cap and tables.cap[k, t] > 0
-    ]
-
-    def boundary(j: int, tau: tuple[int, ...]) -> int:
-        if rule == "even":
-            return round(j * num_layers / num_stages)
-        used = sum(c * m for c, m in zip(tau, tables.memory, strict=False))
-        return round(num_layers * used / total_memory)
-
-    @cache
-    def rest(j: int, tau: tuple[int, ...], last: int):
-        if rule == "even" and j == num_stages:
-            return 0.0, ()
-        if rule == "proportional" and tau == counts:
-            return 0.0, ()
-        best = (INF, ())
-        start = boundary(j, tau)
-        for k, t, unit, cap in moves:
-            if tau[k] + t > counts[k]:
-                continue
-            nxt = tau[:k] + (tau[k] + t,) + tau[k + 1 :]
-            end = boundary(j + 1, nxt)
-            layers = end - start
-            if layers > cap:
-                continue  # Eq. 7 violated: +inf
-            if layers == 0:  # a zero-layer share: these devices stay idle
-                cost, path = rest(j, nxt, last)
-            else:
-                hop = tables.hop.get((last, k), INF) if last >= 0 else 0.0
-                sub_cost, sub_path = rest(j + 1, nxt, k)
-                cost = unit * layers + hop + sub_cost
-                path = ((k, t, start, end),) + sub_path
-            if cost < best[0]:
-                best = (cost, path)
-        return best
-
-    zero = tuple(0 for _ in counts)
-    cost, path = rest(0, zero, -1)
-    return cost, list(path)
+def _resplit(stages: list[StageLayout], splits: list[int]) -> list[StageLayout]:
+    out, start = [], 0
+    for stage, n in zip(stages, splits, strict=False):
+        if n > 0:
+            out.append(StageLayout(stage.devices, start, start + n))
+            start += n
+    return out
 
 
 def _instantiate(buckets: list[tuple[int, ...]], path) -> list[StageLayout]:
@@ -177,33 +105,6 @@ def _instantiate(buckets: list[tuple[int, ...]], path) -> list[StageLayout]:
         stages.append(StageLayout(buckets[k][taken[k] : taken[k] + t], start, end))
         taken[k] += t
     return stages
-
-
-def _resplit(stages: list[StageLayout], splits: list[int]) -> list[StageLayout]:
-    out, start = [], 0
-    for stage, n in zip(stages, splits, strict=False):
-        if n > 0:
-            out.append(StageLayout(stage.devices, start, start + n))
-            start += n
-    return out
-
-
-def _proportional_split(cluster: Cluster, stages: list[StageLayout], num_layers: int) -> list[int]:
-    memory = [sum(cluster.devices[d].memory_bytes for d in s.devices) for s in stages]
-    total, acc, bounds = sum(memory), 0.0, [0]
-    for m in memory:
-        acc += m
-        bounds.append(round(num_layers * acc / total))
-    return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
-
-
-def _greedy_split(unit: list[float], caps: list[int], num_layers: int) -> list[int] | None:
-    """Latency-optimal split: min sum(unit_j * l_j), sum l_j = L, 0 <= l_j <= cap_j."""
-    split, left = [0] * len(unit), num_layers
-    for j in sorted(range(len(unit)), key=lambda j: unit[j]):
-        split[j] = min(caps[j], left)
-        left -= split[j]
-    return None if left else split
 
 
 class PipelineDP:
@@ -220,28 +121,48 @@ class PipelineDP:
         workload: Workload,
         symmetric: bool = False,
         max_stages: int = 16,
+        score: Callable[[PipelineLayout], tuple] | None = None,
+        cache: dict | None = None,
     ):
         self.cluster, self.model, self.workload = cluster, model, workload
         self.symmetric = symmetric  # every stage: one TP degree, equal layer counts (the paper's baseline ii)
         self.max_stages = max_stages
-        self._cache: dict[tuple, PipelineLayout | None] = {}
+        # Lower is better. None: Eq. 2 latency (one request alone, the sequential model). With
+        # pipelining and batching the caller passes a throughput-within-SLO score, and the DP
+        # also tries layouts with fewer TP degrees and splits balanced for throughput.
+        self.score = score
+        # Layouts per bucket vector. A caller may pass the dict of an earlier search on the same
+        # network (a re-plan after devices left): buckets name their machine and region, so a
+        # cached layout stays valid on any subset of the cluster.
+        self._cache: dict[tuple, PipelineLayout | None] = {} if cache is None else cache
+        lengths = replace(workload, rate=1.0, num_requests=1, seed=0)  # what layouts depend on
+        self._mode = (model, lengths, symmetric, max_stages, score is None)
 
     def layout(self, devs: Sequence[int]) -> PipelineLayout | None:
         """The best layout for a group, or None when it cannot hold a replica."""
         buckets = buckets_of(self.cluster, devs)
-        key = tuple((bucket_key(self.cluster, bk[0]), len(bk)) for bk in buckets)
+        key = (self._mode, tuple((bucket_key(self.cluster, bk[0]), len(bk)) for bk in buckets))
         if key not in self._cache:
-            self._cache[key] = self._solve(buckets)
+            self._cache[key] = self._template(self._solve(buckets))
         template = self._cache[key]
         return None if template is None else self._rebind(template, buckets)
+
+    def _template(self, layout: PipelineLayout | None):
+        """A layout with each stage as (bucket key, degree, start, end): valid on any cluster."""
+        if layout is None:
+            return None
+        stages = tuple(
+            (bucket_key(self.cluster, s.devices[0]), len(s.devices), s.start, s.end) for s in layout.stages
+        )
+        return stages, layout.prefill_s, layout.decode_s
 
     def dp_path(
         self, devs: Sequence[int], rule: str, num_stages: int = 0, degrees: Sequence[int] = TP_DEGREES
     ) -> tuple[float, list[StageLayout]]:
         """The raw Algorithm 1 optimum for one layer rule (exposed for tests against brute force)."""
         buckets = buckets_of(self.cluster, devs)
-        tables = _Tables(self.cluster, buckets, self.model, self.workload)
-        cost, path = _dp(tables, self.model.num_layers, rule, num_stages, degrees)
+        tables = Tables(self.cluster, buckets, self.model, self.workload)
+        cost, path = dp(tables, self.model.num_layers, rule, num_stages, degrees)
         return cost, _instantiate(buckets, path)
 
     def _solve(self, buckets: list[tuple[int, ...]]) -> PipelineLayout | None:
@@ -250,39 +171,44 @@ class PipelineDP:
             states *= len(bk) + 1
         if states > MAX_DP_STATES:
             return None
-        tables = _Tables(self.cluster, buckets, self.model, self.workload)
+        tables = Tables(self.cluster, buckets, self.model, self.workload)
         best: PipelineLayout | None = None
         for rule, stages_count, degrees in self._searches(sum(tables.counts), states):
-            _, path = _dp(tables, self.model.num_layers, rule, stages_count, degrees)
+            _, path = dp(tables, self.model.num_layers, rule, stages_count, degrees)
             if not path:
                 continue
             stages = _instantiate(buckets, path)
             for candidate in self._refits(stages, tables, path):
-                if best is None or candidate.latency_s < best.latency_s:
+                if best is None or self._key(candidate) < self._key(best):
                     best = candidate
         return best
+
+    def _key(self, layout: PipelineLayout) -> tuple:
+        return (layout.latency_s,) if self.score is None else self.score(layout)
 
     def _searches(self, num_devices: int, states: int):
         top = min(self.max_stages, num_devices, self.model.num_layers)
         if self.symmetric:
             return [("even", s, (t,)) for t in TP_DEGREES for s in range(1, top + 1)]
         searches = [("proportional", 0, TP_DEGREES)]
+        if self.score is not None:  # narrower TP groups in more stages: less all-reduce per step
+            return searches + [("proportional", 0, degrees) for degrees in THROUGHPUT_DEGREES]
         if states <= EVEN_DP_STATES:
             searches += [("even", s, TP_DEGREES) for s in range(1, min(top, MAX_EVEN_STAGES) + 1)]
         return searches
 
-    def _refits(self, stages: list[StageLayout], tables: _Tables, path) -> list[PipelineLayout]:
-        """The DP's own split, then §4.3's memory-proportional split and the latency-optimal one."""
+    def _refits(self, stages: list[StageLayout], tables: Tables, path) -> list[PipelineLayout]:
+        """The DP's own split, then the splits of `layer_split.py` (balanced only for throughput)."""
         splits = [[s.layers for s in stages]]
         if not self.symmetric:
-            splits.append(_proportional_split(self.cluster, stages, self.model.num_layers))
-            greedy = _greedy_split(
-                [tables.unit[k, t] for k, t, _, _ in path],
-                [tables.cap[k, t] for k, t, _, _ in path],
-                self.model.num_layers,
-            )
-            if greedy is not None:
-                splits.append(greedy)
+            memory = [sum(self.cluster.devices[d].memory_bytes for d in s.devices) for s in stages]
+            unit = [tables.unit[k, t] for k, t, _, _ in path]
+            caps = [tables.cap[k, t] for k, t, _, _ in path]
+            splits.append(proportional_split(memory, self.model.num_layers))
+            splits.append(greedy_split(unit, caps, self.model.num_layers))
+            if self.score is not None:
+                splits.append(balanced_split(unit, caps, self.model.num_layers))
+            splits = [split for split in splits if split is not None]
         out = []
         for split in splits:
             caps_ok = all(n <= tables.cap[k, t] for n, (k, t, _, _) in zip(split, path, strict=False))
@@ -297,17 +223,14 @@ class PipelineDP:
         cost = pipeline_cost(self.cluster, specs, self.model, float(w.s_in), w.s_out, w.batch_size)
         return PipelineLayout(tuple(stages), float(cost.prefill), float(cost.decode))
 
-    def _rebind(self, template: PipelineLayout, buckets: list[tuple[int, ...]]) -> PipelineLayout:
-        """Maps a cached layout onto this group's own devices (same buckets, other members)."""
-        position = {}
-        for bk in buckets:
-            for d in bk:
-                position[bucket_key(self.cluster, d)] = bk
+    def _rebind(self, template, buckets: list[tuple[int, ...]]) -> PipelineLayout:
+        """Maps a cached template onto this group's own devices (same buckets, other members)."""
+        position = {bucket_key(self.cluster, bk[0]): bk for bk in buckets}
         taken: dict[tuple, int] = {}
         stages = []
-        for stage in template.stages:
-            key = bucket_key(self.cluster, stage.devices[0])
+        template_stages, prefill_s, decode_s = template
+        for key, degree, start, end in template_stages:
             bk, n = position[key], taken.get(key, 0)
-            stages.append(StageLayout(bk[n : n + len(stage.devices)], stage.start, stage.end))
-            taken[key] = n + len(stage.devices)
-        return PipelineLayout(tuple(stages), template.prefill_s, template.decode_s)
+            stages.append(StageLayout(bk[n : n + degree], start, end))
+            taken[key] = n + degree
+        return PipelineLayout(tuple(stages), prefill_s, decode_s)

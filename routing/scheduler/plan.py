@@ -66,6 +66,17 @@ class PlanEstimate:
     rate: float  # requests per second offered
     s_in: int
     s_out: int
+    # Added with the pipelined, batched serving model; plans written before read back with these.
+    serving: str = "sequential"  # the serving model the figures are for
+    max_batch: int = 1  # decode steps a stage batches
+    p99_latency_s: float = 0.0  # of the requests served
+    throughput_tok_s: float = 0.0  # generated tokens per second
+    upper_bound_tok_s: float = 0.0  # most tokens/s any placement could serve (0: not computed)
+
+    @property
+    def bound_ratio(self) -> float:
+        """Throughput as a share of the upper bound (0 when there is no bound)."""
+        return self.throughput_tok_s / self.upper_bound_tok_s if self.upper_bound_tok_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -104,7 +115,9 @@ class Plan:
                 }
                 for p in self.pipelines
             ],
-            "estimate": None if self.estimate is None else dict(vars(self.estimate)),
+            "estimate": None
+            if self.estimate is None
+            else {**vars(self.estimate), "bound_ratio": self.estimate.bound_ratio},
         }
 
     @classmethod
@@ -193,6 +206,9 @@ def _estimate(raw: Any) -> PlanEstimate | None:
         return None
     if not isinstance(raw, dict):
         raise PlanError("plan.estimate must be a dict or null")
+    serving = raw.get("serving", "sequential")
+    if not isinstance(serving, str):
+        raise PlanError(f"estimate.serving must be a string, got {serving!r}")
     return PlanEstimate(
         _float(raw, "attainment"),
         _float(raw, "goodput_rps"),
@@ -201,4 +217,9 @@ def _estimate(raw: Any) -> PlanEstimate | None:
         _float(raw, "rate"),
         _int(raw, "s_in"),
         _int(raw, "s_out"),
+        serving,
+        _int(raw, "max_batch") if "max_batch" in raw else 1,
+        _float(raw, "p99_latency_s"),
+        _float(raw, "throughput_tok_s"),
+        _float(raw, "upper_bound_tok_s"),
     )

@@ -1,13 +1,17 @@
-"""Checks and scores a given Plan (a fixed one such as HexGen's Table 4, or one read back from disk)."""
+"""Checks and scores a given Plan (a fixed one such as HexGen's Table 4, or one read back from disk),
+and computes the upper bound its throughput is compared with."""
 
 from __future__ import annotations
 
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.cost_model import stage_memory
+from routing.scheduler.fitness import Estimate, estimate, pipeline_capacity
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
 from routing.scheduler.plan import Plan
-from routing.scheduler.simulator import SimResult, evaluate_layouts, make_trace
+from routing.scheduler.serving import evaluate_layouts
+from routing.scheduler.simulator import SimResult, make_trace
+from routing.scheduler.upper_bound import throughput_upper_bound
 
 
 def plan_layouts(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> list[PipelineLayout]:
@@ -40,7 +44,25 @@ def memory_violations(cluster: Cluster, model: ModelSpec, workload: Workload, pl
     return problems
 
 
+def upper_bound_tok_s(cluster: Cluster, model: ModelSpec, workload: Workload, result: SimResult) -> float:
+    """Most generated tokens/s any placement of the cluster could serve under the workload's
+    serving model (`upper_bound.py`; sequential serving batches nothing, so max_batch = 1).
+
+    Prefill is charged the mean prompt of the requests the simulation served (`result`): the
+    bound that holds for that simulation's throughput (upper_bound.py, relaxation 6)."""
+    max_batch = 1 if workload.serving == "sequential" else workload.max_batch
+    prompt = result.served_prompt_tokens if result.served else None
+    return throughput_upper_bound(cluster, model, workload, max_batch=max_batch, prompt_tokens=prompt).tok_s
+
+
 def evaluate_plan(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> SimResult:
-    """SLO attainment of a fixed plan on the workload's trace (same trace as the search uses)."""
+    """A fixed plan on the workload's trace (same trace as the search) under its serving model."""
     layouts = plan_layouts(cluster, model, workload, plan)
-    return evaluate_layouts(cluster, layouts, model, make_trace(model, workload), workload.batch_size)
+    return evaluate_layouts(cluster, layouts, model, make_trace(model, workload), workload)
+
+
+def estimate_plan(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> Estimate:
+    """The search's analytic fitness (`fitness.py`) of a fixed plan, to compare with `evaluate_plan`."""
+    deadline = make_trace(model, workload).deadline_s
+    layouts = plan_layouts(cluster, model, workload, plan)
+    return estimate([pipeline_capacity(cluster, lay, model, workload, deadline) for lay in layouts], workload.rate)

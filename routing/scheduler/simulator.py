@@ -8,6 +8,9 @@ dispatched on arrival to the pipeline that would finish them first (first-come f
 queues), and, as in AlpaServe, a request that cannot finish within its deadline on any
 pipeline is rejected at once instead of queueing and delaying the others. The deadline is
 `slo_scale` x the reference latency (the A100 latency of `cost_model.reference_latency`).
+
+This is the `serving="sequential"` ablation; `serving.py` has the default pipelined and
+batched model and dispatches to either.
 The same trace (seeded) is replayed for every candidate so comparisons are paired.
 """
 
@@ -44,9 +47,12 @@ class SimResult:
 
     attainment: float  # requests finished within the deadline / all requests
     goodput_rps: float  # requests finished within the deadline per second of trace
-    mean_latency_s: float  # over the requests that met the deadline (inf when none did)
-    served: int
-    rejected: int
+    mean_latency_s: float  # over the requests served (inf when none was)
+    served: int  # requests admitted and completed (on time or late)
+    rejected: int  # requests turned away at dispatch
+    p99_latency_s: float = float("inf")  # over the requests served
+    throughput_tok_s: float = 0.0  # output tokens of served requests / time of the last completion
+    served_prompt_tokens: float = 0.0  # mean prompt of the served requests (what the bound needs)
 
 
 def make_trace(model: ModelSpec, workload: Workload) -> Trace:
@@ -78,8 +84,8 @@ def simulate(latencies: np.ndarray, trace: Trace) -> SimResult:
     columns = latencies.T.tolist()  # per request: service time on each pipeline
     arrivals = trace.arrivals.tolist()
     deadline = trace.deadline_s
-    met, total_latency = 0, 0.0
-    for arrival, service in zip(arrivals, columns, strict=False):
+    latencies_s, served, last = [], [], 0.0
+    for r, (arrival, service) in enumerate(zip(arrivals, columns, strict=False)):
         best_p, best_finish = -1, arrival + deadline
         for p, (busy_until, s) in enumerate(zip(free, service, strict=False)):
             finish = (busy_until if busy_until > arrival else arrival) + s
@@ -87,15 +93,24 @@ def simulate(latencies: np.ndarray, trace: Trace) -> SimResult:
                 best_p, best_finish = p, finish
         if best_p >= 0:
             free[best_p] = best_finish
-            met += 1
-            total_latency += best_finish - arrival
+            latencies_s.append(best_finish - arrival)
+            served.append(r)
+            last = max(last, best_finish)
+    return summarize(np.asarray(latencies_s), trace.s_in[served], trace, last)
+
+
+def summarize(served_latency_s: np.ndarray, served_s_in: np.ndarray, trace: Trace, last_s: float) -> SimResult:
+    """SimResult from the latencies of the served requests.
+
+    Those within the deadline count for attainment and goodput. Throughput counts every served
+    request's s_out tokens over [0, last completion], the window in which they were generated.
+    """
+    count = len(trace.arrivals)
+    met = int(np.count_nonzero(served_latency_s <= trace.deadline_s * (1 + 1e-9)))
+    served = len(served_latency_s)
     duration = max(trace.duration_s, 1e-9)
-    mean = total_latency / met if met else float("inf")
-    return SimResult(met / count, met / duration, mean, met, count - met)
-
-
-def evaluate_layouts(
-    cluster: Cluster, layouts: Sequence[PipelineLayout], model: ModelSpec, trace: Trace, batch: int = 1
-) -> SimResult:
-    """SLO attainment and goodput of a set of pipelines on a trace."""
-    return simulate(pipeline_latencies(cluster, layouts, model, trace, batch), trace)
+    mean = float(served_latency_s.mean()) if served else float("inf")
+    p99 = float(np.percentile(served_latency_s, 99)) if served else float("inf")
+    tokens = served * trace.s_out / last_s if served and last_s > 0 else 0.0
+    prompt = float(served_s_in.mean()) if served else 0.0
+    return SimResult(met / count, met / duration, mean, served, count - served, p99, tokens, prompt)

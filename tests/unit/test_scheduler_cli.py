@@ -37,8 +37,19 @@ def test_plan_prints_json(tmp_path, capsys):
     assert main(argv) == 0
     out, err = capsys.readouterr()
     plan = Plan.from_json(out)
-    assert plan.model == "Llama-2-70B" and plan.num_layers == 80 and len(plan.pipelines) == 2
-    assert "planning" in err and "generation" in err
+    assert plan.model == "Llama-2-70B" and plan.num_layers == 80 and len(plan.pipelines) >= 1
+    assert "planning" in err and "generation" in err and "pipelined-batched" in err
+    estimate = json.loads(out)["estimate"]
+    assert estimate["serving"] == "pipelined-batched" and estimate["max_batch"] == 16
+    assert 0 < estimate["bound_ratio"] <= 1 and estimate["upper_bound_tok_s"] > 0
+
+
+def test_plan_table_shows_the_serving_model_and_bound_ratio(tmp_path, capsys):
+    cluster = write_cluster(tmp_path, a6000s(4) + a6000s(4, "m2"))
+    argv = ["plan", "--cluster", cluster, "--model", "Llama-2-70B", "--budget-s", "2", "--rate", "0.5"]
+    assert main(argv + ["--serving", "sequential"]) == 0
+    out, _ = capsys.readouterr()
+    assert "estimate (sequential, max batch 1)" in out and "of the upper bound" in out
 
 
 def test_plan_prints_a_table_for_a_model_directory(tmp_path, capsys):

@@ -1,0 +1,58 @@
+"""Region-by-region search for large clusters (routing.scheduler.hierarchical)."""
+
+from __future__ import annotations
+
+import pytest
+
+from routing.scheduler.genetic import SearchConfig, search
+from routing.scheduler.hierarchical import FLAT_LIMIT, region_groups
+from routing.scheduler.model_spec import Workload, preset
+from routing.scheduler.plan import validate
+from routing.scheduler.plan_eval import memory_violations
+from routing.scheduler.synthetic_cluster import synthetic_cluster
+
+MODEL = preset("Llama-2-7B")
+WORKLOAD = Workload(rate=50.0, s_out=16, num_requests=300)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return synthetic_cluster(FLAT_LIMIT + 40, 8, seed=1)
+
+
+@pytest.fixture(scope="module")
+def found(cluster):
+    return search(cluster, MODEL, WORKLOAD, SearchConfig(time_budget_s=8, stall_generations=5))
+
+
+def test_region_groups_cover_the_cluster_and_each_holds_a_replica(cluster):
+    groups = region_groups(cluster, preset("Llama-2-70B").weight_bytes)
+    assert sorted(i for g in groups for i in g) == list(range(len(cluster)))
+    regions = [{cluster.devices[i].region for i in g} for g in groups]
+    assert all(len(r) >= 1 for r in regions) and len(groups) <= 8
+    if len(groups) > 1:  # merged groups exist only to reach one replica's memory
+        need = preset("Llama-2-70B").weight_bytes
+        assert all(sum(cluster.devices[i].memory_bytes for i in g) >= need for g in groups)
+
+
+def test_large_cluster_plan_is_valid_and_keeps_pipelines_inside_region_groups(cluster, found):
+    plan = found.plan
+    validate(plan)
+    assert memory_violations(cluster, MODEL, WORKLOAD, plan) == []
+    group_of = {}
+    for n, g in enumerate(region_groups(cluster, MODEL.weight_bytes)):
+        for i in g:
+            group_of[cluster.devices[i].id] = n
+    for pipeline in plan.pipelines:
+        assert len({group_of[d] for d in pipeline.device_ids}) == 1
+    assert plan.estimate.upper_bound_tok_s > 0 and 0 < plan.estimate.bound_ratio <= 1
+
+
+def test_replan_after_a_leave_repairs_without_the_departed(cluster, found):
+    gone = set(sorted(found.plan.device_ids)[:: max(1, len(found.plan.device_ids) // 8)])
+    smaller = cluster.without(gone)
+    again = search(smaller, MODEL, WORKLOAD, SearchConfig(time_budget_s=2), previous=found.plan)
+    assert not gone & set(again.plan.device_ids)
+    assert memory_violations(smaller, MODEL, WORKLOAD, again.plan) == []
+    intact = [p for p in found.plan.pipelines if not gone & set(p.device_ids)]
+    assert {p.device_ids for p in intact} <= {p.device_ids for p in again.plan.pipelines}
