@@ -75,16 +75,21 @@ def wait_for(condition, timeout: float, what: str):
 
 
 def page_state(browser, model_id: str) -> dict:
-    """What the page shows for one model: peer name -> state, and the online count per block."""
-    from selenium.webdriver.common.by import By
+    """What the page shows for one model: peer name -> state, and the online count per block.
 
-    section = browser.find_element(By.CSS_SELECTOR, f'section[data-model="{model_id}"]')
-    peers = {
-        r.get_attribute("data-peer"): r.get_attribute("data-state")
-        for r in section.find_elements(By.CSS_SELECTOR, "tr[data-peer]")
-    }
-    counts = [int(c.text) for c in section.find_elements(By.CSS_SELECTOR, "tr[data-coverage] td")]
-    return {"peers": peers, "coverage": counts}
+    Read in one script call, so a redraw between two element look-ups cannot tear the result."""
+    return browser.execute_script(
+        """
+        const section = document.querySelector(`section[data-model="${arguments[0]}"]`);
+        if (!section) throw new Error("no section for this model yet");
+        const peers = {};
+        for (const row of section.querySelectorAll("tr[data-peer]"))
+            peers[row.getAttribute("data-peer")] = row.getAttribute("data-state");
+        const coverage = [...section.querySelectorAll("tr[data-coverage] td")].map(c => parseInt(c.textContent, 10));
+        return {peers: peers, coverage: coverage};
+        """,
+        model_id,
+    )
 
 
 @pytest.fixture(scope="module")
