@@ -26,30 +26,27 @@ TOKENS_PER_S_NOTE = (
 
 def peer_entry(record: PeerRecord, rtt_ms: float | None) -> dict[str, Any]:
     """A record as JSON, with every field it has (so fields added to PeerRecord later show up too),
-    plus the TP degree, devices and the monitor's round trip, with defaults for older records."""
+    with one label per TP rank's device and the monitor's round trip."""
     entry = dataclasses.asdict(record)
     entry["state"] = record.state.value
     entry["addrs"] = list(record.addrs)
     entry["layers"] = f"{record.start}:{record.end}"
-    entry["tp"] = _tp_degree(record)
-    entry["devices"] = _devices(record)
+    entry["device_info"] = entry.pop("devices")  # one map per TP rank (type, name, memory, cores)
+    entry["devices"] = device_labels(record)
     entry["rtt_ms"] = rtt_ms
     return entry
 
 
-def _tp_degree(record: PeerRecord) -> int:
-    for name in ("tp", "tp_degree", "tensor_parallel"):
-        value = getattr(record, name, None)
-        if isinstance(value, int) and value >= 1:
-            return value
-    return 1
-
-
-def _devices(record: PeerRecord) -> list[str]:
-    value = getattr(record, "devices", None)
-    if isinstance(value, list | tuple) and value:
-        return [str(d) for d in value]
-    return [record.device]
+def device_labels(record: PeerRecord) -> list[str]:
+    """One short label per TP rank ("cuda NVIDIA H100 80GB, 79 GiB", "cpu, 4 cores"); records
+    from peers that predate per-rank devices show their one device string."""
+    if not record.devices:
+        return [record.device]
+    labels = []
+    for d in record.devices:
+        detail = f"{d.cores} cores" if d.type == "cpu" else f"{d.name}, {d.memory_bytes / 2**30:.0f} GiB"
+        labels.append(f"{d.type}, {detail}")
+    return labels
 
 
 def estimated_decode_tokens_per_s(records: list[PeerRecord], num_blocks: int) -> float | None:

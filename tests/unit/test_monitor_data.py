@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 from swarm.monitor_data import estimated_decode_tokens_per_s, model_entry, peer_entry
-from swarm.records import PeerRecord, PeerState
+from swarm.records import DeviceInfo, PeerState
 from tests.unit.record_cases import make_record
 
 
@@ -35,16 +35,11 @@ def test_estimate_takes_the_fastest_online_peer_per_block():
     assert estimated_decode_tokens_per_s(records, 4) == 1000 / (2.0 + 2.0 + 0.5 + 0.5)
 
 
-def test_peer_entry_defaults_tp_and_devices_and_reads_them_when_present():
+def test_peer_entry_shows_tp_and_one_label_per_rank():
     plain = peer_entry(make_record(device="cuda:0"), rtt_ms=None)
     assert plain["tp"] == 1 and plain["devices"] == ["cuda:0"] and plain["layers"] == "0:4"
 
-    @dataclasses.dataclass(frozen=True)
-    class NewerRecord(PeerRecord):  # with the TP fields another change adds to PeerRecord
-        tp: int = 1
-        devices: tuple = ()
-
-    base = make_record()
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-    entry = peer_entry(NewerRecord(**fields, tp=2, devices=("cuda:0", "cuda:1")), rtt_ms=3.0)
-    assert entry["tp"] == 2 and entry["devices"] == ["cuda:0", "cuda:1"]
+    gpu = DeviceInfo(type="cuda", name="NVIDIA H100", memory_bytes=80 * 2**30, cores=132)
+    entry = peer_entry(dataclasses.replace(make_record(), tp=2, devices=(gpu, gpu)), rtt_ms=3.0)
+    assert entry["tp"] == 2 and entry["devices"] == ["cuda, NVIDIA H100, 80 GiB"] * 2
+    assert entry["device_info"][0]["cores"] == 132 and entry["rtt_ms"] == 3.0
