@@ -1,0 +1,84 @@
+"""A plan's capacity: the tokens/s it serves in the event simulation when offered more than it can.
+
+`bound_ratio` compares a plan with `upper_bound.py`, the most any placement could serve. A plan's
+throughput at a given offered rate cannot reach the bound when that rate is below the bound (it
+serves at most what arrives), so the ratio is taken on the plan's *capacity* instead: the same
+simulation (`serving.py`) fed a saturating trace, `SATURATION` x the bound's request rate.
+
+Two capacities, both measured on that trace:
+
+* `capacity_tok_s` — every request is admitted (no deadline): the dispatcher sends each to the
+  pipeline expected to finish it first and never turns one away, so the pipelines run with full
+  queues. The bound has no SLO either, so `bound_ratio = capacity_tok_s / bound` compares like
+  with like: how much of the cluster's compute, bandwidth and memory the placement can use.
+* `slo_capacity_tok_s` — the SLO dispatcher of `serving.py` is on: requests no pipeline is
+  expected to finish within the deadline are turned away. This is what the plan delivers at
+  the SLO under overload; its share of the bound shows what the deadline costs.
+
+The bound these are compared with charges prefill the smaller of the two runs' mean served
+prompts (`upper_bound.py`, relaxation 6), so it holds for both.
+
+Throughput is served output tokens over [0, last completion] (`simulator.summarize`), so the
+pipelines' fill at the start and the drain at the end are charged: a trace of `seconds` of
+arrivals at `SATURATION` x the bound keeps the queues full for most of the run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from routing.scheduler.cluster import Cluster
+from routing.scheduler.model_spec import ModelSpec, Workload
+from routing.scheduler.pipeline_dp import PipelineLayout
+from routing.scheduler.serving import evaluate_layouts
+from routing.scheduler.simulator import make_trace
+from routing.scheduler.upper_bound import throughput_upper_bound
+
+SATURATION = 1.5  # offered rate, x the bound's request rate: more than any plan can serve
+TRACE_SECONDS = 10.0  # seconds of arrivals in the saturating trace
+MAX_REQUESTS = 6000  # cap on the trace's length (large clusters: fewer seconds)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Tokens/s of a plan under a saturating offered rate."""
+
+    capacity_tok_s: float  # every request admitted (no deadline)
+    slo_capacity_tok_s: float  # the SLO dispatcher turns requests away
+    offered_rps: float  # the saturating rate both were measured at
+    upper_bound_tok_s: float  # the bound for the prompts both runs served
+
+    @property
+    def bound_ratio(self) -> float:
+        return self.capacity_tok_s / self.upper_bound_tok_s if self.upper_bound_tok_s > 0 else 0.0
+
+
+def bound_max_batch(workload: Workload) -> int:
+    """The serving model's batch limit (sequential serving batches nothing)."""
+    return 1 if workload.serving == "sequential" else workload.max_batch
+
+
+def plan_capacity(
+    cluster: Cluster,
+    layouts: Sequence[PipelineLayout],
+    model: ModelSpec,
+    workload: Workload,
+    seconds: float = TRACE_SECONDS,
+) -> Capacity:
+    """Capacity of the pipelines `layouts` and the bound it is compared with (module docstring)."""
+    max_batch = bound_max_batch(workload)
+    bound_rps = throughput_upper_bound(cluster, model, workload, max_batch, float(workload.s_in)).requests_s
+    if bound_rps <= 0 or not layouts:
+        return Capacity(0.0, 0.0, 0.0, 0.0)
+    rate = SATURATION * bound_rps
+    count = max(200, min(MAX_REQUESTS, round(rate * seconds)))
+    saturated = replace(workload, rate=rate, num_requests=count)
+    trace = make_trace(model, saturated)
+    slo = evaluate_layouts(cluster, layouts, model, trace, saturated)
+    unbounded = replace(trace, deadline_s=math.inf)  # the dispatcher then turns nobody away
+    every = evaluate_layouts(cluster, layouts, model, unbounded, saturated)
+    prompts = [r.served_prompt_tokens for r in (slo, every) if r.served]
+    bound = throughput_upper_bound(cluster, model, workload, max_batch, min(prompts, default=None)).tok_s
+    return Capacity(every.throughput_tok_s, slo.throughput_tok_s, rate, bound)
