@@ -4,7 +4,13 @@ Llama-2-70B, prompts 64-192 tokens, 32 output tokens, SLO scale 5 (HexGen §5.1)
 arrivals. Rates are loaded ones: `--loads` x the cluster's upper bound in requests/s
 (`upper_bound.py` at max_batch 16), the same offered rate for both serving models. Each row:
   attainment, goodput_rps, throughput_tok_s, p99_latency_s   our plan, event-simulated
-  upper_bound_tok_s, bound_ratio    the bound for the prompts served, and our share of it
+  capacity_tok_s, slo_capacity_tok_s   our plan's tokens/s at a saturating offered rate
+                                    (1.5 x the bound), every request admitted / with the SLO
+                                    dispatcher on (`capacity.py`, measured after the search)
+  upper_bound_tok_s, bound_ratio    the bound for the prompts served, capacity / bound
+  slo_bound_ratio                   SLO capacity / bound (what the deadline leaves)
+  throughput_ratio                  throughput at the row's offered rate / bound (the old
+                                    `bound_ratio`: at loads < 1 it cannot reach 1 by construction)
   attainment_symmetric / goodput_symmetric   best plan whose stages share one TP degree and
                                     layer count (HexGen's baseline ii), same serving model
   attainment_table4 / goodput_table4   HexGen's Table 4 plan replayed (full-price cluster)
@@ -30,13 +36,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scipy.stats import spearmanr  # noqa: E402
 
+from routing.scheduler.capacity import plan_capacity  # noqa: E402
 from routing.scheduler.genetic import SearchConfig, SearchResult, search  # noqa: E402
 from routing.scheduler.model_spec import Workload, preset  # noqa: E402
 from routing.scheduler.plan_eval import (  # noqa: E402
     estimate_plan,
     evaluate_plan,
     memory_violations,
-    upper_bound_tok_s,
+    plan_layouts,
 )
 from routing.scheduler.scenarios import SCENARIOS, scenario, table4_plan  # noqa: E402
 from routing.scheduler.synthetic_cluster import synthetic_cluster  # noqa: E402
@@ -62,7 +69,9 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
     budget = args.budget_1000_s if big else args.budget_s
 
     def config(**kw) -> SearchConfig:
-        return SearchConfig(**{"time_budget_s": budget, "stall_generations": args.stall, "seed": args.seed, **kw})
+        # capacity is measured after the search (below), so schedule_s and replan_s time the planning
+        defaults = {"time_budget_s": budget, "stall_generations": args.stall, "seed": args.seed, "capacity": False}
+        return SearchConfig(**{**defaults, **kw})
 
     layouts: dict = {}  # layout cache shared by our search and the re-plan (same network)
     ours = search(cluster, MODEL, workload, config(), layout_cache=layouts)
@@ -82,6 +91,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         stall_generations=args.stall // 2,
         seed=args.seed,
         finalists=1,
+        capacity=False,
     )
     replan = search(smaller, MODEL, workload, replan_cfg, previous=ours.plan, layout_cache=layouts)
     within = all(
@@ -89,6 +99,10 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         for c, p in ((cluster, ours.plan), (cluster, symmetric.plan), (smaller, replan.plan))
     )
     est = ours.plan.estimate
+    seconds = args.capacity_1000_s if big else args.capacity_s
+    cap = plan_capacity(cluster, plan_layouts(cluster, MODEL, workload, ours.plan), MODEL, workload, seconds)
+    cap_sym = plan_capacity(cluster, plan_layouts(cluster, MODEL, workload, symmetric.plan), MODEL, workload, seconds)
+    cap_after = plan_capacity(smaller, plan_layouts(smaller, MODEL, workload, replan.plan), MODEL, workload, seconds)
     return {
         "scenario": name,
         "serving": serving,
@@ -104,8 +118,13 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         "attainment": round(ours.result.attainment, 4),
         "goodput_rps": round(ours.result.goodput_rps, 2),
         "throughput_tok_s": round(ours.result.throughput_tok_s, 1),
-        "upper_bound_tok_s": round(est.upper_bound_tok_s, 1),
-        "bound_ratio": round(est.bound_ratio, 3),
+        "capacity_tok_s": round(cap.capacity_tok_s, 1),
+        "slo_capacity_tok_s": round(cap.slo_capacity_tok_s, 1),
+        "upper_bound_tok_s": round(cap.upper_bound_tok_s, 1),
+        "bound_ratio": round(cap.bound_ratio, 3),
+        "slo_bound_ratio": round(cap.slo_capacity_tok_s / cap.upper_bound_tok_s, 3),
+        "throughput_ratio": round(ours.result.throughput_tok_s / est.upper_bound_tok_s, 3),
+        "bound_ratio_symmetric": round(cap_sym.bound_ratio, 3),
         "p99_latency_s": round(ours.result.p99_latency_s, 3),
         "mean_latency_s": round(ours.result.mean_latency_s, 3),
         "attainment_symmetric": round(symmetric.result.attainment, 4),
@@ -117,9 +136,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         "replan_s": round(replan.elapsed_s, 2),
         "left": len(leaving),
         "attainment_after_leave": round(replan.result.attainment, 4),
-        "bound_ratio_after_leave": round(
-            replan.result.throughput_tok_s / upper_bound_tok_s(smaller, MODEL, workload, replan.result), 3
-        ),
+        "bound_ratio_after_leave": round(cap_after.bound_ratio, 3),
         "within_memory": within,
         "pipelines": sorted((p.strategy for p in ours.plan.pipelines), key=lambda s: (len(s), s))[:40],
     }
@@ -165,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loads", nargs="*", type=float, default=[0.5, 1.0], help="rates, x the bound")
     parser.add_argument("--trace-s", type=float, default=20.0, help="seconds of arrivals per trace")
     parser.add_argument("--trace-1000-s", type=float, default=4.0, help="the same on 1,000 GPUs")
+    parser.add_argument("--capacity-s", type=float, default=20.0, help="seconds of saturating arrivals")
+    parser.add_argument("--capacity-1000-s", type=float, default=10.0, help="the same on 1,000 GPUs")
     parser.add_argument("--seed", type=int, default=0)
     names = (*SCENARIOS, SYNTHETIC)
     parser.add_argument("--scenarios", nargs="*", default=list(names), choices=names)

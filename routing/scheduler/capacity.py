@@ -31,14 +31,14 @@ from dataclasses import dataclass, replace
 
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.pipeline_dp import PipelineLayout
+from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
 from routing.scheduler.serving import evaluate_layouts
-from routing.scheduler.simulator import make_trace
+from routing.scheduler.simulator import SimResult, make_trace
 from routing.scheduler.upper_bound import throughput_upper_bound
 
 SATURATION = 1.5  # offered rate, x the bound's request rate: more than any plan can serve
-TRACE_SECONDS = 10.0  # seconds of arrivals in the saturating trace
-MAX_REQUESTS = 6000  # cap on the trace's length (large clusters: fewer seconds)
+TRACE_SECONDS = 20.0  # seconds of arrivals in the saturating trace
+MAX_REQUESTS = 20000  # cap on the trace's length (the simulation is linear in it)
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,41 @@ def plan_capacity(
     saturated = replace(workload, rate=rate, num_requests=count)
     trace = make_trace(model, saturated)
     slo = evaluate_layouts(cluster, layouts, model, trace, saturated)
-    unbounded = replace(trace, deadline_s=math.inf)  # the dispatcher then turns nobody away
-    every = evaluate_layouts(cluster, layouts, model, unbounded, saturated)
+    every = _admit_all(cluster, layouts, model, workload, seconds)
     prompts = [r.served_prompt_tokens for r in (slo, every) if r.served]
     bound = throughput_upper_bound(cluster, model, workload, max_batch, min(prompts, default=None)).tok_s
     return Capacity(every.throughput_tok_s, slo.throughput_tok_s, rate, bound)
+
+
+def _admit_all(
+    cluster: Cluster, layouts: Sequence[PipelineLayout], model: ModelSpec, workload: Workload, seconds: float
+) -> SimResult:
+    """Every request served, each pipeline fed its own saturating trace: the sum of what the
+    pipelines serve alone is what an ideal dispatcher gets from them (they share nothing).
+
+    Each pipeline's trace runs at SATURATION x the bound of its own devices, which sum to at
+    most the cluster's bound (the LP's solutions for disjoint device sets add up to one for
+    their union), so the ratio stays <= 1 whenever each pipeline stays under its own bound."""
+    tokens, prompts, served = 0.0, [], 0
+    max_batch = bound_max_batch(workload)
+    for layout in layouts:
+        devices = cluster.subset(frozenset(cluster.devices[d].id for d in layout.devices))
+        own = [PipelineDP(devices, model, workload).evaluate(_moved(devices, cluster, layout))]
+        rate = SATURATION * throughput_upper_bound(devices, model, workload, max_batch, float(workload.s_in)).requests_s
+        alone = replace(workload, rate=rate, num_requests=max(100, min(MAX_REQUESTS, round(rate * seconds))))
+        trace = make_trace(model, alone)
+        result = evaluate_layouts(devices, own, model, replace(trace, deadline_s=math.inf), alone)
+        tokens += result.throughput_tok_s
+        if result.served:
+            prompts.append(result.served_prompt_tokens)
+        served += result.served
+    # the shortest mean prompt any pipeline served: the cluster's bound at it holds for every one
+    return SimResult(1.0, 0.0, 0.0, served, 0, 0.0, tokens, min(prompts, default=0.0))
+
+
+def _moved(devices: Cluster, cluster: Cluster, layout: PipelineLayout) -> list[StageLayout]:
+    """The layout's stages with device indices of `cluster` turned into those of `devices`."""
+    index = {d.id: i for i, d in enumerate(devices.devices)}
+    return [
+        StageLayout(tuple(index[cluster.devices[d].id] for d in s.devices), s.start, s.end) for s in layout.stages
+    ]
