@@ -16,7 +16,8 @@ Two capacities, both measured on that trace:
   the SLO under overload; its share of the bound shows what the deadline costs.
 
 The bound these are compared with charges prefill the smaller of the two runs' mean served
-prompts (`upper_bound.py`, relaxation 6), so it holds for both.
+prompts (`upper_bound.py`, relaxation 6) and couples each device's prefill to its decode at
+the shortest mean prompt any one pipeline served in either run, so it holds for both.
 
 Throughput is served output tokens over [0, last completion] (`simulator.summarize`), so the
 pipelines' fill at the start and the drain at the end are charged: a trace of `seconds` of
@@ -29,11 +30,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
+from routing.scheduler import serving_sim
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
-from routing.scheduler.serving import evaluate_layouts
-from routing.scheduler.simulator import SimResult, make_trace
+from routing.scheduler.serving import Dispatcher, evaluate_layouts
+from routing.scheduler.simulator import SimResult, Trace, make_trace, summarize
+from routing.scheduler.stage_costs import stage_costs
 from routing.scheduler.upper_bound import throughput_upper_bound
 
 SATURATION = 1.5  # offered rate, x the bound's request rate: more than any plan can serve
@@ -76,11 +81,35 @@ def plan_capacity(
     count = max(200, min(MAX_REQUESTS, round(rate * seconds)))
     saturated = replace(workload, rate=rate, num_requests=count)
     trace = make_trace(model, saturated)
-    slo = evaluate_layouts(cluster, layouts, model, trace, saturated)
+    slo, slo_coupled = _with_slo(cluster, layouts, model, trace, saturated)
     every = _admit_all(cluster, layouts, model, workload, seconds)
     prompts = [r.served_prompt_tokens for r in (slo, every) if r.served]
-    bound = throughput_upper_bound(cluster, model, workload, max_batch, min(prompts, default=None)).tok_s
-    return Capacity(every.throughput_tok_s, slo.throughput_tok_s, rate, bound)
+    coupled = min(slo_coupled, every.served_prompt_tokens) if every.served else slo_coupled
+    bound = throughput_upper_bound(cluster, model, workload, max_batch, min(prompts, default=None), coupled)
+    return Capacity(every.throughput_tok_s, slo.throughput_tok_s, rate, bound.tok_s)
+
+
+def _with_slo(
+    cluster: Cluster, layouts: Sequence[PipelineLayout], model: ModelSpec, trace: Trace, workload: Workload
+) -> tuple[SimResult, float]:
+    """The SLO dispatcher's run, and the shortest mean prompt one pipeline served in it (the
+    bound's coupling, `upper_bound.py`; s_in_min for sequential serving, which does not say)."""
+    if workload.serving == "sequential":
+        return evaluate_layouts(cluster, layouts, model, trace, workload), float(workload.s_in_min)
+    costs = [stage_costs(cluster, lay, model, trace.s_in, workload.max_batch) for lay in layouts]
+    dispatcher = Dispatcher(costs, trace)
+    chosen = np.full(len(trace.arrivals), -1)
+
+    def choose(r: int, in_flight: np.ndarray) -> int:
+        chosen[r] = dispatcher(r, in_flight)
+        return int(chosen[r])
+
+    finish = serving_sim.simulate(costs, trace.arrivals, trace.s_in + trace.s_out, trace.s_out, choose)
+    served = np.isfinite(finish)
+    last = float(finish[served].max()) if served.any() else 0.0
+    result = summarize(finish[served] - trace.arrivals[served], trace.s_in[served], trace, last)
+    means = [float(trace.s_in[chosen == p].mean()) for p in range(len(costs)) if (chosen == p).any()]
+    return result, min(means, default=float(workload.s_in_min))
 
 
 def _admit_all(
