@@ -12,8 +12,10 @@ Two capacities, both measured on that trace:
   queues. The bound has no SLO either, so `bound_ratio = capacity_tok_s / bound` compares like
   with like: how much of the cluster's compute, bandwidth and memory the placement can use.
 * `slo_capacity_tok_s` — the SLO dispatcher of `serving.py` is on: requests no pipeline is
-  expected to finish within the deadline are turned away. This is what the plan delivers at
-  the SLO under overload; its share of the bound shows what the deadline costs.
+  expected to finish within the deadline are turned away, and only the requests that finish
+  within it count (their output tokens over the time to the last of them; one late straggler
+  would otherwise set the whole run's length). This is what the plan delivers at the SLO under
+  overload; its share of the bound shows what the deadline costs.
 
 The bound these are compared with charges prefill the smaller of the two runs' mean served
 prompts (`upper_bound.py`, relaxation 6) and couples each device's prefill to its decode at
@@ -92,8 +94,10 @@ def plan_capacity(
 def _with_slo(
     cluster: Cluster, layouts: Sequence[PipelineLayout], model: ModelSpec, trace: Trace, workload: Workload
 ) -> tuple[SimResult, float]:
-    """The SLO dispatcher's run, and the shortest mean prompt one pipeline served in it (the
-    bound's coupling, `upper_bound.py`; s_in_min for sequential serving, which does not say)."""
+    """The SLO dispatcher's run counted over the requests that met the SLO (tokens over the time
+    to the last of them), and the shortest mean prompt one pipeline was given in it (the bound's
+    coupling, `upper_bound.py`; s_in_min for sequential serving, which does not say; there every
+    request served meets the SLO)."""
     if workload.serving == "sequential":
         return evaluate_layouts(cluster, layouts, model, trace, workload), float(workload.s_in_min)
     costs = [stage_costs(cluster, lay, model, trace.s_in, workload.max_batch) for lay in layouts]
@@ -105,9 +109,9 @@ def _with_slo(
         return int(chosen[r])
 
     finish = serving_sim.simulate(costs, trace.arrivals, trace.s_in + trace.s_out, trace.s_out, choose)
-    served = np.isfinite(finish)
-    last = float(finish[served].max()) if served.any() else 0.0
-    result = summarize(finish[served] - trace.arrivals[served], trace.s_in[served], trace, last)
+    met = finish - trace.arrivals <= trace.deadline_s * (1 + 1e-9)  # inf (turned away) is never met
+    last = float(finish[met].max()) if met.any() else 0.0
+    result = summarize(finish[met] - trace.arrivals[met], trace.s_in[met], trace, last)
     means = [float(trace.s_in[chosen == p].mean()) for p in range(len(costs)) if (chosen == p).any()]
     return result, min(means, default=float(workload.s_in_min))
 
