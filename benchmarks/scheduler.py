@@ -1,6 +1,6 @@
 """How good and how fast the HexGen scheduler is on §5.1's clusters and on 1,000 GPUs (issue 7).
 
-Llama-2-70B, prompts 64-192 tokens, 32 output tokens, SLO scale 5 (HexGen §5.1), Poisson
+Llama-2-70B, prompts 64-192 tokens, 32 output tokens, SLO scale 5 (HexGen §5.1; --slo-scale), Poisson
 arrivals. Rates are loaded ones: `--loads` x the cluster's upper bound in requests/s
 (`upper_bound.py` at max_batch 16), the same offered rate for both serving models. Each row:
   attainment, goodput_rps, throughput_tok_s, p99_latency_s   our plan, event-simulated
@@ -20,7 +20,7 @@ arrivals. Rates are loaded ones: `--loads` x the cluster's upper bound in reques
   replan_s, attainment_after_leave  4 GPUs of our plan leave (5% of GPUs on the 1,000-GPU
                                     cluster); the search is warm-started from our plan
 
-    python benchmarks/scheduler.py --json [--budget-s 15] [--loads 0.5 1.0]
+    python benchmarks/scheduler.py --json [--budget-s 15] [--loads 0.5 1.0] [--slo-scale 5]
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
     """One scenario, serving model and load: our search, the baselines, a re-plan after a leave."""
     cluster = cluster_of(name)
     big = name == SYNTHETIC
-    base = Workload(s_in=128, s_out=32, slo_scale=5.0, seed=args.seed, max_batch=16)
+    base = Workload(s_in=128, s_out=32, slo_scale=args.slo_scale, seed=args.seed, max_batch=16)
     bound_rps = throughput_upper_bound(cluster, MODEL, base, max_batch=16, prompt_tokens=128).requests_s
     rate = round(load * bound_rps, 1)
     requests = max(1000, round(rate * (args.trace_1000_s if big else args.trace_s)))
@@ -110,6 +110,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         "load": load,
         "rate": rate,
         "requests": requests,
+        "slo_scale": args.slo_scale,
         "slo_s": round(est.slo_s, 3),
         "devices": len(cluster),
         "devices_used": len(ours.plan.device_ids),
@@ -184,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-1000-s", type=float, default=4.0, help="the same on 1,000 GPUs")
     parser.add_argument("--capacity-s", type=float, default=20.0, help="seconds of saturating arrivals")
     parser.add_argument("--capacity-1000-s", type=float, default=10.0, help="the same on 1,000 GPUs")
+    parser.add_argument("--slo-scale", type=float, default=5.0, help="deadline, x the A100 latency (§5.1: 5)")
     parser.add_argument("--seed", type=int, default=0)
     names = (*SCENARIOS, SYNTHETIC)
     parser.add_argument("--scenarios", nargs="*", default=list(names), choices=names)
