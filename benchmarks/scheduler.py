@@ -39,6 +39,7 @@ from scipy.stats import spearmanr  # noqa: E402
 from routing.scheduler.capacity import plan_capacity  # noqa: E402
 from routing.scheduler.genetic import SearchConfig, SearchResult, search  # noqa: E402
 from routing.scheduler.model_spec import Workload, preset  # noqa: E402
+from routing.scheduler.plan import PipelinePlan, Plan, StagePlan  # noqa: E402
 from routing.scheduler.plan_eval import (  # noqa: E402
     estimate_plan,
     evaluate_plan,
@@ -143,6 +144,58 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
     }
 
 
+def deep_rows(name: str, load: float, args: argparse.Namespace) -> list[dict]:
+    """Issue 7 check (b): hand-built plans, one pipeline per 8-GPU machine at each TP layout of
+    DEEP_LAYOUTS (equal layers per stage), Norway's 3 + 3 GPUs as [1, 2, 1, 2] and the A40s as
+    [2, 2] (layers by memory), simulated at the row's rate like our plan."""
+    cluster = scenario(name)
+    base = Workload(s_in=128, s_out=32, slo_scale=args.slo_scale, seed=args.seed, max_batch=16)
+    rate = round(load * throughput_upper_bound(cluster, MODEL, base, max_batch=16, prompt_tokens=128).requests_s, 1)
+    workload = replace(base, rate=rate, num_requests=max(1000, round(rate * args.trace_s)))
+    rows = []
+    for tps in DEEP_LAYOUTS:
+        machines = sorted({d.machine for d in cluster.devices})
+        plan = hand_plan(cluster, {m: tps for m in machines if len(_ids_of(cluster, m)) == 8})
+        result = evaluate_plan(cluster, MODEL, workload, plan)
+        cap = plan_capacity(cluster, plan_layouts(cluster, MODEL, workload, plan), MODEL, workload, args.capacity_s)
+        rows.append({
+            "scenario": name, "hand_plan_8gpu": tps, "rate": rate,
+            "attainment": round(result.attainment, 4), "goodput_rps": round(result.goodput_rps, 2),
+            "throughput_tok_s": round(result.throughput_tok_s, 1), "capacity_tok_s": round(cap.capacity_tok_s, 1),
+            "bound_ratio": round(cap.bound_ratio, 3), "slo_capacity_tok_s": round(cap.slo_capacity_tok_s, 1),
+            "slo_bound_ratio": round(cap.slo_capacity_tok_s / cap.upper_bound_tok_s, 3),
+            "within_memory": not memory_violations(cluster, MODEL, workload, plan),
+        })
+    return rows
+
+
+DEEP_LAYOUTS = ([1] * 8, [2, 2, 2, 2], [4, 4])
+SMALL_MACHINES = {3: [1, 2], 4: [2, 2]}  # TP layout of the machines with fewer GPUs, split in layers by memory
+
+
+def _ids_of(cluster, machine: str) -> list[str]:
+    return [d.id for d in cluster.devices if d.machine == machine]
+
+
+def hand_plan(cluster, layouts: dict[str, list[int]]) -> Plan:
+    """8-GPU machines as given (equal layers); Norway's two 3-GPU machines as one [1, 2, 1, 2]
+    pipeline and each 4-GPU machine as [2, 2], layers in proportion to stage memory."""
+    groups = [(_ids_of(cluster, m), tps, True) for m, tps in layouts.items()]
+    small = sorted({d.machine for d in cluster.devices} - set(layouts))
+    threes = [m for m in small if len(_ids_of(cluster, m)) == 3]
+    if threes:
+        groups.append(([i for m in threes for i in _ids_of(cluster, m)], SMALL_MACHINES[3] * len(threes), False))
+    groups += [(_ids_of(cluster, m), SMALL_MACHINES[4], False) for m in small if len(_ids_of(cluster, m)) == 4]
+    pipelines = []
+    for ids, tps, equal in groups:
+        sizes = [float(t) if not equal else 1.0 for t in tps]
+        bounds = [round(MODEL.num_layers * sum(sizes[:k]) / sum(sizes)) for k in range(len(tps) + 1)]
+        cuts = [sum(tps[:k]) for k in range(len(tps) + 1)]
+        stages = [StagePlan(tuple(ids[cuts[k]:cuts[k + 1]]), bounds[k], bounds[k + 1]) for k in range(len(tps))]
+        pipelines.append(PipelinePlan(tuple(stages)))
+    return Plan(MODEL.name, MODEL.num_layers, tuple(pipelines))
+
+
 def _pairs(result: SearchResult) -> list[tuple[float, float]]:
     """(analytic attainment, simulated attainment) of a search's finalists."""
     return [(fitness[0], sim.attainment) for fitness, sim in result.finalists]
@@ -190,7 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     names = (*SCENARIOS, SYNTHETIC)
     parser.add_argument("--scenarios", nargs="*", default=list(names), choices=names)
     parser.add_argument("--serving", nargs="*", default=["pipelined-batched", "sequential"])
+    parser.add_argument("--deep-plans", action="store_true", help="issue 7 check (b): hand-built plans only")
     args = parser.parse_args(argv)
+    if args.deep_plans:
+        for name in ("heterogeneous-half-price", "heterogeneous-full-price"):
+            for load in args.loads:
+                for row in deep_rows(name, load, args):
+                    print(json.dumps(row), flush=True)
+        return 0
     for name in args.scenarios:
         for serving in args.serving:
             loads = args.loads[:1] if name == SYNTHETIC else args.loads  # one row each at 1,000 GPUs
