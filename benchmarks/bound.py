@@ -5,6 +5,8 @@ prompts of 128 +- 50% tokens, it prints one JSON line with, per cluster and outp
   tok_s            bound on generated tokens/s, prompts charged at the shortest length (strict)
   tok_s_mean_prompt  the same with prompts at the mean length (bound when every request is served)
   tok_s_batch1     the strict bound without batching (max_batch=1, e.g. today's sequential model)
+  tok_s_uncoupled  the strict bound without the prefill/decode coupling row (devices may do only
+                   prefill or only decode): what the coupling takes off
   binding          which resource limits the bound
   solve_s          median wall-clock time of one bound (build + HiGHS solve), over --repeats runs
 Wall-clock figures are from a shared machine and are noisy.
@@ -44,6 +46,7 @@ def bound_row(name: str, cluster: Cluster, s_out: int, args: argparse.Namespace)
         cluster, model, workload, args.max_batch, prompt_tokens=workload.s_in
     )
     batch1 = throughput_upper_bound(cluster, model, workload, max_batch=1)
+    uncoupled = throughput_upper_bound(cluster, model, workload, args.max_batch, coupled_prompt_tokens=0.0)
     return {
         "cluster": name,
         "gpus": len(cluster),
@@ -51,6 +54,7 @@ def bound_row(name: str, cluster: Cluster, s_out: int, args: argparse.Namespace)
         "tok_s": round(strict.tok_s, 1),
         "tok_s_mean_prompt": round(mean_prompt.tok_s, 1),
         "tok_s_batch1": round(batch1.tok_s, 1),
+        "tok_s_uncoupled": round(uncoupled.tok_s, 1),
         "binding": strict.binding,
         "scan_share": round(strict.scan_share, 3),
         "solve_s": round(statistics.median(times), 4),

@@ -1,10 +1,16 @@
 """How good and how fast the HexGen scheduler is on §5.1's clusters and on 1,000 GPUs (issue 7).
 
-Llama-2-70B, prompts 64-192 tokens, 32 output tokens, SLO scale 5 (HexGen §5.1), Poisson
+Llama-2-70B, prompts 64-192 tokens, 32 output tokens, SLO scale 5 (HexGen §5.1; --slo-scale), Poisson
 arrivals. Rates are loaded ones: `--loads` x the cluster's upper bound in requests/s
 (`upper_bound.py` at max_batch 16), the same offered rate for both serving models. Each row:
   attainment, goodput_rps, throughput_tok_s, p99_latency_s   our plan, event-simulated
-  upper_bound_tok_s, bound_ratio    the bound for the prompts served, and our share of it
+  capacity_tok_s, slo_capacity_tok_s   our plan's tokens/s at a saturating offered rate
+                                    (1.5 x the bound), every request admitted / with the SLO
+                                    dispatcher on (`capacity.py`, measured after the search)
+  upper_bound_tok_s, bound_ratio    the bound for the prompts served, capacity / bound
+  slo_bound_ratio                   SLO capacity / bound (what the deadline leaves)
+  throughput_ratio                  throughput at the row's offered rate / bound (the old
+                                    `bound_ratio`: at loads < 1 it cannot reach 1 by construction)
   attainment_symmetric / goodput_symmetric   best plan whose stages share one TP degree and
                                     layer count (HexGen's baseline ii), same serving model
   attainment_table4 / goodput_table4   HexGen's Table 4 plan replayed (full-price cluster)
@@ -14,7 +20,7 @@ arrivals. Rates are loaded ones: `--loads` x the cluster's upper bound in reques
   replan_s, attainment_after_leave  4 GPUs of our plan leave (5% of GPUs on the 1,000-GPU
                                     cluster); the search is warm-started from our plan
 
-    python benchmarks/scheduler.py --json [--budget-s 15] [--loads 0.5 1.0]
+    python benchmarks/scheduler.py --json [--budget-s 15] [--loads 0.5 1.0] [--slo-scale 5]
 """
 
 from __future__ import annotations
@@ -30,13 +36,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scipy.stats import spearmanr  # noqa: E402
 
+from routing.scheduler.capacity import plan_capacity  # noqa: E402
 from routing.scheduler.genetic import SearchConfig, SearchResult, search  # noqa: E402
 from routing.scheduler.model_spec import Workload, preset  # noqa: E402
+from routing.scheduler.plan import PipelinePlan, Plan, StagePlan  # noqa: E402
 from routing.scheduler.plan_eval import (  # noqa: E402
     estimate_plan,
     evaluate_plan,
     memory_violations,
-    upper_bound_tok_s,
+    plan_layouts,
 )
 from routing.scheduler.scenarios import SCENARIOS, scenario, table4_plan  # noqa: E402
 from routing.scheduler.synthetic_cluster import synthetic_cluster  # noqa: E402
@@ -54,7 +62,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
     """One scenario, serving model and load: our search, the baselines, a re-plan after a leave."""
     cluster = cluster_of(name)
     big = name == SYNTHETIC
-    base = Workload(s_in=128, s_out=32, slo_scale=5.0, seed=args.seed, max_batch=16)
+    base = Workload(s_in=128, s_out=32, slo_scale=args.slo_scale, seed=args.seed, max_batch=16)
     bound_rps = throughput_upper_bound(cluster, MODEL, base, max_batch=16, prompt_tokens=128).requests_s
     rate = round(load * bound_rps, 1)
     requests = max(1000, round(rate * (args.trace_1000_s if big else args.trace_s)))
@@ -62,7 +70,9 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
     budget = args.budget_1000_s if big else args.budget_s
 
     def config(**kw) -> SearchConfig:
-        return SearchConfig(**{"time_budget_s": budget, "stall_generations": args.stall, "seed": args.seed, **kw})
+        # capacity is measured after the search (below), so schedule_s and replan_s time the planning
+        defaults = {"time_budget_s": budget, "stall_generations": args.stall, "seed": args.seed, "capacity": False}
+        return SearchConfig(**{**defaults, **kw})
 
     layouts: dict = {}  # layout cache shared by our search and the re-plan (same network)
     ours = search(cluster, MODEL, workload, config(), layout_cache=layouts)
@@ -82,6 +92,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         stall_generations=args.stall // 2,
         seed=args.seed,
         finalists=1,
+        capacity=False,
     )
     replan = search(smaller, MODEL, workload, replan_cfg, previous=ours.plan, layout_cache=layouts)
     within = all(
@@ -89,6 +100,10 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         for c, p in ((cluster, ours.plan), (cluster, symmetric.plan), (smaller, replan.plan))
     )
     est = ours.plan.estimate
+    seconds = args.capacity_1000_s if big else args.capacity_s
+    cap = plan_capacity(cluster, plan_layouts(cluster, MODEL, workload, ours.plan), MODEL, workload, seconds)
+    cap_sym = plan_capacity(cluster, plan_layouts(cluster, MODEL, workload, symmetric.plan), MODEL, workload, seconds)
+    cap_after = plan_capacity(smaller, plan_layouts(smaller, MODEL, workload, replan.plan), MODEL, workload, seconds)
     return {
         "scenario": name,
         "serving": serving,
@@ -96,6 +111,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         "load": load,
         "rate": rate,
         "requests": requests,
+        "slo_scale": args.slo_scale,
         "slo_s": round(est.slo_s, 3),
         "devices": len(cluster),
         "devices_used": len(ours.plan.device_ids),
@@ -104,8 +120,13 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         "attainment": round(ours.result.attainment, 4),
         "goodput_rps": round(ours.result.goodput_rps, 2),
         "throughput_tok_s": round(ours.result.throughput_tok_s, 1),
-        "upper_bound_tok_s": round(est.upper_bound_tok_s, 1),
-        "bound_ratio": round(est.bound_ratio, 3),
+        "capacity_tok_s": round(cap.capacity_tok_s, 1),
+        "slo_capacity_tok_s": round(cap.slo_capacity_tok_s, 1),
+        "upper_bound_tok_s": round(cap.upper_bound_tok_s, 1),
+        "bound_ratio": round(cap.bound_ratio, 3),
+        "slo_bound_ratio": round(cap.slo_capacity_tok_s / cap.upper_bound_tok_s, 3),
+        "throughput_ratio": round(ours.result.throughput_tok_s / est.upper_bound_tok_s, 3),
+        "bound_ratio_symmetric": round(cap_sym.bound_ratio, 3),
         "p99_latency_s": round(ours.result.p99_latency_s, 3),
         "mean_latency_s": round(ours.result.mean_latency_s, 3),
         "attainment_symmetric": round(symmetric.result.attainment, 4),
@@ -117,12 +138,62 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         "replan_s": round(replan.elapsed_s, 2),
         "left": len(leaving),
         "attainment_after_leave": round(replan.result.attainment, 4),
-        "bound_ratio_after_leave": round(
-            replan.result.throughput_tok_s / upper_bound_tok_s(smaller, MODEL, workload, replan.result), 3
-        ),
+        "bound_ratio_after_leave": round(cap_after.bound_ratio, 3),
         "within_memory": within,
         "pipelines": sorted((p.strategy for p in ours.plan.pipelines), key=lambda s: (len(s), s))[:40],
     }
+
+
+def deep_rows(name: str, load: float, args: argparse.Namespace) -> list[dict]:
+    """Issue 7 check (b): hand-built plans, one pipeline per 8-GPU machine at each TP layout of
+    DEEP_LAYOUTS (equal layers per stage), Norway's 3 + 3 GPUs as [1, 2, 1, 2] and the A40s as
+    [2, 2] (layers by memory), simulated at the row's rate like our plan."""
+    cluster = scenario(name)
+    base = Workload(s_in=128, s_out=32, slo_scale=args.slo_scale, seed=args.seed, max_batch=16)
+    rate = round(load * throughput_upper_bound(cluster, MODEL, base, max_batch=16, prompt_tokens=128).requests_s, 1)
+    workload = replace(base, rate=rate, num_requests=max(1000, round(rate * args.trace_s)))
+    rows = []
+    for tps in DEEP_LAYOUTS:
+        machines = sorted({d.machine for d in cluster.devices})
+        plan = hand_plan(cluster, {m: tps for m in machines if len(_ids_of(cluster, m)) == 8})
+        result = evaluate_plan(cluster, MODEL, workload, plan)
+        cap = plan_capacity(cluster, plan_layouts(cluster, MODEL, workload, plan), MODEL, workload, args.capacity_s)
+        rows.append({
+            "scenario": name, "hand_plan_8gpu": tps, "rate": rate,
+            "attainment": round(result.attainment, 4), "goodput_rps": round(result.goodput_rps, 2),
+            "throughput_tok_s": round(result.throughput_tok_s, 1), "capacity_tok_s": round(cap.capacity_tok_s, 1),
+            "bound_ratio": round(cap.bound_ratio, 3), "slo_capacity_tok_s": round(cap.slo_capacity_tok_s, 1),
+            "slo_bound_ratio": round(cap.slo_capacity_tok_s / cap.upper_bound_tok_s, 3),
+            "within_memory": not memory_violations(cluster, MODEL, workload, plan),
+        })
+    return rows
+
+
+DEEP_LAYOUTS = ([1] * 8, [2, 2, 2, 2], [4, 4])
+SMALL_MACHINES = {3: [1, 2], 4: [2, 2]}  # TP layout of the machines with fewer GPUs, split in layers by memory
+
+
+def _ids_of(cluster, machine: str) -> list[str]:
+    return [d.id for d in cluster.devices if d.machine == machine]
+
+
+def hand_plan(cluster, layouts: dict[str, list[int]]) -> Plan:
+    """8-GPU machines as given (equal layers); Norway's two 3-GPU machines as one [1, 2, 1, 2]
+    pipeline and each 4-GPU machine as [2, 2], layers in proportion to stage memory."""
+    groups = [(_ids_of(cluster, m), tps, True) for m, tps in layouts.items()]
+    small = sorted({d.machine for d in cluster.devices} - set(layouts))
+    threes = [m for m in small if len(_ids_of(cluster, m)) == 3]
+    if threes:
+        groups.append(([i for m in threes for i in _ids_of(cluster, m)], SMALL_MACHINES[3] * len(threes), False))
+    groups += [(_ids_of(cluster, m), SMALL_MACHINES[4], False) for m in small if len(_ids_of(cluster, m)) == 4]
+    pipelines = []
+    for ids, tps, equal in groups:
+        sizes = [float(t) if not equal else 1.0 for t in tps]
+        bounds = [round(MODEL.num_layers * sum(sizes[:k]) / sum(sizes)) for k in range(len(tps) + 1)]
+        cuts = [sum(tps[:k]) for k in range(len(tps) + 1)]
+        stages = [StagePlan(tuple(ids[cuts[k]:cuts[k + 1]]), bounds[k], bounds[k + 1]) for k in range(len(tps))]
+        pipelines.append(PipelinePlan(tuple(stages)))
+    return Plan(MODEL.name, MODEL.num_layers, tuple(pipelines))
 
 
 def _pairs(result: SearchResult) -> list[tuple[float, float]]:
@@ -165,11 +236,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loads", nargs="*", type=float, default=[0.5, 1.0], help="rates, x the bound")
     parser.add_argument("--trace-s", type=float, default=20.0, help="seconds of arrivals per trace")
     parser.add_argument("--trace-1000-s", type=float, default=4.0, help="the same on 1,000 GPUs")
+    parser.add_argument("--capacity-s", type=float, default=20.0, help="seconds of saturating arrivals")
+    parser.add_argument("--capacity-1000-s", type=float, default=10.0, help="the same on 1,000 GPUs")
+    parser.add_argument("--slo-scale", type=float, default=5.0, help="deadline, x the A100 latency (§5.1: 5)")
     parser.add_argument("--seed", type=int, default=0)
     names = (*SCENARIOS, SYNTHETIC)
     parser.add_argument("--scenarios", nargs="*", default=list(names), choices=names)
     parser.add_argument("--serving", nargs="*", default=["pipelined-batched", "sequential"])
+    parser.add_argument("--deep-plans", action="store_true", help="issue 7 check (b): hand-built plans only")
     args = parser.parse_args(argv)
+    if args.deep_plans:
+        for name in ("heterogeneous-half-price", "heterogeneous-full-price"):
+            for load in args.loads:
+                for row in deep_rows(name, load, args):
+                    print(json.dumps(row), flush=True)
+        return 0
     for name in args.scenarios:
         for serving in args.serving:
             loads = args.loads[:1] if name == SYNTHETIC else args.loads  # one row each at 1,000 GPUs

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from routing.scheduler.capacity import plan_capacity
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.ga_fitness import Evaluator, Fitness
 from routing.scheduler.ga_operators import Individual, Mutator, canonical, kmeans_init
@@ -49,6 +50,7 @@ class SearchConfig:
     mutation: str = "hexgen"  # "hexgen" (merge/split/swap) or "random" (§5.4 ablation)
     symmetric: bool = False  # stages share one TP degree and equal layer counts (baseline ii of §5.1)
     finalists: int = 3  # best individuals re-scored by the event simulation at the end
+    capacity: bool = True  # measure the plan's capacity and bound ratio (`capacity.py`) at the end
 
     def __post_init__(self) -> None:
         if self.population < 1 or self.offspring < 1 or self.max_generations < 0 or self.time_budget_s < 0:
@@ -138,7 +140,7 @@ def search(
             f"({replica / 2**30:.1f} GiB of layers, KV cache for {workload.s_in_max + workload.s_out} tokens)"
         )
     result = ev.simulate(best)
-    plan = make_plan(cluster, model, workload, layouts, result, ev.trace.deadline_s)
+    plan = make_plan(cluster, model, workload, layouts, result, ev.trace.deadline_s, config.capacity)
     scored = tuple((ev.fitness(ind), ev.simulate(ind)) for ind in finalists)
     elapsed = time.perf_counter() - start
     return SearchResult(plan, result, generation, ev.evaluations, elapsed, tuple(history), scored)
@@ -228,8 +230,10 @@ def make_plan(
     layouts: Sequence[PipelineLayout],
     result: SimResult,
     slo_s: float,
+    capacity: bool = True,
 ) -> Plan:
-    """Turns layouts (device indices) into a Plan (device ids) with its estimate and bound ratio."""
+    """Turns layouts (device indices) into a Plan (device ids) with its estimate; with `capacity`,
+    also its capacity and bound ratio (`capacity.py`: two more event simulations)."""
     pipelines = []
     for layout in sorted(layouts, key=lambda lay: lay.latency_s):
         stages = tuple(
@@ -237,6 +241,8 @@ def make_plan(
         )
         pipelines.append(PipelinePlan(stages, layout.latency_s, layout.prefill_s, layout.decode_s))
     finite = result.served > 0
+    measured = plan_capacity(cluster, layouts, model, workload) if capacity else None
+    bound = upper_bound_tok_s(cluster, model, workload, result) if measured is None else measured.upper_bound_tok_s
     estimate = PlanEstimate(
         result.attainment,
         result.goodput_rps,
@@ -249,6 +255,8 @@ def make_plan(
         1 if workload.serving == "sequential" else workload.max_batch,
         result.p99_latency_s if finite else 0.0,
         result.throughput_tok_s,
-        upper_bound_tok_s(cluster, model, workload, result),
+        bound,
+        0.0 if measured is None else measured.capacity_tok_s,
+        0.0 if measured is None else measured.slo_capacity_tok_s,
     )
     return Plan(model.name, model.num_layers, tuple(pipelines), estimate)

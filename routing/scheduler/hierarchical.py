@@ -92,7 +92,7 @@ def search_by_region(
         raise NoFeasiblePlanError(f"no region group of the cluster can hold a replica of {model.name}")
     trace = make_trace(model, workload)
     result = evaluate_layouts(cluster, layouts, model, trace, workload)
-    plan = make_plan(cluster, model, workload, layouts, result, trace.deadline_s)
+    plan = make_plan(cluster, model, workload, layouts, result, trace.deadline_s, config.capacity)
     fitness = _estimated_fitness(cluster, layouts, model, workload, trace.deadline_s)
     elapsed = time.perf_counter() - start
     return SearchResult(plan, result, generations, evaluations, elapsed, (), ((fitness, result),))
@@ -114,7 +114,7 @@ def _search_groups(
             num_requests=max(50, round(workload.num_requests * share)),
             seed=workload.seed + n,
         )
-        sub_config = replace(config, time_budget_s=budget * len(group) / len(cluster), finalists=1)
+        sub_config = replace(config, time_budget_s=budget * len(group) / len(cluster), finalists=1, capacity=False)
         sub = cluster.subset(frozenset(cluster.devices[i].id for i in group))
         try:
             yield search(sub, model, sub_workload, sub_config, layout_cache=cache)

@@ -70,13 +70,24 @@ class PlanEstimate:
     serving: str = "sequential"  # the serving model the figures are for
     max_batch: int = 1  # decode steps a stage batches
     p99_latency_s: float = 0.0  # of the requests served
-    throughput_tok_s: float = 0.0  # generated tokens per second
+    throughput_tok_s: float = 0.0  # generated tokens per second at the offered `rate`
     upper_bound_tok_s: float = 0.0  # most tokens/s any placement could serve (0: not computed)
+    # Tokens/s under a saturating offered rate (`capacity.py`); 0 when not measured.
+    capacity_tok_s: float = 0.0  # every request admitted, no deadline
+    slo_capacity_tok_s: float = 0.0  # the SLO dispatcher turns requests away
 
     @property
     def bound_ratio(self) -> float:
-        """Throughput as a share of the upper bound (0 when there is no bound)."""
-        return self.throughput_tok_s / self.upper_bound_tok_s if self.upper_bound_tok_s > 0 else 0.0
+        """Capacity as a share of the upper bound: neither has a deadline (0 when not measured).
+
+        Not throughput / bound: at an offered rate below the plan's capacity the throughput is
+        the offered rate, whatever the plan."""
+        return self.capacity_tok_s / self.upper_bound_tok_s if self.upper_bound_tok_s > 0 else 0.0
+
+    @property
+    def slo_bound_ratio(self) -> float:
+        """SLO capacity as a share of the upper bound (what the deadline leaves of it)."""
+        return self.slo_capacity_tok_s / self.upper_bound_tok_s if self.upper_bound_tok_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -117,7 +128,11 @@ class Plan:
             ],
             "estimate": None
             if self.estimate is None
-            else {**vars(self.estimate), "bound_ratio": self.estimate.bound_ratio},
+            else {
+                **vars(self.estimate),
+                "bound_ratio": self.estimate.bound_ratio,
+                "slo_bound_ratio": self.estimate.slo_bound_ratio,
+            },
         }
 
     @classmethod
@@ -222,4 +237,6 @@ def _estimate(raw: Any) -> PlanEstimate | None:
         _float(raw, "p99_latency_s"),
         _float(raw, "throughput_tok_s"),
         _float(raw, "upper_bound_tok_s"),
+        _float(raw, "capacity_tok_s"),
+        _float(raw, "slo_capacity_tok_s"),
     )

@@ -27,13 +27,20 @@ and T, the generated tokens/s (T / s_out completed requests per second). Maximis
     H <= N_gk * M_g / (B_l + (b_{k-1} + 1) * kv * t)     weights + KV of the batch fit (Eq. 7)
     sum H >= L                                           at least one replica is stored
     sum Y >= L * T,  sum Z >= L * T * s_in / s_out       every layer of every token processed
+    Z >= rho * Y                                         prefill and decode on the same devices
+The last row: a device serves one stage of one pipeline, so it runs the prefill and the decode
+of exactly the requests its pipeline serves; its prefill layer-tokens are (their mean prompt /
+s_out) x its decode layer-tokens. rho is a lower bound on that ratio over all pipelines: by
+default s_in_min / s_out (every prompt is at least s_in_min tokens); a caller who knows the
+shortest mean prompt any one pipeline served may pass it (`coupled_prompt_tokens`). Without
+the row the LP would give prefill to compute-rich devices and decode to bandwidth-rich ones,
+which no pipeline can do (10-12% higher on HexGen's heterogeneous clusters).
 A device whose memory admits at most b sequences alongside its x layers sits at the level with
 b_{k-1} < min(b, max_batch) <= b_k: its batches are <= b_k and its x fits the level's memory
 cap, so every real plan is a feasible point and the optimum is an upper bound.
 
 Relaxations (each can only raise the bound):
-1. Layers are fluid: x may be any fraction, a device may do only prefill or only decode, and
-   layers need not form pipelines (only their totals are covered), so stages balance perfectly.
+1. Layers are fluid: x may be any fraction and layers need not form pipelines (only their totals are covered), so stages balance perfectly.
 2. A TP group runs at its own devices' speed, not at its slowest member's (Eq. 4 takes the min).
 3. Communication is free: TP all-reduce (Eq. 5) and pipeline hops (Eq. 6) cost nothing, and
    links have no capacity limit. The cost model has no link contention, so a link-capacity
@@ -107,18 +114,20 @@ def throughput_upper_bound(
     workload: Workload,
     max_batch: int = DEFAULT_MAX_BATCH,
     prompt_tokens: float | None = None,
+    coupled_prompt_tokens: float | None = None,
 ) -> UpperBound:
     """Upper bound on generated tokens/s of any placement of `cluster` (see the module docstring)."""
     if max_batch < 1:
         raise ValueError("max_batch must be at least 1")
     s_in = float(workload.s_in_min if prompt_tokens is None else prompt_tokens)
-    if s_in < 0:
-        raise ValueError("prompt_tokens must not be negative")
+    coupled = float(workload.s_in_min if coupled_prompt_tokens is None else coupled_prompt_tokens)
+    if s_in < 0 or coupled < 0:
+        raise ValueError("prompt_tokens and coupled_prompt_tokens must not be negative")
     started = time.perf_counter()
     classes = _device_classes(cluster)
     levels = _batch_levels(max_batch)
     kv_tokens = workload.s_in_min + workload.s_out  # Eq. 7's t for the shortest request
-    problem = _build_lp(classes, levels, model, s_in, kv_tokens, workload.s_out)
+    problem = _build_lp(classes, levels, model, (s_in, coupled), kv_tokens, workload.s_out)
     result = linprog(**problem, method="highs")
     if result.status == 2:  # infeasible: not even one replica fits
         return UpperBound(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, True, time.perf_counter() - started)
@@ -142,9 +151,16 @@ def _batch_levels(max_batch: int) -> np.ndarray:
 
 
 def _build_lp(
-    classes: _Classes, levels: np.ndarray, model: ModelSpec, s_in: float, kv_tokens: int, s_out: int
+    classes: _Classes,
+    levels: np.ndarray,
+    model: ModelSpec,
+    prompts: tuple[float, float],
+    kv_tokens: int,
+    s_out: int,
 ) -> dict:
-    """linprog arguments; columns are (g, k, v) for v in N, Y, Z, W, H, then T last."""
+    """linprog arguments; columns are (g, k, v) for v in N, Y, Z, W, H, then T last.
+    `prompts`: (prompt charged per request, prompt of the per-device coupling rho * s_out)."""
+    s_in, coupled = prompts
     g_count, k_count = len(classes.count), len(levels)
     cells = g_count * k_count
     t_col = cells * _VARS
@@ -174,7 +190,9 @@ def _build_lp(
     add(cells + r, w, -levels[k_idx])
     add(2 * cells + r, h, 1.0)  # H - N cap <= 0
     add(2 * cells + r, n, -cap[g_idx, k_idx])
-    base = 3 * cells
+    add(3 * cells + r, y, coupled / s_out)  # rho Y - Z <= 0
+    add(3 * cells + r, z, -1.0)
+    base = 4 * cells
     add(base + g_idx, n, 1.0)  # sum_k N <= n_g
     base += g_count
     replica, decode, prefill = np.full(cells, base), np.full(cells, base + 1), np.full(cells, base + 2)
@@ -183,7 +201,7 @@ def _build_lp(
     add([base + 1], [t_col], float(model.num_layers))
     add(prefill, z, -1.0)  # L T s_in / s_out - sum Z <= 0
     add([base + 2], [t_col], model.num_layers * s_in / s_out)
-    b_ub = np.concatenate((np.zeros(3 * cells), classes.count, [-float(model.num_layers), 0.0, 0.0]))
+    b_ub = np.concatenate((np.zeros(4 * cells), classes.count, [-float(model.num_layers), 0.0, 0.0]))
     a_ub = coo_matrix(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
         shape=(len(b_ub), t_col + 1),

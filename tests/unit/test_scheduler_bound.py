@@ -155,3 +155,21 @@ def test_longer_prompts_lower_the_bound():
     mean = throughput_upper_bound(cluster, SMALL, workload, prompt_tokens=128)
     assert mean.tok_s < strict.tok_s
     assert mean.prefill_share > strict.prefill_share
+
+
+def test_coupling_prefill_to_decode_tightens_only_mixed_clusters():
+    # A compute-rich and a bandwidth-rich device: uncoupled (rho = 0), the LP gives prefill to one
+    # and decode to the other, which no pipeline can do; coupled, each device does both.
+    devices = [
+        _device(0, memory=1e12, bandwidth=300 * GB, flops=300e12),
+        _device(1, memory=1e12, bandwidth=3000 * GB, flops=30e12),
+    ]
+    cluster = build_cluster(devices, Network())
+    workload = Workload(s_in=128, s_out=32, s_in_spread=0.0)
+    free = throughput_upper_bound(cluster, SMALL, workload, coupled_prompt_tokens=0.0).tok_s
+    coupled = throughput_upper_bound(cluster, SMALL, workload).tok_s
+    assert coupled < 0.95 * free
+    same = build_cluster([_device(i, 1e12, 1000 * GB, 100e12) for i in range(2)], Network())
+    assert throughput_upper_bound(same, SMALL, workload).tok_s == pytest.approx(
+        throughput_upper_bound(same, SMALL, workload, coupled_prompt_tokens=0.0).tok_s, rel=1e-6
+    )

@@ -1,0 +1,64 @@
+"""A plan's capacity (issue 7): saturating, never above the bound, and what bound_ratio reports."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from routing.scheduler.capacity import plan_capacity
+from routing.scheduler.cluster import Device, Network, build_cluster
+from routing.scheduler.genetic import SearchConfig, search
+from routing.scheduler.gpu_catalog import lookup
+from routing.scheduler.model_spec import Workload, preset
+from routing.scheduler.pipeline_dp import PipelineDP
+from routing.scheduler.plan_eval import plan_layouts
+from routing.scheduler.serving import evaluate_layouts
+from routing.scheduler.simulator import make_trace
+from tests.unit.test_scheduler_bound import _random_cluster
+
+SMALL = preset("Llama-2-7B")
+
+
+@pytest.mark.parametrize("serving", ["pipelined-batched", "sequential"])
+@pytest.mark.parametrize("seed", range(3))
+def test_capacity_never_exceeds_the_bound_on_random_clusters(seed, serving):
+    rng = random.Random(seed)
+    cluster = _random_cluster(rng)
+    workload = Workload(rate=1.0, s_out=32, num_requests=100, seed=seed, serving=serving)
+    dp = PipelineDP(cluster, SMALL, workload)
+    order = list(range(len(cluster)))
+    rng.shuffle(order)
+    half = max(1, len(order) // 2)
+    layouts = [lay for lay in (dp.layout(order[:half]), dp.layout(order[half:])) if lay is not None]
+    measured = plan_capacity(cluster, layouts, SMALL, workload, seconds=3.0)
+    if not layouts:
+        assert measured.capacity_tok_s == 0.0
+        return
+    assert 0 < measured.slo_capacity_tok_s <= measured.upper_bound_tok_s
+    assert 0 < measured.capacity_tok_s <= measured.upper_bound_tok_s
+
+
+def test_capacity_is_above_the_throughput_at_a_light_rate():
+    # Two A6000s, each a whole replica: at 1 request/s the throughput is what arrives; the
+    # capacity is what the pipelines could serve, far more (the point of bound_ratio).
+    devices = [Device.from_spec(f"g{i}", lookup("A6000"), f"m{i}", "r") for i in range(2)]
+    cluster = build_cluster(devices, Network())
+    workload = Workload(rate=1.0, s_out=32, num_requests=100, slo_scale=20)
+    dp = PipelineDP(cluster, SMALL, workload)
+    layouts = [dp.layout([0]), dp.layout([1])]
+    light = evaluate_layouts(cluster, layouts, SMALL, make_trace(SMALL, workload), workload)
+    measured = plan_capacity(cluster, layouts, SMALL, workload, seconds=3.0)
+    assert measured.capacity_tok_s > 5 * light.throughput_tok_s
+    assert measured.capacity_tok_s >= measured.slo_capacity_tok_s
+
+
+def test_searched_plan_reports_capacity_and_ratio():
+    cluster = _random_cluster(random.Random(11))
+    workload = Workload(rate=20.0, s_out=32, num_requests=200)
+    found = search(cluster, SMALL, workload, SearchConfig(max_generations=3, time_budget_s=10, seed=1))
+    est = found.plan.estimate
+    assert 0 < est.bound_ratio <= 1 and 0 < est.slo_bound_ratio <= 1
+    assert est.bound_ratio == pytest.approx(est.capacity_tok_s / est.upper_bound_tok_s)
+    assert found.plan.to_dict()["estimate"]["capacity_tok_s"] == est.capacity_tok_s
+    assert plan_layouts(cluster, SMALL, workload, found.plan)
