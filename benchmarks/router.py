@@ -39,7 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from routing.chains.cost import candidates  # noqa: E402
-from routing.chains.front import Front, hypervolume_2d, sweep_front  # noqa: E402
+from routing.chains.front import Front, normalised_hypervolume, sweep_front  # noqa: E402
 from routing.chains.load_sim import LoadSpec, simulate_load, sustainable_rate  # noqa: E402
 from routing.chains.min_latency import min_latency_route  # noqa: E402
 from routing.chains.nsga import NsgaConfig, nsga_front  # noqa: E402
@@ -64,13 +64,8 @@ def timed_ms(fn) -> tuple[float, object]:
 
 
 def hypervolume(front: Front, reference: Front) -> float:
-    """Area dominated in objectives normalised to the reference front's ranges, ref point (1.1, 1.1)."""
-    if len(front) == 0:
-        return 0.0
-    lat0, lat_span = reference.latency_ms.min(), np.ptp(reference.latency_ms) or 1.0
-    thr0, thr_span = reference.throughput.max(), np.ptp(reference.throughput) or 1.0
-    pts = np.column_stack([(front.latency_ms - lat0) / lat_span, (thr0 - front.throughput) / thr_span])
-    return round(hypervolume_2d(pts, (1.1, 1.1)), 4)
+    """routing.chains.front.normalised_hypervolume, rounded (the reference is the sweep's front)."""
+    return round(normalised_hypervolume(front, reference), 4)
 
 
 def decision_times(view: SwarmView, seed: int) -> dict:

@@ -9,10 +9,16 @@ so their fronts live in one objective space and can be compared by hypervolume.
   the first set server that serves it; equal neighbours merge into one hop.
 - "chain" (ours): one gene per block holding the peer that runs it, valid by construction
   (so no constraint and no wasted bits). Mutation reassigns a random contiguous sub-range of
-  one peer's range to that peer, which makes or splits whole hops; crossover is single-point
-  on the block axis, which splices two chains at a layer boundary. The initial population is
-  random chains plus anchors: the exact min-latency chain (so the front always holds the
-  fastest chain) and the chains of a short epsilon-constraint sweep (routing.chains.sweep_seeds).
+  one peer's range to that peer, which makes or splits whole hops; crossover swaps the
+  segment between two layer boundaries where both parents start a hop (a cut inside a hop
+  would add a hop, a round trip per token). The initial population is random chains led by
+  the chains of a short epsilon-constraint sweep (routing.chains.sweep_seeds), the exact
+  min-latency chain first, so the front always holds the fastest chain.
+
+What sets the front's quality is the seeding: at 100 and 500 peers NSGA-II from random
+chains reached 0.26-0.48 of the full sweep's hypervolume; from 16 sweep solves 0.95-0.97,
+and the generations after that add less than 0.01 (README, "Routing requests through the
+swarm"). So the default runs few generations.
 """
 
 from __future__ import annotations

@@ -1,25 +1,25 @@
 """The latency-throughput trade-off mode (seed 004, §II-B4), with fronts cached per snapshot.
 
-Design: an NSGA-II run (routing.chains.nsga) takes tens to hundreds of ms, far too long to
-pay per request, but its front depends only on the snapshot and on the request's class
-(batch size and the cache tokens it needs). So:
+Design: an NSGA-II run (routing.chains.nsga) takes a few hundred ms, far too long to pay
+per request, but its front depends only on the snapshot and the request's class (batch
+size and the cache tokens it needs). So:
 
-1. the front is cached per (snapshot version, request class); a decision from the cache
-   is a lookup plus a pick on a few dozen points (microseconds);
-2. a miss never waits for NSGA-II: it answers from the min-latency solver under a
-   throughput floor set by the preference (`floor_route`) and hands the run to a worker
-   thread;
-3. a new snapshot version also schedules the classes seen recently.
+1. the front is cached per (snapshot version, request class); a miss never waits for
+   NSGA-II: it answers from the min-latency solver under a throughput floor set by the
+   preference (`floor_route`) and hands the run to a worker thread, which also refreshes
+   the classes seen recently when a new snapshot version arrives;
+2. the first decision on a snapshot picks on the cached front (microseconds); later ones
+   add this client's own picks since the snapshot to its load (routing.chains.own_picks)
+   and pick on the front re-scored under that load, solving again only when the pool's
+   best may be more than 2% off (routing.chains.loaded_pool). That, not a random draw,
+   keeps many requests routed on one stale snapshot from piling onto one chain;
+3. a request re-routed around refused peers (`exclude`) takes the cached point nearest the
+   preference only while that point (or one within `spread` of it) survives; otherwise it
+   solves again without the excluded peers, as min_latency does.
 
-Clients that route on one stale snapshot would all take the same knee and pile onto it,
-the very herding this mode is meant to avoid, so `spread` > 0 draws the answer among the
-front points within that normalised distance of the preferred one (seeded, so a sequence
-of decisions is reproducible). A request re-routed around refused peers (`exclude`) takes
-the cached point nearest the preference only while some of those drawn-among points
-survive; otherwise it solves again without the excluded peers, as min_latency does: on a
-large swarm the surviving front points can be far from the preferred end (the load test at
-500 peers sent refused requests to a 16-hop chain). With `background=False` a miss computes
-the front inline (deterministic; what tests and the load simulator use).
+`spread` > 0 still draws among the front points within that normalised distance of the
+preferred one (seeded). With `background=False` a miss computes the front inline
+(deterministic; what tests and the load simulator use).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from routing.chains.cost import Candidates, candidates, make_route, no_route_error, request_cache_tokens
+from routing.chains.cost import Candidates, candidates, make_route, no_route_error
 from routing.chains.front import Front, neighbours, pick_index
 from routing.chains.load_costs import idle_step_ms, load_aware_candidates
 from routing.chains.loaded_pool import Pool, loaded_front
@@ -40,35 +40,12 @@ from routing.chains.max_throughput import hop_widest_bottleneck
 from routing.chains.min_latency import shortest_chain
 from routing.chains.nsga import NsgaConfig, nsga_front
 from routing.chains.own_picks import OwnPicks
+from routing.chains.request_class import RequestClass, class_request, request_class
 from routing.chains.swarm_view import Route, RouteRequest, SwarmView
 
 log = logging.getLogger(__name__)
 
-RequestClass = tuple[
-    int, int, int
-]  # (batch_size, cache tokens, new tokens), counts rounded up to powers of two
 CacheKey = tuple[int, RequestClass]  # (snapshot version, request class)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
-def request_class(request: RouteRequest) -> RequestClass:
-    """Requests of one class share a front: same batch, cache need and new tokens within a power of two."""
-    return request.batch_size, _pow2(request_cache_tokens(request)), _pow2(request.new_tokens)
-
-
-def class_request(cls: RequestClass) -> RouteRequest:
-    """The most demanding request of a class: peers eligible for it are eligible for all of it.
-
-    Its cache need is the class's bound; the new tokens (which set how the load-aware cost
-    weighs prefill against decode) are the class's bound too, unless that leaves no prompt.
-    """
-    batch, tokens, new = cls
-    per_row = -(-tokens // batch)
-    new = min(new, per_row - 1)
-    return RouteRequest(prompt_tokens=per_row - new, new_tokens=new, batch_size=batch)
 
 
 @dataclass(frozen=True)
