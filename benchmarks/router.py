@@ -1,7 +1,7 @@
 """Chain-router benchmark: one JSON line per swarm size (seed 004, §II-B; issue 4).
 
     python benchmarks/router.py --json [--sizes 10,100,500] [--requests 1000] [--loads 0.3,0.6,0.9]
-        [--seeds 0] [--all-modes-max-peers 100]
+        [--seeds 0] [--all-modes-max-peers 100] [--load-only]
 
 Per size: a seeded synthetic swarm (routing.chains.synthetic_swarm, 80 blocks), then
 - fresh_ms / fresh_ms_median: the fastest / median of 5 full NSGA-II runs (our chain
@@ -149,6 +149,9 @@ def main() -> None:
         default=100,
         help="larger swarms load-test only min_latency and the default tradeoff (the slow modes lose)",
     )
+    parser.add_argument(
+        "--load-only", action="store_true", help="skip the run times and fronts: only the load test"
+    )
     args = parser.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     nsga_front(candidates(generate_swarm(SwarmSpec(10, seed=seeds[0])), REQUEST))  # warm up imports
@@ -157,7 +160,8 @@ def main() -> None:
         for size in (int(s) for s in args.sizes.split(",")):
             view = generate_swarm(SwarmSpec(num_peers=size, num_blocks=80, seed=seed))
             row = {"peers": size, "blocks": view.num_blocks, "seed": seed}
-            row |= decision_times(view, seed) | fronts(view, seed)
+            if not args.load_only:
+                row |= decision_times(view, seed) | fronts(view, seed)
             all_modes = size <= args.all_modes_max_peers
             row["load"] = [
                 load_test(view, args.requests, float(x), seed, all_modes) for x in args.loads.split(",")
@@ -176,7 +180,7 @@ def summary(rows: list[dict]) -> dict:
         for k, cell in enumerate(by_seed[0]["load"]):
             loads = [r["load"][k] for r in by_seed]
             entry: dict = {"peers": size, "load": cell["load"]}
-            for mode in (m for m, _, _ in LOAD_MODES if m in cell):
+            for mode in (m for m, _, _ in LOAD_MODES if all(m in x for x in loads)):
                 p99 = [x[mode]["p99_latency_s"] for x in loads]
                 tps = [x[mode]["tokens_per_s"] for x in loads]
                 entry[mode] = {
