@@ -67,7 +67,10 @@ def _rescore(
     assign = np.array([_assignment(r, index, view.num_blocks) for r in kept])
     objectives = evaluate_assignments(cands, assign)
     return Front.of(
-        [replace(r, latency_ms=float(lat), throughput=float(-neg)) for r, (lat, neg) in zip(kept, objectives, strict=True)]
+        [
+            replace(r, latency_ms=float(lat), throughput=float(-neg))
+            for r, (lat, neg) in zip(kept, objectives, strict=True)
+        ]
     )
 
 
