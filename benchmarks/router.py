@@ -1,11 +1,14 @@
 """Chain-router benchmark: one JSON line per swarm size (seed 004, §II-B; issue 4).
 
-    python benchmarks/router.py --json [--sizes 10,100,500] [--requests 1000] [--loads 0.3,0.6,0.9] [--seed 0]
-        [--all-modes-max-peers 100]
+    python benchmarks/router.py --json [--sizes 10,100,500] [--requests 1000] [--loads 0.3,0.6,0.9]
+        [--seeds 0] [--all-modes-max-peers 100] [--load-only]
 
 Per size: a seeded synthetic swarm (routing.chains.synthetic_swarm, 80 blocks), then
-- fresh_ms: one full NSGA-II run (our chain encoding), and the seed's matrix encoding's;
-- cached_decision_ms_p50/_p99: TradeoffRouter.choose served from the cached front;
+- fresh_ms / fresh_ms_median: the fastest / median of 5 full NSGA-II runs (our chain
+  encoding, seeded by routing.chains.sweep_seeds), and the seed's matrix encoding's (one run);
+- cached_decision_ms_p50/_p99: TradeoffRouter.choose served from the cached front (no own
+  picks counted); loaded_decision_ms_p50/_p99: the same with the client's own picks counted
+  (routing.chains.own_picks), each decision re-scoring the pool (routing.chains.loaded_pool);
 - front_size and hypervolume of our front, the seed encoding's and the epsilon-constraint
   sweep's (objectives normalised by the sweep front's ranges, reference point (1.1, 1.1));
 - latency_gap_vs_dijkstra: best latency on our front / the exact min-latency chain's;
@@ -15,6 +18,11 @@ Per size: a seeded synthetic swarm (routing.chains.synthetic_swarm, 80 blocks), 
   waiting for cache included) and total generated tokens/s. Above `--all-modes-max-peers`
   only min_latency and the default tradeoff run: max_throughput and the knee take chains of
   30-60 hops at 500 peers, which made that size alone take ~20 min, and they lose anyway.
+
+With several `--seeds`, one row per seed and size, then one summary line: per size, load
+and mode, the median and the worst over seeds of p99 latency and tokens/s, and for
+tradeoff its worst ratio to min_latency on the same seed (p99: tradeoff / min_latency,
+tokens/s: min_latency / tradeoff; above 1.02 is a loss of more than 2%).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from routing.chains.cost import candidates  # noqa: E402
-from routing.chains.front import Front, hypervolume_2d, sweep_front  # noqa: E402
+from routing.chains.front import Front, normalised_hypervolume, sweep_front  # noqa: E402
 from routing.chains.load_sim import LoadSpec, simulate_load, sustainable_rate  # noqa: E402
 from routing.chains.min_latency import min_latency_route  # noqa: E402
 from routing.chains.nsga import NsgaConfig, nsga_front  # noqa: E402
@@ -56,24 +64,23 @@ def timed_ms(fn) -> tuple[float, object]:
 
 
 def hypervolume(front: Front, reference: Front) -> float:
-    """Area dominated in objectives normalised to the reference front's ranges, ref point (1.1, 1.1)."""
-    if len(front) == 0:
-        return 0.0
-    lat0, lat_span = reference.latency_ms.min(), np.ptp(reference.latency_ms) or 1.0
-    thr0, thr_span = reference.throughput.max(), np.ptp(reference.throughput) or 1.0
-    pts = np.column_stack([(front.latency_ms - lat0) / lat_span, (thr0 - front.throughput) / thr_span])
-    return round(hypervolume_2d(pts, (1.1, 1.1)), 4)
+    """routing.chains.front.normalised_hypervolume, rounded (the reference is the sweep's front)."""
+    return round(normalised_hypervolume(front, reference), 4)
 
 
 def decision_times(view: SwarmView, seed: int) -> dict:
-    router = TradeoffRouter(seed=seed, background=False)
-    fresh, _ = timed_ms(lambda: router.refresh(view, REQUEST))
-    samples = [timed_ms(lambda: router.choose(view, REQUEST))[0] for _ in range(2000)]
-    return {
-        "fresh_ms": round(fresh, 1),
-        "cached_decision_ms_p50": round(float(np.percentile(samples, 50)), 4),
-        "cached_decision_ms_p99": round(float(np.percentile(samples, 99)), 4),
-    }
+    fresh = [
+        timed_ms(lambda: TradeoffRouter(seed=seed, background=False).refresh(view, REQUEST))[0]
+        for _ in range(5)
+    ]
+    out = {"fresh_ms": round(min(fresh), 1), "fresh_ms_median": round(float(np.median(fresh)), 1)}
+    for name, account in (("cached", False), ("loaded", True)):
+        router = TradeoffRouter(seed=seed, background=False, account_picks=account)
+        router.refresh(view, REQUEST)
+        samples = [timed_ms(lambda r=router: r.choose(view, REQUEST))[0] for _ in range(500)]
+        out[f"{name}_decision_ms_p50"] = round(float(np.percentile(samples, 50)), 4)
+        out[f"{name}_decision_ms_p99"] = round(float(np.percentile(samples, 99)), 4)
+    return out
 
 
 def fronts(view: SwarmView, seed: int) -> dict:
@@ -90,6 +97,7 @@ def fronts(view: SwarmView, seed: int) -> dict:
         "hypervolume_no_anchors": hypervolume(no_anchor, sweep),
         "hypervolume_seed_encoding": hypervolume(seed_front, sweep),
         "hypervolume_sweep": hypervolume(sweep, sweep),
+        "hypervolume_ratio": round(hypervolume(ours, sweep) / max(hypervolume(sweep, sweep), 1e-12), 3),
         "seed_encoding_fresh_ms": round(seed_ms, 1),
         "sweep_ms": round(sweep_ms, 1),
         "sweep_front_size": len(sweep),
@@ -134,24 +142,61 @@ def main() -> None:
     parser.add_argument(
         "--loads", default="0.3,0.6,0.9", help="arrival rates as shares of the sustainable rate"
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0", help="comma-separated swarm and arrival seeds")
     parser.add_argument(
         "--all-modes-max-peers",
         type=int,
         default=100,
         help="larger swarms load-test only min_latency and the default tradeoff (the slow modes lose)",
     )
+    parser.add_argument(
+        "--load-only", action="store_true", help="skip the run times and fronts: only the load test"
+    )
     args = parser.parse_args()
-    nsga_front(candidates(generate_swarm(SwarmSpec(10, seed=args.seed)), REQUEST))  # warm up imports
-    for size in (int(s) for s in args.sizes.split(",")):
-        view = generate_swarm(SwarmSpec(num_peers=size, num_blocks=80, seed=args.seed))
-        row = {"peers": size, "blocks": view.num_blocks, "seed": args.seed}
-        row |= decision_times(view, args.seed) | fronts(view, args.seed)
-        all_modes = size <= args.all_modes_max_peers
-        row["load"] = [
-            load_test(view, args.requests, float(x), args.seed, all_modes) for x in args.loads.split(",")
-        ]
-        print(json.dumps(row), flush=True)
+    seeds = [int(x) for x in args.seeds.split(",")]
+    nsga_front(candidates(generate_swarm(SwarmSpec(10, seed=seeds[0])), REQUEST))  # warm up imports
+    rows = []
+    for seed in seeds:
+        for size in (int(s) for s in args.sizes.split(",")):
+            view = generate_swarm(SwarmSpec(num_peers=size, num_blocks=80, seed=seed))
+            row = {"peers": size, "blocks": view.num_blocks, "seed": seed}
+            if not args.load_only:
+                row |= decision_times(view, seed) | fronts(view, seed)
+            all_modes = size <= args.all_modes_max_peers
+            row["load"] = [
+                load_test(view, args.requests, float(x), seed, all_modes) for x in args.loads.split(",")
+            ]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if len(seeds) > 1:
+        print(json.dumps(summary(rows)), flush=True)
+
+
+def summary(rows: list[dict]) -> dict:
+    """Median and worst over seeds per (size, load, mode), and tradeoff's worst ratio to min_latency."""
+    out: dict = {"summary": True, "seeds": sorted({r["seed"] for r in rows}), "cells": []}
+    for size in sorted({r["peers"] for r in rows}):
+        by_seed = [r for r in rows if r["peers"] == size]
+        for k, cell in enumerate(by_seed[0]["load"]):
+            loads = [r["load"][k] for r in by_seed]
+            entry: dict = {"peers": size, "load": cell["load"]}
+            for mode in (m for m, _, _ in LOAD_MODES if all(m in x for x in loads)):
+                p99 = [x[mode]["p99_latency_s"] for x in loads]
+                tps = [x[mode]["tokens_per_s"] for x in loads]
+                entry[mode] = {
+                    "p99_median": round(float(np.median(p99)), 2),
+                    "p99_worst": max(p99),
+                    "tokens_per_s_median": round(float(np.median(tps)), 1),
+                    "tokens_per_s_worst": min(tps),
+                }
+            p99_ratio = [x["tradeoff"]["p99_latency_s"] / x["min_latency"]["p99_latency_s"] for x in loads]
+            tps_ratio = [x["min_latency"]["tokens_per_s"] / x["tradeoff"]["tokens_per_s"] for x in loads]
+            entry["tradeoff_vs_min_latency_worst"] = {
+                "p99_ratio": round(max(p99_ratio), 3),
+                "tokens_per_s_ratio": round(max(tps_ratio), 3),
+            }
+            out["cells"].append(entry)
+    return out
 
 
 if __name__ == "__main__":

@@ -110,3 +110,17 @@ def hypervolume_2d(points: np.ndarray, ref: tuple[float, float]) -> float:
             area += (ref[0] - x) * (best_y - y)
             best_y = y
     return float(area)
+
+
+def normalised_hypervolume(front: Front, reference: Front) -> float:
+    """Hypervolume of `front` in objectives normalised to `reference`'s ranges, ref point (1.1, 1.1).
+
+    Both fronts are scaled by the same (reference) ranges, so comparing the reference's own
+    figure with another front's is fair; points beyond the reference's ends count in full.
+    """
+    if len(front) == 0 or len(reference) == 0:
+        return 0.0
+    lat0, lat_span = reference.latency_ms.min(), float(np.ptp(reference.latency_ms)) or 1.0
+    thr0, thr_span = reference.throughput.max(), float(np.ptp(reference.throughput)) or 1.0
+    pts = np.column_stack([(front.latency_ms - lat0) / lat_span, (thr0 - front.throughput) / thr_span])
+    return hypervolume_2d(pts, (1.1, 1.1))

@@ -55,9 +55,16 @@ def utilisation(cands: Candidates, request: RouteRequest, session_s: float) -> n
 
 
 def load_aware_candidates(
-    view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset()
+    view: SwarmView,
+    request: RouteRequest,
+    exclude: frozenset[str] = frozenset(),
+    step_ms: float | None = None,
 ) -> Candidates:
-    """`candidates(...)` with per-hop and per-block costs replaced by the load-aware ones above."""
+    """`candidates(...)` with per-hop and per-block costs replaced by the load-aware ones above.
+
+    step_ms: the idle step the open sessions are assumed to take (None: solve for it here;
+    a caller scoring many loads on one snapshot passes `idle_step_ms` once).
+    """
     cands = candidates(view, request, exclude)
     if cands.size == 0:
         return cands
@@ -69,11 +76,21 @@ def load_aware_candidates(
     throughput = np.array([p.throughput for p in cands.peers], dtype=float)
     prefill_ms = np.maximum(cands.decode_ms, 1e3 * request.batch_size * request.prompt_tokens / throughput)
     per_block = (request.new_tokens * cands.decode_ms + prefill_ms) / steps
-    idle = shortest_chain(cands)  # the session length the open sessions are assumed to have
-    step_ms = make_route(cands, idle).latency_ms if idle is not None else float(cands.overhead_ms.sum())
+    if step_ms is None:
+        step_ms = _idle_step_ms(cands)
     rho = np.minimum(utilisation(cands, request, steps * step_ms / 1e3), RHO_MAX)
     wait = WAIT_FACTOR * busy_share(cands, step_ms) * cands.decode_ms * (cands.end - cands.start)
     return replace(cands, overhead_ms=rtt + transfer + wait, decode_ms=per_block / (1 - rho))
+
+
+def idle_step_ms(view: SwarmView, request: RouteRequest) -> float:
+    """ms per step of the exact min-latency chain on idle costs: how long a session's steps take."""
+    return _idle_step_ms(candidates(view, request))
+
+
+def _idle_step_ms(cands: Candidates) -> float:
+    idle = shortest_chain(cands)  # the session length the open sessions are assumed to have
+    return make_route(cands, idle).latency_ms if idle is not None else float(cands.overhead_ms.sum())
 
 
 def busy_share(cands: Candidates, step_ms: float) -> np.ndarray:

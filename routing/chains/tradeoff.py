@@ -1,25 +1,25 @@
 """The latency-throughput trade-off mode (seed 004, §II-B4), with fronts cached per snapshot.
 
-Design: an NSGA-II run (routing.chains.nsga) takes tens to hundreds of ms, far too long to
-pay per request, but its front depends only on the snapshot and on the request's class
-(batch size and the cache tokens it needs). So:
+Design: an NSGA-II run (routing.chains.nsga) takes a few hundred ms, far too long to pay
+per request, but its front depends only on the snapshot and the request's class (batch
+size and the cache tokens it needs). So:
 
-1. the front is cached per (snapshot version, request class); a decision from the cache
-   is a lookup plus a pick on a few dozen points (microseconds);
-2. a miss never waits for NSGA-II: it answers from the min-latency solver under a
-   throughput floor set by the preference (`floor_route`) and hands the run to a worker
-   thread;
-3. a new snapshot version also schedules the classes seen recently.
+1. the front is cached per (snapshot version, request class); a miss never waits for
+   NSGA-II: it answers from the min-latency solver under a throughput floor set by the
+   preference (`floor_route`) and hands the run to a worker thread, which also refreshes
+   the classes seen recently when a new snapshot version arrives;
+2. the first decision on a snapshot picks on the cached front (microseconds); later ones
+   add this client's own picks since the snapshot to its load (routing.chains.own_picks)
+   and pick on the front re-scored under that load, solving again only when the pool's
+   best may be more than 2% off (routing.chains.loaded_pool). That, not a random draw,
+   keeps many requests routed on one stale snapshot from piling onto one chain;
+3. a request re-routed around refused peers (`exclude`) takes the cached point nearest the
+   preference only while that point (or one within `spread` of it) survives; otherwise it
+   solves again without the excluded peers, as min_latency does.
 
-Clients that route on one stale snapshot would all take the same knee and pile onto it,
-the very herding this mode is meant to avoid, so `spread` > 0 draws the answer among the
-front points within that normalised distance of the preferred one (seeded, so a sequence
-of decisions is reproducible). A request re-routed around refused peers (`exclude`) takes
-the cached point nearest the preference only while some of those drawn-among points
-survive; otherwise it solves again without the excluded peers, as min_latency does: on a
-large swarm the surviving front points can be far from the preferred end (the load test at
-500 peers sent refused requests to a 16-hop chain). With `background=False` a miss computes
-the front inline (deterministic; what tests and the load simulator use).
+`spread` > 0 still draws among the front points within that normalised distance of the
+preferred one (seeded). With `background=False` a miss computes the front inline
+(deterministic; what tests and the load simulator use).
 """
 
 from __future__ import annotations
@@ -32,41 +32,20 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from routing.chains.cost import Candidates, candidates, make_route, no_route_error, request_cache_tokens
+from routing.chains.cost import Candidates, candidates, make_route, no_route_error
 from routing.chains.front import Front, neighbours, pick_index
-from routing.chains.load_costs import load_aware_candidates
+from routing.chains.load_costs import idle_step_ms, load_aware_candidates
+from routing.chains.loaded_pool import Pool, loaded_front
 from routing.chains.max_throughput import hop_widest_bottleneck
 from routing.chains.min_latency import shortest_chain
 from routing.chains.nsga import NsgaConfig, nsga_front
+from routing.chains.own_picks import OwnPicks
+from routing.chains.request_class import RequestClass, class_request, request_class
 from routing.chains.swarm_view import Route, RouteRequest, SwarmView
 
 log = logging.getLogger(__name__)
 
-RequestClass = tuple[
-    int, int, int
-]  # (batch_size, cache tokens, new tokens), counts rounded up to powers of two
 CacheKey = tuple[int, RequestClass]  # (snapshot version, request class)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
-def request_class(request: RouteRequest) -> RequestClass:
-    """Requests of one class share a front: same batch, cache need and new tokens within a power of two."""
-    return request.batch_size, _pow2(request_cache_tokens(request)), _pow2(request.new_tokens)
-
-
-def class_request(cls: RequestClass) -> RouteRequest:
-    """The most demanding request of a class: peers eligible for it are eligible for all of it.
-
-    Its cache need is the class's bound; the new tokens (which set how the load-aware cost
-    weighs prefill against decode) are the class's bound too, unless that leaves no prompt.
-    """
-    batch, tokens, new = cls
-    per_row = -(-tokens // batch)
-    new = min(new, per_row - 1)
-    return RouteRequest(prompt_tokens=per_row - new, new_tokens=new, batch_size=batch)
 
 
 @dataclass(frozen=True)
@@ -76,6 +55,7 @@ class CachedFront:
     front: Front
     peer_sets: tuple[frozenset[str], ...]  # peers of each route, to honour `exclude`
     choices: np.ndarray  # indices a decision with no exclusions draws from
+    step_ms: float  # the snapshot's idle step (routing.chains.load_costs.idle_step_ms)
 
 
 def floor_route(cands: Candidates, preference: float | None) -> list[tuple[int, int, int]] | None:
@@ -118,11 +98,12 @@ class TradeoffRouter:
         preference: float | str | None = None,
         *,
         config: NsgaConfig | None = None,
-        spread: float = 0.03,
+        spread: float = 0.0,
         seed: int = 0,
         background: bool = True,
         max_entries: int = 32,
         load_aware: bool = True,
+        account_picks: bool = True,
     ):
         if preference is None:
             preference = DEFAULT_PREFERENCE
@@ -135,6 +116,10 @@ class TradeoffRouter:
         self.config = replace(config or NsgaConfig(), seed=seed)
         self.background, self.max_entries = background, max_entries
         self.load_aware = load_aware
+        self.account_picks = account_picks and load_aware  # idle costs ignore load, so picks too
+        self._own = OwnPicks()
+        self._pools: dict[RouteRequest, Pool] = {}  # for the snapshot version below
+        self._pools_version = -1
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
         self._cache: OrderedDict[CacheKey, CachedFront] = OrderedDict()
@@ -142,16 +127,26 @@ class TradeoffRouter:
         self._recent: OrderedDict[RequestClass, None] = OrderedDict()
         self._jobs: queue.Queue[tuple[CacheKey, SwarmView] | None] = queue.Queue()
         self._worker: threading.Thread | None = None
-        self.stats = {"hits": 0, "misses": 0, "refreshes": 0}
+        self.stats = {"hits": 0, "misses": 0, "refreshes": 0, "rescored": 0}
 
     # -- decisions ----------------------------------------------------------------------------
 
     def choose(self, view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> Route:
+        route = self._choose(view, request, exclude)
+        if self.account_picks:
+            self._own.record(view.version, route)
+        return route
+
+    def _choose(self, view: SwarmView, request: RouteRequest, exclude: frozenset[str]) -> Route:
         key = (view.version, request_class(request))
         with self._lock:
             cached = self._cache.get(key)
         if cached is None and not self.background:
             cached = self.refresh(view, request)
+        picks = self._own.counts(view.version) if self.account_picks else {}
+        if cached is not None and picks:
+            self.stats["rescored"] += 1
+            return self._pick_loaded(cached, self._own.loaded(view, picks), request, exclude)
         if cached is not None:
             route = self._pick(cached, exclude)
             if route is not None:
@@ -160,7 +155,19 @@ class TradeoffRouter:
         else:
             self._schedule(view, key)
         self.stats["misses"] += 1
-        return self._fallback(view, request, exclude)
+        return self._fallback(self._own.loaded(view, picks), request, exclude)
+
+    def _pick_loaded(
+        self, cached: CachedFront, view: SwarmView, request: RouteRequest, exclude: frozenset[str]
+    ) -> Route:
+        """Picks among the cached front and this snapshot's exact solves, re-scored with this
+        client's own picks added (routing.chains.own_picks, routing.chains.loaded_pool)."""
+        with self._lock:
+            if self._pools_version != view.version:
+                self._pools, self._pools_version = {}, view.version
+            pool = self._pools.setdefault(request, Pool(list(cached.front.routes), cached.step_ms))
+        front = loaded_front(pool, view, request, exclude)
+        return front.routes[self._draw(self._choices(front.latency_ms, front.throughput))]
 
     def _pick(self, cached: CachedFront, exclude: frozenset[str]) -> Route | None:
         if not exclude:
@@ -200,7 +207,13 @@ class TradeoffRouter:
         return self._refresh((view.version, request_class(request)), view)
 
     def _refresh(self, key: CacheKey, view: SwarmView) -> CachedFront | None:
-        cands = self._candidates(view, class_request(key[1]))
+        request = class_request(key[1])
+        step_ms = idle_step_ms(view, request)
+        cands = (
+            load_aware_candidates(view, request, step_ms=step_ms)
+            if self.load_aware
+            else candidates(view, request)
+        )
         front = nsga_front(cands, self.config)
         if len(front) == 0:
             return None
@@ -208,6 +221,7 @@ class TradeoffRouter:
             front=front,
             peer_sets=tuple(frozenset(h.peer_id for h in r.hops) for r in front.routes),
             choices=self._choices(front.latency_ms, front.throughput),
+            step_ms=step_ms,
         )
         with self._lock:
             self._cache[key] = cached

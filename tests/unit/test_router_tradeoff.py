@@ -55,7 +55,7 @@ def test_preference_ends_and_knee() -> None:
 
 
 def test_cached_decision_is_fast_and_respects_exclude_and_cache() -> None:
-    router = TradeoffRouter(config=FAST, background=False)
+    router = TradeoffRouter(config=FAST, background=False, account_picks=False)
     router.choose(VIEW, REQUEST)
     start = time.perf_counter()
     for _ in range(200):
@@ -72,7 +72,7 @@ def test_cached_decision_is_fast_and_respects_exclude_and_cache() -> None:
 def test_exclude_that_removes_the_preferred_chains_solves_again() -> None:
     """A refused peer must not send the request to a far end of the front: it gets the exact
     best chain without that peer, as min_latency would."""
-    router = TradeoffRouter(config=FAST, background=False, spread=0.0)
+    router = TradeoffRouter(config=FAST, background=False, spread=0.0, account_picks=False)
     banned = frozenset(h.peer_id for h in router.choose(VIEW, REQUEST).hops[:1])
     route = router.choose(VIEW, REQUEST, banned)
     best = router._fallback(VIEW, REQUEST, banned)

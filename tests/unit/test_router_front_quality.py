@@ -1,0 +1,81 @@
+"""Front quality and own-pick accounting of the trade-off mode (routing.chains.sweep_seeds,
+routing.chains.own_picks, routing.chains.loaded_pool)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from routing.chains.cost import candidates, make_route
+from routing.chains.front import normalised_hypervolume, sweep_front
+from routing.chains.load_costs import load_aware_candidates
+from routing.chains.loaded_pool import TOLERANCE
+from routing.chains.min_latency import shortest_chain
+from routing.chains.nsga import NsgaConfig, nsga_front
+from routing.chains.own_picks import OwnPicks
+from routing.chains.swarm_view import PeerView, SwarmView
+from routing.chains.sweep_seeds import sweep_seeds
+from routing.chains.synthetic_swarm import SwarmSpec, generate_swarm
+from routing.chains.tradeoff import TradeoffRouter
+from tests.unit.router_cases import REQUEST, assert_covers
+
+SMALL = generate_swarm(SwarmSpec(num_peers=40, num_blocks=40, seed=0))
+
+
+def test_front_reaches_95_percent_of_the_sweep_hypervolume() -> None:
+    cands = candidates(SMALL, REQUEST)
+    sweep = sweep_front(cands)
+    ours = nsga_front(cands, NsgaConfig(seed=0))
+    assert normalised_hypervolume(ours, sweep) >= 0.95 * normalised_hypervolume(sweep, sweep)
+
+
+def test_sweep_seeds_start_at_the_exact_chain_and_stay_within_budget() -> None:
+    cands = candidates(SMALL, REQUEST)
+    seeds = sweep_seeds(cands, solves=6)
+    assert 1 <= len(seeds) <= 6
+    assert seeds[0] == shortest_chain(cands)
+    with pytest.raises(ValueError):
+        sweep_seeds(cands, solves=0)
+
+
+def test_own_picks_count_per_snapshot_and_restart_with_a_new_one() -> None:
+    picks = OwnPicks()
+    route = TradeoffRouter(background=False, account_picks=False).choose(SMALL, REQUEST)
+    picks.record(3, route)
+    picks.record(3, route)
+    peer = route.hops[0].peer_id
+    assert picks.counts(3)[peer] == 2 and picks.counts(2) == {}
+    loaded = picks.loaded(SMALL, picks.counts(3))
+    assert next(p for p in loaded.peers if p.peer_id == peer).open_sessions == 2
+    picks.record(4, route)
+    assert picks.counts(4)[peer] == 1 and picks.counts(3) == {}
+
+
+def test_requests_on_one_snapshot_spread_over_equal_chains() -> None:
+    """Two equal peers: routing on one idle snapshot must not send everything to the first."""
+    peers = (PeerView("a", 0, 4, 1000.0, 1.0, 10**6), PeerView("b", 0, 4, 1000.0, 1.0, 10**6))
+    view = SwarmView(4, peers, client_rtt_ms={"a": 5.0, "b": 5.0})
+    router = TradeoffRouter(config=NsgaConfig(pop_size=8, generations=2), background=False)
+    used = [router.choose(view, REQUEST).hops[0].peer_id for _ in range(20)]
+    assert 8 <= used.count("a") <= 12
+    blind = TradeoffRouter(
+        config=NsgaConfig(pop_size=8, generations=2), background=False, account_picks=False
+    )
+    assert {blind.choose(view, REQUEST).hops[0].peer_id for _ in range(20)} == {"a"}
+
+
+def test_loaded_decisions_stay_within_tolerance_of_the_exact_chain() -> None:
+    view = replace(generate_swarm(SwarmSpec(num_peers=60, seed=3)), version=7)
+    router = TradeoffRouter(config=NsgaConfig(pop_size=16, generations=4), background=False)
+    router.choose(view, REQUEST)  # the first decision on a snapshot comes from the cached front
+    step_ms = next(iter(router._cache.values())).step_ms
+    for _ in range(30):
+        loaded = router._own.loaded(view, router._own.counts(view.version))
+        exact = make_route(
+            cands := load_aware_candidates(loaded, REQUEST, step_ms=step_ms), shortest_chain(cands)
+        )
+        route = router.choose(view, REQUEST)
+        assert_covers(route, view)
+        assert exact.latency_ms * (1 - 1e-9) <= route.latency_ms <= exact.latency_ms * (1 + TOLERANCE)
+    assert router.stats["rescored"] == 30
