@@ -4,7 +4,7 @@ Reads the cluster file (format in routing/scheduler/cluster.py and the README), 
 the plan with the best SLO attainment on the given workload under the chosen serving model
 (pipelined and batched by default, `--serving sequential` for one request per pipeline at a
 time), prints progress to stderr and the plan to stdout: a table by default, the plan's JSON
-with --json. Both give the plan's tokens/s as a share of the cluster's upper bound.
+with --json. Both give the plan's saturated capacity as a share of the cluster's upper bound.
 """
 
 from __future__ import annotations
@@ -139,8 +139,11 @@ def format_plan(plan) -> str:
             f"mean latency {est.mean_latency_s:.2f} s, p99 {est.p99_latency_s:.2f} s, s_in {est.s_in}, "
             f"s_out {est.s_out})"
         )
-        lines.append(
-            f"throughput {est.throughput_tok_s:.0f} tokens/s = {est.bound_ratio:.1%} of the upper bound "
-            f"({est.upper_bound_tok_s:.0f} tokens/s for any placement of this cluster)"
-        )
+        lines.append(f"throughput {est.throughput_tok_s:.0f} tokens/s at {est.rate:g} req/s")
+        if est.capacity_tok_s > 0:
+            lines.append(
+                f"capacity {est.capacity_tok_s:.0f} tokens/s saturated = {est.bound_ratio:.1%} of the upper bound "
+                f"({est.upper_bound_tok_s:.0f} tokens/s for any placement of this cluster); "
+                f"{est.slo_capacity_tok_s:.0f} tokens/s within the SLO ({est.slo_bound_ratio:.1%})"
+            )
     return "\n".join(lines)
