@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from peer.tp_rank import (
     rank_main,
 )
 from peer.tp_shard import ShardPlan
+from swarm.launcher import free_port
 from swarm.model_spec import ModelSpec
 from swarm.protocol import ErrorCode, ProtocolError
 from swarm.records import DeviceInfo
@@ -101,7 +101,7 @@ class TPGroup:
         threads = threads_per_rank(self.devices)
         if threads is not None:
             torch.set_num_threads(threads)
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        init_method = f"tcp://127.0.0.1:{free_port()}"
         context = multiprocessing.get_context("spawn")  # a fork would copy the DHT's threads
         for rank in range(1, self.tp):
             parent_end, child_end = context.Pipe()
@@ -275,12 +275,6 @@ class TPBlocks:
         except (RuntimeError, OSError) as e:  # torch.distributed raises RuntimeError subclasses
             self.group.fail(self.group.dead_rank() or f"a collective failed: {type(e).__name__}: {e}")
             raise ProtocolError(ErrorCode.PEER_FAILED, self.group.failure or str(e)) from None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _exit_reason(code: int) -> str:
