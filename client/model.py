@@ -71,14 +71,6 @@ class DistributedMixin:
         self._threads.session = value
 
     @property
-    def _session_max_length(self) -> int | None:
-        return self._threads.max_length
-
-    @_session_max_length.setter
-    def _session_max_length(self, value: int | None) -> None:
-        self._threads.max_length = value
-
-    @property
     def last_route(self) -> str | None:
         """The chain this thread's last session used, e.g. 'alice[0:2) -> bob[2:8)'."""
         return self._threads.last_route
@@ -90,15 +82,15 @@ class DistributedMixin:
     @contextlib.contextmanager
     def inference_session(self, max_length: int):
         """Keeps one swarm session (sized for `max_length` tokens per sequence) across calls."""
-        outer = self._session_max_length
+        outer = self._threads.max_length
         if outer is not None:  # already inside a session: reuse it
             yield self.session
             return
-        self._session_max_length = max_length
+        self._threads.max_length = max_length
         try:
             yield self
         finally:
-            self._session_max_length = None
+            self._threads.max_length = None
             self._close_session()
 
     def _close_session(self) -> None:
@@ -148,7 +140,7 @@ class DistributedMixin:
         if inputs_embeds is None:
             inputs_embeds = self.model.embed_tokens(input_ids)
         start = int(position_ids[0, 0]) if position_ids is not None else None
-        if self._session_max_length is None:  # a bare forward() call: a one-shot session
+        if self._threads.max_length is None:  # a bare forward() call: a one-shot session
             with self.inference_session(max_length=inputs_embeds.shape[1]):
                 return self._forward_in_session(inputs_embeds, start, logits_to_keep, past_key_values)
         return self._forward_in_session(inputs_embeds, start, logits_to_keep, past_key_values)
@@ -173,7 +165,7 @@ class DistributedMixin:
                 self.swarm,
                 self.router,
                 self.spec,
-                max_length=self._session_max_length,
+                max_length=self._threads.max_length,
                 batch_size=batch,
                 dtype=self.wire_dtype,
                 coverage_timeout=self.coverage_timeout,
