@@ -76,3 +76,10 @@ def estimate(capacities: Sequence[PipelineCapacity], rate: float) -> Estimate:
         first = int(np.argmax(c.rates >= share * (1 - 1e-9)))  # smallest m carrying the share
         weighted += share * float(c.latency_s[first])
     return Estimate(carried / rate, carried, weighted / carried)
+
+
+def estimate_layouts(
+    cluster: Cluster, layouts: Sequence[PipelineLayout], model: ModelSpec, workload: Workload, deadline_s: float
+) -> Estimate:
+    """`estimate` of whole pipelines: each layout's SLO capacity, sharing the workload's rate."""
+    return estimate([pipeline_capacity(cluster, lay, model, workload, deadline_s) for lay in layouts], workload.rate)

@@ -28,7 +28,7 @@ import time
 from dataclasses import replace
 
 from routing.scheduler.cluster import Cluster
-from routing.scheduler.fitness import estimate, pipeline_capacity
+from routing.scheduler.fitness import estimate_layouts
 from routing.scheduler.ga_fitness import Evaluator
 from routing.scheduler.ga_operators import Mutator
 from routing.scheduler.model_spec import ModelSpec, Workload
@@ -169,5 +169,5 @@ def _lay_out(pool: tuple[int, ...], evaluator: Evaluator, mutator: Mutator, dept
 def _estimated_fitness(cluster, layouts, model, workload, deadline_s) -> tuple[float, float]:
     if workload.serving == "sequential":
         return (float("nan"), float("nan"))
-    est = estimate([pipeline_capacity(cluster, lay, model, workload, deadline_s) for lay in layouts], workload.rate)
+    est = estimate_layouts(cluster, layouts, model, workload, deadline_s)
     return (est.attainment, -est.mean_latency_s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.cost_model import stage_memory
-from routing.scheduler.fitness import Estimate, estimate, pipeline_capacity
+from routing.scheduler.fitness import Estimate, estimate_layouts
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
 from routing.scheduler.plan import Plan
@@ -65,4 +65,4 @@ def estimate_plan(cluster: Cluster, model: ModelSpec, workload: Workload, plan: 
     """The search's analytic fitness (`fitness.py`) of a fixed plan, to compare with `evaluate_plan`."""
     deadline = make_trace(model, workload).deadline_s
     layouts = plan_layouts(cluster, model, workload, plan)
-    return estimate([pipeline_capacity(cluster, lay, model, workload, deadline) for lay in layouts], workload.rate)
+    return estimate_layouts(cluster, layouts, model, workload, deadline)
