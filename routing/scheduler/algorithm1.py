@@ -49,8 +49,19 @@ class Tables:
         self.memory = tuple(cluster.devices[bk[0]].memory_bytes for bk in buckets)
 
 
-def dp(tables: Tables, num_layers: int, rule: str, num_stages: int, degrees: Sequence[int]):
-    """Algorithm 1 with backtracking; returns (cost, [(bucket, degree, start, end), ...]) or (inf, [])."""
+def dp(
+    tables: Tables,
+    num_layers: int,
+    rule: str,
+    num_stages: int,
+    degrees: Sequence[int],
+    whole_buckets: bool = False,
+):
+    """Algorithm 1 with backtracking; returns (cost, [(bucket, degree, start, end), ...]) or (inf, []).
+
+    `whole_buckets` (a swarm: one peer is one machine is one TP group): a bucket serves at most
+    one stage, of degree t, and its other devices stay idle; tau then marks a bucket used or not.
+    """
     counts = tables.counts
     total_memory = sum(c * m for c, m in zip(counts, tables.memory, strict=False))
     moves = [
@@ -76,9 +87,10 @@ def dp(tables: Tables, num_layers: int, rule: str, num_stages: int, degrees: Seq
         best = (INF, ())
         start = boundary(j, tau)
         for k, t, unit, cap in moves:
-            if tau[k] + t > counts[k]:
+            if tau[k] + t > counts[k] or (whole_buckets and tau[k]):
                 continue
-            nxt = tau[:k] + (tau[k] + t,) + tau[k + 1 :]
+            taken = counts[k] if whole_buckets else tau[k] + t
+            nxt = tau[:k] + (taken,) + tau[k + 1 :]
             end = boundary(j + 1, nxt)
             layers = end - start
             if layers > cap:

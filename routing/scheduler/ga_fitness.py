@@ -23,7 +23,7 @@ from routing.scheduler.cluster import Cluster
 from routing.scheduler.fitness import PipelineCapacity, estimate, pipeline_capacity
 from routing.scheduler.ga_operators import Individual
 from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.pipeline_dp import MAX_DP_STATES, PipelineDP, PipelineLayout, bucket_key
+from routing.scheduler.pipeline_dp import MAX_DP_STATES, PipelineDP, PipelineLayout, bucket_key, dp_states
 from routing.scheduler.serving import evaluate_layouts
 from routing.scheduler.simulator import SimResult, make_trace, pipeline_latencies, simulate
 
@@ -40,11 +40,15 @@ class Evaluator:
         workload: Workload,
         symmetric: bool = False,
         layout_cache: dict | None = None,
+        whole_machines: bool = False,
     ):
         self.cluster, self.model, self.workload = cluster, model, workload
         self.trace = make_trace(model, workload)
+        self.whole_machines = whole_machines  # swarm: a machine serves at most one stage
         score = None if self.sequential else self._capacity_score
-        self.dp = PipelineDP(cluster, model, workload, symmetric=symmetric, score=score, cache=layout_cache)
+        self.dp = PipelineDP(
+            cluster, model, workload, symmetric=symmetric, score=score, cache=layout_cache, whole_buckets=whole_machines
+        )
         keys = [bucket_key(cluster, i) for i in range(len(cluster))]
         ids = {k: n for n, k in enumerate(sorted(set(keys)))}
         self.bucket_of = [ids[k] for k in keys]
@@ -68,11 +72,9 @@ class Evaluator:
         return tuple(sorted(self.group_signature(g) for g in ind))
 
     def accept_group(self, group: Sequence[int]) -> bool:
-        """Cheap check that keeps the DP's state space (prod of bucket counts + 1) bounded."""
-        states = 1
-        for _, count in self.group_signature(group):
-            states *= count + 1
-        return states <= MAX_DP_STATES
+        """Cheap check that keeps the DP's state space (`pipeline_dp.dp_states`) bounded."""
+        counts = [count for _, count in self.group_signature(group)]
+        return dp_states(counts, self.whole_machines) <= MAX_DP_STATES
 
     def layouts(self, ind: Individual) -> list[PipelineLayout]:
         out = []

@@ -2,7 +2,9 @@
 swap mutations with early rejection, and the random mutation of the §5.4 ablation.
 
 An individual is a partition of device indices into groups; each group is one candidate
-pipeline (a model replica). Groups are sorted tuples and an individual is a sorted tuple of
+pipeline (a model replica). With `whole_machines` (a swarm, where a peer is one process, one TP
+group on one machine) every operator moves whole machines, so a machine's devices always share
+a group, and the DP then gives each machine at most one stage (`algorithm1.dp(whole_buckets)`). Groups are sorted tuples and an individual is a sorted tuple of
 groups, so equal partitions compare equal. A group too small to hold the model is allowed in
 an individual (its devices stay idle, available to later merges and swaps).
 """
@@ -81,13 +83,36 @@ def kmeans_init(
 class Mutator:
     """merge / split / swap of §4.3 over GPU-type vectors, rejecting offspring early."""
 
-    def __init__(self, cluster: Cluster, replica_bytes: float, accept_group: Callable[[Group], bool]):
+    def __init__(
+        self,
+        cluster: Cluster,
+        replica_bytes: float,
+        accept_group: Callable[[Group], bool],
+        whole_machines: bool = False,
+    ):
         types = sorted({d.type for d in cluster.devices})
         self.type_of = [types.index(d.type) for d in cluster.devices]  # the paper's GPU type index k
         self.machine_of = [(d.region, d.machine) for d in cluster.devices]
         self.memory = [d.memory_bytes for d in cluster.devices]
         self.replica_bytes = replica_bytes  # bytes of one copy of the weights
         self.accept_group = accept_group  # False for groups too large for the DP
+        self.whole_machines = whole_machines
+        self.peers: dict[tuple[str, str], tuple[int, ...]] = {}  # machine -> its device indices
+        for i, machine in enumerate(self.machine_of):
+            self.peers[machine] = self.peers.get(machine, ()) + (i,)
+
+    def unite(self, ind: Individual) -> Individual:
+        """Whole machines: each machine's devices join the group of its lowest-numbered device."""
+        if not self.whole_machines:
+            return ind
+        group_of = {d: n for n, g in enumerate(ind) for d in g}
+        home: dict[tuple[str, str], int] = {}
+        for d in sorted(group_of):
+            home.setdefault(self.machine_of[d], group_of[d])
+        groups: list[list[int]] = [[] for _ in ind]
+        for d in group_of:
+            groups[home[self.machine_of[d]]].append(d)
+        return canonical(groups)
 
     def holds_replica(self, group: Sequence[int]) -> bool:
         return sum(self.memory[d] for d in group) >= self.replica_bytes
@@ -96,7 +121,15 @@ class Mutator:
         ops = [self.split]
         if len(ind) >= 2:
             ops += [self.merge, self.swap]
-        return rng.choice(ops)(ind, rng)
+        child = rng.choice(ops)(ind, rng)
+        return None if child is None else self._checked(ind, child)
+
+    def _checked(self, parent: Individual, child: Individual) -> Individual | None:
+        """Whole machines kept together; there a child equal to its parent is no offspring."""
+        if not self.whole_machines:
+            return child
+        child = self.unite(child)
+        return None if child == parent else child
 
     def merge(self, ind: Individual, rng: random.Random) -> Individual | None:
         """tau^1, tau^2 -> tau^1 + tau^2."""
@@ -119,7 +152,10 @@ class Mutator:
 
     def halves(self, group: Group) -> tuple[list[int], list[int]]:
         """Per GPU type, floor(n/2) devices to the first half; devices taken machine by machine so
-        that the halves split few machines (the paper's type vectors leave this choice open)."""
+        that the halves split few machines (the paper's type vectors leave this choice open).
+        With whole machines, machines go to the first half until it holds half the devices."""
+        if self.whole_machines:
+            return self._machine_halves(group)
         first: list[int] = []
         second: list[int] = []
         for members in self._by_type(group).values():
@@ -129,9 +165,21 @@ class Mutator:
             second += members[half:]
         return first, second
 
+    def _machine_halves(self, group: Group) -> tuple[list[int], list[int]]:
+        machines: dict[tuple[str, str], list[int]] = {}
+        for d in sorted(group, key=lambda d: (self.type_of[d], self.machine_of[d], d)):
+            machines.setdefault(self.machine_of[d], []).append(d)
+        first: list[int] = []
+        second: list[int] = []
+        for members in machines.values():
+            (first if len(first) + len(members) <= len(group) / 2 or not first else second).extend(members)
+        if not second:  # one machine: nothing to split
+            return [], first
+        return first, second
+
     def repair(self, ind: Individual) -> Individual:
         """Splits groups too large for the DP until every group is accepted (initial groups only)."""
-        todo, done = list(ind), []
+        todo, done = list(self.unite(ind)), []
         while todo:
             group = todo.pop()
             first, second = self.halves(group) if len(group) > 1 else ([], list(group))
@@ -148,22 +196,25 @@ class Mutator:
         members = by_type[rng.choice(sorted(by_type))]
         machines = {self.machine_of[d] for d in ind[i]}
         moved = max(members, key=lambda d: (self.machine_of[d] in machines, d))
-        receiver = ind[i] + (moved,)
+        movers = set(self.peers[self.machine_of[moved]]) if self.whole_machines else {moved}
+        receiver = ind[i] + tuple(sorted(movers))
         if not self.accept_group(receiver):
             return None
-        donor = tuple(d for d in ind[j] if d != moved)
+        donor = tuple(d for d in ind[j] if d not in movers)
         return canonical([g for n, g in enumerate(ind) if n not in (i, j)] + [receiver, donor])
 
     def random_move(self, ind: Individual, rng: random.Random) -> Individual | None:
         """§5.4 ablation: one random device to a random (possibly new) group, no checks."""
         groups = [list(g) for g in ind]
         source = rng.randrange(len(groups))
-        device = groups[source].pop(rng.randrange(len(groups[source])))
+        device = groups[source][rng.randrange(len(groups[source]))]
+        movers = self.peers[self.machine_of[device]] if self.whole_machines else (device,)
+        groups[source] = [d for d in groups[source] if d not in movers]
         target = rng.randrange(len(groups) + 1)
         if target == len(groups):
-            groups.append([device])
+            groups.append(list(movers))
         else:
-            groups[target].append(device)
+            groups[target].extend(movers)
         return canonical(groups)
 
     def _by_type(self, group: Group) -> dict[int, list[int]]:

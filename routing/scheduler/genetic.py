@@ -51,6 +51,9 @@ class SearchConfig:
     symmetric: bool = False  # stages share one TP degree and equal layer counts (baseline ii of §5.1)
     finalists: int = 3  # best individuals re-scored by the event simulation at the end
     capacity: bool = True  # measure the plan's capacity and bound ratio (`capacity.py`) at the end
+    # A swarm: a peer is one process, one TP group on one machine (Device.machine = the peer), so
+    # each stage's devices lie on one machine and each machine serves at most one stage.
+    one_stage_per_machine: bool = False
 
     def __post_init__(self) -> None:
         if self.population < 1 or self.offspring < 1 or self.max_generations < 0 or self.time_budget_s < 0:
@@ -91,25 +94,34 @@ def search(
     previous: Plan | None = None,
     progress: Callable[[Progress], None] | None = None,
     layout_cache: dict | None = None,
+    pinned: Sequence[StagePlan] = (),
 ) -> SearchResult:
     """Runs the genetic search (§4.3) and returns the best plan; raises NoFeasiblePlanError.
 
     `layout_cache`: a dict kept between searches on the same network (first plan, then re-plans
     after devices leave or join) so that a warm re-plan reuses the first search's layouts.
 
+    `pinned`: stages of fixed peers (their devices serving a fixed [start, end)); the plan uses
+    them in pipelines but never changes them (`pinned.py` says how).
+
     Clusters of more than `hierarchical.FLAT_LIMIT` devices in several regions are searched
     region by region (`hierarchical.py`, which calls back into this function per region).
     """
-    from routing.scheduler import hierarchical  # imported here: it calls this function
+    from routing.scheduler import hierarchical, pinned_stages  # imported here: they call this function
 
+    if pinned:
+        return pinned_stages.search_around(cluster, model, workload, config, previous, layout_cache, pinned)
+    if config.one_stage_per_machine:
+        check_one_type_per_machine(cluster)
     regions = {d.region for d in cluster.devices}
     if len(cluster) > hierarchical.FLAT_LIMIT and len(regions) > 1:
         return hierarchical.search_by_region(cluster, model, workload, config, previous, layout_cache)
     start = time.perf_counter()
     rng = random.Random(config.seed)
-    ev = Evaluator(cluster, model, workload, config.symmetric, layout_cache)
+    whole = config.one_stage_per_machine
+    ev = Evaluator(cluster, model, workload, config.symmetric, layout_cache, whole_machines=whole)
     replica = model.weight_bytes
-    mutator = Mutator(cluster, replica, ev.accept_group)
+    mutator = Mutator(cluster, replica, ev.accept_group, whole_machines=whole)
     if sum(d.memory_bytes for d in cluster.devices) < replica:
         raise NoFeasiblePlanError(
             f"the cluster's {len(cluster)} devices hold {_gib(cluster)} GiB in all, "
@@ -144,6 +156,17 @@ def search(
     scored = tuple((ev.fitness(ind), ev.simulate(ind)) for ind in finalists)
     elapsed = time.perf_counter() - start
     return SearchResult(plan, result, generation, ev.evaluations, elapsed, tuple(history), scored)
+
+
+def check_one_type_per_machine(cluster: Cluster) -> None:
+    """A swarm peer is one TP group, of one GPU type (§4.2): a machine of mixed types would be
+    two buckets, which the DP could give two stages; refuse such clusters."""
+    types: dict[str, set[str]] = {}
+    for d in cluster.devices:
+        types.setdefault(f"{d.region}/{d.machine}", set()).add(d.type)
+    mixed = sorted(m for m, t in types.items() if len(t) > 1)
+    if mixed:
+        raise ValueError(f"one_stage_per_machine needs one GPU type per machine; mixed: {', '.join(mixed[:5])}")
 
 
 def _simulated_rank(result: SimResult) -> tuple[float, float, float]:

@@ -82,7 +82,8 @@ def search_by_region(
     layouts: list[PipelineLayout] = []
     generations = evaluations = 0
     if previous is not None:
-        layouts = _repair(cluster, model, workload, groups, previous, layout_cache)
+        whole = getattr(config, "one_stage_per_machine", False)
+        layouts = _repair(cluster, model, workload, groups, previous, layout_cache, whole)
     else:
         for found in _search_groups(cluster, model, workload, config, groups, layout_cache):
             layouts += plan_layouts(cluster, model, workload, found.plan)
@@ -129,15 +130,16 @@ def _repair(
     groups: list[list[int]],
     previous: Plan,
     cache: dict | None,
+    whole_machines: bool = False,
 ) -> list[PipelineLayout]:
     """Warm re-plan: intact pipelines stay; each broken pipeline's surviving devices are laid out
     again with Algorithm 1; survivors too few to hold a replica are pooled per region group
     and laid out together (as one group, or halves of it)."""
-    evaluator = Evaluator(cluster, model, workload, layout_cache=cache)
+    evaluator = Evaluator(cluster, model, workload, layout_cache=cache, whole_machines=whole_machines)
     index = {d.id: i for i, d in enumerate(cluster.devices)}
     intact = [p for p in previous.pipelines if all(d in index for d in p.device_ids)]
     layouts = plan_layouts(cluster, model, workload, Plan(model.name, model.num_layers, tuple(intact)))
-    mutator = Mutator(cluster, model.weight_bytes, evaluator.accept_group)
+    mutator = Mutator(cluster, model.weight_bytes, evaluator.accept_group, whole_machines)
     group_of = {i: n for n, g in enumerate(groups) for i in g}
     leftovers: dict[int, list[int]] = {}
     for pipeline in previous.pipelines:

@@ -80,6 +80,14 @@ def bucket_key(cluster: Cluster, index: int) -> tuple:
     return (d.region, d.machine, d.type, d.memory_bytes, d.bandwidth, d.flops)
 
 
+def dp_states(counts: Sequence[int], whole_buckets: bool = False) -> int:
+    """Size of the DP's tau space: prod(count + 1), or 2^buckets when a bucket is used whole."""
+    states = 1
+    for count in counts:
+        states *= 2 if whole_buckets else count + 1
+    return states
+
+
 def buckets_of(cluster: Cluster, devs: Sequence[int]) -> list[tuple[int, ...]]:
     """Splits device indices into buckets, in a canonical order."""
     groups: dict[tuple, list[int]] = {}
@@ -123,10 +131,12 @@ class PipelineDP:
         max_stages: int = 16,
         score: Callable[[PipelineLayout], tuple] | None = None,
         cache: dict | None = None,
+        whole_buckets: bool = False,
     ):
         self.cluster, self.model, self.workload = cluster, model, workload
         self.symmetric = symmetric  # every stage: one TP degree, equal layer counts (the paper's baseline ii)
         self.max_stages = max_stages
+        self.whole_buckets = whole_buckets  # swarm: one stage per bucket at most (`algorithm1.dp`)
         # Lower is better. None: Eq. 2 latency (one request alone, the sequential model). With
         # pipelining and batching the caller passes a throughput-within-SLO score, and the DP
         # also tries layouts with fewer TP degrees and splits balanced for throughput.
@@ -136,7 +146,7 @@ class PipelineDP:
         # cached layout stays valid on any subset of the cluster.
         self._cache: dict[tuple, PipelineLayout | None] = {} if cache is None else cache
         lengths = replace(workload, rate=1.0, num_requests=1, seed=0)  # what layouts depend on
-        self._mode = (model, lengths, symmetric, max_stages, score is None)
+        self._mode = (model, lengths, symmetric, max_stages, score is None, whole_buckets)
 
     def layout(self, devs: Sequence[int]) -> PipelineLayout | None:
         """The best layout for a group, or None when it cannot hold a replica."""
@@ -162,19 +172,17 @@ class PipelineDP:
         """The raw Algorithm 1 optimum for one layer rule (exposed for tests against brute force)."""
         buckets = buckets_of(self.cluster, devs)
         tables = Tables(self.cluster, buckets, self.model, self.workload)
-        cost, path = dp(tables, self.model.num_layers, rule, num_stages, degrees)
+        cost, path = dp(tables, self.model.num_layers, rule, num_stages, degrees, self.whole_buckets)
         return cost, _instantiate(buckets, path)
 
     def _solve(self, buckets: list[tuple[int, ...]]) -> PipelineLayout | None:
-        states = 1
-        for bk in buckets:
-            states *= len(bk) + 1
+        states = dp_states([len(bk) for bk in buckets], self.whole_buckets)
         if states > MAX_DP_STATES:
             return None
         tables = Tables(self.cluster, buckets, self.model, self.workload)
         best: PipelineLayout | None = None
         for rule, stages_count, degrees in self._searches(sum(tables.counts), states):
-            _, path = dp(tables, self.model.num_layers, rule, stages_count, degrees)
+            _, path = dp(tables, self.model.num_layers, rule, stages_count, degrees, self.whole_buckets)
             if not path:
                 continue
             stages = _instantiate(buckets, path)
