@@ -76,7 +76,10 @@ def pinned_pipelines(
         mine = [s for s in pipeline.stages if (s.device_ids, s.start, s.end) in keys]
         ids = pipeline.device_ids
         if mine and all(d in cluster._positions for d in ids) and not used & {cluster.index(d) for d in ids}:
-            stages = [StageLayout(tuple(cluster.index(d) for d in s.device_ids), s.start, s.end) for s in pipeline.stages]
+            stages = [
+                StageLayout(tuple(cluster.index(d) for d in s.device_ids), s.start, s.end)
+                for s in pipeline.stages
+            ]
             layouts.append(dp.evaluate(stages))
             used |= {cluster.index(d) for d in ids}
             todo = [s for s in todo if s not in mine]
@@ -139,9 +142,10 @@ def _machines(cluster: Cluster, model: ModelSpec, workload: Workload, pool: list
         group = tuple(devs[:t])
         memory = min(cluster.devices[d].memory_bytes for d in group)
         cap = max_layers(model, t, memory, tokens, workload.batch_size)
-        unit = comp_cost(cluster, group, model, 1, float(workload.s_in), workload.s_out).total + tp_comm_cost(
-            cluster, group, model, 1, float(workload.s_in), workload.s_out
-        ).total
+        unit = (
+            comp_cost(cluster, group, model, 1, float(workload.s_in), workload.s_out).total
+            + tp_comm_cost(cluster, group, model, 1, float(workload.s_in), workload.s_out).total
+        )
         if cap > 0:
             other = cluster.devices[group[0]].region != region
             out.append((group, cap, float(unit), (other, -cap * t, group)))
@@ -183,15 +187,21 @@ def search_around(cluster, model, workload, config, previous, layout_cache, pinn
     found = None
     if rest:
         try:
-            found = search(cluster.subset(frozenset(rest)), model, workload, config, previous, None, layout_cache)
+            found = search(
+                cluster.subset(frozenset(rest)), model, workload, config, previous, None, layout_cache
+            )
         except NoFeasiblePlanError:
             found = None  # the free devices cannot hold a replica alone: only pinned pipelines
     if found is not None:
         layouts += plan_layouts(cluster, model, workload, found.plan)
     if not layouts:
-        raise NoFeasiblePlanError(f"neither the pinned stages nor the free devices make a replica of {model.name}")
+        raise NoFeasiblePlanError(
+            f"neither the pinned stages nor the free devices make a replica of {model.name}"
+        )
     trace = make_trace(model, workload)
     result = evaluate_layouts(cluster, layouts, model, trace, workload)
     plan = make_plan(cluster, model, workload, layouts, result, trace.deadline_s, config.capacity)
     gens, evals = (found.generations, found.evaluations) if found else (0, 0)
-    return SearchResult(plan, result, gens, evals, found.elapsed_s if found else 0.0, found.history if found else ())
+    return SearchResult(
+        plan, result, gens, evals, found.elapsed_s if found else 0.0, found.history if found else ()
+    )

@@ -1,0 +1,129 @@
+"""What a plan change costs: peers' layer ranges, the moves between two plans, and their load times.
+
+In a swarm a peer (a machine: one process, one TP group) serves one layer range. When a new plan
+gives it another range, it must read the new layers' weights before it can serve them; we charge
+that move
+
+    load_s(peer) = layer_bytes x (layers of the new range the peer does not hold yet) / load_bandwidth
+
+(all of the new range when its TP group changes: every shard differs), and assume, pessimistically,
+that the peer serves nothing meanwhile. A peer that had no range (it just joined, or was idle)
+loads its range the same way but is not counted as a move: it served nothing before.
+
+`horizon_attainment` values a plan over the `horizon_s` after it is published: a pipeline serves
+only once every peer in it has loaded, so with t_0 = 0 < t_1 < ... the distinct ready times
+(capped at the horizon H) and A(P) the analytic attainment of the pipelines P (`fitness.estimate`:
+their SLO capacities sharing the offered rate),
+
+    A_H(plan) = (1 / H) sum_k (t_{k+1} - t_k) A({pipelines ready at t_k}).
+
+A plan that moves no peer has A_H = A. The re-planner (`replan.py`) compares plans by A_H.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from routing.scheduler.cluster import Cluster
+from routing.scheduler.fitness import PipelineCapacity, estimate
+from routing.scheduler.model_spec import ModelSpec
+from routing.scheduler.pipeline_dp import PipelineLayout
+
+# A peer reads its new layers at this rate by default: a local NVMe read of cached weights with
+# their conversion (~1 GB/s); a peer that downloads them over the network is slower (pass less).
+DEFAULT_LOAD_BANDWIDTH = 1e9  # bytes/s
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The layer range a peer serves with which of its devices (leader first)."""
+
+    device_ids: tuple[str, ...]
+    start: int
+    end: int
+
+    @property
+    def layers(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Move:
+    """A peer that changes its range; `old` None means it had none (not counted as a move)."""
+
+    machine: str
+    old: tuple[int, int] | None
+    new: tuple[int, int]
+    load_s: float
+
+
+def machine_of(cluster: Cluster, device_id: str) -> str:
+    return cluster.devices[cluster.index(device_id)].machine
+
+
+def layout_assignments(cluster: Cluster, layouts: Sequence[PipelineLayout]) -> dict[str, Assignment]:
+    """Peer (machine) -> its range, for pipelines laid out with one stage per machine."""
+    out = {}
+    for layout in layouts:
+        for stage in layout.stages:
+            ids = tuple(cluster.devices[d].id for d in stage.devices)
+            out[cluster.devices[stage.devices[0]].machine] = Assignment(ids, stage.start, stage.end)
+    return out
+
+
+def load_seconds(
+    model: ModelSpec, old: Assignment | None, new: Assignment, load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH
+) -> float:
+    """Seconds a peer needs to load `new` when it holds `old` (module docstring)."""
+    if old is None or old.device_ids != new.device_ids:
+        layers = new.layers
+    else:
+        layers = len(set(range(new.start, new.end)) - set(range(old.start, old.end)))
+    return layers * model.layer_bytes / load_bandwidth
+
+
+def diff(
+    model: ModelSpec,
+    current: Mapping[str, Assignment],
+    new: Mapping[str, Assignment],
+    load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH,
+) -> tuple[list[Move], dict[str, float]]:
+    """The moves from `current` to `new` (peers in both whose range changes) and every peer's
+    load time under `new` (0 for peers that keep their range)."""
+    moves, load = [], {}
+    for machine, assignment in sorted(new.items()):
+        old = current.get(machine)
+        if old == assignment:
+            load[machine] = 0.0
+            continue
+        load[machine] = load_seconds(model, old, assignment, load_bandwidth)
+        if old is not None:
+            moves.append(
+                Move(machine, (old.start, old.end), (assignment.start, assignment.end), load[machine])
+            )
+    return moves, load
+
+
+def ready_times(
+    cluster: Cluster, layouts: Sequence[PipelineLayout], load: Mapping[str, float]
+) -> list[float]:
+    """Per pipeline: when its last peer has loaded its range."""
+    return [
+        max((load.get(cluster.devices[s.devices[0]].machine, 0.0) for s in layout.stages), default=0.0)
+        for layout in layouts
+    ]
+
+
+def horizon_attainment(
+    capacities: Sequence[PipelineCapacity], ready: Sequence[float], rate: float, horizon_s: float
+) -> float:
+    """A_H of the module docstring."""
+    if horizon_s <= 0:
+        return estimate(list(capacities), rate).attainment
+    times = sorted({0.0} | {min(r, horizon_s) for r in ready} | {horizon_s})
+    total = 0.0
+    for a, b in zip(times, times[1:], strict=False):
+        live = [c for c, r in zip(capacities, ready, strict=True) if r <= a]
+        total += (b - a) * (estimate(live, rate).attainment if live else 0.0)
+    return total / horizon_s

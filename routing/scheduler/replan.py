@@ -1,0 +1,251 @@
+"""Warm-started re-planning of a swarm after peers join or leave, with the cost of moving peers.
+
+The engine is HexGen's genetic search (§4.3: K-means initial groups, merge / split / swap,
+Algorithm 1 per group; `genetic.search`), run warm-started from the current plan (`previous=`)
+with the swarm's constraints (`SearchConfig.one_stage_per_machine`: a peer is one process, one TP
+group on one machine; pinned peers are planned around, `pinned_stages.py`). HexGen plans once,
+offline; a swarm changes while it serves, so a re-plan must weigh what a better plan gains
+against what moving peers costs: a moved peer reads its new layers (layer bytes / load
+bandwidth, `moves.py`) and serves nothing meanwhile, and a pipeline serves only once all its
+peers have loaded.
+
+Three candidates are built and valued by their attainment over a horizon H after publication,
+A_H (`moves.horizon_attainment`: the analytic attainment of the pipelines ready at each moment,
+averaged over [0, H]):
+
+* **keep** — the current plan's pipelines that are still whole; no move, no load.
+* **repair** — whole pipelines stay; in each region group (`hierarchical.region_groups`) that
+  changed (a pipeline broke, a peer joined), the survivors of broken pipelines and the new or
+  idle peers are searched again, warm-started from the broken pipelines' survivors.
+* **full** — every pipeline of a changed region group is open to the search, warm-started from
+  the current plan there (more freedom, more moves).
+
+Among the candidates within `tie` of the best A_H the one with the fewest moves wins (so an
+equally good plan never moves more peers), and it is published only if its A_H beats keep's by
+`margin` (this stops plans from flapping). Region groups where nothing changed are not searched,
+which keeps a re-plan of a 200-GPU swarm within seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from routing.scheduler.cluster import Cluster
+from routing.scheduler.fitness import pipeline_capacity
+from routing.scheduler.genetic import NoFeasiblePlanError, SearchConfig, make_plan, search
+from routing.scheduler.hierarchical import region_groups
+from routing.scheduler.model_spec import ModelSpec, Workload
+from routing.scheduler.moves import (
+    DEFAULT_LOAD_BANDWIDTH,
+    Assignment,
+    Move,
+    diff,
+    horizon_attainment,
+    layout_assignments,
+    machine_of,
+    ready_times,
+)
+from routing.scheduler.pinned_stages import free_devices, pinned_pipelines
+from routing.scheduler.pipeline_dp import PipelineLayout
+from routing.scheduler.plan import Plan, StagePlan
+from routing.scheduler.plan_eval import plan_layouts
+from routing.scheduler.serving import evaluate_layouts
+from routing.scheduler.simulator import make_trace
+
+REPLAN_CONFIG = SearchConfig(
+    time_budget_s=2.0, stall_generations=8, finalists=1, capacity=False, one_stage_per_machine=True
+)
+
+
+@dataclass(frozen=True)
+class MoveCosts:
+    """How moves are charged and when a new plan is worth publishing."""
+
+    load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH  # bytes/s a peer reads new layers at
+    horizon_s: float = 600.0  # H: the plan is valued over this long after publication
+    margin: float = 0.02  # publish only if A_H beats the current plan's by this much
+    tie: float = 0.005  # candidates within this of the best A_H are equally good
+
+    def __post_init__(self) -> None:
+        if self.load_bandwidth <= 0 or self.horizon_s < 0 or self.margin < 0 or self.tie < 0:
+            raise ValueError("load_bandwidth must be positive; horizon, margin and tie not negative")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    value: float  # A_H
+    moves: tuple[Move, ...]
+    layouts: tuple[PipelineLayout, ...]
+
+
+@dataclass(frozen=True)
+class ReplanResult:
+    """The plan to follow, the moves that lead to it, and how it was chosen."""
+
+    plan: Plan
+    moves: tuple[Move, ...]  # peers that change range (empty when not published)
+    publish: bool  # False: keep following the current plan
+    value: float  # A_H of `plan`
+    current_value: float  # A_H (= attainment) of the current plan's whole pipelines
+    candidates: tuple[tuple[str, float, int], ...]  # (name, A_H, moves) of every candidate
+    max_load_s: float  # longest load among the peers that (re)load
+    elapsed_s: float
+
+
+def replan(
+    cluster: Cluster,
+    model: ModelSpec,
+    workload: Workload,
+    previous: Plan | None,
+    config: SearchConfig = REPLAN_CONFIG,
+    costs: MoveCosts = MoveCosts(),
+    pinned: Sequence[StagePlan] = (),
+    current: Mapping[str, Assignment] | None = None,
+    known: frozenset[str] | None = None,
+    layout_cache: dict | None = None,
+) -> ReplanResult:
+    """Re-plans `cluster` from `previous` (module docstring); raises NoFeasiblePlanError.
+
+    `current`: the range each peer serves now (default: the previous plan's); `known`: device
+    ids the previous plan was made with (peers with none of them count as joined; default: the
+    plan's own devices, so a peer the plan left idle counts as joined).
+    """
+    start = time.perf_counter()
+    if previous is None:
+        found = search(cluster, model, workload, config, pinned=pinned, layout_cache=layout_cache)
+        return _result(cluster, model, workload, found.plan, costs, start, current or {})
+    current = dict(current) if current is not None else plan_assignments(cluster, previous)
+    deadline = make_trace(model, workload).deadline_s
+    intact = [p for p in previous.pipelines if all(d in cluster._positions for d in p.device_ids)]
+    kept = plan_layouts(cluster, model, workload, replace(previous, pipelines=tuple(intact)))
+    whole = config.one_stage_per_machine
+    free = free_devices(cluster, pinned, whole)
+    kept_devices = _taken(cluster, {d for lay in kept for d in lay.devices}, whole)
+    pinned_layouts, filled = pinned_pipelines(
+        cluster, model, workload, pinned, [i for i in free if i not in kept_devices], previous
+    )
+    fixed = kept + pinned_layouts
+    filled = _taken(cluster, filled, whole)
+    open_devices = [i for i in free if i not in kept_devices and i not in filled]
+    planned = {machine_of(cluster, d) for d in previous.device_ids if d in cluster._positions}
+    planned |= {machine_of(cluster, d) for d in known or () if d in cluster._positions}
+    open_set = set(open_devices)
+    candidates = [_candidate("keep", cluster, model, workload, kept, current, costs, deadline)]
+    order = sorted(free)  # `subset` keeps the cluster's order: position p of it is order[p]
+    groups = [
+        [order[p] for p in g] for g in region_groups(cluster.subset(_ids(cluster, free)), model.weight_bytes)
+    ]
+    dirty = [g for g in groups if _is_dirty(cluster, g, open_devices, planned, previous)]
+    budget = replace(
+        config, time_budget_s=config.time_budget_s / max(1, 2 * len(dirty)), finalists=1, capacity=False
+    )
+    for name in ("repair", "full"):
+        layouts = list(fixed if name == "repair" else pinned_layouts)
+        if name == "full":
+            layouts += [lay for lay in kept if not any(set(lay.devices) & set(g) for g in dirty)]
+        for group in dirty:
+            pool = [i for i in group if i in open_set or (name == "full" and i in kept_devices)]
+            layouts += _search_pool(cluster, model, workload, budget, previous, pool, free, layout_cache)
+        candidates.append(_candidate(name, cluster, model, workload, layouts, current, costs, deadline))
+    best = max(c.value for c in candidates)
+    chosen = min(
+        (c for c in candidates if c.value >= best - costs.tie), key=lambda c: (len(c.moves), -c.value)
+    )
+    keep = candidates[0]
+    publish = chosen is not keep and chosen.value > keep.value + costs.margin
+    final = chosen if publish else keep
+    layouts = list(final.layouts) if final.layouts else []
+    trace = make_trace(model, workload)
+    result = evaluate_layouts(cluster, layouts, model, trace, workload)
+    plan = make_plan(cluster, model, workload, layouts, result, trace.deadline_s, capacity=False)
+    _, load = diff(model, current, layout_assignments(cluster, layouts), costs.load_bandwidth)
+    return ReplanResult(
+        plan,
+        final.moves if publish else (),
+        publish,
+        final.value,
+        keep.value,
+        tuple((c.name, round(c.value, 4), len(c.moves)) for c in candidates),
+        max(load.values(), default=0.0),
+        time.perf_counter() - start,
+    )
+
+
+def plan_assignments(cluster: Cluster, plan: Plan) -> dict[str, Assignment]:
+    """Peer (machine) -> range under `plan`, for the peers still in `cluster`."""
+    out = {}
+    for pipeline in plan.pipelines:
+        for stage in pipeline.stages:
+            if stage.device_ids[0] in cluster._positions:
+                machine = cluster.devices[cluster.index(stage.device_ids[0])].machine
+                out[machine] = Assignment(stage.device_ids, stage.start, stage.end)
+    return out
+
+
+def _ids(cluster: Cluster, indices: Sequence[int]) -> frozenset[str]:
+    return frozenset(cluster.devices[i].id for i in indices)
+
+
+def _taken(cluster: Cluster, devices: set[int], whole_machines: bool) -> set[int]:
+    """`devices`, and with whole machines every device of their machines (one stage per machine)."""
+    if not whole_machines:
+        return devices
+    machines = {cluster.devices[i].machine for i in devices}
+    return {i for i, d in enumerate(cluster.devices) if d.machine in machines}
+
+
+def _is_dirty(cluster: Cluster, group: list[int], open_devices: list[int], planned, previous: Plan) -> bool:
+    """A group changed when a peer (machine) in it joined or a pipeline with a peer in it broke."""
+    members = set(group)
+    if any(i in members and cluster.devices[i].machine not in planned for i in open_devices):
+        return True
+    ids = {cluster.devices[i].id for i in group}
+    return any(
+        ids & set(p.device_ids) and not all(d in cluster._positions for d in p.device_ids)
+        for p in previous.pipelines
+    )
+
+
+def _search_pool(cluster, model, workload, config, previous, pool, free, cache) -> list[PipelineLayout]:
+    """The genetic search over `pool`, warm-started, at the pool's share of the offered rate."""
+    if not pool:
+        return []
+    bandwidth = sum(cluster.devices[i].bandwidth for i in free)
+    share = sum(cluster.devices[i].bandwidth for i in pool) / bandwidth
+    sub_workload = replace(
+        workload, rate=workload.rate * share, num_requests=max(50, round(workload.num_requests * share))
+    )
+    sub = cluster.subset(_ids(cluster, pool))
+    try:
+        found = search(sub, model, sub_workload, config, previous=previous, layout_cache=cache)
+    except NoFeasiblePlanError:
+        return []  # these peers cannot hold a replica together: they stay idle
+    return plan_layouts(cluster, model, workload, found.plan)
+
+
+def _candidate(name, cluster, model, workload, layouts, current, costs: MoveCosts, deadline) -> Candidate:
+    moves, load = diff(model, current, layout_assignments(cluster, layouts), costs.load_bandwidth)
+    capacities = [pipeline_capacity(cluster, lay, model, workload, deadline) for lay in layouts]
+    ready = ready_times(cluster, layouts, load)
+    value = horizon_attainment(capacities, ready, workload.rate, costs.horizon_s)
+    return Candidate(name, value, tuple(moves), tuple(layouts))
+
+
+def _result(cluster, model, workload, plan, costs, start, current) -> ReplanResult:
+    layouts = plan_layouts(cluster, model, workload, plan)
+    moves, load = diff(model, current, layout_assignments(cluster, layouts), costs.load_bandwidth)
+    value = plan.estimate.attainment if plan.estimate else 0.0
+    elapsed = time.perf_counter() - start
+    return ReplanResult(
+        plan,
+        tuple(moves),
+        True,
+        value,
+        0.0,
+        (("cold", value, len(moves)),),
+        max(load.values(), default=0.0),
+        elapsed,
+    )
