@@ -1,0 +1,133 @@
+"""Churn benchmark: a swarm of volunteer GPUs over an hour, three ways of placing layers.
+
+A seeded swarm of about `--gpus` GPUs (the catalog's mix, `--regions` regions; peers are
+machines) churns for `--minutes`: sessions are exponential with a 30-minute mean and newcomers
+keep the population steady (`routing/scheduler/churn_process.py`). The same Poisson request
+trace (Llama-2-70B, prompts 64-192 tokens, 32 output tokens, SLO scale 5, `--load` x the
+initial swarm's upper bound in requests/s) is served under each policy
+(`routing/scheduler/churn_policies.py`):
+
+  coordinator  hexswarm's: re-plan (`replan.py`: the genetic search warm-started, moves costed)
+               20 s after a join or leave and every 5 min, published past a 2% margin
+  petals       Petals' rule: join on the weakest blocks, rebalance check every ~90 s per peer
+  no-replan    the initial plan (the coordinator's), leavers vanish, joiners take Petals' join
+               placement
+
+Moved peers serve nothing while they load (layer bytes / `--load-gbps`). Every 30 s the loaded
+peers' spans become disjoint chains and serve the next 8 s of the trace in the event simulation
+(`routing/scheduler/churn_sim.py`). One JSON line: per policy the SLO attainment and tokens/s
+per period (5 min) and over the run, moves, ranges loaded; the coordinator's re-plan times
+(wall clock, noisy on a shared machine) p50 / p99; ratios to Petals' rule.
+
+    python benchmarks/churn.py [--seed 0] [--gpus 200] [--minutes 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from routing.scheduler.churn_policies import CoordinatorPolicy, PetalsPolicy, StaticPolicy  # noqa: E402
+from routing.scheduler.churn_process import draw_churn  # noqa: E402
+from routing.scheduler.churn_sim import Sampling, run  # noqa: E402
+from routing.scheduler.genetic import search  # noqa: E402
+from routing.scheduler.model_spec import Workload, preset  # noqa: E402
+from routing.scheduler.replan import REPLAN_CONFIG, MoveCosts  # noqa: E402
+from routing.scheduler.simulator import make_trace  # noqa: E402
+from routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
+
+MODEL = preset("Llama-2-70B")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gpus", type=int, default=200)
+    parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--regions", type=int, default=6)
+    parser.add_argument("--load", type=float, default=0.2, help="offered rate, x the initial swarm's bound")
+    parser.add_argument("--load-gbps", type=float, default=8.0, help="peers read new layers at this (Gbit/s)")
+    parser.add_argument("--replan-budget-s", type=float, default=2.0)
+    parser.add_argument("--initial-budget-s", type=float, default=20.0)
+    parser.add_argument("--sample-s", type=float, default=30.0)
+    parser.add_argument("--window-s", type=float, default=8.0)
+    parser.add_argument("--policies", nargs="*", default=["coordinator", "petals", "no-replan"])
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    churn = draw_churn(args.gpus, args.regions, args.minutes, seed=args.seed)
+    first = churn.cluster(set(churn.initial))
+    base = Workload(s_in=128, s_out=32, slo_scale=5.0, max_batch=16, seed=args.seed, num_requests=300)
+    bound = throughput_upper_bound(first, MODEL, base, max_batch=16, prompt_tokens=128).requests_s
+    workload = replace(base, rate=round(args.load * bound, 1))
+    trace = make_trace(
+        MODEL, replace(workload, num_requests=int(workload.rate * churn.duration_s * 1.05) + 10)
+    )
+    config = replace(REPLAN_CONFIG, time_budget_s=args.replan_budget_s, seed=args.seed)
+    initial = search(
+        first, MODEL, workload, replace(config, time_budget_s=args.initial_budget_s, stall_generations=20)
+    )
+    costs = MoveCosts(load_bandwidth=args.load_gbps * 1e9 / 8)
+    sampling = Sampling(sample_s=args.sample_s, window_s=args.window_s, load_bandwidth=costs.load_bandwidth)
+    policies = {
+        "coordinator": lambda: CoordinatorPolicy(MODEL, workload, initial.plan, costs, config),
+        "petals": lambda: PetalsPolicy(MODEL, workload, seed=args.seed),
+        "no-replan": lambda: StaticPolicy(MODEL, workload, initial.plan, seed=args.seed),
+    }
+    rows = {}
+    for name in args.policies:
+        t0 = time.perf_counter()
+        result = run(churn, policies[name](), MODEL, workload, trace, sampling)
+        att, tok = result.per_period(sampling.period_s)
+        rows[name] = {
+            "attainment": round(result.attainment(), 4),
+            "throughput_tok_s": round(result.throughput(), 1),
+            "attainment_per_period": [round(a, 3) for a in att],
+            "throughput_per_period": [round(t, 1) for t in tok],
+            "moves": result.moves,
+            "ranges_loaded": result.loads,
+            "replans": len(result.replan_s),
+            "replan_p50_s": _pct(result.replan_s, 50),
+            "replan_p99_s": _pct(result.replan_s, 99),
+            "run_s": round(time.perf_counter() - t0, 1),
+        }
+    joins = sum(e.kind == "join" for e in churn.events)
+    out = {
+        "benchmark": "churn",
+        "seed": args.seed,
+        "gpus": sum(len(churn.devices[m]) for m in churn.initial),
+        "peers": len(churn.initial),
+        "regions": args.regions,
+        "minutes": args.minutes,
+        "joins": joins,
+        "leaves": len(churn.events) - joins,
+        "rate_rps": workload.rate,
+        "slo_s": round(trace.deadline_s, 3),
+        "initial_plan_s": round(initial.elapsed_s, 2),
+        "initial_pipelines": len(initial.plan.pipelines),
+        "load_gbps": args.load_gbps,
+        "policies": rows,
+    }
+    if "petals" in rows and rows["petals"]["attainment"] > 0:
+        for name in rows:
+            rows[name]["attainment_vs_petals"] = round(
+                rows[name]["attainment"] / rows["petals"]["attainment"], 3
+            )
+    out["wall_s"] = round(time.perf_counter() - started, 1)
+    print(json.dumps(out))
+    return 0
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Who serves which layers while peers come and go: the three policies of the churn benchmark.
+
+A policy sees the swarm (`SwarmView`) at every join or leave and every few seconds, and answers
+with the peers whose range changes (`Decision`). The simulator (`churn_sim.py`) applies the
+changes: a peer that gets a new range loads it (`moves.load_seconds`) and serves nothing meanwhile.
+The interface is this one method so that the live coordinator's own decision logic can be
+plugged in later.
+
+* `CoordinatorPolicy` — hexswarm's coordinator: after a join or leave it waits `debounce_s` (a
+  burst of events makes one re-plan), and it re-plans every `period_s` anyway; each re-plan is
+  `replan.replan` (the genetic search warm-started, moves costed), published only when its
+  estimate beats the current plan's by the margin. Peers the plan leaves out keep their range.
+* `PetalsPolicy` — Petals' rule (`petals_rule.py`): a joining peer takes the blocks with the
+  least throughput, its span as long as its memory holds; every peer checks every
+  `period_s` (its own phase) whether moving would raise the swarm's weakest block enough.
+* `StaticPolicy` — no re-planning: the initial plan stays; leaving peers just vanish; joining
+  peers take Petals' join placement (they are not left idle) but nobody ever moves.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from routing.scheduler.algorithm1 import TP_DEGREES
+from routing.scheduler.cluster import Cluster
+from routing.scheduler.cost_model import max_layers
+from routing.scheduler.model_spec import ModelSpec, Workload
+from routing.scheduler.moves import Assignment
+from routing.scheduler.petals_rule import DEFAULT_BALANCE_QUALITY, Span, choose_start, should_move
+from routing.scheduler.plan import Plan
+from routing.scheduler.replan import REPLAN_CONFIG, MoveCosts, replan
+from routing.scheduler.span_chains import PeerSpan
+
+
+@dataclass(frozen=True)
+class SwarmView:
+    """What a policy sees: the peers present, the ranges they hold, and what changed since."""
+
+    now_s: float
+    cluster: Cluster  # the present peers' devices
+    machines: Mapping[str, tuple[str, ...]]  # present peer -> its device ids
+    spans: Mapping[str, PeerSpan]  # present peers' ranges (loading or serving)
+    joined: tuple[str, ...] = ()
+    left: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    spans: dict[str, PeerSpan] = field(default_factory=dict)  # peers whose range changes
+    replan_s: float | None = None  # wall time of a re-plan made for this decision
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(self, view: SwarmView) -> Decision: ...
+
+
+def plan_spans(cluster: Cluster, plan: Plan) -> dict[str, PeerSpan]:
+    """Peer -> range under a plan (one stage per machine), for the peers present in `cluster`."""
+    out = {}
+    for pipeline in plan.pipelines:
+        for stage in pipeline.stages:
+            if stage.device_ids[0] in cluster._positions:
+                machine = cluster.devices[cluster.index(stage.device_ids[0])].machine
+                out[machine] = PeerSpan(machine, stage.device_ids, stage.start, stage.end)
+    return out
+
+
+class CoordinatorPolicy:
+    """hexswarm's coordinator (module docstring)."""
+
+    name = "coordinator"
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        workload: Workload,
+        initial: Plan,
+        costs: MoveCosts | None = None,
+        config=REPLAN_CONFIG,
+        debounce_s: float = 20.0,
+        period_s: float = 300.0,
+    ):
+        self.model, self.workload, self.costs, self.config = model, workload, costs or MoveCosts(), config
+        self.plan, self.debounce_s, self.period_s = initial, debounce_s, period_s
+        self.pending: float | None = None
+        self.last = 0.0
+        self.known: frozenset[str] = frozenset()
+        self.cache: dict = {}
+        self.started = False
+
+    def decide(self, view: SwarmView) -> Decision:
+        if not self.started:  # t = 0: the initial plan, searched before the run
+            self.started, self.known = True, frozenset(view.cluster.ids)
+            return Decision(plan_spans(view.cluster, self.plan))
+        if view.joined or view.left:
+            self.pending = view.now_s if self.pending is None else self.pending
+        due = self.pending is not None and view.now_s >= self.pending + self.debounce_s
+        if not due and view.now_s < self.last + self.period_s:
+            return Decision()
+        current = {m: Assignment(s.device_ids, s.start, s.end) for m, s in view.spans.items()}
+        result = replan(
+            view.cluster,
+            self.model,
+            self.workload,
+            self.plan,
+            self.config,
+            self.costs,
+            current=current,
+            known=self.known,
+            layout_cache=self.cache,
+        )
+        self.pending, self.last, self.known = None, view.now_s, frozenset(view.cluster.ids)
+        if not result.publish:
+            return Decision(replan_s=result.elapsed_s)
+        self.plan = result.plan
+        spans = plan_spans(view.cluster, result.plan)
+        changes = {m: s for m, s in spans.items() if view.spans.get(m) != s}
+        return Decision(changes, result.elapsed_s)
+
+
+def petals_span(model: ModelSpec, workload: Workload, cluster: Cluster, devices: tuple[str, ...]) -> tuple:
+    """A Petals server on this machine: its TP group (largest power of two of its devices), the
+    blocks its memory holds next to KV room for a full batch, and its per-block tokens/s."""
+    t = max(k for k in TP_DEGREES if k <= len(devices))
+    group = tuple(devices[:t])
+    specs = [cluster.devices[cluster.index(d)] for d in group]
+    tokens = workload.s_in_max + workload.s_out
+    length = min(
+        model.num_layers, max_layers(model, t, min(d.memory_bytes for d in specs), tokens, workload.max_batch)
+    )
+    throughput = t * min(d.bandwidth for d in specs) / model.layer_bytes
+    return group, length, throughput
+
+
+class PetalsPolicy:
+    """Petals' rule (module docstring); `rebalance=False` keeps only its join placement."""
+
+    name = "petals"
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        workload: Workload,
+        period_s: float = 90.0,
+        balance_quality: float = DEFAULT_BALANCE_QUALITY,
+        seed: int = 0,
+        rebalance: bool = True,
+    ):
+        self.model, self.workload, self.period_s = model, workload, period_s
+        self.balance_quality, self.rebalance = balance_quality, rebalance
+        self.rng = random.Random(seed)
+        self.next_check: dict[str, float] = {}
+        self.throughput: dict[str, float] = {}
+
+    def decide(self, view: SwarmView) -> Decision:
+        spans = dict(view.spans)
+        changes: dict[str, PeerSpan] = {}
+        newcomers = [m for m in view.machines if m not in spans and m not in self.next_check]
+        self.rng.shuffle(newcomers)
+        for machine in newcomers:
+            group, length, throughput = petals_span(
+                self.model, self.workload, view.cluster, view.machines[machine]
+            )
+            self.next_check[machine] = view.now_s + self.rng.uniform(0, self.period_s)
+            if length < 1:
+                continue  # too small to hold one block: this peer cannot serve
+            self.throughput[machine] = throughput
+            start = choose_start(self.model.num_layers, self._spans(spans), length)
+            spans[machine] = changes[machine] = PeerSpan(machine, group, start, start + length)
+        if self.rebalance:
+            for machine in sorted(spans):
+                if self.next_check.get(machine, 0.0) > view.now_s:
+                    continue
+                self.next_check[machine] = view.now_s + self.period_s * self.rng.uniform(0.5, 1.5)
+                order = sorted(spans)
+                start = should_move(
+                    self.model.num_layers,
+                    self._spans(spans, order),
+                    order.index(machine),
+                    self.balance_quality,
+                    self.rng,
+                )
+                if start is not None:
+                    old = spans[machine]
+                    spans[machine] = changes[machine] = replace(old, start=start, end=start + old.layers)
+        return Decision(changes)
+
+    def _spans(self, spans: Mapping[str, PeerSpan], order: list[str] | None = None) -> list[Span]:
+        order = sorted(spans) if order is None else order
+        return [Span(spans[m].start, spans[m].layers, self.throughput.get(m, 1.0)) for m in order]
+
+
+class StaticPolicy(PetalsPolicy):
+    """No re-planning (module docstring): the initial plan, then Petals' join placement only."""
+
+    name = "no-replan"
+
+    def __init__(self, model: ModelSpec, workload: Workload, initial: Plan, seed: int = 0):
+        super().__init__(model, workload, seed=seed, rebalance=False)
+        self.initial, self.started = initial, False
+
+    def decide(self, view: SwarmView) -> Decision:
+        if self.started:
+            return super().decide(view)
+        self.started = True
+        spans = plan_spans(view.cluster, self.initial)
+        for machine in spans:
+            group, _, throughput = petals_span(
+                self.model, self.workload, view.cluster, view.machines[machine]
+            )
+            self.throughput[machine] = throughput
+            self.next_check[machine] = float("inf")
+        for machine in view.machines:  # peers the plan left idle stay idle, as in the plan
+            self.next_check.setdefault(machine, float("inf"))
+        return Decision(spans)

@@ -1,0 +1,144 @@
+"""An hour of a churning swarm under one policy, scored by the pipelined serving simulator.
+
+The run replays a `churn_process.Churn` (joins and leaves) and asks the policy for decisions at
+every event and every `tick_s` (`churn_policies.py`). A peer given a new range is unavailable
+until it has loaded it: `moves.load_seconds` after the decision, plus the re-plan's own wall
+time when the decision needed one (the coordinator publishes only when its search is done).
+The layout chosen at t = 0 counts as loaded before the run (the swarm is already serving).
+Every `sample_s` seconds, the peers that are present and loaded are decomposed into disjoint
+chains (`span_chains.decompose`, the same rule for every policy), and the requests of the shared
+trace that arrive in the next `window_s` seconds are served by those chains in the event
+simulation (`serving.simulate_serving`). Attainment is the share of those requests that finish
+within the SLO; throughput the generated tokens of served requests per second of window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from routing.scheduler.churn_policies import Policy, SwarmView
+from routing.scheduler.churn_process import Churn
+from routing.scheduler.model_spec import ModelSpec, Workload
+from routing.scheduler.moves import DEFAULT_LOAD_BANDWIDTH, Assignment, load_seconds
+from routing.scheduler.pipeline_dp import PipelineDP
+from routing.scheduler.serving import simulate_serving
+from routing.scheduler.simulator import Trace
+from routing.scheduler.span_chains import PeerSpan, decompose
+from routing.scheduler.stage_costs import stage_costs
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """When and how the layout is scored, and how decisions are timed."""
+
+    sample_s: float = 30.0  # a layout is scored every this many seconds
+    window_s: float = 8.0  # on the requests arriving in this long a window
+    tick_s: float = 5.0  # policies are asked this often besides at events
+    period_s: float = 300.0  # results are reported per period
+    load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH
+
+
+@dataclass
+class PolicyRun:
+    """What one policy achieved: per sample (time, met, requests, tokens/s), moves, re-plan times."""
+
+    name: str
+    samples: list[tuple[float, int, int, float]] = field(default_factory=list)
+    moves: int = 0
+    loads: int = 0  # ranges loaded by peers that had none (joiners, idle peers)
+    replan_s: list[float] = field(default_factory=list)
+
+    def attainment(self) -> float:
+        requests = sum(s[2] for s in self.samples)
+        return sum(s[1] for s in self.samples) / requests if requests else 0.0
+
+    def throughput(self) -> float:
+        return float(np.mean([s[3] for s in self.samples])) if self.samples else 0.0
+
+    def per_period(self, period_s: float) -> tuple[list[float], list[float]]:
+        """Attainment and mean tokens/s per period of `period_s`."""
+        periods: dict[int, list] = {}
+        for sample in self.samples:
+            periods.setdefault(int(sample[0] // period_s), []).append(sample)
+        att, tok = [], []
+        for k in sorted(periods):
+            rows = periods[k]
+            requests = sum(r[2] for r in rows)
+            att.append(sum(r[1] for r in rows) / requests if requests else 0.0)
+            tok.append(float(np.mean([r[3] for r in rows])))
+        return att, tok
+
+
+def run(
+    churn: Churn,
+    policy: Policy,
+    model: ModelSpec,
+    workload: Workload,
+    trace: Trace,
+    sampling: Sampling = Sampling(),
+) -> PolicyRun:
+    """Replays the churn under `policy` (module docstring)."""
+    out = PolicyRun(policy.name)
+    present = set(churn.initial)
+    spans: dict[str, PeerSpan] = {}
+    ready: dict[str, float] = {}
+    joined, left = list(churn.initial), []
+    events = list(churn.events)
+    ticks = np.arange(0.0, churn.duration_s, sampling.tick_s).tolist()
+    samples = set(np.arange(0.0, churn.duration_s - sampling.window_s + 1e-9, sampling.sample_s).tolist())
+    times = sorted(set(ticks) | samples | {e.time_s for e in events})
+    position = 0
+    for now in times:
+        while position < len(events) and events[position].time_s <= now:
+            event = events[position]
+            position += 1
+            if event.kind == "join":
+                present.add(event.machine)
+                joined.append(event.machine)
+            else:
+                present.discard(event.machine)
+                spans.pop(event.machine, None)
+                left.append(event.machine)
+        cluster = churn.cluster(present)
+        machines = {m: churn.devices[m] for m in present}
+        view = SwarmView(now, cluster, machines, dict(spans), tuple(joined), tuple(left))
+        decision = policy.decide(view)
+        joined, left = [], []
+        delay = decision.replan_s or 0.0
+        if decision.replan_s is not None:
+            out.replan_s.append(decision.replan_s)
+        for machine, span in decision.spans.items():
+            old = spans.get(machine)
+            if old == span or machine not in present:
+                continue
+            before = None if old is None else Assignment(old.device_ids, old.start, old.end)
+            after = Assignment(span.device_ids, span.start, span.end)
+            # the layout at t = 0 was loaded before the run: the swarm starts serving
+            load = load_seconds(model, before, after, sampling.load_bandwidth) if now > 0 else 0.0
+            ready[machine] = now + delay + load
+            spans[machine] = span
+            out.moves += old is not None
+            out.loads += old is None
+        if now in samples:
+            live = [s for m, s in spans.items() if ready.get(m, 0.0) <= now]
+            out.samples.append(_score(cluster, live, model, workload, trace, now, sampling.window_s))
+    return out
+
+
+def _score(cluster, live, model, workload, trace: Trace, now: float, window_s: float):
+    """(time, requests met, requests, tokens/s) of the chains of `live` on the trace's window."""
+    lo, hi = (int(i) for i in np.searchsorted(trace.arrivals, [now, now + window_s]))
+    window = Trace(trace.arrivals[lo:hi] - now, trace.s_in[lo:hi], trace.s_out, trace.deadline_s)
+    count = hi - lo
+    chains = decompose(cluster, live, model.num_layers)
+    if not chains or count == 0:
+        return (now, 0, count, 0.0)
+    dp = PipelineDP(cluster, model, workload)
+    costs = [
+        stage_costs(cluster, dp.evaluate(stages), model, window.s_in, workload.max_batch) for stages in chains
+    ]
+    result = simulate_serving(costs, window)
+    met = int(round(result.attainment * count))
+    return (now, met, count, result.served * trace.s_out / window_s)
