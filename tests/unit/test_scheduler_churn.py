@@ -1,0 +1,99 @@
+"""The churn process, span chains and the churn simulation (routing/scheduler/churn_*.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from routing.scheduler.churn_policies import PetalsPolicy, StaticPolicy, SwarmView
+from routing.scheduler.churn_process import draw_churn
+from routing.scheduler.churn_sim import Sampling, run
+from routing.scheduler.cluster import Device, Network, build_cluster
+from routing.scheduler.genetic import SearchConfig, search
+from routing.scheduler.gpu_catalog import lookup
+from routing.scheduler.model_spec import Workload, preset
+from routing.scheduler.simulator import make_trace
+from routing.scheduler.span_chains import PeerSpan, decompose
+
+MODEL = preset("Llama-2-70B")
+
+
+def test_churn_is_seeded_and_keeps_the_population():
+    a = draw_churn(gpus=120, regions=4, minutes=60, seed=3)
+    b = draw_churn(gpus=120, regions=4, minutes=60, seed=3)
+    assert a.events == b.events and a.initial == b.initial
+    assert draw_churn(gpus=120, regions=4, minutes=60, seed=4).events != a.events
+    gpus = [sum(len(a.devices[m]) for m in a.present(t)) for t in np.arange(0, 3600, 300)]
+    assert 0.5 * 120 <= min(gpus) and max(gpus) <= 1.6 * 120
+    assert all(e1.time_s <= e2.time_s for e1, e2 in zip(a.events, a.events[1:], strict=False))
+    leaves = sum(e.kind == "leave" for e in a.events)
+    assert leaves >= len(a.initial) // 2  # 30-min sessions: most first peers leave within the hour
+
+
+def test_churn_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        draw_churn(gpus=2, regions=4)
+
+
+def _cluster():
+    devices = []
+    for name, region in (("a", "x"), ("b", "x"), ("c", "x"), ("d", "y")):
+        devices.append(Device.from_spec(f"{name}-g0", lookup("A100-80G"), name, region))
+    return build_cluster(devices, Network())
+
+
+def test_decompose_builds_disjoint_chains_in_one_region_first():
+    cluster = _cluster()
+    spans = [
+        PeerSpan("a", ("a-g0",), 0, 50),
+        PeerSpan("b", ("b-g0",), 40, 80),
+        PeerSpan("d", ("d-g0",), 50, 80),  # reaches as far, other region
+        PeerSpan("c", ("c-g0",), 0, 30),
+    ]
+    chains = decompose(cluster, spans, 80)
+    assert len(chains) == 1  # c cannot complete a second chain
+    (chain,) = chains
+    assert [(cluster.devices[s.devices[0]].machine, s.start, s.end) for s in chain] == [
+        ("a", 0, 50),
+        ("b", 50, 80),
+    ]
+
+
+def test_decompose_ignores_peers_that_left():
+    cluster = _cluster()
+    assert decompose(cluster, [PeerSpan("z", ("z-g0",), 0, 80)], 80) == []
+
+
+@pytest.fixture(scope="module")
+def small_run():
+    churn = draw_churn(gpus=48, regions=2, minutes=4, seed=1)
+    workload = Workload(rate=3.0, s_out=16, num_requests=100, max_batch=8)
+    trace = make_trace(MODEL, replace(workload, num_requests=900))
+    return churn, workload, trace
+
+
+def test_petals_policy_run_is_deterministic(small_run):
+    churn, workload, trace = small_run
+    sampling = Sampling(sample_s=60, window_s=4, tick_s=10)
+    first = run(churn, PetalsPolicy(MODEL, workload, seed=2), MODEL, workload, trace, sampling)
+    again = run(churn, PetalsPolicy(MODEL, workload, seed=2), MODEL, workload, trace, sampling)
+    assert first.samples == again.samples and first.moves == again.moves
+    assert len(first.samples) == 4 and first.loads > 0
+    att, tok = first.per_period(120)
+    assert len(att) == len(tok) == 2 and all(0 <= a <= 1 for a in att)
+
+
+def test_static_policy_follows_the_plan_then_places_joiners(small_run):
+    churn, workload, _ = small_run
+    first = churn.cluster(set(churn.initial))
+    config = SearchConfig(max_generations=5, time_budget_s=30, capacity=False, one_stage_per_machine=True)
+    plan = search(first, MODEL, workload, config).plan
+    policy = StaticPolicy(MODEL, workload, plan)
+    machines = {m: churn.devices[m] for m in churn.initial}
+    start = policy.decide(SwarmView(0.0, first, machines, {}, tuple(churn.initial)))
+    assert {s.device_ids for s in start.spans.values()} == {
+        st.device_ids for p in plan.pipelines for st in p.stages
+    }
+    assert policy.decide(SwarmView(10.0, first, machines, start.spans)).spans == {}  # nobody moves

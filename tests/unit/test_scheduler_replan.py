@@ -1,0 +1,166 @@
+"""Swarm constraints, pinned stages, move costing and warm re-planning (routing/scheduler/replan.py)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from routing.scheduler.cluster import Device, Network, build_cluster
+from routing.scheduler.fitness import PipelineCapacity
+from routing.scheduler.ga_operators import Mutator
+from routing.scheduler.genetic import SearchConfig, search
+from routing.scheduler.gpu_catalog import lookup
+from routing.scheduler.model_spec import Workload, preset
+from routing.scheduler.moves import Assignment, diff, horizon_attainment, load_seconds
+from routing.scheduler.plan import StagePlan, validate
+from routing.scheduler.replan import MoveCosts, plan_assignments, replan
+
+MODEL = preset("OPT-30B")  # 60 GB: two 2 x RTX 3090 machines or one 4 x A4000 machine per replica
+WORKLOAD = Workload(rate=4.0, s_out=16, num_requests=120)
+SWARM = SearchConfig(max_generations=15, time_budget_s=30, seed=1, capacity=False, one_stage_per_machine=True)
+
+
+def _machine(name: str, gpu: str, count: int, region: str) -> list[Device]:
+    return [Device.from_spec(f"{name}-g{i}", lookup(gpu), name, region) for i in range(count)]
+
+
+def _swarm():
+    devices = []
+    for n in range(4):
+        devices += _machine(f"a{n}", "RTX3090", 2, "east")
+    for n in range(2):
+        devices += _machine(f"b{n}", "A4000", 4, "west")
+    devices += _machine("c0", "A6000", 3, "west")
+    return build_cluster(devices, Network())
+
+
+@pytest.fixture(scope="module")
+def swarm():
+    return _swarm()
+
+
+@pytest.fixture(scope="module")
+def planned(swarm):
+    return search(swarm, MODEL, WORKLOAD, SWARM)
+
+
+def _stages_per_machine(cluster, plan) -> Counter:
+    return Counter(
+        cluster.devices[cluster.index(s.device_ids[0])].machine for p in plan.pipelines for s in p.stages
+    )
+
+
+def test_one_stage_per_machine(swarm, planned):
+    plan = planned.plan
+    validate(plan)
+    assert plan.pipelines
+    for pipeline in plan.pipelines:
+        for stage in pipeline.stages:
+            assert len({swarm.devices[swarm.index(d)].machine for d in stage.device_ids}) == 1
+    assert max(_stages_per_machine(swarm, plan).values()) == 1
+
+
+def test_whole_machine_mutations_keep_machines_together(swarm):
+    mutator = Mutator(swarm, MODEL.weight_bytes, lambda g: len(g) <= 12, whole_machines=True)
+    rng = random.Random(0)
+    ind = mutator.repair(tuple((i,) for i in range(len(swarm))))
+    for _ in range(200):
+        child = mutator.mutate(ind, rng) or mutator.random_move(ind, rng)
+        child = mutator.unite(child)
+        group_of = {d: n for n, g in enumerate(child) for d in g}
+        for members in mutator.peers.values():
+            assert len({group_of[d] for d in members}) == 1
+        ind = child
+
+
+def test_default_mutations_may_split_machines(swarm):
+    mutator = Mutator(swarm, MODEL.weight_bytes, lambda g: True)
+    assert mutator.unite(((0,), (1,))) == ((0,), (1,))  # the option is off: nothing is regrouped
+
+
+def test_a_machine_of_mixed_types_is_refused():
+    devices = _machine("m", "RTX3090", 2, "x") + [Device.from_spec("m-t4", lookup("T4"), "m", "x")]
+    with pytest.raises(ValueError, match="one GPU type per machine"):
+        search(build_cluster(devices, Network()), MODEL, WORKLOAD, SWARM)
+
+
+def test_pinned_stage_is_used_and_never_changed(swarm):
+    pin = StagePlan(("a0-g0", "a0-g1"), 0, 20)
+    result = search(swarm, MODEL, WORKLOAD, SWARM, pinned=[pin])
+    validate(result.plan)
+    stages = [s for p in result.plan.pipelines for s in p.stages]
+    assert pin in stages  # in a pipeline, as given
+    assert max(_stages_per_machine(swarm, result.plan).values()) == 1
+
+
+def test_pinned_ranges_are_checked(swarm):
+    with pytest.raises(ValueError):
+        search(swarm, MODEL, WORKLOAD, SWARM, pinned=[StagePlan(("a0-g0",), 30, 20)])
+
+
+def test_load_seconds_charges_only_new_layers():
+    old = Assignment(("m-g0",), 0, 40)
+    bw = 1e9
+    assert load_seconds(MODEL, old, Assignment(("m-g0",), 20, 60), bw) == pytest.approx(
+        20 * MODEL.layer_bytes / bw
+    )
+    assert load_seconds(MODEL, old, Assignment(("m-g0",), 0, 30), bw) == 0.0  # shrinking loads nothing
+    other_tp = Assignment(("m-g0", "m-g1"), 0, 40)
+    assert load_seconds(MODEL, old, other_tp, bw) == pytest.approx(40 * MODEL.layer_bytes / bw)
+    assert load_seconds(MODEL, None, old, bw) == pytest.approx(40 * MODEL.layer_bytes / bw)
+
+
+def test_diff_counts_only_peers_that_had_a_range():
+    current = {"a": Assignment(("a",), 0, 10), "b": Assignment(("b",), 10, 20)}
+    new = {"a": Assignment(("a",), 0, 10), "b": Assignment(("b",), 5, 20), "c": Assignment(("c",), 0, 20)}
+    moves, load = diff(MODEL, current, new, 1e9)
+    assert [m.machine for m in moves] == ["b"]
+    assert moves[0].old == (10, 20) and moves[0].new == (5, 20)
+    assert load["a"] == 0.0 and load["c"] > load["b"] > 0
+
+
+def test_horizon_attainment_averages_over_ready_times():
+    import numpy as np
+
+    one = PipelineCapacity(np.array([1.0]), np.array([1.0]))  # 1 request/s within the SLO
+    assert horizon_attainment([one, one], [0.0, 0.0], 2.0, 100.0) == pytest.approx(1.0)
+    # the second pipeline is ready after 25 of 100 s: 1/4 of the time at 0.5, 3/4 at 1
+    assert horizon_attainment([one, one], [0.0, 25.0], 2.0, 100.0) == pytest.approx(0.875)
+    assert horizon_attainment([one], [200.0], 1.0, 100.0) == 0.0
+
+
+def test_replan_without_change_publishes_nothing(swarm, planned):
+    result = replan(swarm, MODEL, WORKLOAD, planned.plan, SWARM, MoveCosts())
+    assert not result.publish and result.moves == ()
+    assert all(moves == 0 for _, _, moves in result.candidates[:2])
+
+
+def test_replan_after_a_leave_moves_few_peers(swarm, planned):
+    gone = swarm.devices[swarm.index(planned.plan.pipelines[0].stages[0].device_ids[0])].machine
+    smaller = swarm.without({d.id for d in swarm.devices if d.machine == gone})
+    costs = MoveCosts(tie=0.01)
+    result = replan(smaller, MODEL, WORKLOAD, planned.plan, SWARM, costs, known=frozenset(swarm.ids))
+    validate(result.plan)
+    assert max(_stages_per_machine(smaller, result.plan).values(), default=1) == 1
+    best = max(value for _, value, _ in result.candidates)
+    fewest = min(moves for _, value, moves in result.candidates if value >= best - costs.tie)
+    if result.publish:
+        assert len(result.moves) == fewest
+        assert result.value > result.current_value + costs.margin
+    intact = [p for p in planned.plan.pipelines if all(d in smaller._positions for d in p.device_ids)]
+    kept = plan_assignments(smaller, planned.plan.__class__(MODEL.name, MODEL.num_layers, tuple(intact)))
+    moved = {m.machine for m in result.moves}
+    if result.candidates[1][2] == len(result.moves):  # repair chosen: whole pipelines stayed
+        assert not moved & set(kept)
+
+
+def test_replan_never_moves_a_pinned_peer(swarm):
+    pin = StagePlan(("b0-g0", "b0-g1", "b0-g2", "b0-g3"), 0, 48)
+    first = search(swarm, MODEL, WORKLOAD, SWARM, pinned=[pin])
+    smaller = swarm.without({"a1-g0", "a1-g1"})
+    result = replan(smaller, MODEL, WORKLOAD, first.plan, SWARM, pinned=[pin], known=frozenset(swarm.ids))
+    assert "b0" not in {m.machine for m in result.moves}
+    stages = [s for p in result.plan.pipelines for s in p.stages]
+    assert all(s == pin for s in stages if s.device_ids[0].startswith("b0"))
