@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
             "replans": len(result.replan_s),
             "replan_p50_s": _pct(result.replan_s, 50),
             "replan_p99_s": _pct(result.replan_s, 99),
+            "replan_cpu_p50_s": _pct(result.replan_cpu_s, 50),
+            "replan_cpu_p99_s": _pct(result.replan_cpu_s, 99),
+            "serving_gpus_mean": round(float(np.mean(result.serving_gpus)), 1) if result.serving_gpus else 0,
             "run_s": round(time.perf_counter() - t0, 1),
         }
     joins = sum(e.kind == "join" for e in churn.events)
@@ -103,6 +106,17 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "churn",
         "seed": args.seed,
         "gpus": sum(len(churn.devices[m]) for m in churn.initial),
+        "gpus_present_mean": round(
+            float(
+                np.mean(
+                    [
+                        sum(len(churn.devices[m]) for m in churn.present(t))
+                        for t in range(0, int(churn.duration_s), 60)
+                    ]
+                )
+            ),
+            1,
+        ),
         "peers": len(churn.initial),
         "regions": args.regions,
         "minutes": args.minutes,

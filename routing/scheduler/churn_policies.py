@@ -7,9 +7,10 @@ The interface is this one method so that the live coordinator's own decision log
 plugged in later.
 
 * `CoordinatorPolicy` — hexswarm's coordinator: after a join or leave it waits `debounce_s` (a
-  burst of events makes one re-plan), and it re-plans every `period_s` anyway; each re-plan is
-  `replan.replan` (the genetic search warm-started, moves costed), published only when its
-  estimate beats the current plan's by the margin. Peers the plan leaves out keep their range.
+  burst of events makes one re-plan), and it re-plans every `period_s` anyway, then re-opening
+  one region in turn; each re-plan is `replan.replan` (the genetic search warm-started, moves
+  costed), published only when its estimate beats the current plan's by the margin. Peers the
+  plan leaves out keep their range.
 * `PetalsPolicy` — Petals' rule (`petals_rule.py`): a joining peer takes the blocks with the
   least throughput, its span as long as its memory holds; every peer checks every
   `period_s` (its own phase) whether moving would raise the swarm's weakest block enough.
@@ -51,6 +52,7 @@ class SwarmView:
 class Decision:
     spans: dict[str, PeerSpan] = field(default_factory=dict)  # peers whose range changes
     replan_s: float | None = None  # wall time of a re-plan made for this decision
+    replan_cpu_s: float | None = None  # its CPU time
 
 
 class Policy(Protocol):
@@ -83,7 +85,7 @@ class CoordinatorPolicy:
         costs: MoveCosts | None = None,
         config=REPLAN_CONFIG,
         debounce_s: float = 20.0,
-        period_s: float = 300.0,
+        period_s: float = 120.0,
     ):
         self.model, self.workload, self.costs, self.config = model, workload, costs or MoveCosts(), config
         self.plan, self.debounce_s, self.period_s = initial, debounce_s, period_s
@@ -92,6 +94,7 @@ class CoordinatorPolicy:
         self.known: frozenset[str] = frozenset()
         self.cache: dict = {}
         self.started = False
+        self.turn = 0  # the region a periodic re-plan re-opens next
 
     def decide(self, view: SwarmView) -> Decision:
         if not self.started:  # t = 0: the initial plan, searched before the run
@@ -100,8 +103,14 @@ class CoordinatorPolicy:
         if view.joined or view.left:
             self.pending = view.now_s if self.pending is None else self.pending
         due = self.pending is not None and view.now_s >= self.pending + self.debounce_s
-        if not due and view.now_s < self.last + self.period_s:
+        periodic = view.now_s >= self.last + self.period_s
+        if not due and not periodic:
             return Decision()
+        reopen = ()
+        if periodic and not due:  # re-open one region in turn (`replan.replan`)
+            regions = sorted({d.region for d in view.cluster.devices})
+            reopen = (regions[self.turn % len(regions)],)
+            self.turn += 1
         current = {m: Assignment(s.device_ids, s.start, s.end) for m, s in view.spans.items()}
         result = replan(
             view.cluster,
@@ -113,14 +122,15 @@ class CoordinatorPolicy:
             current=current,
             known=self.known,
             layout_cache=self.cache,
+            reopen=reopen,
         )
         self.pending, self.last, self.known = None, view.now_s, frozenset(view.cluster.ids)
         if not result.publish:
-            return Decision(replan_s=result.elapsed_s)
+            return Decision(replan_s=result.elapsed_s, replan_cpu_s=result.cpu_s)
         self.plan = result.plan
         spans = plan_spans(view.cluster, result.plan)
         changes = {m: s for m, s in spans.items() if view.spans.get(m) != s}
-        return Decision(changes, result.elapsed_s)
+        return Decision(changes, result.elapsed_s, result.cpu_s)
 
 
 def petals_span(model: ModelSpec, workload: Workload, cluster: Cluster, devices: tuple[str, ...]) -> tuple:

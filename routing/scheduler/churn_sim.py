@@ -48,7 +48,9 @@ class PolicyRun:
     samples: list[tuple[float, int, int, float]] = field(default_factory=list)
     moves: int = 0
     loads: int = 0  # ranges loaded by peers that had none (joiners, idle peers)
-    replan_s: list[float] = field(default_factory=list)
+    replan_s: list[float] = field(default_factory=list)  # wall clock
+    replan_cpu_s: list[float] = field(default_factory=list)
+    serving_gpus: list[int] = field(default_factory=list)  # per sample: GPUs in complete chains
 
     def attainment(self) -> float:
         requests = sum(s[2] for s in self.samples)
@@ -109,6 +111,7 @@ def run(
         delay = decision.replan_s or 0.0
         if decision.replan_s is not None:
             out.replan_s.append(decision.replan_s)
+            out.replan_cpu_s.append(decision.replan_cpu_s or 0.0)
         for machine, span in decision.spans.items():
             old = spans.get(machine)
             if old == span or machine not in present:
@@ -123,22 +126,26 @@ def run(
             out.loads += old is None
         if now in samples:
             live = [s for m, s in spans.items() if ready.get(m, 0.0) <= now]
-            out.samples.append(_score(cluster, live, model, workload, trace, now, sampling.window_s))
+            row, gpus = _score(cluster, live, model, workload, trace, now, sampling.window_s)
+            out.samples.append(row)
+            out.serving_gpus.append(gpus)
     return out
 
 
 def _score(cluster, live, model, workload, trace: Trace, now: float, window_s: float):
-    """(time, requests met, requests, tokens/s) of the chains of `live` on the trace's window."""
+    """(time, requests met, requests, tokens/s) of the chains of `live` on the trace's window,
+    and the number of GPUs in those chains."""
     lo, hi = (int(i) for i in np.searchsorted(trace.arrivals, [now, now + window_s]))
     window = Trace(trace.arrivals[lo:hi] - now, trace.s_in[lo:hi], trace.s_out, trace.deadline_s)
     count = hi - lo
     chains = decompose(cluster, live, model.num_layers)
     if not chains or count == 0:
-        return (now, 0, count, 0.0)
+        return (now, 0, count, 0.0), 0
     dp = PipelineDP(cluster, model, workload)
     costs = [
         stage_costs(cluster, dp.evaluate(stages), model, window.s_in, workload.max_batch) for stages in chains
     ]
     result = simulate_serving(costs, window)
     met = int(round(result.attainment * count))
-    return (now, met, count, result.served * trace.s_out / window_s)
+    gpus = sum(len(s.devices) for stages in chains for s in stages)
+    return (now, met, count, result.served * trace.s_out / window_s), gpus

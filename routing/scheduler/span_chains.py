@@ -8,14 +8,15 @@ spans are decomposed into disjoint chains, greedily:
 1. A chain starts at a free span that starts at layer 0: the one reaching farthest.
 2. At layer p it continues with the free span that covers p (start <= p < end), one in the
    chain's region first (a cross-region hop costs 40-150 ms per decode step, HexGen footnote 3),
+   then one that starts exactly at p (no layers wasted: a plan's pipelines come back whole),
    then the one that reaches farthest; that peer serves [p, end) (a part of its range when
    ranges overlap).
 3. Chains are built until one cannot be completed (no free span covers some layer: no later
    chain could pass it either).
 
 Each peer is in at most one chain, as a peer runs one stage of one pipeline in the simulator.
-A coordinator's plan decomposes back into its own pipelines when its pipelines do not overlap
-across regions; overlapping spans (Petals' rule) are used in part. Two simplifications, the
+A coordinator's plan decomposes back into its own pipelines (each stage starts where the
+previous one ends); overlapping spans (Petals' rule) are used in part. Two simplifications, the
 same for every policy: a peer serving part of its range is charged only that part's weights,
 so its KV room is the one of the part; and a live Petals client may route many chains through
 one strong peer, which disjoint chains cannot (this undercounts Petals' rule where one peer
@@ -65,7 +66,7 @@ def decompose(cluster: Cluster, spans: Sequence[PeerSpan], num_layers: int) -> l
             if not here:
                 return chains
             home = region[chain[0].machine]
-            nxt = max(here, key=lambda s: (region[s.machine] == home, s.end, s.machine))
+            nxt = max(here, key=lambda s: (region[s.machine] == home, s.start == position, s.end, s.machine))
             chain.append(nxt)
             used.add(nxt.machine)
             position = nxt.end
