@@ -205,3 +205,29 @@ def search_around(cluster, model, workload, config, previous, layout_cache, pinn
     return SearchResult(
         plan, result, gens, evals, found.elapsed_s if found else 0.0, found.history if found else ()
     )
+
+
+def idle_pipelines(
+    cluster: Cluster, model: ModelSpec, workload: Workload, idle: Sequence[int], deadline_s: float
+) -> list[PipelineLayout]:
+    """Extra pipelines from machines a plan leaves idle, region by region: the largest machines
+    first, layers split by speed (as the completion fills gaps), kept only if they can serve
+    within the SLO. The genetic search rates a region group's pipelines against the group's share
+    of the offered rate, so once that share is met it has no reason to use the rest."""
+    from routing.scheduler.fitness import pipeline_capacity
+
+    dp = PipelineDP(cluster, model, workload)
+    out = []
+    for region in sorted({cluster.devices[i].region for i in idle}):
+        pool = [i for i in idle if cluster.devices[i].region == region]
+        while pool:
+            machines = _machines(cluster, model, workload, pool, region)
+            stages = _gap(model, workload, cluster, machines, 0, model.num_layers)
+            if stages is None:
+                break
+            layout = dp.evaluate(stages)
+            taken = {cluster.devices[d].machine for s in stages for d in s.devices}
+            pool = [i for i in pool if cluster.devices[i].machine not in taken]
+            if pipeline_capacity(cluster, layout, model, workload, deadline_s).slo_rps > 0:
+                out.append(layout)
+    return out

@@ -23,7 +23,10 @@ averaged over [0, H]):
 Among the candidates within `tie` of the best A_H the one with the fewest moves wins (so an
 equally good plan never moves more peers), and it is published only if its A_H beats keep's by
 `margin` (this stops plans from flapping). Region groups where nothing changed are not searched,
-which keeps a re-plan of a 200-GPU swarm within seconds.
+which keeps a re-plan of a 200-GPU swarm within seconds. In a swarm, machines that a candidate
+leaves idle form extra pipelines where they can (`pinned_stages.idle_pipelines`): the search of
+a region group stops caring once the group's share of the rate is met, a swarm keeps the rest
+serving.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from routing.scheduler.moves import (
     machine_of,
     ready_times,
 )
-from routing.scheduler.pinned_stages import free_devices, pinned_pipelines
+from routing.scheduler.pinned_stages import free_devices, idle_pipelines, pinned_pipelines
 from routing.scheduler.pipeline_dp import PipelineLayout
 from routing.scheduler.plan import Plan, StagePlan
 from routing.scheduler.plan_eval import plan_layouts
@@ -119,8 +122,7 @@ def replan(
     """
     start, cpu = time.perf_counter(), time.process_time()
     if previous is None:
-        found = search(cluster, model, workload, config, pinned=pinned, layout_cache=layout_cache)
-        return _result(cluster, model, workload, found.plan, costs, start, current or {})
+        return _cold(cluster, model, workload, config, costs, pinned, layout_cache, start, current or {})
     current = dict(current) if current is not None else plan_assignments(cluster, previous)
     deadline = make_trace(model, workload).deadline_s
     intact = [p for p in previous.pipelines if all(d in cluster._positions for d in p.device_ids)]
@@ -158,6 +160,8 @@ def replan(
         for group in dirty:
             pool = [i for i in group if i in open_set or (name == "full" and i in kept_devices)]
             layouts += _search_pool(cluster, model, workload, budget, previous, pool, free, layout_cache)
+        if whole:
+            layouts += _idle_filled(cluster, model, workload, layouts, free, deadline)
         candidates.append(_candidate(name, cluster, model, workload, layouts, current, costs, deadline))
     best = max(c.value for c in candidates)
     chosen = min(
@@ -242,6 +246,26 @@ def _candidate(name, cluster, model, workload, layouts, current, costs: MoveCost
     ready = ready_times(cluster, layouts, load)
     value = horizon_attainment(capacities, ready, workload.rate, costs.horizon_s)
     return Candidate(name, value, tuple(moves), tuple(layouts))
+
+
+def _idle_filled(cluster, model, workload, layouts, free, deadline) -> list[PipelineLayout]:
+    """Pipelines of the machines no layout uses (`pinned_stages.idle_pipelines`)."""
+    busy = {cluster.devices[d].machine for lay in layouts for d in lay.devices}
+    idle = [i for i in free if cluster.devices[i].machine not in busy]
+    return idle_pipelines(cluster, model, workload, idle, deadline)
+
+
+def _cold(cluster, model, workload, config, costs, pinned, cache, start, current) -> ReplanResult:
+    """No previous plan: the search, then (in a swarm) pipelines of the machines it left idle."""
+    plan = search(cluster, model, workload, config, pinned=pinned, layout_cache=cache).plan
+    if config.one_stage_per_machine:
+        layouts = plan_layouts(cluster, model, workload, plan)
+        trace = make_trace(model, workload)
+        free = free_devices(cluster, pinned, True)
+        layouts += _idle_filled(cluster, model, workload, layouts, free, trace.deadline_s)
+        result = evaluate_layouts(cluster, layouts, model, trace, workload)
+        plan = make_plan(cluster, model, workload, layouts, result, trace.deadline_s, capacity=False)
+    return _result(cluster, model, workload, plan, costs, start, current)
 
 
 def _result(cluster, model, workload, plan, costs, start, current) -> ReplanResult:
