@@ -8,7 +8,8 @@ initial swarm's upper bound in requests/s) is served under each policy
 (`routing/scheduler/churn_policies.py`):
 
   coordinator  hexswarm's: re-plan (`replan.py`: the genetic search warm-started, moves costed)
-               20 s after a join or leave and every 5 min, published past a 2% margin
+               20 s after a join or leave, and every 2 min re-opening one region in turn;
+               published past a 2% margin
   petals       Petals' rule: join on the weakest blocks, rebalance check every ~90 s per peer
   no-replan    the initial plan (the coordinator's), leavers vanish, joiners take Petals' join
                placement
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=200)
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--regions", type=int, default=6)
-    parser.add_argument("--load", type=float, default=0.2, help="offered rate, x the initial swarm's bound")
+    parser.add_argument("--load", type=float, default=0.3, help="offered rate, x the initial swarm's bound")
     parser.add_argument("--load-gbps", type=float, default=8.0, help="peers read new layers at this (Gbit/s)")
     parser.add_argument("--replan-budget-s", type=float, default=2.0)
     parser.add_argument("--initial-budget-s", type=float, default=20.0)
