@@ -164,3 +164,14 @@ def test_replan_never_moves_a_pinned_peer(swarm):
     assert "b0" not in {m.machine for m in result.moves}
     stages = [s for p in result.plan.pipelines for s in p.stages]
     assert all(s == pin for s in stages if s.device_ids[0].startswith("b0"))
+
+
+def test_idle_machines_form_pipelines(swarm):
+    from routing.scheduler.pinned_stages import idle_pipelines
+
+    east = [i for i, d in enumerate(swarm.devices) if d.region == "east"]  # four 2 x RTX 3090 machines
+    layouts = idle_pipelines(swarm, MODEL, WORKLOAD, east, deadline_s=60.0)
+    assert len(layouts) == 2
+    machines = [[swarm.devices[s.devices[0]].machine for s in lay.stages] for lay in layouts]
+    assert all(len(m) == 2 for m in machines) and len({x for m in machines for x in m}) == 4
+    assert all(lay.stages[0].start == 0 and lay.stages[-1].end == MODEL.num_layers for lay in layouts)
