@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             "attainment_per_period": [round(a, 3) for a in att],
             "throughput_per_period": [round(t, 1) for t in tok],
             "moves": result.moves,
+            "moves_of_serving_peers": result.moves_serving,
             "ranges_loaded": result.loads,
             "replans": len(result.replan_s),
             "replan_p50_s": _pct(result.replan_s, 50),

@@ -47,6 +47,7 @@ class PolicyRun:
     name: str
     samples: list[tuple[float, int, int, float]] = field(default_factory=list)
     moves: int = 0
+    moves_serving: int = 0  # of which peers that were in a complete chain (the others idled)
     loads: int = 0  # ranges loaded by peers that had none (joiners, idle peers)
     replan_s: list[float] = field(default_factory=list)  # wall clock
     replan_cpu_s: list[float] = field(default_factory=list)
@@ -112,6 +113,7 @@ def run(
         if decision.replan_s is not None:
             out.replan_s.append(decision.replan_s)
             out.replan_cpu_s.append(decision.replan_cpu_s or 0.0)
+        serving = _serving(cluster, spans, ready, now, model.num_layers) if decision.spans else set()
         for machine, span in decision.spans.items():
             old = spans.get(machine)
             if old == span or machine not in present:
@@ -123,6 +125,7 @@ def run(
             ready[machine] = now + delay + load
             spans[machine] = span
             out.moves += old is not None
+            out.moves_serving += old is not None and machine in serving
             out.loads += old is None
         if now in samples:
             live = [s for m, s in spans.items() if ready.get(m, 0.0) <= now]
@@ -130,6 +133,16 @@ def run(
             out.samples.append(row)
             out.serving_gpus.append(gpus)
     return out
+
+
+def _serving(cluster, spans, ready, now: float, num_layers: int) -> set[str]:
+    """Peers in a complete chain of the loaded spans now."""
+    live = [s for m, s in spans.items() if ready.get(m, 0.0) <= now]
+    return {
+        cluster.devices[st.devices[0]].machine
+        for chain in decompose(cluster, live, num_layers)
+        for st in chain
+    }
 
 
 def _score(cluster, live, model, workload, trace: Trace, now: float, window_s: float):
