@@ -105,7 +105,7 @@ def run(
                 spans.pop(event.machine, None)
                 left.append(event.machine)
         cluster = churn.cluster(present)
-        machines = {m: churn.devices[m] for m in present}
+        machines = {m: churn.devices[m] for m in sorted(present)}
         view = SwarmView(now, cluster, machines, dict(spans), tuple(joined), tuple(left))
         decision = policy.decide(view)
         joined, left = [], []
