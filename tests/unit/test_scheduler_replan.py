@@ -14,7 +14,7 @@ from routing.scheduler.genetic import SearchConfig, search
 from routing.scheduler.gpu_catalog import lookup
 from routing.scheduler.model_spec import Workload, preset
 from routing.scheduler.moves import Assignment, diff, horizon_attainment, load_seconds
-from routing.scheduler.plan import StagePlan, validate
+from routing.scheduler.plan import Plan, StagePlan, validate
 from routing.scheduler.replan import MoveCosts, plan_assignments, replan
 
 MODEL = preset("OPT-30B")  # 60 GB: two 2 x RTX 3090 machines or one 4 x A4000 machine per replica
@@ -150,7 +150,7 @@ def test_replan_after_a_leave_moves_few_peers(swarm, planned):
         assert len(result.moves) == fewest
         assert result.value > result.current_value + costs.margin
     intact = [p for p in planned.plan.pipelines if all(d in smaller._positions for d in p.device_ids)]
-    kept = plan_assignments(smaller, planned.plan.__class__(MODEL.name, MODEL.num_layers, tuple(intact)))
+    kept = plan_assignments(smaller, Plan(MODEL.name, MODEL.num_layers, tuple(intact)))
     moved = {m.machine for m in result.moves}
     if result.candidates[1][2] == len(result.moves):  # repair chosen: whole pipelines stayed
         assert not moved & set(kept)
