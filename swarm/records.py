@@ -158,7 +158,11 @@ def parse_signed_entries(dict_value: Any, parse):
 
 def read_peer_records(dht, model_id: str) -> list[PeerRecord]:
     """Every well-formed, correctly signed record of `model_id` currently in the DHT."""
-    value = dht.get(model_key(model_id), latest=True)
+    return peer_records_from(dht.get(model_key(model_id), latest=True), model_id)
+
+
+def peer_records_from(value, model_id: str) -> list[PeerRecord]:
+    """The well-formed, correctly signed records in a DHT value of `model_key(model_id)`."""
     records = []
     for owner, record in parse_signed_entries(value, PeerRecord.from_bytes):
         if record.peer_id != owner or record.model_id != model_id:

@@ -31,10 +31,17 @@ class Move:
 
 def kind_of(device: Device) -> tuple:
     """Peers whose figures agree within ~25 % (measurements are noisy) count as one kind."""
+
     def bucket(x: float) -> int:
         return round(math.log(max(x, 1e-12)) / math.log(1.25))
 
-    return (device.region, device.type, bucket(device.memory_bytes), bucket(device.flops), bucket(device.bandwidth))
+    return (
+        device.region,
+        device.type,
+        bucket(device.memory_bytes),
+        bucket(device.flops),
+        bucket(device.bandwidth),
+    )
 
 
 def layers_to_load(current: Range | None, target: Range) -> int:

@@ -97,7 +97,9 @@ def block_capacity(record: PeerRecord, num_blocks: int) -> int:
     return min(num_blocks, record.max_blocks or max(record.end - record.start, 1))
 
 
-def petals_placement(auto: Sequence[PeerRecord], fixed: Sequence[PeerRecord], num_blocks: int) -> dict[str, Range]:
+def petals_placement(
+    auto: Sequence[PeerRecord], fixed: Sequence[PeerRecord], num_blocks: int
+) -> dict[str, Range]:
     """Petals' join rule applied to the auto peers one by one, strongest first, around the fixed ones."""
     spans = [Span(r.start, r.end - r.start, r.throughput) for r in fixed]
     placed: dict[str, Range] = {}

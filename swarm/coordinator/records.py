@@ -125,7 +125,15 @@ class PlanRecord:
         assignments = tuple(_assignment(item) for item in raw)
         if len({a.peer_id for a in assignments}) != len(assignments):
             raise CoordinationRecordError("a peer appears twice in a plan")
-        return cls(strings[0], version, strings[1], strings[2], *map(float, numbers[:2]), assignments, float(numbers[2]))
+        return cls(
+            strings[0],
+            version,
+            strings[1],
+            strings[2],
+            *map(float, numbers[:2]),
+            assignments,
+            float(numbers[2]),
+        )
 
 
 def _assignment(item: Any) -> Assignment:
@@ -175,7 +183,9 @@ def plans_from(entries: list[tuple[str, PlanRecord]], model_id: str) -> list[Pla
     plans = []
     for signer, plan in entries:
         if plan.coordinator != signer or plan.model_id != model_id:
-            logger.warning("ignoring a forged plan v%d: claims %s, signed by %s", plan.version, plan.coordinator, signer)
+            logger.warning(
+                "ignoring a forged plan v%d: claims %s, signed by %s", plan.version, plan.coordinator, signer
+            )
             continue
         plans.append(plan)
     return plans
@@ -189,12 +199,25 @@ def latest_plan_of(plans: list[PlanRecord], holder: Lease | None) -> PlanRecord 
     return max(own, key=lambda p: p.version, default=None)
 
 
-def read_leases(dht, model_id: str) -> list[tuple[str, Lease]]:
-    return parse_signed_entries(dht.get(lease_key(model_id), latest=True), Lease.from_bytes)
+async def dht_get(dht, key: str, timeout: float = 10.0):
+    """`dht.get(key)` awaited on the event loop (DHT calls stay on one thread), None on failure."""
+    import asyncio
+
+    try:
+        future = dht.get(key, latest=True, return_future=True)
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+    except (TimeoutError, RuntimeError, OSError) as e:
+        logger.warning("reading %s from the DHT failed: %s", key, type(e).__name__)
+        return None
 
 
-def read_plans(dht, model_id: str) -> list[PlanRecord]:
-    return plans_from(parse_signed_entries(dht.get(plan_key(model_id), latest=True), PlanRecord.from_bytes), model_id)
+async def read_leases(dht, model_id: str) -> list[tuple[str, Lease]]:
+    return parse_signed_entries(await dht_get(dht, lease_key(model_id)), Lease.from_bytes)
+
+
+async def read_plans(dht, model_id: str) -> list[PlanRecord]:
+    value = await dht_get(dht, plan_key(model_id))
+    return plans_from(parse_signed_entries(value, PlanRecord.from_bytes), model_id)
 
 
 @dataclass(frozen=True)
@@ -207,9 +230,14 @@ class Coordination:
     others: tuple[PlanRecord, ...] = ()  # signed plans of non-holders: never followed
 
 
-def read_coordination(dht, model_id: str) -> Coordination:
-    holder = current_holder(read_leases(dht, model_id), model_id)
-    plans = read_plans(dht, model_id)
+def coordination_from(
+    leases: list[tuple[str, Lease]], plans: list[PlanRecord], model_id: str
+) -> Coordination:
+    holder = current_holder(leases, model_id)
     newest = max((p.version for p in plans), default=0)
     others = tuple(p for p in plans if holder is None or p.coordinator != holder.holder)
     return Coordination(holder, latest_plan_of(plans, holder), newest, others)
+
+
+async def read_coordination(dht, model_id: str) -> Coordination:
+    return coordination_from(await read_leases(dht, model_id), await read_plans(dht, model_id), model_id)

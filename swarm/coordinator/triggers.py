@@ -68,6 +68,11 @@ class ReplanTrigger:
         if self.first_change is None:
             self.first_change = now
 
+    def force(self, reason: str, now: float) -> None:
+        """Makes a re-plan due at once (a new lease holder plans before anything else)."""
+        self.reason = reason
+        self.first_change = self.last_change = now - self.policy.max_delay_s
+
     def due(self, now: float) -> str | None:
         """The reason to re-plan now, or None."""
         p = self.policy
@@ -94,4 +99,8 @@ def beats(new: tuple[float, float], current: tuple[float, float], policy: Replan
     (att, tps), (cur_att, cur_tps) = new, current
     if att >= cur_att + policy.attainment_margin:
         return True
-    return att > cur_att - policy.attainment_margin and tps >= cur_tps * (1 + policy.throughput_margin) and tps > 0
+    return (
+        att > cur_att - policy.attainment_margin
+        and tps >= cur_tps * (1 + policy.throughput_margin)
+        and tps > 0
+    )
