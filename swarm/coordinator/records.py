@@ -241,3 +241,10 @@ def coordination_from(
 
 async def read_coordination(dht, model_id: str) -> Coordination:
     return coordination_from(await read_leases(dht, model_id), await read_plans(dht, model_id), model_id)
+
+
+def read_coordination_sync(dht, model_id: str) -> Coordination:
+    """`read_coordination` for synchronous callers (`hexswarm status`)."""
+    leases = parse_signed_entries(dht.get(lease_key(model_id), latest=True), Lease.from_bytes)
+    entries = parse_signed_entries(dht.get(plan_key(model_id), latest=True), PlanRecord.from_bytes)
+    return coordination_from(leases, plans_from(entries, model_id), model_id)
