@@ -26,7 +26,8 @@ from peer.blocks import BlockStack
 from peer.core import Blocks, PeerCore, PeerLimits
 from peer.devices import describe
 from peer.link_probe import LinkProbe
-from peer.plan_follower import PlanFollower, join_range, old_range_covered
+from peer.plan_follower import PlanFollower, join_range
+from peer.range_move import RangeMover
 from peer.server import PeerServer
 from peer.throughput import measure_or_load
 from peer.tp_group import TPGroup, TPGroupError
@@ -140,8 +141,7 @@ class _Peer:
         self.server: PeerServer | None = None
         self.start, self.end = config.start, config.end
         self.next_range: tuple[int, int] | None = None  # loading it to move there
-        self.moving: asyncio.Task | None = None
-        self.draining: set[asyncio.Task] = set()  # old ranges finishing their sessions after a move
+        self.mover = RangeMover(self)
         self.addrs = tuple(str(a) for a in dht.get_visible_maddrs())
         peer_id = identity.peer_id.to_base58()
         self.probe = LinkProbe(peer_id)
@@ -151,7 +151,7 @@ class _Peer:
                 peer_id,
                 config.spec.model_id,
                 config.spec.num_blocks,
-                self.move_to,
+                self.mover.request,
                 config.rebalance_period,
             )
             if config.auto
@@ -256,70 +256,17 @@ class _Peer:
     async def _coordinate(self) -> None:
         """Measures round trips and, for an auto peer, follows the plan (or Petals' rule)."""
         try:
-            records = await self._read_records()
+            records = await self.read_records()
             await self.probe.step(records)
-            if self.follower is not None and self.moving is None:
+            if self.follower is not None and not self.mover.busy:
                 await self.follower.step(records, self._record(PeerState.ONLINE), time.monotonic())
         except Exception:  # the swarm's records are remote input: a bad step must not stop serving
             logger.exception("coordination step failed")
 
-    async def _read_records(self) -> list[PeerRecord]:
+    async def read_records(self) -> list[PeerRecord]:
         return peer_records_from(
             await dht_get(self.dht, model_key(self.config.spec.model_id)), self.config.spec.model_id
         )
-
-    async def move_to(self, start: int, end: int) -> None:
-        """Starts moving to [start, end) in the background (one move at a time)."""
-        if self.group is not None:
-            logger.warning("not moving to [%d:%d): tensor-parallel groups are not moved yet", start, end)
-            return
-        if self.moving is None:
-            self.moving = asyncio.create_task(self._move(start, end), name="move")
-            self.moving.add_done_callback(self._moved)
-
-    def _moved(self, task: asyncio.Task) -> None:
-        self.moving, self.next_range = None, None
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("move failed: %r", task.exception())
-
-    async def _move(self, start: int, end: int) -> None:
-        """Announce the new range as joining, load it, wait until the old range is covered
-        elsewhere (at most move_wait), switch new streams to it, then drain the old range."""
-        c, old = self.config, (self.start, self.end)
-        logger.info("moving: loading [%d:%d) while serving [%d:%d)", start, end, *old)
-        self.next_range = (start, end)
-        await self.announcer.announce(PeerState.ONLINE)
-        blocks = await asyncio.to_thread(BlockStack.load, c.spec, start, end, c.dtype, c.devices[0])
-        deadline = time.monotonic() + c.move_wait
-        while not old_range_covered(
-            await self._read_records(), self.identity.peer_id.to_base58(), old, (start, end)
-        ):
-            if time.monotonic() > deadline or self.stop.is_set():
-                logger.warning(
-                    "moving: blocks of [%d:%d) have no other online peer; dropping them anyway", *old
-                )
-                break
-            await self.announcer.announce(PeerState.ONLINE)
-            await asyncio.sleep(min(1.0, c.announce_period))
-        old_core, old_server = self.core, self.server
-        self.core = PeerCore(blocks, c.spec.model_id, c.limits)
-        self.server = PeerServer(self.core, c.max_frame_bytes, c.max_streams)
-        self.start, self.end, self.next_range = start, end, None
-        await self.announcer.announce(PeerState.ONLINE)
-        logger.info("moved: serving %s blocks [%d:%d) (was [%d:%d))", c.spec.model_id, start, end, *old)
-        old_core.leaving = True
-        task = asyncio.create_task(self._drain(old_core, old_server))
-        self.draining.add(task)
-        task.add_done_callback(self.draining.discard)
-
-    async def _drain(self, core: PeerCore, server: PeerServer) -> None:
-        """Lets the old range's open sessions finish (at most drain_timeout), then frees it."""
-        deadline = time.monotonic() + self.config.drain_timeout
-        while core.sessions and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-            core.expire_idle()
-        server.compute.shutdown(wait=False)
-        logger.info("dropped the old range [%d:%d)", core.blocks.start, core.blocks.end)
 
     async def leave(self) -> None:
         """Refuses new sessions, lets open ones finish, and tells the swarm it is gone."""
@@ -341,9 +288,7 @@ class _Peer:
             await asyncio.sleep(0.2)
 
     async def close(self) -> None:
-        for task in (self.moving, *self.draining):  # a move or drain in progress ends with the peer
-            if task is not None:
-                task.cancel()
+        self.mover.cancel()  # a move or drain in progress ends with the peer
         if self.group is not None:
             await asyncio.to_thread(self.group.stop)
         if self.p2p is not None:
