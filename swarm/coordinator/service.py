@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from hivemind.utils import get_dht_time
@@ -63,7 +64,7 @@ class Coordinator:
         self.trigger = ReplanTrigger(config.policy, time.monotonic())
         self.published: PlanRecord | None = None  # our newest plan
         self.scheduler_plan: Plan | None = None  # its scheduler plan, to warm-start the next search
-        self.replan_seconds: list[float] = []
+        self.replan_seconds: deque[float] = deque(maxlen=100)  # recent search times, for logs
 
     async def run(self, stop: asyncio.Event) -> None:
         logger.info("coordinator candidate %s for %s", self.me, self.config.model_id)

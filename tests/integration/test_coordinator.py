@@ -145,6 +145,21 @@ def test_plan_covers_the_model_and_one_candidate_holds_the_lease(coordinated):
     assert {a.peer_id for a in plan.assignments} <= {r.peer_id for r in coordinated.records() if r.auto}
 
 
+def test_status_shows_the_plan_as_text_and_json(coordinated):
+    import json
+    import subprocess
+
+    args = [sys.executable, "-m", "swarm.cli", "status", "--initial-peers", *coordinated.local.initial_peers]
+    plan = coordinated.coordination().plan
+    text = subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
+    assert f"plan v{plan.version}" in text and "estimated attainment" in text and "followed by" in text
+    data = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=120).stdout)
+    (model,) = [m for m in data["models"] if m["model_id"] == coordinated.model_id]
+    assert model["coordinator"] == plan.coordinator and model["plan"]["version"] >= plan.version
+    assert set(model["plan"]["followers"]) <= {p["peer_id"] for p in model["peers"] if p["auto"]}
+    assert all(model["coverage"])
+
+
 def test_fixed_peer_is_never_moved(coordinated):
     fixed = [r for r in coordinated.records() if r.name == "fixed"]
     assert fixed and (fixed[0].start, fixed[0].end) == (0, 2) and not fixed[0].auto
@@ -256,7 +271,9 @@ def test_second_candidate_takes_the_lease_and_plans_continue(coordinated):
 
 
 @pytest.mark.slow
-def test_without_coordinator_auto_peers_cover_the_model_by_petals_rule(make_model, tmp_path_factory):
+def test_without_coordinator_auto_peers_cover_the_model_by_petals_rule_until_one_appears(
+    make_model, tmp_path_factory
+):
     model_dir = make_model(arch="llama", layers=BLOCKS)
     with LocalSwarm(tmp_path_factory.mktemp("fallback")) as local:
         local.start_bootstrap()
@@ -278,5 +295,20 @@ def test_without_coordinator_auto_peers_cover_the_model_by_petals_rule(make_mode
                 "auto peers cover all blocks without a coordinator",
             )
             assert read_coordination_sync(dht, model_id).holder is None
+            # A coordinator that appears later takes over: every auto peer follows its plan.
+            args = [sys.executable, "-m", "swarm.cli", "coordinator", "--initial-peers", *local.initial_peers]
+            local.start_command(
+                "late", [*args, "--model", str(model_dir), *COORDINATOR_FLAGS], ready="candidate"
+            )
+
+            def followed() -> bool:
+                plan, records = read_coordination_sync(dht, model_id).plan, read_peer_records(dht, model_id)
+                return (
+                    plan is not None
+                    and all(r.plan_version == plan.version for r in records)
+                    and all(online_peers_per_block(records, BLOCKS))
+                )
+
+            wait_until(followed, PLAN_BOUND_S, "the late coordinator's plan is followed and covers the model")
         finally:
             dht.shutdown()
