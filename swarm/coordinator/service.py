@@ -62,15 +62,22 @@ class Coordinator:
         self.me = identity.peer_id.to_base58()
         self.lease = LeaseKeeper(dht, identity, config.model_id, config.lease_ttl, config.period)
         self.trigger = ReplanTrigger(config.policy, time.monotonic())
+        self.acting = False  # planning as the lease holder (since the lease was last taken)
         self.published: PlanRecord | None = None  # our newest plan
         self.scheduler_plan: Plan | None = None  # its scheduler plan, to warm-start the next search
         self.replan_seconds: deque[float] = deque(maxlen=100)  # recent search times, for logs
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Renews the lease and plans, in two loops: a long search must never delay a renewal."""
         logger.info("coordinator candidate %s for %s", self.me, self.config.model_id)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._every(self.lease.step, stop))
+            group.create_task(self._every(self.step, stop))
+
+    async def _every(self, step, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                await self.step()
+                await step()
             except Exception:  # one bad step (a DHT hiccup) must not end the coordinator
                 logger.exception("coordinator step failed")
             try:
@@ -79,13 +86,14 @@ class Coordinator:
                 pass
 
     async def step(self) -> None:
-        was_holding = self.lease.holding
-        if not await self.lease.step():
-            self.published = None
+        """One planning step; does nothing unless this candidate holds the lease."""
+        if not self.lease.holding:
+            self.acting, self.published = False, None
             return
         records = await self._live_records()
         now = time.monotonic()
-        if not was_holding:  # a new holder re-plans at once, continuing the version sequence
+        if not self.acting:  # a new holder re-plans at once, continuing the version sequence
+            self.acting = True
             self.trigger = ReplanTrigger(self.config.policy, now)
             self.trigger.force("took the lease", now)
         self.trigger.observe(_view(records), now)
@@ -93,7 +101,7 @@ class Coordinator:
         if reason is not None:
             await self._replan(records, reason)
             self.trigger.planned(time.monotonic())
-        if self.published is not None:
+        if self.published is not None and self.lease.holding:
             await self._store(self.published)  # refresh its expiration
 
     async def _live_records(self) -> list[PeerRecord]:
@@ -128,6 +136,9 @@ class Coordinator:
                 100 * current.attainment,
                 current.throughput_tok_s,
             )
+            return
+        if not self.lease.holding:
+            logger.info("re-plan (%s): lost the lease while searching; not publishing", reason)
             return
         version = max(coordination.newest_version, current.version if current else 0) + 1
         record = self._record(records, planned, version)
