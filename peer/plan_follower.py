@@ -103,6 +103,13 @@ class PlanFollower:
     async def _follow(self, coordination: Coordination, me: PeerRecord) -> None:
         plan = coordination.plan
         if plan is None or plan.version <= self.followed:
+            if (
+                plan is not None
+                and plan.version < self.followed
+                and (plan.coordinator, plan.version) not in self._ignored
+            ):
+                self._ignored.add((plan.coordinator, plan.version))
+                logger.warning("ignoring stale plan v%d: following v%d already", plan.version, self.followed)
             return
         assignment = plan.assignment_of(self.peer_id)
         logger.info("following plan v%d of coordinator %s", plan.version, plan.coordinator[-8:])

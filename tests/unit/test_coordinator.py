@@ -255,3 +255,30 @@ def test_peer_side_rules():
     assert old_range_covered([record("a", 0, 2), me], "c", (0, 4), (2, 6))
     assert tcp_endpoint("/ip4/127.0.0.1/tcp/4242/p2p/Qm") == ("127.0.0.1", 4242)
     assert tcp_endpoint("/ip4/127.0.0.1/udp/4242/quic") is None
+
+
+def test_follower_takes_only_newer_plans_of_the_holder():
+    import asyncio
+
+    from peer.plan_follower import PlanFollower
+    from swarm.coordinator.records import Coordination
+
+    moves = []
+
+    async def move(start: int, end: int) -> None:
+        moves.append((start, end))
+
+    follower = PlanFollower(None, "p1", "m", 8, move, rebalance_period=60)
+    me = record("p1", 0, 4)
+    holder = Lease("m", "A", 1.0)
+
+    def follow(p: PlanRecord) -> None:
+        asyncio.run(follower._follow(Coordination(holder, p, p.version), me))
+
+    follow(plan(2, assignments=(("p1", 4, 8),)))
+    assert moves == [(4, 8)] and follower.followed == 2
+    follow(plan(1, assignments=(("p1", 2, 6),)))  # stale: ignored
+    follow(plan(2, assignments=(("p1", 2, 6),)))  # same version: ignored
+    assert moves == [(4, 8)]
+    follow(plan(3, assignments=(("p1", 0, 4),)))  # newer, and p1 already serves 0:4: no move
+    assert moves == [(4, 8)] and follower.followed == 3
