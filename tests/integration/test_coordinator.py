@@ -295,10 +295,10 @@ def test_without_coordinator_auto_peers_cover_the_model_by_petals_rule_until_one
                 "auto peers cover all blocks without a coordinator",
             )
             assert read_coordination_sync(dht, model_id).holder is None
-            # A coordinator that appears later takes over: every auto peer follows its plan.
-            args = [sys.executable, "-m", "swarm.cli", "coordinator", "--initial-peers", *local.initial_peers]
-            local.start_command(
-                "late", [*args, "--model", str(model_dir), *COORDINATOR_FLAGS], ready="candidate"
+            # A coordinator that appears later takes over: here a fourth auto peer that runs one
+            # (`run-peer --coordinator`); every auto peer follows its plan.
+            local.start_peer(
+                model_dir, "auto", "b3", "--max-blocks", "3", *PEER_FLAGS, "--coordinator", *COORDINATOR_FLAGS
             )
 
             def followed() -> bool:
