@@ -13,6 +13,7 @@ from peer.core import PeerLimits
 from peer.devices import DeviceError, parse_devices
 from peer.runtime import PeerConfig, serve
 from peer.tp_shard import TPDegreeError, check_degree
+from swarm.coordinator.command import add_coordination_arguments, coordinator_config
 from swarm.dht import DEFAULT_HOST_MADDRS, public_initial_peers, quiet_hivemind
 from swarm.model_spec import ModelSpecError, load_model_spec
 
@@ -22,7 +23,30 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="run-peer", description=__doc__)
     p.add_argument("model_dir", help="Hugging Face checkpoint directory (config.json + safetensors)")
-    p.add_argument("--layers", required=True, help="blocks to serve, A:B for [A, B)")
+    p.add_argument(
+        "--layers",
+        required=True,
+        help="blocks to serve, A:B for [A, B) (never moved), or auto: the coordinator's plan "
+        "(or, with no coordinator, Petals' rule) chooses and may move them",
+    )
+    p.add_argument(
+        "--max-blocks", type=int, default=0, help="with --layers auto: most blocks to hold (default all)"
+    )
+    p.add_argument("--region", default="", help="a region label for the coordinator (default: inferred)")
+    p.add_argument(
+        "--rebalance-period",
+        type=float,
+        default=60.0,
+        help="seconds between Petals' rule checks (no coordinator)",
+    )
+    p.add_argument(
+        "--move-wait", type=float, default=30.0, help="longest a move waits for its old range to be covered"
+    )
+    p.add_argument(
+        "--coordinator",
+        action="store_true",
+        help="also run a coordinator candidate for this model in this peer",
+    )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members, e.g. the bootstrap's")
     where.add_argument("--public", action="store_true", help="join the public swarm")
@@ -39,10 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--tp",
-        type=int,
+        type=_auto_or_int,
         default=1,
-        metavar="K",
-        help="tensor-parallel degree: split every layer over K ranks, one process per device",
+        metavar="auto|K",
+        help="tensor-parallel degree: split every layer over K ranks, one process per device "
+        "(auto: one rank per device of --devices)",
     )
     p.add_argument(
         "--devices",
@@ -95,7 +120,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="announce this decode time (ms per block) instead of measuring it",
     )
     p.add_argument("-v", "--verbose", action="store_true")
+    add_coordination_arguments(p)
     return p
+
+
+def _auto_or_int(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
 
 
 def _auto_or_positive(text: str) -> float | None:
@@ -136,7 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelSpecError, OSError) as e:
         print(f"run-peer: {e}", file=sys.stderr)
         return 2
-    start, end = parse_layers(args.layers, spec.num_blocks)
+    auto = args.layers == "auto"
+    start, end = (0, spec.num_blocks) if auto else parse_layers(args.layers, spec.num_blocks)
+    if args.tp is None:  # auto: one rank per offered device
+        args.tp = len(args.devices.split(",")) if args.devices else 1
+    if args.max_blocks < 0:
+        print("run-peer: --max-blocks must not be negative", file=sys.stderr)
+        return 2
     try:  # before anything loads or joins the swarm
         devices = parse_devices(args.devices, args.tp, args.device)
         check_degree(spec.config, args.tp)
@@ -169,13 +210,19 @@ def main(argv: list[str] | None = None) -> int:
         throughput=args.throughput,
         decode_ms=args.decode_ms,
         tp_timeout=args.tp_timeout,
+        auto=auto,
+        max_blocks=args.max_blocks,
+        region=args.region,
+        rebalance_period=args.rebalance_period,
+        move_wait=args.move_wait,
+        coordinator=coordinator_config(args, args.model_dir) if args.coordinator else None,
     )
-    _setup_logging(args, spec.model_id, start, end)
+    _setup_logging(args, spec.model_id, "[auto]" if auto else f"[{start}:{end})")
     return asyncio.run(serve(config))
 
 
-def _setup_logging(args, model_id: str, start: int, end: int) -> None:
-    who = f"{args.name + ' ' if args.name else ''}{model_id}[{start}:{end})"
+def _setup_logging(args, model_id: str, layers: str) -> None:
+    who = f"{args.name + ' ' if args.name else ''}{model_id}{layers}"
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format=f"%(asctime)s %(levelname)s peer {who}: %(message)s",

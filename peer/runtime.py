@@ -15,7 +15,8 @@ import logging
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -24,14 +25,18 @@ from peer.announcer import Announcer
 from peer.blocks import BlockStack
 from peer.core import Blocks, PeerCore, PeerLimits
 from peer.devices import describe
+from peer.link_probe import LinkProbe
+from peer.plan_follower import PlanFollower, join_range
+from peer.range_move import RangeMover
 from peer.server import PeerServer
 from peer.throughput import measure_or_load
 from peer.tp_group import TPGroup, TPGroupError
+from swarm.coordinator.records import dht_get
 from swarm.dht import start_dht
 from swarm.identity import load_or_create_identity
 from swarm.model_spec import ModelSpec
 from swarm.protocol import DTYPE_NAMES, SESSION_PROTOCOL, ProtocolError
-from swarm.records import PeerRecord, PeerState
+from swarm.records import PeerRecord, PeerState, model_key, peer_records_from
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +64,14 @@ class PeerConfig:
     throughput: float | None = None  # announce this instead of the measured prefill tokens/s per block
     decode_ms: float | None = None  # announce this instead of the measured decode ms per block
     tp_timeout: float = 30.0  # bound on every collective and on a rank's silence (seconds)
+    # The coordinator (peer/plan_follower.py, swarm/coordinator/): an auto peer's range is chosen
+    # on join and moved by the plan or by Petals' rule; a fixed peer is never moved.
+    auto: bool = False
+    max_blocks: int = 0  # most blocks an auto peer takes (0: as many as --layers auto allows)
+    region: str = ""
+    rebalance_period: float = 60.0  # Petals' rule check, when no coordinator is live
+    move_wait: float = 30.0  # longest a move waits for others to cover the range it drops
+    coordinator: Any = None  # a swarm.coordinator.service.CoordinatorConfig: run a candidate here
 
     @property
     def tp(self) -> int:
@@ -77,7 +90,12 @@ async def serve(config: PeerConfig) -> int:
     dht = start_dht(config.initial_peers, identity, config.host_maddrs, config.announce_maddrs)
     name = config.name or f"{socket.gethostname()}-{identity.peer_id.to_base58()[-6:]}"
     logger.info("peer %s joined the DHT as %s", name, identity.peer_id)
+    if config.auto:
+        start, end = await join_range(dht, config.spec.model_id, config.spec.num_blocks, config.max_blocks)
+        config = replace(config, start=start, end=end)
+        logger.info("--layers auto: Petals' rule chose blocks [%d:%d)", start, end)
     peer = _Peer(config, dht, identity, name, stop)
+    coordinator = _start_coordinator(config, dht, identity, stop)
     try:
         await peer.announcer.announce(PeerState.JOINING)
         if not await peer.start_serving(stop):
@@ -92,8 +110,20 @@ async def serve(config: PeerConfig) -> int:
         await peer.announcer.announce(PeerState.LEAVING, ttl=config.announce_period)
         return 1
     finally:
+        if coordinator is not None:
+            stop.set()
+            await asyncio.wait_for(coordinator, 30)
         await peer.close()
     return 0
+
+
+def _start_coordinator(config: PeerConfig, dht, identity, stop: asyncio.Event) -> asyncio.Task | None:
+    """`--coordinator`: a coordinator candidate on this peer's DHT node, ended by `stop`."""
+    if config.coordinator is None:
+        return None
+    from swarm.coordinator.service import Coordinator
+
+    return asyncio.create_task(Coordinator(dht, identity, config.coordinator).run(stop), name="coordinator")
 
 
 class _Peer:
@@ -108,7 +138,25 @@ class _Peer:
         self.device_info = ()
         self.throughput = (0.0, 0.0)
         self.p2p = None
+        self.server: PeerServer | None = None
+        self.start, self.end = config.start, config.end
+        self.next_range: tuple[int, int] | None = None  # loading it to move there
+        self.mover = RangeMover(self)
         self.addrs = tuple(str(a) for a in dht.get_visible_maddrs())
+        peer_id = identity.peer_id.to_base58()
+        self.probe = LinkProbe(peer_id)
+        self.follower = (
+            PlanFollower(
+                dht,
+                peer_id,
+                config.spec.model_id,
+                config.spec.num_blocks,
+                self.mover.request,
+                config.rebalance_period,
+            )
+            if config.auto
+            else None
+        )
         self.announcer = Announcer(
             dht, identity, self._record, config.spec.num_blocks, config.announce_period
         )
@@ -119,8 +167,8 @@ class _Peer:
             peer_id=self.identity.peer_id.to_base58(),
             name=self.name,
             model_id=c.spec.model_id,
-            start=c.start,
-            end=c.end,
+            start=self.start,
+            end=self.end,
             state=state,
             throughput=self.throughput[0],
             decode_ms_per_block=self.throughput[1],
@@ -133,6 +181,13 @@ class _Peer:
             addrs=self.addrs,
             tp=c.tp,
             devices=self.device_info,
+            region=c.region,
+            rtt_ms=self.probe.published(),
+            auto=c.auto,
+            max_blocks=c.max_blocks,
+            plan_version=self.follower.followed if self.follower else 0,
+            next_start=self.next_range[0] if self.next_range else 0,
+            next_end=self.next_range[1] if self.next_range else 0,
         )
 
     async def start_serving(self, stop: asyncio.Event) -> bool:
@@ -155,12 +210,17 @@ class _Peer:
         if stop.is_set():
             return False
         self.core = PeerCore(blocks, c.spec.model_id, c.limits)
-        server = PeerServer(self.core, c.max_frame_bytes, c.max_streams)
+        self.server = PeerServer(self.core, c.max_frame_bytes, c.max_streams)
         self.p2p = await self.dht.replicate_p2p()
-        await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, server.handle_stream)
+        await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, self._handle_stream)
         await self.announcer.announce(PeerState.ONLINE)
         logger.info("online: serving %s blocks [%d:%d)", c.spec.model_id, c.start, c.end)
         return True
+
+    async def _handle_stream(self, *args) -> None:
+        # Through the current server, so that a move (peer/plan_follower.py) can switch new
+        # streams to the new range while streams already open stay on the old one.
+        await self.server.handle_stream(*args)
 
     async def _load_blocks(self) -> Blocks:
         c = self.config
@@ -191,6 +251,22 @@ class _Peer:
             except TimeoutError:
                 self.core.expire_idle()
                 await self.announcer.announce(PeerState.ONLINE)
+                await self._coordinate()
+
+    async def _coordinate(self) -> None:
+        """Measures round trips and, for an auto peer, follows the plan (or Petals' rule)."""
+        try:
+            records = await self.read_records()
+            await self.probe.step(records)
+            if self.follower is not None and not self.mover.busy:
+                await self.follower.step(records, self._record(PeerState.ONLINE), time.monotonic())
+        except Exception:  # the swarm's records are remote input: a bad step must not stop serving
+            logger.exception("coordination step failed")
+
+    async def read_records(self) -> list[PeerRecord]:
+        return peer_records_from(
+            await dht_get(self.dht, model_key(self.config.spec.model_id)), self.config.spec.model_id
+        )
 
     async def leave(self) -> None:
         """Refuses new sessions, lets open ones finish, and tells the swarm it is gone."""
@@ -212,6 +288,7 @@ class _Peer:
             await asyncio.sleep(0.2)
 
     async def close(self) -> None:
+        self.mover.cancel()  # a move or drain in progress ends with the peer
         if self.group is not None:
             await asyncio.to_thread(self.group.stop)
         if self.p2p is not None:

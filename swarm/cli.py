@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("swarm.demo", "run a private swarm on this machine and generate text"),
     "plan": ("swarm.plan_command", "plan a swarm over a cluster with the HexGen scheduler"),
     "api": ("swarm.api_command", "serve an OpenAI-compatible HTTP API over the swarm"),
+    "coordinator": ("swarm.coordinator.command", "run a coordinator that plans a model's swarm online"),
     "monitor": ("swarm.monitor", "serve a live web page of the swarm's peers and block coverage"),
 }
 

@@ -80,6 +80,15 @@ class PeerRecord:
     addrs: tuple[str, ...] = ()  # multiaddrs, for people reading status
     tp: int = 1  # tensor-parallel degree: how many devices share each layer (throughput is the group's)
     devices: tuple[DeviceInfo, ...] = ()  # one per rank, rank 0 first
+    # Coordinator fields (swarm/coordinator/): where the peer is, how far others are, and whether
+    # a plan may move it. Defaults keep the schema version (see the module docstring).
+    region: str = ""  # the operator's --region label ("" = unknown: inferred from round trips)
+    rtt_ms: tuple[tuple[str, float], ...] = ()  # (peer id, smoothed round trip in ms) to a sample of peers
+    auto: bool = False  # started with --layers auto: the plan (or Petals' rule) chooses its range
+    max_blocks: int = 0  # most blocks it can hold (0 = not stated)
+    plan_version: int = 0  # version of the coordinator's plan it follows (0 = none)
+    next_start: int = 0  # a range it is loading to move to (joining), [next_start, next_end); 0:0 = none
+    next_end: int = 0
     schema: int = RECORD_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
@@ -87,6 +96,7 @@ class PeerRecord:
         body["state"] = self.state.value
         body["addrs"] = list(self.addrs)
         body["devices"] = [asdict(d) for d in self.devices]
+        body["rtt_ms"] = [[peer, ms] for peer, ms in self.rtt_ms]
         return msgpack.packb(body, use_bin_type=True)
 
     @classmethod
@@ -100,6 +110,7 @@ class PeerRecord:
             known["state"] = PeerState(known["state"])
             known["addrs"] = tuple(str(a) for a in known.get("addrs", ()))
             known["devices"] = tuple(DeviceInfo.from_dict(d) for d in known.get("devices", ()))
+            known["rtt_ms"] = _parse_rtts(known.get("rtt_ms", ()))
             record = cls(**known)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed peer record: {e}") from None
@@ -147,7 +158,11 @@ def parse_signed_entries(dict_value: Any, parse):
 
 def read_peer_records(dht, model_id: str) -> list[PeerRecord]:
     """Every well-formed, correctly signed record of `model_id` currently in the DHT."""
-    value = dht.get(model_key(model_id), latest=True)
+    return peer_records_from(dht.get(model_key(model_id), latest=True), model_id)
+
+
+def peer_records_from(value, model_id: str) -> list[PeerRecord]:
+    """The well-formed, correctly signed records in a DHT value of `model_key(model_id)`."""
     records = []
     for owner, record in parse_signed_entries(value, PeerRecord.from_bytes):
         if record.peer_id != owner or record.model_id != model_id:
@@ -173,6 +188,24 @@ def online_peers_per_block(records: list[PeerRecord], num_blocks: int) -> list[i
             for block in range(r.start, min(r.end, num_blocks)):
                 counts[block] += 1
     return counts
+
+
+def _parse_rtts(raw: Any) -> tuple[tuple[str, float], ...]:
+    if not isinstance(raw, list | tuple) or len(raw) > 256:
+        raise ValueError("rtt_ms must be a list of at most 256 [peer id, ms] pairs")
+    pairs = []
+    for item in raw:
+        if (
+            not isinstance(item, list | tuple)
+            or len(item) != 2
+            or not isinstance(item[0], str)
+            or isinstance(item[1], bool)
+            or not isinstance(item[1], int | float)
+            or not 0 <= item[1] < 1e6
+        ):
+            raise ValueError("an rtt_ms entry is not a [peer id, ms] pair")
+        pairs.append((item[0], float(item[1])))
+    return tuple(pairs)
 
 
 def _unpack_map(data: Any) -> dict:
@@ -202,6 +235,12 @@ _FIELD_TYPES = {
     "device": str,
     "version": str,
     "tp": int,
+    "region": str,
+    "auto": bool,
+    "max_blocks": int,
+    "plan_version": int,
+    "next_start": int,
+    "next_end": int,
 }
 
 

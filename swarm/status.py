@@ -6,7 +6,10 @@ Exits 0 when every block of every listed model has an online peer, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import json
+from dataclasses import asdict
 
+from swarm.coordinator.records import Coordination, read_coordination_sync
 from swarm.dht import public_initial_peers, quiet_hivemind, start_dht
 from swarm.records import PeerRecord, online_peers_per_block, read_models, read_peer_records
 
@@ -16,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members")
     where.add_argument("--public", action="store_true", help="look at the public swarm")
     parser.add_argument("--model", default=None, help="only this model (its checkpoint directory)")
+    parser.add_argument("--json", action="store_true", help="print the same as JSON data")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,13 +32,21 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         models = _models(dht, args.model)
-        if not models:
+        if not models and not args.json:
             print("no models are announced in this swarm")
             return 1
-        complete = True
+        complete, report = bool(models), []
         for model_id, num_blocks in sorted(models.items()):
             records = read_peer_records(dht, model_id)
-            complete &= print_model(model_id, num_blocks, records)
+            coordination = read_coordination_sync(dht, model_id)
+            if args.json:
+                report.append(model_data(model_id, num_blocks, records, coordination))
+                complete &= all(report[-1]["coverage"])
+            else:
+                complete &= print_model(model_id, num_blocks, records)
+                print_plan(coordination, records)
+        if args.json:
+            print(json.dumps({"models": report}, indent=2))
         return 0 if complete else 1
     finally:
         dht.shutdown()
@@ -79,3 +91,49 @@ def describe_devices(record: PeerRecord) -> str:
     memory = f" {first.memory_bytes / 2**30:.0f}G" if first.type != "cpu" else ""
     count = f"{len(record.devices)}x " if len(record.devices) > 1 else ""
     return f"{count}{first.type}{memory}"
+
+
+def followers(coordination: Coordination, records: list[PeerRecord]) -> list[PeerRecord]:
+    """Auto peers that follow the current plan (their record names its version)."""
+    plan = coordination.plan
+    return [r for r in records if plan is not None and r.auto and r.plan_version == plan.version]
+
+
+def print_plan(coordination: Coordination, records: list[PeerRecord]) -> None:
+    """The coordinator and its plan, in two lines."""
+    holder, plan = coordination.holder, coordination.plan
+    if holder is None:
+        auto = sum(r.auto for r in records)
+        print(f"  coordinator: none live ({auto} auto peers place themselves by Petals' rule)")
+        return
+    print(f"  coordinator: ...{holder.holder[-11:]}")
+    if plan is None:
+        print("  plan: none yet")
+        return
+    names = [r.name for r in followers(coordination, records)]
+    auto = sum(r.auto for r in records)
+    print(
+        f"  plan v{plan.version} (inputs {plan.inputs_hash}): estimated attainment {plan.attainment:.1%}, "
+        f"{plan.throughput_tok_s:.0f} tokens/s; followed by {len(names)}/{auto} auto peers"
+        + (f": {', '.join(sorted(names))}" if names else "")
+    )
+
+
+def model_data(model_id: str, num_blocks: int, records: list[PeerRecord], coordination: Coordination) -> dict:
+    """What `print_model` and `print_plan` show, as JSON-ready data."""
+    peers = []
+    for r in sorted(records, key=lambda r: (r.start, r.end, r.name)):
+        peer = asdict(r)
+        peer["state"] = r.state.value
+        peers.append(peer)
+    plan = coordination.plan
+    return {
+        "model_id": model_id,
+        "num_blocks": num_blocks,
+        "peers": peers,
+        "coverage": online_peers_per_block(records, num_blocks),
+        "coordinator": coordination.holder.holder if coordination.holder else None,
+        "plan": None
+        if plan is None
+        else {**plan.to_dict(), "followers": sorted(r.peer_id for r in followers(coordination, records))},
+    }

@@ -1,0 +1,134 @@
+"""How an `--layers auto` peer decides where to serve: the coordinator's plan, or Petals' rule.
+
+Each step the peer reads the lease and plans of its model (swarm/coordinator/records.py):
+
+- a live lease holder with a plan newer than the one followed: take its assignment for this
+  peer (plans signed by anyone else, or not newer, are ignored, and logged once);
+- no live holder: Petals' rule (routing/scheduler/petals_rule.py), checked every
+  `rebalance_period` seconds with jitter, so that peers that started together do not all move
+  at once; a coordinator that appears later takes over at its first plan.
+
+A move itself (load the new range while serving the old, then switch) is `Peer.move_to` in
+peer/runtime.py; this module only decides.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+
+from routing.scheduler.petals_rule import Span, choose_start, should_move
+from swarm.coordinator.records import Coordination, dht_get, read_coordination
+from swarm.records import PeerRecord, PeerState, model_key, peer_records_from
+
+logger = logging.getLogger(__name__)
+
+
+def spans_of(records: Sequence[PeerRecord], exclude: str = "") -> list[Span]:
+    """Where peers serve (or, while moving, are going to serve), weighted by throughput."""
+    spans = []
+    for r in records:
+        if r.peer_id == exclude or r.state == PeerState.LEAVING:
+            continue
+        start, end = (r.next_start, r.next_end) if r.next_end > r.next_start else (r.start, r.end)
+        spans.append(Span(start, end - start, max(r.throughput, 1.0)))
+    return spans
+
+
+def initial_range(records: Sequence[PeerRecord], num_blocks: int, length: int) -> tuple[int, int]:
+    """Petals' join rule: the window whose weakest blocks are weakest."""
+    length = min(length, num_blocks)
+    start = choose_start(num_blocks, spans_of(records), length)
+    return start, start + length
+
+
+def fallback_target(
+    records: Sequence[PeerRecord], me: PeerRecord, num_blocks: int, rng: random.Random
+) -> tuple[int, int] | None:
+    """Petals' periodic check for this peer: the range to move to, or None."""
+    others = spans_of(records, exclude=me.peer_id)
+    spans = [*others, Span(me.start, me.end - me.start, max(me.throughput, 1.0))]
+    start = should_move(num_blocks, spans, len(spans) - 1, rng=rng)
+    return None if start is None else (start, start + me.end - me.start)
+
+
+def old_range_covered(
+    records: Sequence[PeerRecord], me: str, old: tuple[int, int], new: tuple[int, int]
+) -> bool:
+    """Whether every block of `old` is served by another online peer or by `new` (safe to drop)."""
+    for block in range(*old):
+        if new[0] <= block < new[1]:
+            continue
+        if not any(
+            r.peer_id != me and r.state == PeerState.ONLINE and r.start <= block < r.end for r in records
+        ):
+            return False
+    return True
+
+
+class PlanFollower:
+    """Decides this auto peer's moves; `move(start, end)` carries one out."""
+
+    def __init__(
+        self,
+        dht,
+        peer_id: str,
+        model_id: str,
+        num_blocks: int,
+        move: Callable[[int, int], Awaitable[None]],
+        rebalance_period: float,
+        seed: int | None = None,
+    ):
+        self.dht, self.peer_id, self.model_id, self.num_blocks = dht, peer_id, model_id, num_blocks
+        self.move = move
+        self.rebalance_period = rebalance_period
+        self.rng = random.Random(seed)
+        self.followed = 0  # version of the plan followed (0: none)
+        self.next_check = 0.0
+        self._ignored: set[tuple[str, int]] = set()
+
+    async def step(self, records: Sequence[PeerRecord], me: PeerRecord, now: float) -> None:
+        coordination = await read_coordination(self.dht, self.model_id)
+        self._log_ignored(coordination)
+        if coordination.holder is not None:
+            await self._follow(coordination, me)
+        elif now >= self.next_check:
+            self.next_check = now + self.rebalance_period * self.rng.uniform(0.5, 1.5)
+            target = fallback_target(records, me, self.num_blocks, self.rng)
+            if target is not None:
+                logger.info("no live coordinator: Petals' rule moves this peer to [%d:%d)", *target)
+                await self.move(*target)
+
+    async def _follow(self, coordination: Coordination, me: PeerRecord) -> None:
+        plan = coordination.plan
+        if plan is None or plan.version <= self.followed:
+            if (
+                plan is not None
+                and plan.version < self.followed
+                and (plan.coordinator, plan.version) not in self._ignored
+            ):
+                self._ignored.add((plan.coordinator, plan.version))
+                logger.warning("ignoring stale plan v%d: following v%d already", plan.version, self.followed)
+            return
+        assignment = plan.assignment_of(self.peer_id)
+        logger.info("following plan v%d of coordinator %s", plan.version, plan.coordinator[-8:])
+        self.followed = plan.version
+        if assignment is not None and (assignment.start, assignment.end) != (me.start, me.end):
+            await self.move(assignment.start, assignment.end)
+
+    def _log_ignored(self, coordination: Coordination) -> None:
+        for plan in coordination.others:
+            if (plan.coordinator, plan.version) not in self._ignored:
+                self._ignored.add((plan.coordinator, plan.version))
+                logger.warning(
+                    "ignoring plan v%d signed by %s: it does not hold the coordinator lease",
+                    plan.version,
+                    plan.coordinator[-8:],
+                )
+
+
+async def join_range(dht, model_id: str, num_blocks: int, max_blocks: int) -> tuple[int, int]:
+    """Where an auto peer starts: Petals' join rule over the records announced right now."""
+    records = peer_records_from(await dht_get(dht, model_key(model_id)), model_id)
+    return initial_range(records, num_blocks, max_blocks or num_blocks)

@@ -1,0 +1,98 @@
+"""Moving a running peer to another layer range without a dip in coverage.
+
+Steps (README "Run a coordinator"): announce the new range as joining (the record's
+`next_start:next_end`, the old range still online), load it while the old range keeps serving,
+wait until every block of the old range is served by another online peer or by the new range
+(at most `move_wait`: peers moving in a cycle would otherwise wait for each other forever),
+then switch: new streams reach the new range, streams already open stay on the old one,
+whose sessions finish (at most `drain_timeout`) before its blocks are freed.
+
+Tensor-parallel groups are not moved yet (their ranks would have to reload too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from peer.blocks import BlockStack
+from peer.core import PeerCore
+from peer.plan_follower import old_range_covered
+from peer.server import PeerServer
+from swarm.records import PeerState
+
+logger = logging.getLogger(__name__)
+
+
+class RangeMover:
+    """Carries out one move at a time for `peer` (peer/runtime.py's `_Peer`)."""
+
+    def __init__(self, peer):
+        self.peer = peer
+        self.task: asyncio.Task | None = None
+        self.draining: set[asyncio.Task] = set()  # old ranges finishing their sessions
+
+    @property
+    def busy(self) -> bool:
+        return self.task is not None
+
+    async def request(self, start: int, end: int) -> None:
+        """Starts moving to [start, end) in the background; ignored while a move runs."""
+        if self.peer.group is not None:
+            logger.warning("not moving to [%d:%d): tensor-parallel groups are not moved yet", start, end)
+            return
+        if self.task is None:
+            self.task = asyncio.create_task(self._move(start, end), name="move")
+            self.task.add_done_callback(self._done)
+
+    def cancel(self) -> None:
+        for task in (self.task, *self.draining):
+            if task is not None:
+                task.cancel()
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.task, self.peer.next_range = None, None
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("move failed: %r", task.exception())
+
+    async def _move(self, start: int, end: int) -> None:
+        peer, c = self.peer, self.peer.config
+        old, new = (peer.start, peer.end), (start, end)
+        logger.info("moving: loading [%d:%d) while serving [%d:%d)", start, end, *old)
+        peer.next_range = new
+        await peer.announcer.announce(PeerState.ONLINE)
+        blocks = await asyncio.to_thread(BlockStack.load, c.spec, start, end, c.dtype, c.devices[0])
+        await self._wait_until_covered(old, new)
+        old_core, old_server = peer.core, peer.server
+        peer.core = PeerCore(blocks, c.spec.model_id, c.limits)
+        peer.server = PeerServer(peer.core, c.max_frame_bytes, c.max_streams)
+        peer.start, peer.end, peer.next_range = start, end, None
+        await peer.announcer.announce(PeerState.ONLINE)
+        logger.info("moved: serving %s blocks [%d:%d) (was [%d:%d))", c.spec.model_id, start, end, *old)
+        old_core.leaving = True
+        drain = asyncio.create_task(self._drain(old_core, old_server), name="drain")
+        self.draining.add(drain)
+        drain.add_done_callback(self.draining.discard)
+
+    async def _wait_until_covered(self, old: tuple[int, int], new: tuple[int, int]) -> None:
+        peer = self.peer
+        me = peer.identity.peer_id.to_base58()
+        deadline = time.monotonic() + peer.config.move_wait
+        while not old_range_covered(await peer.read_records(), me, old, new):
+            if time.monotonic() > deadline or peer.stop.is_set():
+                logger.warning(
+                    "moving: blocks of [%d:%d) have no other online peer; dropping them anyway", *old
+                )
+                return
+            await peer.announcer.announce(PeerState.ONLINE)  # keeps the record fresh while waiting
+            await asyncio.sleep(min(1.0, peer.config.announce_period))
+
+    async def _drain(self, core: PeerCore, server: PeerServer) -> None:
+        """Lets the old range's open sessions finish (at most drain_timeout), then frees it."""
+        deadline = time.monotonic() + self.peer.config.drain_timeout
+        while core.sessions and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            core.expire_idle()
+        server.compute.shutdown(wait=False)
+        logger.info("dropped the old range [%d:%d)", core.blocks.start, core.blocks.end)

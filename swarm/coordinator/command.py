@@ -1,0 +1,104 @@
+"""`hexswarm coordinator`: run a coordinator candidate for one model (also `run-peer --coordinator`).
+
+Several candidates may run at once: one holds the lease and plans, the others stand by and
+take over within lease-ttl + 2 x period seconds of the holder vanishing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+
+def add_coordination_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags shared by `hexswarm coordinator` and `run-peer --coordinator`."""
+    g = parser.add_argument_group("coordinator")
+    g.add_argument(
+        "--lease-ttl", type=float, default=30.0, help="seconds a lease lives unrenewed (default 30)"
+    )
+    g.add_argument("--coordinator-period", type=float, default=5.0, help="seconds between steps (default 5)")
+    g.add_argument(
+        "--debounce", type=float, default=5.0, help="quiet seconds after a join/leave before re-planning"
+    )
+    g.add_argument("--replan-period", type=float, default=300.0, help="seconds between periodic re-plans")
+    g.add_argument("--budget-s", type=float, default=5.0, help="search time budget per re-plan (seconds)")
+    g.add_argument("--rate", type=float, default=1.0, help="requests per second to plan for")
+    g.add_argument("--s-in", type=int, default=128, help="mean prompt tokens to plan for")
+    g.add_argument("--s-out", type=int, default=32, help="generated tokens per request to plan for")
+    g.add_argument("--slo-scale", type=float, default=5.0, help="deadline in units of the A100 latency")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members")
+    where.add_argument("--public", action="store_true", help="join the public swarm")
+    parser.add_argument("--model", required=True, help="the model's checkpoint directory (config.json)")
+    parser.add_argument("--identity", default=None, help="identity key file (created if missing)")
+    parser.add_argument(
+        "--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], help="multiaddrs to listen on"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true")
+    add_coordination_arguments(parser)
+
+
+def coordinator_config(args: argparse.Namespace, model_dir: str):
+    """A CoordinatorConfig from the flags of `add_coordination_arguments`."""
+    from routing.scheduler.genetic import SearchConfig
+    from routing.scheduler.model_spec import Workload
+    from swarm.coordinator.service import CoordinatorConfig
+    from swarm.coordinator.triggers import ReplanPolicy
+    from swarm.model_spec import load_model_spec
+    from swarm.plan_command import load_model
+
+    return CoordinatorConfig(
+        model_id=load_model_spec(model_dir).model_id,
+        model=load_model(model_dir),
+        workload=Workload(rate=args.rate, s_in=args.s_in, s_out=args.s_out, slo_scale=args.slo_scale),
+        search=SearchConfig(time_budget_s=args.budget_s, stall_generations=30, capacity=False),
+        policy=ReplanPolicy(
+            debounce_s=args.debounce,
+            max_delay_s=max(args.debounce, 6 * args.debounce),
+            period_s=args.replan_period,
+        ),
+        lease_ttl=args.lease_ttl,
+        period=args.coordinator_period,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from swarm.dht import public_initial_peers, quiet_hivemind, start_dht
+    from swarm.identity import load_or_create_identity
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s coordinator: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+        force=True,
+    )
+    quiet_hivemind()
+    try:
+        config = coordinator_config(args, args.model)
+    except (OSError, ValueError) as e:
+        print(f"hexswarm coordinator: {e}", file=sys.stderr)
+        return 2
+    identity = load_or_create_identity(args.identity)
+    dht = start_dht(public_initial_peers() if args.public else args.initial_peers, identity, args.host_maddrs)
+    try:
+        return asyncio.run(_serve(dht, identity, config))
+    finally:
+        dht.shutdown()
+
+
+async def _serve(dht, identity, config) -> int:
+    from swarm.coordinator.service import Coordinator
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await Coordinator(dht, identity, config).run(stop)
+    return 0

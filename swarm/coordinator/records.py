@@ -1,0 +1,250 @@
+"""The coordinator's DHT records: the lease (who coordinates a model) and the plan (what to serve).
+
+Layout, signed like peer records (swarm/records.py): each writer owns one subkey protected by
+its key, and readers drop entries whose stated peer id is not the signer's.
+
+    hexswarm/v1/coordinator/<model_id>  subkey [owner:<key>]  ->  msgpack Lease   (one per candidate)
+    hexswarm/v1/plans/<model_id>        subkey [owner:<key>]  ->  msgpack PlanRecord
+
+The lease holder is the live claim with the earliest `since` (ties: smallest peer id), so every
+reader that sees the same claims agrees on one holder, and a candidate that claimed at the same
+moment as another one sees that it lost and stops renewing. A claim lives until its DHT
+expiration: a holder that vanishes stops renewing and its claim expires.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from swarm.records import _unpack_map, parse_signed_entries
+
+logger = logging.getLogger(__name__)
+
+COORDINATION_SCHEMA_VERSION = 1
+LEASE_KEY = "hexswarm/v1/coordinator"
+PLAN_KEY = "hexswarm/v1/plans"
+MAX_ASSIGNMENTS = 1024
+
+
+class CoordinationRecordError(ValueError):
+    """A lease or plan record that is malformed, forged or of another schema."""
+
+
+def lease_key(model_id: str) -> str:
+    return f"{LEASE_KEY}/{model_id}"
+
+
+def plan_key(model_id: str) -> str:
+    return f"{PLAN_KEY}/{model_id}"
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A candidate's claim to coordinate `model_id`, renewed while it runs."""
+
+    model_id: str
+    holder: str  # base58 peer id; must be the signer's
+    since: float  # DHT time the claim was first made; kept on renewals
+    schema: int = COORDINATION_SCHEMA_VERSION
+
+    def to_bytes(self) -> bytes:
+        body = {"model_id": self.model_id, "holder": self.holder, "since": self.since, "schema": self.schema}
+        return msgpack.packb(body, use_bin_type=True)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Lease:
+        body = _body(data)
+        model_id, holder, since = body.get("model_id"), body.get("holder"), body.get("since")
+        if not isinstance(model_id, str) or not isinstance(holder, str) or not _is_number(since):
+            raise CoordinationRecordError("malformed lease")
+        return cls(model_id, holder, float(since))
+
+    @property
+    def rank(self) -> tuple[float, str]:
+        return (self.since, self.holder)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One peer's part of a plan: serve blocks [start, end) as a tensor-parallel group of `tp`."""
+
+    peer_id: str
+    start: int
+    end: int
+    tp: int = 1
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """A plan for one model, as the lease holder published it."""
+
+    model_id: str
+    version: int  # strictly increasing across coordinators
+    coordinator: str  # peer id of the lease holder that signed it
+    inputs_hash: str  # hash of the inputs it was computed from (see `inputs_hash`)
+    attainment: float  # the scheduler's estimated SLO attainment (0..1)
+    throughput_tok_s: float  # its estimated tokens/s at the planned rate
+    assignments: tuple[Assignment, ...]
+    created: float = 0.0  # DHT time
+    schema: int = COORDINATION_SCHEMA_VERSION
+
+    def assignment_of(self, peer_id: str) -> Assignment | None:
+        return next((a for a in self.assignments if a.peer_id == peer_id), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_id": self.model_id,
+            "version": self.version,
+            "coordinator": self.coordinator,
+            "inputs_hash": self.inputs_hash,
+            "attainment": self.attainment,
+            "throughput_tok_s": self.throughput_tok_s,
+            "assignments": [[a.peer_id, a.start, a.end, a.tp] for a in self.assignments],
+            "created": self.created,
+            "schema": self.schema,
+        }
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb(self.to_dict(), use_bin_type=True)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PlanRecord:
+        body = _body(data)
+        strings = [body.get(k) for k in ("model_id", "coordinator", "inputs_hash")]
+        numbers = [body.get(k) for k in ("attainment", "throughput_tok_s", "created")]
+        version, raw = body.get("version"), body.get("assignments")
+        if not all(isinstance(s, str) for s in strings) or not all(_is_number(n) for n in numbers):
+            raise CoordinationRecordError("malformed plan")
+        if not _is_int(version) or version < 1 or not isinstance(raw, list) or len(raw) > MAX_ASSIGNMENTS:
+            raise CoordinationRecordError("plan version or assignments malformed")
+        assignments = tuple(_assignment(item) for item in raw)
+        if len({a.peer_id for a in assignments}) != len(assignments):
+            raise CoordinationRecordError("a peer appears twice in a plan")
+        return cls(
+            strings[0],
+            version,
+            strings[1],
+            strings[2],
+            *map(float, numbers[:2]),
+            assignments,
+            float(numbers[2]),
+        )
+
+
+def _assignment(item: Any) -> Assignment:
+    if not isinstance(item, list) or len(item) != 4 or not isinstance(item[0], str):
+        raise CoordinationRecordError("an assignment is not [peer id, start, end, tp]")
+    if not all(_is_int(x) for x in item[1:]) or not 0 <= item[1] < item[2] or item[3] < 1:
+        raise CoordinationRecordError(f"bad assignment {item!r}")
+    return Assignment(*item)
+
+
+def _body(data: Any) -> dict:
+    try:
+        body = _unpack_map(data)
+    except ValueError as e:
+        raise CoordinationRecordError(str(e)) from None
+    if body.get("schema") != COORDINATION_SCHEMA_VERSION:
+        raise CoordinationRecordError(f"schema {body.get('schema')!r} is not {COORDINATION_SCHEMA_VERSION}")
+    return body
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def inputs_hash(parts: Any) -> str:
+    """A short hash of the plan's inputs (msgpack of plain data), to tell plans apart in status."""
+    return hashlib.sha256(msgpack.packb(parts, use_bin_type=True)).hexdigest()[:16]
+
+
+def current_holder(leases: list[tuple[str, Lease]], model_id: str) -> Lease | None:
+    """The lease holder among live signed claims [(signer, lease)]; forged claims are logged and dropped."""
+    valid = []
+    for signer, lease in leases:
+        if lease.holder != signer or lease.model_id != model_id:
+            logger.warning("ignoring a forged lease: claims holder %s, signed by %s", lease.holder, signer)
+            continue
+        valid.append(lease)
+    return min(valid, key=lambda lease: lease.rank, default=None)
+
+
+def plans_from(entries: list[tuple[str, PlanRecord]], model_id: str) -> list[PlanRecord]:
+    """Plans whose stated coordinator signed them (others are logged and dropped)."""
+    plans = []
+    for signer, plan in entries:
+        if plan.coordinator != signer or plan.model_id != model_id:
+            logger.warning(
+                "ignoring a forged plan v%d: claims %s, signed by %s", plan.version, plan.coordinator, signer
+            )
+            continue
+        plans.append(plan)
+    return plans
+
+
+def latest_plan_of(plans: list[PlanRecord], holder: Lease | None) -> PlanRecord | None:
+    """The holder's newest plan; plans signed by anyone else are not followed."""
+    if holder is None:
+        return None
+    own = [p for p in plans if p.coordinator == holder.holder]
+    return max(own, key=lambda p: p.version, default=None)
+
+
+async def dht_get(dht, key: str, timeout: float = 10.0):
+    """`dht.get(key)` awaited on the event loop (DHT calls stay on one thread), None on failure."""
+    import asyncio
+
+    try:
+        future = dht.get(key, latest=True, return_future=True)
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+    except (TimeoutError, RuntimeError, OSError) as e:
+        logger.warning("reading %s from the DHT failed: %s", key, type(e).__name__)
+        return None
+
+
+async def read_leases(dht, model_id: str) -> list[tuple[str, Lease]]:
+    return parse_signed_entries(await dht_get(dht, lease_key(model_id)), Lease.from_bytes)
+
+
+async def read_plans(dht, model_id: str) -> list[PlanRecord]:
+    value = await dht_get(dht, plan_key(model_id))
+    return plans_from(parse_signed_entries(value, PlanRecord.from_bytes), model_id)
+
+
+@dataclass(frozen=True)
+class Coordination:
+    """What a reader of the DHT knows about a model's coordination right now."""
+
+    holder: Lease | None
+    plan: PlanRecord | None  # the holder's newest plan
+    newest_version: int  # the highest version of any signed plan (a new holder continues from it)
+    others: tuple[PlanRecord, ...] = ()  # signed plans of non-holders: never followed
+
+
+def coordination_from(
+    leases: list[tuple[str, Lease]], plans: list[PlanRecord], model_id: str
+) -> Coordination:
+    holder = current_holder(leases, model_id)
+    newest = max((p.version for p in plans), default=0)
+    others = tuple(p for p in plans if holder is None or p.coordinator != holder.holder)
+    return Coordination(holder, latest_plan_of(plans, holder), newest, others)
+
+
+async def read_coordination(dht, model_id: str) -> Coordination:
+    return coordination_from(await read_leases(dht, model_id), await read_plans(dht, model_id), model_id)
+
+
+def read_coordination_sync(dht, model_id: str) -> Coordination:
+    """`read_coordination` for synchronous callers (`hexswarm status`)."""
+    leases = parse_signed_entries(dht.get(lease_key(model_id), latest=True), Lease.from_bytes)
+    entries = parse_signed_entries(dht.get(plan_key(model_id), latest=True), PlanRecord.from_bytes)
+    return coordination_from(leases, plans_from(entries, model_id), model_id)

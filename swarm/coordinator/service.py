@@ -1,0 +1,191 @@
+"""The coordinator's loop: hold the lease, watch the peer records, re-plan, publish plans.
+
+The decisions are the pure parts (`triggers`, `planner`, `moves`); this module only reads
+and writes the DHT around them. The search runs in a worker thread, so a peer that hosts a
+coordinator (`run-peer --coordinator`) keeps serving while it plans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from hivemind.utils import get_dht_time
+
+from routing.scheduler.genetic import NoFeasiblePlanError, SearchConfig
+from routing.scheduler.model_spec import ModelSpec, Workload
+from routing.scheduler.plan import Plan
+from swarm.coordinator.lease import LeaseKeeper
+from swarm.coordinator.moves import diff
+from swarm.coordinator.planner import Planned, compute_plan
+from swarm.coordinator.records import (
+    Assignment,
+    PlanRecord,
+    dht_get,
+    inputs_hash,
+    plan_key,
+    read_coordination,
+)
+from swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, beats
+from swarm.identity import Identity
+from swarm.records import PeerRecord, PeerState, model_key, peer_records_from
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    model_id: str
+    model: ModelSpec  # the scheduler's view of the model
+    workload: Workload = field(default_factory=Workload)
+    search: SearchConfig = field(
+        default_factory=lambda: SearchConfig(time_budget_s=5.0, stall_generations=30)
+    )
+    policy: ReplanPolicy = field(default_factory=ReplanPolicy)
+    lease_ttl: float = 30.0  # seconds a lease claim lives without renewal
+    period: float = 5.0  # seconds between steps (lease renewal, reading records)
+
+    @property
+    def plan_ttl(self) -> float:
+        """Plans are re-stored every step and live a few lease lifetimes, then vanish with their author."""
+        return 3 * self.lease_ttl
+
+
+class Coordinator:
+    """One candidate coordinator of one model."""
+
+    def __init__(self, dht, identity: Identity, config: CoordinatorConfig):
+        self.dht, self.identity, self.config = dht, identity, config
+        self.me = identity.peer_id.to_base58()
+        self.lease = LeaseKeeper(dht, identity, config.model_id, config.lease_ttl, config.period)
+        self.trigger = ReplanTrigger(config.policy, time.monotonic())
+        self.acting = False  # planning as the lease holder (since the lease was last taken)
+        self.published: PlanRecord | None = None  # our newest plan
+        self.scheduler_plan: Plan | None = None  # its scheduler plan, to warm-start the next search
+        self.replan_seconds: deque[float] = deque(maxlen=100)  # recent search times, for logs
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Renews the lease and plans, in two loops: a long search must never delay a renewal."""
+        logger.info("coordinator candidate %s for %s", self.me, self.config.model_id)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._every(self.lease.step, stop))
+            group.create_task(self._every(self.step, stop))
+
+    async def _every(self, step, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await step()
+            except Exception:  # one bad step (a DHT hiccup) must not end the coordinator
+                logger.exception("coordinator step failed")
+            try:
+                await asyncio.wait_for(stop.wait(), self.config.period)
+            except TimeoutError:
+                pass
+
+    async def step(self) -> None:
+        """One planning step; does nothing unless this candidate holds the lease."""
+        if not self.lease.holding:
+            self.acting, self.published = False, None
+            return
+        records = await self._live_records()
+        now = time.monotonic()
+        if not self.acting:  # a new holder re-plans at once, continuing the version sequence
+            self.acting = True
+            self.trigger = ReplanTrigger(self.config.policy, now)
+            self.trigger.force("took the lease", now)
+        self.trigger.observe(_view(records), now)
+        reason = self.trigger.due(now)
+        if reason is not None:
+            await self._replan(records, reason)
+            self.trigger.planned(time.monotonic())
+        if self.published is not None and self.lease.holding:
+            await self._store(self.published)  # refresh its expiration
+
+    async def _live_records(self) -> list[PeerRecord]:
+        value = await dht_get(self.dht, model_key(self.config.model_id))
+        records = peer_records_from(value, self.config.model_id)
+        # Peers that have not measured themselves yet (throughput 0) are planned once they have.
+        return [r for r in records if r.state != PeerState.LEAVING and r.throughput > 0]
+
+    async def _replan(self, records: list[PeerRecord], reason: str) -> None:
+        c = self.config
+        began = time.perf_counter()
+        try:
+            planned = await asyncio.to_thread(
+                compute_plan, records, c.model, c.workload, c.search, self.scheduler_plan
+            )
+        except NoFeasiblePlanError as e:
+            logger.info("re-plan (%s): nothing to plan: %s", reason, e)
+            return
+        self.replan_seconds.append(time.perf_counter() - began)
+        coordination = await read_coordination(self.dht, c.model_id)
+        current = self.published
+        alive = {r.peer_id for r in records}
+        still_valid = current is not None and all(a.peer_id in alive for a in current.assignments)
+        estimate = (planned.attainment, planned.throughput_tok_s)
+        if still_valid and not beats(estimate, (current.attainment, current.throughput_tok_s), c.policy):
+            logger.info(
+                "re-plan (%s): kept plan v%d (new estimate %.1f%% / %.0f tok/s does not beat %.1f%% / %.0f tok/s)",
+                reason,
+                current.version,
+                100 * planned.attainment,
+                planned.throughput_tok_s,
+                100 * current.attainment,
+                current.throughput_tok_s,
+            )
+            return
+        if not self.lease.holding:
+            logger.info("re-plan (%s): lost the lease while searching; not publishing", reason)
+            return
+        version = max(coordination.newest_version, current.version if current else 0) + 1
+        record = self._record(records, planned, version)
+        moves = diff({r.peer_id: (r.start, r.end) for r in records if r.auto}, planned.assignments)
+        await self._store(record)
+        self.published, self.scheduler_plan = record, planned.plan or self.scheduler_plan
+        logger.info(
+            "published plan v%d (%s): %d peers, %d moves, estimate %.1f%% attainment, %.0f tok/s, searched in %.1f s",
+            version,
+            reason,
+            len(record.assignments),
+            len(moves),
+            100 * planned.attainment,
+            planned.throughput_tok_s,
+            self.replan_seconds[-1],
+        )
+
+    def _record(self, records: list[PeerRecord], planned: Planned, version: int) -> PlanRecord:
+        tp = {r.peer_id: r.tp for r in records}
+        inputs = sorted([r.peer_id, r.auto, r.start, r.end, round(r.throughput, 3)] for r in records)
+        return PlanRecord(
+            model_id=self.config.model_id,
+            version=version,
+            coordinator=self.me,
+            inputs_hash=inputs_hash(inputs),
+            attainment=planned.attainment,
+            throughput_tok_s=planned.throughput_tok_s,
+            assignments=tuple(
+                Assignment(peer, a, b, tp.get(peer, 1))
+                for peer, (a, b) in sorted(planned.assignments.items())
+            ),
+            created=get_dht_time(),
+        )
+
+    async def _store(self, record: PlanRecord) -> None:
+        future = self.dht.store(
+            plan_key(self.config.model_id),
+            record.to_bytes(),
+            get_dht_time() + self.config.plan_ttl,
+            subkey=self.identity.owner_marker,
+            return_future=True,
+        )
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(future), 10.0)
+        except (TimeoutError, RuntimeError, OSError) as e:
+            logger.warning("storing plan v%d failed: %s", record.version, type(e).__name__)
+
+
+def _view(records: list[PeerRecord]) -> dict[str, tuple[float, bool]]:
+    return {r.peer_id: (r.throughput, not r.auto) for r in records if r.throughput > 0}

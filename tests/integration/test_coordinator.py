@@ -1,0 +1,314 @@
+"""The coordinator with real processes on 127.0.0.1: a bootstrap, two coordinator candidates,
+four `--layers auto` CPU peers (at most 4 of the tiny model's 8 blocks each) and one fixed peer.
+
+Short periods (announce 1 s, lease 6 s, steps 1 s, debounce 2 s) keep the run modest; the
+bounds below are generous because the CI machine has 2 cores shared by all these processes.
+Tests run in file order on one swarm: plan, fixed peer, forgeries, peer loss, coordinator loss.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from swarm.coordinator.records import (
+    Assignment,
+    Lease,
+    PlanRecord,
+    lease_key,
+    plan_key,
+    read_coordination_sync,
+)
+from swarm.launcher import LOOPBACK, LocalSwarm
+from swarm.records import online_peers_per_block, read_peer_records
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+BLOCKS = 8
+PEER_FLAGS = (
+    "--announce-period",
+    "1",
+    "--rebalance-period",
+    "3",
+    "--move-wait",
+    "10",
+    "--drain-timeout",
+    "10",
+)
+COORDINATOR_FLAGS = (
+    "--lease-ttl", "6", "--coordinator-period", "1", "--debounce", "2", "--budget-s", "1", "--slo-scale", "100",
+)  # fmt: skip
+PLAN_BOUND_S = 120  # first plan over peers that start together, on 2 busy cores
+RESTORE_BOUND_S = 90  # record expiry (2.5 s) + debounce (2 s) + search + move
+LEASE_BOUND_S = 6 + 2 * 1 + 20  # lease ttl + 2 steps (README), plus slack for a busy machine
+
+
+def wait_until(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def sigkill(proc) -> None:
+    """No clean leave: the process group dies at once (the fixture still reaps it)."""
+    os.killpg(proc.popen.pid, signal.SIGKILL)
+    proc.popen.wait(10)
+
+
+class Coordinated:
+    """The swarm of this file, with a DHT node of the test's own (also used to forge records)."""
+
+    def __init__(self, local: LocalSwarm, model_dir, model_id: str, dht, identity):
+        self.local, self.model_dir, self.model_id = local, model_dir, model_id
+        self.dht, self.identity = dht, identity
+        self.peers, self.coordinators = {}, {}
+
+    def records(self):
+        return read_peer_records(self.dht, self.model_id)
+
+    def coordination(self):
+        return read_coordination_sync(self.dht, self.model_id)
+
+    def covered(self) -> bool:
+        return all(online_peers_per_block(self.records(), BLOCKS))
+
+    def start_coordinator(self, name: str):
+        args = [
+            sys.executable,
+            "-m",
+            "swarm.cli",
+            "coordinator",
+            "--initial-peers",
+            *self.local.initial_peers,
+        ]
+        args += ["--model", str(self.model_dir), "--host-maddrs", LOOPBACK, *COORDINATOR_FLAGS]
+        self.coordinators[name] = self.local.start_command(name, args, ready="coordinator candidate")
+        return self.coordinators[name]
+
+    def followed_plan(self):
+        """The current plan, once every live auto peer follows it and the model is covered."""
+        c = self.coordination()
+        auto = [r for r in self.records() if r.auto]
+        if c.plan is None or not auto or any(r.plan_version != c.plan.version for r in auto):
+            return None
+        return c.plan if self.covered() else None
+
+
+@pytest.fixture(scope="module")
+def coordinated(make_model, tmp_path_factory):
+    from swarm.dht import start_dht
+    from swarm.identity import load_or_create_identity
+    from swarm.model_spec import load_model_spec
+
+    model_dir = make_model(arch="llama", layers=BLOCKS)
+    model_id = load_model_spec(model_dir).model_id
+    with LocalSwarm(tmp_path_factory.mktemp("coordinated")) as local:
+        local.start_bootstrap()
+        identity = load_or_create_identity(tmp_path_factory.mktemp("forger") / "id.key")
+        dht = start_dht(local.initial_peers, identity, host_maddrs=[LOOPBACK])
+        try:
+            swarm = Coordinated(local, model_dir, model_id, dht, identity)
+            swarm.start_coordinator("c1")
+            swarm.start_coordinator("c2")
+            swarm.peers["fixed"] = local.start_peer(model_dir, "0:2", "fixed", *PEER_FLAGS, wait=False)
+            for i in range(4):
+                name = f"a{i}"
+                swarm.peers[name] = local.start_peer(
+                    model_dir, "auto", name, "--max-blocks", "4", *PEER_FLAGS, wait=False
+                )
+            for proc in swarm.peers.values():
+                local.wait_for_log(proc, "online:", timeout=240)
+            yield swarm
+        finally:
+            dht.shutdown()
+
+
+def test_plan_covers_the_model_and_one_candidate_holds_the_lease(coordinated):
+    plan = wait_until(
+        coordinated.followed_plan, PLAN_BOUND_S, "a plan that every auto peer follows and covers the model"
+    )
+    holders = [
+        name for name, proc in coordinated.coordinators.items() if "took the coordinator lease" in proc.log()
+    ]
+    assert len(holders) == 1, holders
+    assert plan.coordinator == coordinated.coordination().holder.holder
+    assert {a.peer_id for a in plan.assignments} <= {r.peer_id for r in coordinated.records() if r.auto}
+
+
+def test_status_shows_the_plan_as_text_and_json(coordinated):
+    import json
+    import subprocess
+
+    args = [sys.executable, "-m", "swarm.cli", "status", "--initial-peers", *coordinated.local.initial_peers]
+    plan = coordinated.coordination().plan
+    text = subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
+    assert f"plan v{plan.version}" in text and "estimated attainment" in text and "followed by" in text
+    data = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=120).stdout)
+    (model,) = [m for m in data["models"] if m["model_id"] == coordinated.model_id]
+    assert model["coordinator"] == plan.coordinator and model["plan"]["version"] >= plan.version
+    assert set(model["plan"]["followers"]) <= {p["peer_id"] for p in model["peers"] if p["auto"]}
+    assert all(model["coverage"])
+
+
+def test_fixed_peer_is_never_moved(coordinated):
+    fixed = [r for r in coordinated.records() if r.name == "fixed"]
+    assert fixed and (fixed[0].start, fixed[0].end) == (0, 2) and not fixed[0].auto
+    assert coordinated.coordination().plan.assignment_of(fixed[0].peer_id) is None
+    assert "moving" not in coordinated.peers["fixed"].log()
+
+
+def test_forged_plans_and_leases_are_ignored(coordinated):
+    from hivemind.utils import get_dht_time
+
+    c = coordinated.coordination()
+    me = coordinated.identity.peer_id.to_base58()
+    ranges = {r.peer_id: (r.start, r.end) for r in coordinated.records()}
+    auto = [r.peer_id for r in coordinated.records() if r.auto]
+    expiration = get_dht_time() + 60
+    subkey = coordinated.identity.owner_marker
+    # A plan signed by a non-holder (this test's key), newer than anything, moving every auto peer.
+    forged = PlanRecord(
+        coordinated.model_id, 1000, me, "forged", 1.0, 1e6, tuple(Assignment(p, 0, 1) for p in auto)
+    )
+    assert coordinated.dht.store(plan_key(coordinated.model_id), forged.to_bytes(), expiration, subkey=subkey)
+    # A lease that names the real holder, claimed from long ago, but signed by another key.
+    lease = Lease(coordinated.model_id, c.holder.holder, since=0.0)
+    assert coordinated.dht.store(lease_key(coordinated.model_id), lease.to_bytes(), expiration, subkey=subkey)
+
+    logs = lambda: [p.log() for name, p in coordinated.peers.items() if name != "fixed"]  # noqa: E731
+    wait_until(
+        lambda: all("ignoring plan v1000" in log for log in logs()),
+        30,
+        "every auto peer logs the forged plan",
+    )
+    wait_until(
+        lambda: any("ignoring a forged lease" in log for log in logs()), 30, "the forged lease is logged"
+    )
+    assert coordinated.coordination().holder.holder == c.holder.holder
+    assert all("following plan v1000" not in log for log in logs())
+    now = {r.peer_id: (r.start, r.end) for r in coordinated.records()}
+    assert all(now[p] == ranges[p] for p in auto if p in now)
+
+
+@pytest.mark.slow
+def test_killed_peer_is_replaced_and_generation_finishes(coordinated):
+    from transformers import AutoModelForCausalLM
+
+    from client import DistributedModelForCausalLM
+
+    records = coordinated.records()
+    version = coordinated.coordination().plan.version
+    # The auto peer that alone serves some block (fixed covers 0:2 only), else any auto peer.
+    counts = online_peers_per_block(records, BLOCKS)
+    auto = sorted((r for r in records if r.auto), key=lambda r: min(counts[r.start : r.end]))
+    victim = next(name for name, p in coordinated.peers.items() if p.name == auto[0].name)
+
+    prompt = torch.tensor([[3, 14, 15, 92, 65]])
+    expected = AutoModelForCausalLM.from_pretrained(coordinated.model_dir).generate(
+        prompt, max_new_tokens=24, do_sample=False
+    )
+    client = DistributedModelForCausalLM.from_pretrained(
+        coordinated.model_dir, initial_peers=coordinated.local.initial_peers, coverage_timeout=120
+    )
+    outputs, errors = [], []
+
+    def generate() -> None:
+        for _ in range(5):  # a chain broken by the kill fails the call; it is retried on the new plan
+            try:
+                outputs.append(client.generate(prompt, max_new_tokens=24, do_sample=False))
+                return
+            except Exception as e:  # noqa: BLE001 - any failure of the call is retried
+                errors.append(e)
+                time.sleep(3)
+
+    try:
+        worker = threading.Thread(target=generate)
+        worker.start()
+        time.sleep(1.0)
+        sigkill(coordinated.peers.pop(victim))
+        began = time.monotonic()
+        plan = wait_until(
+            lambda: (p := coordinated.followed_plan()) is not None and p.version > version and p,
+            RESTORE_BOUND_S,
+            "a newer plan, followed by the remaining auto peers, that covers the model",
+        )
+        print(f"coverage restored by plan v{plan.version} in {time.monotonic() - began:.1f} s")
+        assert auto[0].peer_id not in {a.peer_id for a in plan.assignments}
+        worker.join(timeout=300)
+        assert outputs, errors
+        assert torch.equal(outputs[0], expected)
+    finally:
+        client.shutdown()
+
+
+@pytest.mark.slow
+def test_second_candidate_takes_the_lease_and_plans_continue(coordinated):
+    before = coordinated.coordination()
+    holder = next(n for n, p in coordinated.coordinators.items() if "took the coordinator lease" in p.log())
+    standby = next(n for n in coordinated.coordinators if n != holder)
+    sigkill(coordinated.coordinators[holder])
+    began = time.monotonic()
+    coordinated.local.wait_for_log(
+        coordinated.coordinators[standby], "took the coordinator lease", LEASE_BOUND_S
+    )
+    print(f"{standby} took the lease {time.monotonic() - began:.1f} s after {holder} was killed")
+    plan = wait_until(
+        lambda: (p := coordinated.followed_plan()) is not None and p.version > before.plan.version and p,
+        RESTORE_BOUND_S,
+        "a plan of the new holder, newer than the old one, followed by every auto peer",
+    )
+    assert plan.coordinator != before.holder.holder
+
+
+@pytest.mark.slow
+def test_without_coordinator_auto_peers_cover_the_model_by_petals_rule_until_one_appears(
+    make_model, tmp_path_factory
+):
+    model_dir = make_model(arch="llama", layers=BLOCKS)
+    with LocalSwarm(tmp_path_factory.mktemp("fallback")) as local:
+        local.start_bootstrap()
+        peers = [
+            local.start_peer(model_dir, "auto", f"b{i}", "--max-blocks", "3", *PEER_FLAGS, wait=False)
+            for i in range(3)
+        ]
+        for proc in peers:
+            local.wait_for_log(proc, "online:", timeout=240)
+        from swarm.dht import start_dht
+        from swarm.model_spec import load_model_spec
+
+        dht = start_dht(local.initial_peers, None, host_maddrs=[LOOPBACK], client_mode=True)
+        try:
+            model_id = load_model_spec(model_dir).model_id
+            wait_until(
+                lambda: all(online_peers_per_block(read_peer_records(dht, model_id), BLOCKS)),
+                RESTORE_BOUND_S,
+                "auto peers cover all blocks without a coordinator",
+            )
+            assert read_coordination_sync(dht, model_id).holder is None
+            # A coordinator that appears later takes over: here a fourth auto peer that runs one
+            # (`run-peer --coordinator`); every auto peer follows its plan.
+            local.start_peer(
+                model_dir, "auto", "b3", "--max-blocks", "3", *PEER_FLAGS, "--coordinator", *COORDINATOR_FLAGS
+            )
+
+            def followed() -> bool:
+                plan, records = read_coordination_sync(dht, model_id).plan, read_peer_records(dht, model_id)
+                return (
+                    plan is not None
+                    and all(r.plan_version == plan.version for r in records)
+                    and all(online_peers_per_block(records, BLOCKS))
+                )
+
+            wait_until(followed, PLAN_BOUND_S, "the late coordinator's plan is followed and covers the model")
+        finally:
+            dht.shutdown()
