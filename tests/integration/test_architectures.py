@@ -87,3 +87,26 @@ def test_unsupported_architecture_fails_at_start_with_one_line(tmp_path):
     assert len(lines) == 1, result.stderr
     assert "'gpt2' (GPT2LMHeadModel) is not supported" in lines[0]
     assert all(name in lines[0] for name in SUPPORTED_FAMILIES.values())
+
+
+@pytest.mark.slow
+def test_gemma3_tensor_parallel_equals_local(bootstrap, make_model):
+    """A newer family through `--tp 2` (its q/k norms replicated, heads split): one TP-2 peer
+    serves the whole model."""
+    from client import DistributedModelForCausalLM
+
+    model_dir = make_model(arch="gemma3", layers=4)
+    peer = bootstrap.start_peer(model_dir, "0:4", "gemma3-tp", "--tp", "2", "--announce-period", "1", wait=False)
+    try:
+        bootstrap.wait_for_log(peer, "online:", timeout=240)
+        model = DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=bootstrap.initial_peers)
+        try:
+            local = AutoModelForCausalLM.from_pretrained(model_dir)
+            input_ids = torch.randint(3, 400, (1, 6), generator=torch.Generator().manual_seed(7))
+            expected = local.generate(input_ids, max_new_tokens=10, do_sample=False)
+            assert torch.equal(model.generate(input_ids, max_new_tokens=10, do_sample=False), expected)
+            assert "gemma3-tp" in model.last_route
+        finally:
+            model.shutdown()
+    finally:
+        bootstrap.stop(peer)
