@@ -87,6 +87,7 @@ class BlockStack(nn.Module):
             dtype,
             on_file,
             slice_of=shard.slice_of if shard else None,
+            progress=f"loading [{start}:{end})",
         )
         if shard is not None:
             tensors = {name: shard.finish(name, t) for name, t in tensors.items()}

@@ -27,6 +27,7 @@ from peer.devices import describe
 from peer.server import PeerServer
 from peer.throughput import measure_or_load
 from peer.tp_group import TPGroup, TPGroupError
+from swarm import log_setup
 from swarm.dht import start_dht
 from swarm.identity import load_or_create_identity
 from swarm.model_spec import ModelSpec
@@ -76,6 +77,7 @@ async def serve(config: PeerConfig) -> int:
     # In the main thread (a second or two of blocking): it sets up signal dispositions for the DHT child.
     dht = start_dht(config.initial_peers, identity, config.host_maddrs, config.announce_maddrs)
     name = config.name or f"{socket.gethostname()}-{identity.peer_id.to_base58()[-6:]}"
+    log_setup.set_context(f"peer {name} {config.spec.model_id}[{config.start}:{config.end})")
     logger.info("peer %s joined the DHT as %s", name, identity.peer_id)
     peer = _Peer(config, dht, identity, name, stop)
     try:
