@@ -60,6 +60,7 @@ def test_greedy_equals_local(bootstrap, make_model, arch):
             expected = local.generate(input_ids, max_new_tokens=12, do_sample=False)
             assert torch.equal(model.generate(input_ids, max_new_tokens=12, do_sample=False), expected)
             assert f"{arch}-0" in model.last_route and f"{arch}-1" in model.last_route
+            assert f"INFO peer {arch}-1 {model.spec.model_id}[1:4): online:" in peers[1].log()
             with torch.no_grad():
                 torch.testing.assert_close(model(expected).logits, local(expected).logits, atol=1e-4, rtol=1e-4)
         finally:
