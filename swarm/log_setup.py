@@ -69,6 +69,10 @@ def setup_logging(args: argparse.Namespace, context: str) -> None:
     logging.basicConfig(level=level, handlers=[handler], force=True)
     set_context(context)
     _progress = not getattr(args, "quiet", False)
+    if not progress_enabled():  # transformers' and huggingface_hub's own bars too (e.g. saving a checkpoint)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when they are imported
+        if "transformers" in sys.modules:
+            sys.modules["transformers"].utils.logging.disable_progress_bar()
     # hivemind logs every connection at INFO: only its warnings, unless asked for debug logs
     hivemind_level = "DEBUG" if level <= logging.DEBUG else "WARNING"
     os.environ.setdefault("HIVEMIND_LOGLEVEL", hivemind_level)  # read when hivemind is imported
