@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
 import time
 
 import torch
+
+from swarm import log_setup
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,8 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", default="A swarm of volunteers")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--sample", action="store_true", help="sample (seed 0) instead of greedy decoding")
+    log_setup.add_log_arguments(parser, default="warning")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s client: %(message)s")
+    log_setup.setup_logging(args, f"client {os.path.basename(os.path.normpath(args.model_dir))}")
 
     from transformers import AutoTokenizer
 

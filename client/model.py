@@ -26,6 +26,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from client.session import InferenceSession
 from client.swarm_client import SwarmClient
 from routing.chains.swarm_view import Router
+from swarm import architectures
 from swarm.checkpoint import load_tensors
 from swarm.dht import public_initial_peers
 from swarm.model_spec import ModelSpec, config_for_blocks, load_model_spec
@@ -149,7 +150,7 @@ class DistributedMixin:
         hidden = self._session_for(inputs_embeds, start).step(inputs_embeds)
         hidden = self.model.norm(hidden.to(self.model.norm.weight.dtype))
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(hidden[:, keep, :])
+        logits = architectures.final_logits(self.config, self.lm_head(hidden[:, keep, :]))
         return CausalLMOutputWithPast(logits=logits, past_key_values=past_key_values)
 
     def _session_for(self, embeds: torch.Tensor, start: int | None) -> InferenceSession:
@@ -236,15 +237,14 @@ def _build_local_parts(spec: ModelSpec, dtype: torch.dtype):
     base = AutoModelForCausalLM._model_mapping[type(spec.config)]
     model_cls = type(f"Distributed{base.__name__}", (DistributedMixin, base), {})
     shell = config_for_blocks(spec.config, 0, 0)
-    shell._attn_implementation = "sdpa"
-    with torch.device("meta"):
+    architectures.choose_implementations(shell)
+    with architectures.parameters_on_meta():  # buffers (e.g. Gemma's embedding scale) stay real
         model = model_cls(shell)
     wanted = ("model.embed_tokens.", "model.norm.", "lm_head.")
     tensors = load_tensors(spec.path, lambda name: name.startswith(wanted), dtype)
     if "lm_head.weight" not in tensors and getattr(spec.config, "tie_word_embeddings", False):
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
     model.load_state_dict(tensors, assign=True, strict=False)
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=shell)  # its buffers were built on meta
     still_meta = [name for name, p in model.named_parameters() if p.is_meta]
     if still_meta:
         raise ValueError(f"{spec.path} lacks tensors the client needs: {still_meta}")

@@ -1,6 +1,7 @@
 """The transformer blocks [start, end) a peer serves: loading them and running one step.
 
-Blocks are transformers' own decoder-layer classes, built on the meta device with local
+Blocks are transformers' own decoder-layer classes of the model's family (found from its
+config: swarm/architectures.py), built with parameters on the meta device and local
 indices against a config that describes only this slice (see `config_for_blocks`), then
 filled from just this slice's tensors in the checkpoint. A session's KV cache is a plain
 transformers `DynamicCache` over the slice, so attention, rotary embeddings, GQA, biases
@@ -12,7 +13,6 @@ layers with 1/K of the heads and MLP width, plus an all-reduce after each row-pa
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 
@@ -22,21 +22,11 @@ from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from peer.tp_shard import AllReduce, ShardPlan, all_reduce_after_row_parallel, shard_config
+from swarm import architectures
 from swarm.checkpoint import CheckpointError, load_tensors, strip_prefix
 from swarm.model_spec import ModelSpec, config_for_blocks
 
 logger = logging.getLogger(__name__)
-
-# model_type -> (module, decoder layer class, rotary embedding class)
-_CLASSES = {
-    "llama": ("transformers.models.llama.modeling_llama", "LlamaDecoderLayer", "LlamaRotaryEmbedding"),
-    "mistral": (
-        "transformers.models.mistral.modeling_mistral",
-        "MistralDecoderLayer",
-        "MistralRotaryEmbedding",
-    ),
-    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2DecoderLayer", "Qwen2RotaryEmbedding"),
-}
 
 
 class BlockStack(nn.Module):
@@ -59,14 +49,10 @@ class BlockStack(nn.Module):
         self.config = config_for_blocks(spec.config, start, end)
         if shard is not None:
             self.config = shard_config(self.config, shard.tp)
-        self.config._attn_implementation = "sdpa"
-        module_name, layer_cls, rotary_cls = _CLASSES[spec.model_type]
-        module = importlib.import_module(module_name)
-        with torch.device("meta"):
-            self.layers = nn.ModuleList(
-                getattr(module, layer_cls)(self.config, i) for i in range(end - start)
-            )
-        self.rotary_emb = getattr(module, rotary_cls)(config=self.config).to(device)
+        architectures.choose_implementations(self.config)
+        # the family's own layer classes (swarm/architectures.py), parameters on meta until loaded
+        self.layers, self.rotary_emb = architectures.build_layers(self.config, device)
+        self.layer_types = architectures.layer_types(self.config)
 
     @classmethod
     def load(
@@ -101,9 +87,11 @@ class BlockStack(nn.Module):
             dtype,
             on_file,
             slice_of=shard.slice_of if shard else None,
+            progress=f"loading [{start}:{end})",
         )
         if shard is not None:
             tensors = {name: shard.finish(name, t) for name, t in tensors.items()}
+        tensors = architectures.convert_checkpoint_tensors(spec.config, tensors)  # e.g. fuse MoE experts
         for local_index, global_index in enumerate(range(start, end)):
             layer_tensors = strip_prefix(tensors, f"model.layers.{global_index}.")
             stack._fill_layer(local_index, global_index, layer_tensors)
@@ -156,7 +144,9 @@ class BlockStack(nn.Module):
         new_tokens = hidden.shape[1]
         position_ids = torch.arange(position, position + new_tokens, device=self.device).unsqueeze(0)
         masks = self._masks(hidden, cache, position_ids, first, last)
-        position_embeddings = self.rotary_emb(hidden, position_ids)
+        positions = architectures.position_embeddings(
+            self.rotary_emb, hidden, position_ids, self.layer_types[first:last]
+        )
         for i in range(first, last):
             hidden = self.layers[i](
                 hidden,
@@ -164,7 +154,7 @@ class BlockStack(nn.Module):
                 position_ids=position_ids,
                 past_key_values=cache,
                 use_cache=True,
-                position_embeddings=position_embeddings,
+                position_embeddings=positions[i - first],
             )
         return hidden
 
@@ -183,15 +173,7 @@ class BlockStack(nn.Module):
             past_key_values=cache,
             position_ids=position_ids,
         )
-        if self.spec.model_type == "mistral":  # one kind of mask for all layers (see MistralModel)
-            make = (
-                create_causal_mask
-                if self.config.sliding_window is None
-                else create_sliding_window_causal_mask
-            )
-            return [make(**kwargs, layer_idx=first)] * (last - first)
-        all_types = getattr(self.config, "layer_types", None) or ["full_attention"] * len(self.layers)
-        layer_types = all_types[first:last]
+        layer_types = self.layer_types[first:last]
         makers = {
             "full_attention": create_causal_mask,
             "sliding_attention": create_sliding_window_causal_mask,

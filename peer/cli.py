@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 
 import torch
@@ -13,8 +12,9 @@ from peer.core import PeerLimits
 from peer.devices import DeviceError, parse_devices
 from peer.runtime import PeerConfig, serve
 from peer.tp_shard import TPDegreeError, check_degree
+from swarm import log_setup
 from swarm.coordinator.command import add_coordination_arguments, coordinator_config
-from swarm.dht import DEFAULT_HOST_MADDRS, public_initial_peers, quiet_hivemind
+from swarm.dht import DEFAULT_HOST_MADDRS, public_initial_peers
 from swarm.model_spec import ModelSpecError, load_model_spec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="auto|MS",
         help="announce this decode time (ms per block) instead of measuring it",
     )
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="same as --log-level debug")
+    log_setup.add_log_arguments(p)
     add_coordination_arguments(p)
     return p
 
@@ -222,15 +223,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _setup_logging(args, model_id: str, layers: str) -> None:
-    who = f"{args.name + ' ' if args.name else ''}{model_id}{layers}"
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format=f"%(asctime)s %(levelname)s peer {who}: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-        force=True,
-    )
-    quiet_hivemind()
+    if args.verbose and args.log_level is None:
+        args.log_level = "debug"
+    # the name, when not given, is known once the peer has joined (peer/runtime.py updates it)
+    log_setup.setup_logging(args, log_context(args.name, model_id, layers))
+
+
+def log_context(name: str | None, model_id: str, layers: str) -> str:
+    """What a peer's log lines are about: `peer alice tiny-3f2a[0:4)` (layers "[auto]" until placed)."""
+    return f"peer {name + ' ' if name else ''}{model_id}{layers}"
 
 
 if __name__ == "__main__":

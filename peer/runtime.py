@@ -31,6 +31,7 @@ from peer.range_move import RangeMover
 from peer.server import PeerServer
 from peer.throughput import measure_or_load
 from peer.tp_group import TPGroup, TPGroupError
+from swarm import log_setup
 from swarm.coordinator.records import dht_get
 from swarm.dht import start_dht
 from swarm.identity import load_or_create_identity
@@ -89,10 +90,12 @@ async def serve(config: PeerConfig) -> int:
     # In the main thread (a second or two of blocking): it sets up signal dispositions for the DHT child.
     dht = start_dht(config.initial_peers, identity, config.host_maddrs, config.announce_maddrs)
     name = config.name or f"{socket.gethostname()}-{identity.peer_id.to_base58()[-6:]}"
+    log_setup.set_context(f"peer {name} {config.spec.model_id}[{config.start}:{config.end})")
     logger.info("peer %s joined the DHT as %s", name, identity.peer_id)
     if config.auto:
         start, end = await join_range(dht, config.spec.model_id, config.spec.num_blocks, config.max_blocks)
         config = replace(config, start=start, end=end)
+        log_setup.set_context(f"peer {name} {config.spec.model_id}[{start}:{end})")
         logger.info("--layers auto: Petals' rule chose blocks [%d:%d)", start, end)
     peer = _Peer(config, dht, identity, name, stop)
     coordinator = _start_coordinator(config, dht, identity, stop)

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from peer.core import Blocks
+from swarm import log_setup
 
 logger = logging.getLogger(__name__)
 
@@ -69,34 +70,38 @@ def measure(blocks: Blocks) -> Throughput:
     hidden = torch.randn(
         1, PREFILL_TOKENS + DECODE_STEPS, blocks.spec.hidden_size, dtype=blocks.dtype, device=blocks.device
     )
-    _run(blocks, hidden, "measure-warm-up")  # first calls pay for allocations and kernel setup
-    prefill_s, decode_s = _run(blocks, hidden, "measure")
+    steps = 2 * (1 + DECODE_STEPS)  # warm-up and measured run: a prefill and the decode steps each
+    with log_setup.progress(total=steps, desc=f"measuring [{blocks.start}:{blocks.end})", unit="step") as bar:
+        _run(blocks, hidden, "measure-warm-up", bar)  # first calls pay for allocations and kernel setup
+        prefill_s, decode_s = _run(blocks, hidden, "measure", bar)
     return Throughput(
         tokens_per_s=PREFILL_TOKENS * n_blocks / prefill_s,
         decode_ms_per_block=1000 * decode_s / n_blocks,
     )
 
 
-def _run(blocks: Blocks, hidden: torch.Tensor, session_id: str) -> tuple[float, float]:
+def _run(blocks: Blocks, hidden: torch.Tensor, session_id: str, bar) -> tuple[float, float]:
     """(prefill seconds, median decode-step seconds) in a throwaway session."""
     cache = blocks.new_cache(session_id)
     try:
-        return _time_steps(blocks, hidden, cache)
+        return _time_steps(blocks, hidden, cache, bar)
     finally:
         blocks.release(session_id)
 
 
-def _time_steps(blocks: Blocks, hidden: torch.Tensor, cache) -> tuple[float, float]:
+def _time_steps(blocks: Blocks, hidden: torch.Tensor, cache, bar) -> tuple[float, float]:
     began = time.perf_counter()
     blocks(hidden[:, :PREFILL_TOKENS], cache, 0, blocks.start, blocks.end)
     _sync(blocks.device)
     prefill_s = time.perf_counter() - began
+    bar.update()
     steps = []
     for i in range(PREFILL_TOKENS, PREFILL_TOKENS + DECODE_STEPS):
         began = time.perf_counter()
         blocks(hidden[:, i : i + 1], cache, i, blocks.start, blocks.end)
         _sync(blocks.device)
         steps.append(time.perf_counter() - began)
+        bar.update()
     return prefill_s, statistics.median(steps)
 
 

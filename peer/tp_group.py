@@ -46,6 +46,7 @@ from peer.tp_rank import (
     rank_main,
 )
 from peer.tp_shard import ShardPlan
+from swarm import log_setup
 from swarm.launcher import free_port
 from swarm.model_spec import ModelSpec
 from swarm.protocol import ErrorCode, ProtocolError
@@ -143,7 +144,7 @@ class TPGroup:
             init_method=init_method,
             timeout_s=self.timeout_s,
             threads=threads,
-            log_format=f"%(asctime)s %(levelname)s tp rank {rank} [{self.start}:{self.end}): %(message)s",
+            log_format=f"%(asctime)s %(levelname)s {log_setup.context()} tp rank {rank}: %(message)s",
             log_level=logging.getLogger().getEffectiveLevel(),
         )
 

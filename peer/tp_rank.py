@@ -25,6 +25,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from swarm import log_setup
 from swarm.records import DeviceInfo
 
 logger = logging.getLogger(__name__)
@@ -132,6 +133,7 @@ def rank_main(setup: RankSetup, conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the leader, which stops the group
     _die_with_parent()
     logging.basicConfig(level=setup.log_level, format=setup.log_format, stream=sys.stderr, force=True)
+    log_setup.disable_progress()  # the leader draws the group's progress bars
     if setup.threads is not None:
         torch.set_num_threads(setup.threads)
     from peer.blocks import BlockStack  # heavy imports after the process is set up

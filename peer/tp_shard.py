@@ -37,6 +37,8 @@ def check_degree(config: PretrainedConfig, tp: int) -> None:
     """Raises TPDegreeError naming the first count that `tp` does not divide."""
     if tp < 1:
         raise TPDegreeError(f"--tp must be at least 1, got {tp}")
+    if tp == 1:
+        return  # one rank holds whole layers: any family
     counts = {
         "attention heads": config.num_attention_heads,
         "KV heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
@@ -64,10 +66,13 @@ def _layer_plan(config: PretrainedConfig) -> dict[str, str]:
     plan = getattr(config, "base_model_tp_plan", None) or {}
     layer_plan = {}
     for pattern, style in plan.items():
-        if not pattern.startswith("layers.*."):
-            continue
+        if not pattern.startswith("layers.*.") or style.startswith("replicated"):
+            continue  # e.g. Qwen3's q/k norms: whole on every rank, like the RMSNorms
         if style not in ("colwise", "rowwise"):
-            raise TPDegreeError(f"tensor-parallel style {style!r} of {pattern} is not supported")
+            raise TPDegreeError(
+                f"{config.model_type} cannot be split with --tp: its tensor-parallel style {style!r} "
+                f"of {pattern} is not supported"
+            )
         layer_plan[pattern.removeprefix("layers.*.")] = style
     if not layer_plan:
         raise TPDegreeError(f"{config.model_type} has no tensor-parallel plan in its config")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 
 
@@ -42,10 +41,6 @@ def run(args: argparse.Namespace) -> int:
 
     from client import DistributedModelForCausalLM
     from client.api_server import ApiConfig, create_app
-    from swarm.dht import quiet_hivemind
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    quiet_hivemind()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = DistributedModelForCausalLM.from_pretrained(
         args.model,

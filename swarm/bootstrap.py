@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
-import sys
 import threading
 
-from swarm.dht import quiet_hivemind, start_dht
+from swarm.dht import start_dht
 from swarm.identity import load_or_create_identity
+
+logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,14 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    quiet_hivemind()
     identity = load_or_create_identity(args.identity)
     dht = start_dht(
         args.initial_peers, identity, host_maddrs=args.host_maddrs, announce_maddrs=args.announce_maddrs
     )
     for maddr in dht.get_visible_maddrs():
         print(maddr, flush=True)
-    print(f"bootstrap node {identity.peer_id} is up; Ctrl-C stops it", file=sys.stderr, flush=True)
+    logger.info("bootstrap node %s is up; Ctrl-C stops it", identity.peer_id)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

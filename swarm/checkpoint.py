@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from swarm import log_setup
+
 
 class CheckpointError(ValueError):
     """A tensor the role needs is missing or malformed in the checkpoint."""
@@ -37,29 +39,38 @@ def load_tensors(
     dtype: torch.dtype,
     on_file: Callable[[Path, int], None] | None = None,
     slice_of: SliceOf | None = None,
+    progress: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Reads every tensor whose name `wanted` accepts, file by file, cast to `dtype`.
 
     `on_file(path, n_tensors)` is called before each file is read, for progress logs.
     `slice_of` picks part of a tensor (a tensor-parallel rank's shard); only that part's
     bytes are read from the file (safetensors `get_slice`).
+    `progress` names a progress bar over the tensors read (shown on a terminal only).
     """
     by_file: dict[Path, list[str]] = {}
     for name, path in tensor_locations(model_dir).items():
         if wanted(name):
             by_file.setdefault(path, []).append(name)
     tensors: dict[str, torch.Tensor] = {}
-    for path, names in sorted(by_file.items()):
-        if on_file is not None:
-            on_file(path, len(names))
-        with safe_open(path, framework="pt") as f:
-            for name in names:
-                part = None
-                if slice_of is not None:
-                    view = f.get_slice(name)
-                    part = slice_of(name, list(view.get_shape()))
-                tensors[name] = (f.get_tensor(name) if part is None else view[part]).to(dtype)
+    total = sum(len(names) for names in by_file.values())
+    with log_setup.progress(total=total, desc=progress or "reading", unit="tensor") as bar:
+        for path, names in sorted(by_file.items()):
+            if on_file is not None:
+                on_file(path, len(names))
+            with safe_open(path, framework="pt") as f:
+                for name in names:
+                    tensors[name] = _read(f, name, dtype, slice_of)
+                    bar.update()
     return tensors
+
+
+def _read(f, name: str, dtype: torch.dtype, slice_of: SliceOf | None) -> torch.Tensor:
+    part = None
+    if slice_of is not None:
+        view = f.get_slice(name)
+        part = slice_of(name, list(view.get_shape()))
+    return (f.get_tensor(name) if part is None else view[part]).to(dtype)
 
 
 def strip_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

@@ -1,6 +1,7 @@
 """The `hexswarm` command: one subcommand per module, imported only when used.
 
-Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int`.
+Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int`. Every
+subcommand also takes --quiet and --log-level (swarm/log_setup.py), set up before it runs.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from swarm import log_setup
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -37,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(SUBCOMMANDS[name][0])
     sub = argparse.ArgumentParser(prog=f"hexswarm {name}", description=SUBCOMMANDS[name][1])
     module.add_arguments(sub)
+    log_setup.add_log_arguments(sub)
     args = sub.parse_args(argv[1:])
+    log_setup.setup_logging(args, f"hexswarm {name}")
     return int(module.run(args) or 0)
 
 

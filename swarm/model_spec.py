@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import AutoConfig, PretrainedConfig
 
-# model_type -> why it is supported: each uses transformers' Llama-style decoder layer
-# (RMSNorm, rotary embeddings, GQA); Qwen2 adds attention biases, Mistral/Qwen2 sliding windows.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+from swarm.architectures import SUPPORTED_FAMILIES, check_supported, localize_layer_settings
+
+# The model types peers and clients serve (their families: swarm/architectures.py).
+SUPPORTED_MODEL_TYPES = tuple(SUPPORTED_FAMILIES)
 
 # Bytes of weight data hashed per safetensors file: enough to tell random seeds apart
 # without reading a whole multi-GB checkpoint.
@@ -47,11 +49,12 @@ def load_model_spec(model_dir: str | Path) -> ModelSpec:
     path = Path(model_dir).expanduser().resolve()
     if not (path / "config.json").is_file():
         raise ModelSpecError(f"{path} has no config.json: not a Hugging Face checkpoint directory")
+    try:
+        raw = json.loads((path / "config.json").read_text())
+        check_supported(raw.get("model_type"), raw.get("architectures"))
+    except (ValueError, AttributeError) as e:  # also JSON errors, and a config that is not an object
+        raise ModelSpecError(f"{path}/config.json: {e}") from None
     config = AutoConfig.from_pretrained(path)
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelSpecError(
-            f"model type {config.model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
     return ModelSpec(
         path=path,
         model_id=f"{path.name}-{fingerprint(path)}",
@@ -84,7 +87,5 @@ def config_for_blocks(config: PretrainedConfig, start: int, end: int) -> Pretrai
     """
     local = copy.deepcopy(config)
     local.num_hidden_layers = end - start
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        local.layer_types = list(layer_types[start:end])
+    localize_layer_settings(config, local, start, end)
     return local

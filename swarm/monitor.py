@@ -75,10 +75,8 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from client.swarm_client import SwarmClient
-    from swarm.dht import public_initial_peers, quiet_hivemind
+    from swarm.dht import public_initial_peers
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    quiet_hivemind()
     swarm = SwarmClient.connect(public_initial_peers() if args.public else args.initial_peers)
     watcher = SwarmWatcher(swarm, args.refresh).start()
     print(f"monitor: http://{args.host}:{args.port}/ (JSON at /api/swarm)", flush=True)

@@ -3,7 +3,7 @@
 Reads the cluster file (format in routing/scheduler/cluster.py and the README), searches for
 the plan with the best SLO attainment on the given workload under the chosen serving model
 (pipelined and batched by default, `--serving sequential` for one request per pipeline at a
-time), prints progress to stderr and the plan to stdout: a table by default, the plan's JSON
+time), shows its progress on stderr (a bar on a terminal, else log lines) and the plan on stdout: a table by default, the plan's JSON
 with --json. Both give the plan's saturated capacity as a share of the cluster's upper bound.
 """
 
@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
+
+from swarm import log_setup
+
+logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,22 +76,25 @@ def _run(args: argparse.Namespace) -> int:
     if args.budget_s <= 0:
         raise ValueError("--budget-s must be positive")
 
-    def report(p: Progress) -> None:
-        if p.generation % 10 == 0:
-            print(
-                f"  generation {p.generation:4d}  attainment {p.best_attainment:6.1%}  "
-                f"mean latency {p.best_mean_latency_s:7.2f} s  ({p.elapsed_s:.1f} s)",
-                file=sys.stderr,
-            )
-
-    print(
-        f"planning {model.name} on {len(cluster)} devices (budget {args.budget_s:g} s, "
-        f"serving {args.serving}, max batch {args.max_batch})",
-        file=sys.stderr,
-    )
+    logger.info(
+        "planning %s on %d devices (budget %g s, serving %s, max batch %d)",
+        model.name, len(cluster), args.budget_s, args.serving, args.max_batch,
+    )  # fmt: skip
     config = SearchConfig(time_budget_s=args.budget_s, seed=args.seed, stall_generations=100)
-    result = search(cluster, model, workload, config, progress=report)
-    print(f"done: {result.generations} generations, {result.elapsed_s:.1f} s", file=sys.stderr)
+    with log_setup.progress(total=100, desc="planning", unit="%") as bar:  # share of the time budget
+
+        def report(p: Progress) -> None:
+            """Per generation: a bar over the time budget on a terminal, else a log line every 10."""
+            bar.set_postfix_str(f"generation {p.generation}, attainment {p.best_attainment:.1%}", refresh=False)
+            bar.update(min(100, int(100 * p.elapsed_s / args.budget_s)) - bar.n)
+            if not log_setup.progress_enabled() and p.generation % 10 == 0:
+                logger.info(
+                    "generation %4d  attainment %6.1f%%  mean latency %7.2f s  (%.1f s)",
+                    p.generation, 100 * p.best_attainment, p.best_mean_latency_s, p.elapsed_s,
+                )  # fmt: skip
+
+        result = search(cluster, model, workload, config, progress=report)
+    logger.info("done: %d generations, %.1f s", result.generations, result.elapsed_s)
     print(result.plan.to_json(indent=2) if args.json else format_plan(result.plan))
     return 0
 

@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict
 
 from swarm.coordinator.records import Coordination, read_coordination_sync
-from swarm.dht import public_initial_peers, quiet_hivemind, start_dht
+from swarm.dht import public_initial_peers, start_dht
 from swarm.records import PeerRecord, online_peers_per_block, read_models, read_peer_records
 
 
@@ -23,7 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    quiet_hivemind()
     dht = start_dht(
         public_initial_peers() if args.public else args.initial_peers,
         identity=None,

@@ -26,7 +26,7 @@ text one token at a time, and every token travelled across many computers owned 
     * 4
 )
 
-ARCHS = ("llama", "qwen2", "mistral")
+ARCHS = ("llama", "qwen2", "mistral", "qwen3", "gemma2", "gemma3", "phi3", "mixtral", "qwen3_moe")
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>"]
 # A plain chat template, so `/v1/chat/completions` of the API server works with tiny models:
 # "<s>user: hi\n</s>assistant: " (a real checkpoint brings its own in tokenizer_config.json).
@@ -102,15 +102,17 @@ def make_tiny_model(
 
 
 def _make_config(arch, layers, hidden, heads, kv_heads, intermediate, tokenizer):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    import transformers
 
+    intermediate = intermediate or (hidden * 11 // 4 // 16) * 16
     common = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
-        intermediate_size=intermediate or (hidden * 11 // 4 // 16) * 16,
+        intermediate_size=intermediate,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,  # Gemma's default (256) would not fit a tiny model
         max_position_embeddings=2048,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
@@ -120,11 +122,42 @@ def _make_config(arch, layers, hidden, heads, kv_heads, intermediate, tokenizer)
         # model repeats one token, which would make exactness tests prove little.
         initializer_range=0.1,
     )
-    if arch == "llama":
-        return LlamaConfig(**common)
-    if arch == "mistral":
-        return MistralConfig(**common, sliding_window=4096)
-    return Qwen2Config(**common)
+    config_cls, extra = _ARCH_CONFIGS[arch]
+    extra = dict(extra)
+    if "layer_types" in extra:  # alternate sliding-window and global layers, as Gemma 2/3 do
+        extra["layer_types"] = [extra["layer_types"][i % 2] for i in range(layers)]
+    if arch == "qwen3_moe":  # experts narrower than the dense MLP, as in the real models
+        extra["moe_intermediate_size"] = intermediate // 2
+    return getattr(transformers, config_cls)(**{**common, **extra})
+
+
+_ALTERNATING = ("sliding_attention", "full_attention")
+# arch -> (config class, settings beyond `common`). Sliding windows are a few tokens wide, and
+# soft-caps low, so tests' short prompts exercise them (real models use 4096 and 50/30).
+_ARCH_CONFIGS = {
+    "llama": ("LlamaConfig", {}),
+    "mistral": ("MistralConfig", {"sliding_window": 4096}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {}),
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "sliding_window": 5,
+            "layer_types": _ALTERNATING,
+            "attn_logit_softcapping": 5.0,
+            "final_logit_softcapping": 3.0,
+            "query_pre_attn_scalar": 32,
+        },
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        {"sliding_window": 5, "layer_types": _ALTERNATING, "final_logit_softcapping": 3.0, "query_pre_attn_scalar": 32},
+    ),
+    "phi3": ("Phi3Config", {}),
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # layer 1 dense: a peer serving [1:...) must renumber `mlp_only_layers` (swarm/architectures.py)
+    "qwen3_moe": ("Qwen3MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [1]}),
+}
 
 
 def _train_tokenizer(vocab_size: int):

@@ -1,0 +1,91 @@
+"""--quiet / --log-level on every command, the context on every log line, and hidden progress bars."""
+
+import argparse
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from peer.cli import build_parser as run_peer_parser
+from swarm import log_setup
+from swarm.cli import SUBCOMMANDS, main
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """setup_logging configures the whole process: put the root logger back after each test."""
+    root = logging.getLogger()
+    handlers, level, factory = root.handlers[:], root.level, logging.getLogRecordFactory()
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging.setLogRecordFactory(factory)
+    log_setup.set_context("hexswarm")
+
+
+def _args(*argv, default="info"):
+    parser = argparse.ArgumentParser()
+    log_setup.add_log_arguments(parser, default=default)
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize(
+    "argv, default, level",
+    [
+        ((), "info", logging.INFO),
+        (("--quiet",), "info", logging.WARNING),
+        (("--quiet", "--log-level", "debug"), "info", logging.DEBUG),  # an explicit level wins
+        (("--log-level", "error"), "info", logging.ERROR),
+        ((), "warning", logging.WARNING),  # the client's default
+    ],
+)
+def test_levels(argv, default, level):
+    assert log_setup.log_level(_args(*argv, default=default)) == level
+
+
+def test_lines_name_what_they_are_about_and_the_context_can_change(capsys):
+    log_setup.setup_logging(_args(), "peer ? tiny-1234[0:4)")
+    logging.getLogger("peer.test").info("loading")
+    log_setup.set_context("peer alice tiny-1234[0:4)")  # the name is known after joining the DHT
+    logging.getLogger("peer.test").info("online")
+    logging.getLogger("peer.test").debug("not shown at info")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].endswith("INFO peer ? tiny-1234[0:4): loading")
+    assert lines[1].endswith("INFO peer alice tiny-1234[0:4): online")
+    assert len(lines) == 2
+
+
+def test_quiet_keeps_warnings_and_hides_progress(capsys):
+    log_setup.setup_logging(_args("--quiet"), "hexswarm plan")
+    logging.getLogger("x").info("hidden")
+    logging.getLogger("x").warning("shown")
+    with log_setup.progress(total=3, desc="planning") as bar:
+        bar.update(3)
+    assert not log_setup.progress_enabled()
+    assert capsys.readouterr().err.strip().endswith("hexswarm plan: shown")  # WARNING (WARN under hivemind)
+
+
+def test_no_bars_when_stderr_is_not_a_terminal(capsys):
+    log_setup.setup_logging(_args(), "x")
+    assert not sys.stderr.isatty() and not log_setup.progress_enabled()
+    with log_setup.progress(total=2, desc="loading") as bar:
+        bar.update(2)
+    assert "loading" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", list(SUBCOMMANDS))
+def test_every_hexswarm_command_takes_the_flags(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert "--quiet" in out and "--log-level" in out
+
+
+def test_run_peer_and_the_client_take_the_flags():
+    args = run_peer_parser().parse_args(["m", "--layers", "0:1", "--public", "--quiet", "--log-level", "debug"])
+    assert args.quiet and args.log_level == "debug"
+    help_text = subprocess.run(
+        [sys.executable, "-m", "client", "--help"], capture_output=True, text=True, timeout=120
+    ).stdout
+    assert "--quiet" in help_text and "--log-level" in help_text
