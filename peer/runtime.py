@@ -24,6 +24,7 @@ from peer.announcer import Announcer
 from peer.blocks import BlockStack
 from peer.core import Blocks, PeerCore, PeerLimits
 from peer.devices import describe
+from peer.scheduler import BatchPolicy
 from peer.server import PeerServer
 from peer.throughput import measure_or_load
 from peer.tp_group import TPGroup, TPGroupError
@@ -59,6 +60,7 @@ class PeerConfig:
     throughput: float | None = None  # announce this instead of the measured prefill tokens/s per block
     decode_ms: float | None = None  # announce this instead of the measured decode ms per block
     tp_timeout: float = 30.0  # bound on every collective and on a rank's silence (seconds)
+    batch: BatchPolicy = BatchPolicy()  # decode batching and prefill chunking (peer/scheduler.py)
 
     @property
     def tp(self) -> int:
@@ -108,6 +110,7 @@ class _Peer:
         self.device_info = ()
         self.throughput = (0.0, 0.0)
         self.p2p = None
+        self.server: PeerServer | None = None
         self.addrs = tuple(str(a) for a in dht.get_visible_maddrs())
         self.announcer = Announcer(
             dht, identity, self._record, config.spec.num_blocks, config.announce_period
@@ -155,9 +158,9 @@ class _Peer:
         if stop.is_set():
             return False
         self.core = PeerCore(blocks, c.spec.model_id, c.limits)
-        server = PeerServer(self.core, c.max_frame_bytes, c.max_streams)
+        self.server = PeerServer(self.core, c.max_frame_bytes, c.max_streams, c.batch)
         self.p2p = await self.dht.replicate_p2p()
-        await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, server.handle_stream)
+        await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, self.server.handle_stream)
         await self.announcer.announce(PeerState.ONLINE)
         logger.info("online: serving %s blocks [%d:%d)", c.spec.model_id, c.start, c.end)
         return True
@@ -190,7 +193,15 @@ class _Peer:
                 await asyncio.wait_for(stop.wait(), timeout=self.config.announce_period)
             except TimeoutError:
                 self.core.expire_idle()
+                self._log_hop_cost()
                 await self.announcer.announce(PeerState.ONLINE)
+
+    def _log_hop_cost(self) -> None:
+        stats = self.server.hop_stats.take()
+        if stats.steps:
+            sizes = dict(sorted(self.server.scheduler.batch_sizes.items()))
+            logger.info("%s; decode batches (rows: count) %s", stats.summary(), sizes)
+            self.server.scheduler.batch_sizes.clear()
 
     async def leave(self) -> None:
         """Refuses new sessions, lets open ones finish, and tells the swarm it is gone."""
@@ -212,6 +223,9 @@ class _Peer:
             await asyncio.sleep(0.2)
 
     async def close(self) -> None:
+        if self.server is not None:
+            self._log_hop_cost()
+            self.server.close()
         if self.group is not None:
             await asyncio.to_thread(self.group.stop)
         if self.p2p is not None:
