@@ -12,10 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from swarm.model_spec import ModelSpec
 from swarm.protocol import (
+    NUMPY_DTYPES,
     WIRE_DTYPES,
     Close,
     Closed,
@@ -174,7 +176,7 @@ class PeerCore:
                 ErrorCode.TOO_LONG,
                 f"{session.position} + {hidden.shape[1]} tokens exceed the session's max_length {session.max_length}",
             )
-        if not torch.isfinite(hidden).all():
+        if not _all_finite(hidden):
             raise ProtocolError(ErrorCode.BAD_TENSOR, "hidden states contain NaN or inf")
         if session.busy:
             raise ProtocolError(ErrorCode.BAD_STATE, "a step of this session is already running")
@@ -266,3 +268,10 @@ class PeerCore:
             )
             self.drop(sid)
         return expired
+
+
+def _all_finite(hidden: torch.Tensor) -> bool:
+    # numpy's check costs a fraction of torch's on a decode step's few thousand values
+    if hidden.dtype in NUMPY_DTYPES:
+        return bool(np.isfinite(hidden.numpy()).all())
+    return bool(torch.isfinite(hidden).all())

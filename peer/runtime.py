@@ -109,6 +109,7 @@ class _Peer:
         self.group: TPGroup | None = None
         self.device_info = ()
         self.throughput = (0.0, 0.0)
+        self.decode_batch = (1, 0.0)  # (sessions, tokens/s per block) of batched decode; 0: not measured
         self.p2p = None
         self.server: PeerServer | None = None
         self.addrs = tuple(str(a) for a in dht.get_visible_maddrs())
@@ -127,6 +128,8 @@ class _Peer:
             state=state,
             throughput=self.throughput[0],
             decode_ms_per_block=self.throughput[1],
+            decode_batch_size=self.decode_batch[0],
+            decode_batch_tokens_per_s=self.decode_batch[1],
             cache_tokens_left=self.core.cache_tokens_left if self.core else 0,
             open_sessions=len(self.core.sessions) if self.core else 0,
             max_length=c.limits.max_length,
@@ -152,8 +155,16 @@ class _Peer:
                 c.throughput or figures.tokens_per_s,
                 c.decode_ms or figures.decode_ms_per_block,
             )
+            if c.batch.batching:
+                self.decode_batch = (figures.decode_batch_size, figures.decode_batch_tokens_per_s)
+        if not (c.batch.batching and self.decode_batch[1]):  # one step at a time
+            self.decode_batch = (1, 1000 / self.throughput[1])
         logger.info(
-            "throughput %.0f tokens/s per block (prefill), %.2f ms per block (decode)", *self.throughput
+            "throughput %.0f tokens/s per block (prefill), %.2f ms per block (decode), "
+            "%.0f tokens/s per block decoding %d sessions at once",
+            *self.throughput,
+            self.decode_batch[1],
+            self.decode_batch[0],
         )
         if stop.is_set():
             return False

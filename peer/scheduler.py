@@ -73,16 +73,27 @@ class StepScheduler:
         self.queue: collections.deque[Job] = collections.deque()
         self.cond = threading.Condition()
         self.stopped = False
+        self.idle = False  # the compute thread waits on an empty queue (read and set under `cond`)
         self.batch_sizes = collections.Counter()  # decode batch rows -> how many batches ran
         self.thread = threading.Thread(target=self._loop, name="compute", daemon=True)
         self.thread.start()
 
-    def submit(self, session: Session, hidden: torch.Tensor) -> Job:
-        """Queues a step validated by PeerCore.begin_step; its future completes on the compute thread."""
+    def submit(self, session: Session, hidden: torch.Tensor, inline: bool = False) -> Job:
+        """Queues a step validated by PeerCore.begin_step; its future completes on the compute thread.
+
+        With `inline`, a decode step that is the peer's only work (one open session, nothing
+        queued or running) runs right away in the calling thread (the event loop) instead: the
+        two thread hand-offs cost more than a tiny model's step on a busy machine, and nothing
+        else is waiting that could be blocked.
+        """
         job = Job(session, hidden)
         with self.cond:
             if self.stopped:
                 raise RuntimeError("the compute thread is stopped")
+            if inline and self.idle and job.is_decode and len(self.core.sessions) == 1:
+                # Holding the lock: the compute thread cannot start anything meanwhile.
+                self._run_decodes([job])
+                return job
             self.queue.append(job)
             self.cond.notify()
         return job
@@ -106,8 +117,10 @@ class StepScheduler:
     def _next_round(self) -> tuple[list[Job] | None, Job | None]:
         """Waits for work; returns (decode jobs to batch, one prefill job to advance by a chunk)."""
         with self.cond:
+            self.idle = True
             while not self.queue and not self.stopped:
                 self.cond.wait()
+            self.idle = False
             if self.stopped:
                 return None, None
             if not self.can_batch:
@@ -134,14 +147,15 @@ class StepScheduler:
         if first is None:
             return
         deadline = first.arrived + self.policy.batch_window_ms / 1000
+        began = time.perf_counter()
         while not self.stopped and not self._batch_full():
             left = deadline - time.perf_counter()
             if left <= 0:
                 break
             self.cond.wait(left)
-        waited = max(0.0, time.perf_counter() - first.arrived)
+        ended = time.perf_counter()
         for job in self.queue:
-            job.window_s = min(waited, time.perf_counter() - job.arrived)
+            job.window_s = ended - max(began, job.arrived)
 
     def _batch_full(self) -> bool:
         waiting_rows = sum(job.rows for job in self.queue if job.is_decode)

@@ -105,9 +105,12 @@ class PeerServer:
         """Queues a step for the compute thread, sends its result, and notes the hop's cost."""
         self._check_owned(message.session_id, owned)
         session, hidden = self.core.begin_step(message)
-        job = self.scheduler.submit(session, hidden)
-        queued = time.perf_counter()
-        result: StepResult = await asyncio.wrap_future(job.future)
+        job = self.scheduler.submit(session, hidden, inline=True)
+        queued = min(time.perf_counter(), job.compute_started or float("inf"))
+        if job.future.done():  # it ran inline
+            result: StepResult = job.future.result()
+        else:
+            result = await asyncio.wrap_future(job.future)
         await self._send(writer, result)
         self._note(job, arrived, queued, time.perf_counter())
 

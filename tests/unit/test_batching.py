@@ -137,3 +137,15 @@ def test_a_long_prefill_does_not_stall_decode_steps(stack):
         scheduler.stop()
     assert seen == [0] or seen == [8]  # before or after its first chunk, never after all 40
     torch.testing.assert_close(got, _alone(stack, prompt, [])[0], **TOL)
+
+
+def test_announced_decode_capacity_counts_batching(stack, tmp_path, monkeypatch):
+    from peer.throughput import DECODE_BATCH, measure_or_load
+
+    monkeypatch.setenv("HEXSWARM_CACHE_DIR", str(tmp_path))
+    figures = measure_or_load(stack)
+    assert figures.decode_batch_size == DECODE_BATCH
+    # Batching is what makes the figure larger than one session's 1000 / decode_ms_per_block;
+    # by how much is a benchmark's business (benchmarks/concurrency.py), not a test's.
+    assert figures.decode_batch_tokens_per_s > 0
+    assert measure_or_load(stack) == figures  # cached
