@@ -13,6 +13,7 @@ together and each generate `--new-tokens` greedy tokens after a 16-token prompt.
 - `outputs_equal`: every client's output equals the local model's generate().
 
 Run:  python benchmarks/concurrency.py [--sizes tiny medium] [--clients 1 4 8 16] [--new-tokens 32]
+      [--peer-flags "--batch-window-ms 5"] [--skip-baseline]   (to tune the batching flags)
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def bench_mode(model_dir, shape, name, workdir, flags, counts, new_tokens, expec
     return figures
 
 
-def bench_size(name: str, shape: dict, workdir: Path, counts: list[int], new_tokens: int) -> dict:
+def bench_size(name: str, shape: dict, workdir: Path, counts: list[int], new_tokens: int,
+               peer_flags: list[str], skip_baseline: bool) -> dict:
     from transformers import AutoModelForCausalLM
 
     model_dir = make_tiny_model(workdir / name, seed=0, **shape)
@@ -138,9 +140,13 @@ def bench_size(name: str, shape: dict, workdir: Path, counts: list[int], new_tok
     local.generate(one, max_new_tokens=new_tokens, do_sample=False)
     local_ms = 1000 * (time.perf_counter() - first - (first - began)) / (new_tokens - 1)
     del local
-    batched = bench_mode(model_dir, shape, name, workdir, [], counts, new_tokens, expected)
-    baseline = bench_mode(model_dir, shape, name, workdir, ["--no-batching"], counts, new_tokens, expected)
+    batched = bench_mode(model_dir, shape, name, workdir, peer_flags, counts, new_tokens, expected)
     result = {"hidden": shape["hidden"], "layers": shape["layers"], "local_ms_per_token": round(local_ms, 2)}
+    result["one_client_x_local"] = round(batched[counts[0]]["ms_per_token"] / local_ms, 2)
+    if skip_baseline:
+        return {**result, **{f"{n}_clients": batched[n] for n in counts}}
+    baseline = bench_mode(model_dir, shape, name, workdir, [*peer_flags, "--no-batching"], counts, new_tokens,
+                          expected)
     for n in counts:
         b, u = batched[n], baseline[n]
         result[f"{n}_clients"] = {
@@ -148,7 +154,6 @@ def bench_size(name: str, shape: dict, workdir: Path, counts: list[int], new_tok
             "x_no_batching": round(b["agg_tok_s"] / u["agg_tok_s"], 2),
             "x_one_client": round(b["agg_tok_s"] / batched[counts[0]]["agg_tok_s"], 2),
         }
-    result["one_client_x_local"] = round(batched[counts[0]]["ms_per_token"] / local_ms, 2)
     return result
 
 
@@ -157,12 +162,15 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--peer-flags", default="", help="extra run-peer flags for both modes")
+    parser.add_argument("--skip-baseline", action="store_true", help="no --no-batching run")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hexswarm-bench-") as tmp:
-        result = {"bench": "concurrency", "new_tokens": args.new_tokens, "prompt_tokens": PROMPT_TOKENS,
+        result = {"bench": "concurrency", "peer_flags": args.peer_flags, "new_tokens": args.new_tokens, "prompt_tokens": PROMPT_TOKENS,
                   "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count()}
         for name in args.sizes:
-            result[name] = bench_size(name, SIZES[name], Path(tmp), args.clients, args.new_tokens)
+            result[name] = bench_size(name, SIZES[name], Path(tmp), args.clients, args.new_tokens,
+                                      args.peer_flags.split(), args.skip_baseline)
     print(json.dumps(result), flush=True)
 
 
