@@ -90,7 +90,7 @@ class StepScheduler:
         with self.cond:
             if self.stopped:
                 raise RuntimeError("the compute thread is stopped")
-            if inline and self.idle and job.is_decode and len(self.core.sessions) == 1:
+            if inline and self.idle and not self.queue and job.is_decode and len(self.core.sessions) == 1:
                 # Holding the lock: the compute thread cannot start anything meanwhile.
                 self._run_decodes([job])
                 return job
