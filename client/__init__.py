@@ -1,5 +1,11 @@
 """The hexswarm client: a Hugging Face model whose layers run in the swarm."""
 
+from swarm.threads import configure_openmp
+
+configure_openmp()  # before torch loads, if it has not yet (see swarm/threads.py)
+
+# ruff: noqa: E402
+
 from client.model import DistributedModelForCausalLM
 from client.remote import PeerError
 from client.swarm_client import MissingBlocksError

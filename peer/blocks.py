@@ -21,12 +21,17 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from peer.batch_forward import decode_batch
 from peer.tp_shard import AllReduce, ShardPlan, all_reduce_after_row_parallel, shard_config
 from swarm import architectures
 from swarm.checkpoint import CheckpointError, load_tensors, strip_prefix
 from swarm.model_spec import ModelSpec, config_for_blocks
 
 logger = logging.getLogger(__name__)
+
+# Architectures whose attention only calls `cache.update` (what peer/batch_forward.py provides),
+# so their decode steps can be batched across sessions when no layer uses a sliding window.
+_BATCHABLE = {"llama", "mistral", "qwen2"}
 
 
 class BlockStack(nn.Module):
@@ -157,6 +162,33 @@ class BlockStack(nn.Module):
                 position_embeddings=positions[i - first],
             )
         return hidden
+
+    @property
+    def supports_batching(self) -> bool:
+        """Whether decode steps of several sessions may run as one batch (see forward_batch)."""
+        layer_types = set(getattr(self.config, "layer_types", None) or ["full_attention"])
+        return (
+            self.spec.model_type in _BATCHABLE
+            and layer_types == {"full_attention"}
+            and getattr(self.config, "sliding_window", None) is None
+        )
+
+    def forward_batch(
+        self,
+        hiddens: list[torch.Tensor],
+        caches: list[DynamicCache],
+        positions: list[int],
+        start: int,
+        end: int,
+    ) -> list[torch.Tensor]:
+        """One decode token of each session through global blocks [start, end), as one batch.
+
+        hiddens[i]: (batch_i, 1, hidden_size), at positions[i] of caches[i]. Only when
+        `supports_batching`; each output equals forward() of that session alone (float tolerance).
+        """
+        return decode_batch(
+            self.layers, self.rotary_emb, hiddens, caches, positions, start - self.start, end - self.start
+        )
 
     def _masks(
         self, hidden: torch.Tensor, cache: DynamicCache, position_ids: torch.Tensor, first: int, last: int

@@ -6,11 +6,17 @@ import argparse
 import asyncio
 import sys
 
+from swarm.threads import configure_openmp
+
+configure_openmp()  # before torch loads (see swarm/threads.py)
+
+# ruff: noqa: E402
 import torch
 
 from peer.core import PeerLimits
 from peer.devices import DeviceError, parse_devices
 from peer.runtime import PeerConfig, serve
+from peer.scheduler import BatchPolicy
 from peer.tp_shard import TPDegreeError, check_degree
 from swarm import log_setup
 from swarm.coordinator.command import add_coordination_arguments, coordinator_config
@@ -119,6 +125,36 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="auto|MS",
         help="announce this decode time (ms per block) instead of measuring it",
     )
+    p.add_argument(
+        "--batch-window-ms",
+        type=float,
+        default=BatchPolicy.batch_window_ms,
+        help="longest wait for other sessions' decode steps to join a batch (ms); a batch runs "
+        "at once when every open session has a step waiting",
+    )
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=BatchPolicy.max_batch_tokens,
+        help="most decode rows (sequences) in one batched forward",
+    )
+    p.add_argument(
+        "--no-batching",
+        action="store_true",
+        help="run every step on its own, in arrival order (the baseline of benchmarks/concurrency.py)",
+    )
+    p.add_argument(
+        "--prefill-chunk-tokens",
+        type=int,
+        default=BatchPolicy.prefill_chunk_tokens,
+        help="run prompts this many tokens at a time, between other sessions' decode steps (0: whole)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch compute threads (default: the cores this process may use)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="same as --log-level debug")
     log_setup.add_log_arguments(p)
     add_coordination_arguments(p)
@@ -185,6 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     except (DeviceError, TPDegreeError) as e:
         print(f"run-peer: {e}", file=sys.stderr)
         return 2
+    if args.threads is not None:
+        if args.threads < 1:
+            print("run-peer: --threads must be at least 1", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
+    batch = _batch_policy(args)
+    if batch is None:
+        return 2
     device = devices[0]
     max_sessions, max_length = args.max_sessions, args.max_length
     config = PeerConfig(
@@ -217,9 +261,25 @@ def main(argv: list[str] | None = None) -> int:
         rebalance_period=args.rebalance_period,
         move_wait=args.move_wait,
         coordinator=coordinator_config(args, args.model_dir) if args.coordinator else None,
+        batch=batch,
     )
     _setup_logging(args, spec.model_id, "[auto]" if auto else f"[{start}:{end})")
     return asyncio.run(serve(config))
+
+
+def _batch_policy(args) -> BatchPolicy | None:
+    if args.batch_window_ms < 0 or args.max_batch_tokens < 1 or args.prefill_chunk_tokens < 0:
+        print(
+            "run-peer: --batch-window-ms and --prefill-chunk-tokens must be >= 0, --max-batch-tokens >= 1",
+            file=sys.stderr,
+        )
+        return None
+    return BatchPolicy(
+        batching=not args.no_batching,
+        batch_window_ms=args.batch_window_ms,
+        max_batch_tokens=args.max_batch_tokens,
+        prefill_chunk_tokens=args.prefill_chunk_tokens,
+    )
 
 
 def _setup_logging(args, model_id: str, layers: str) -> None:

@@ -20,6 +20,7 @@ from peer.blocks import BlockStack
 from peer.core import PeerCore
 from peer.plan_follower import old_range_covered
 from peer.server import PeerServer
+from swarm import log_setup
 from swarm.records import PeerState
 
 logger = logging.getLogger(__name__)
@@ -66,8 +67,9 @@ class RangeMover:
         await self._wait_until_covered(old, new)
         old_core, old_server = peer.core, peer.server
         peer.core = PeerCore(blocks, c.spec.model_id, c.limits)
-        peer.server = PeerServer(peer.core, c.max_frame_bytes, c.max_streams)
+        peer.server = PeerServer(peer.core, c.max_frame_bytes, c.max_streams, c.batch)
         peer.start, peer.end, peer.next_range = start, end, None
+        log_setup.set_context(f"peer {peer.name} {c.spec.model_id}[{start}:{end})")
         await peer.announcer.announce(PeerState.ONLINE)
         logger.info("moved: serving %s blocks [%d:%d) (was [%d:%d))", c.spec.model_id, start, end, *old)
         old_core.leaving = True
@@ -94,5 +96,5 @@ class RangeMover:
         while core.sessions and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
             core.expire_idle()
-        server.compute.shutdown(wait=False)
+        server.close()
         logger.info("dropped the old range [%d:%d)", core.blocks.start, core.blocks.end)

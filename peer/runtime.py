@@ -28,6 +28,7 @@ from peer.devices import describe
 from peer.link_probe import LinkProbe
 from peer.plan_follower import PlanFollower, join_range
 from peer.range_move import RangeMover
+from peer.scheduler import BatchPolicy
 from peer.server import PeerServer
 from peer.throughput import measure_or_load
 from peer.tp_group import TPGroup, TPGroupError
@@ -73,6 +74,7 @@ class PeerConfig:
     rebalance_period: float = 60.0  # Petals' rule check, when no coordinator is live
     move_wait: float = 30.0  # longest a move waits for others to cover the range it drops
     coordinator: Any = None  # a swarm.coordinator.service.CoordinatorConfig: run a candidate here
+    batch: BatchPolicy = BatchPolicy()  # decode batching and prefill chunking (peer/scheduler.py)
 
     @property
     def tp(self) -> int:
@@ -140,6 +142,7 @@ class _Peer:
         self.group: TPGroup | None = None
         self.device_info = ()
         self.throughput = (0.0, 0.0)
+        self.decode_batch = (1, 0.0)  # (sessions, tokens/s per block) of batched decode; 0: not measured
         self.p2p = None
         self.server: PeerServer | None = None
         self.start, self.end = config.start, config.end
@@ -175,6 +178,8 @@ class _Peer:
             state=state,
             throughput=self.throughput[0],
             decode_ms_per_block=self.throughput[1],
+            decode_batch_size=self.decode_batch[0],
+            decode_batch_tokens_per_s=self.decode_batch[1],
             cache_tokens_left=self.core.cache_tokens_left if self.core else 0,
             open_sessions=len(self.core.sessions) if self.core else 0,
             max_length=c.limits.max_length,
@@ -207,13 +212,21 @@ class _Peer:
                 c.throughput or figures.tokens_per_s,
                 c.decode_ms or figures.decode_ms_per_block,
             )
+            if c.batch.batching:
+                self.decode_batch = (figures.decode_batch_size, figures.decode_batch_tokens_per_s)
+        if not (c.batch.batching and self.decode_batch[1]):  # one step at a time
+            self.decode_batch = (1, 1000 / self.throughput[1])
         logger.info(
-            "throughput %.0f tokens/s per block (prefill), %.2f ms per block (decode)", *self.throughput
+            "throughput %.0f tokens/s per block (prefill), %.2f ms per block (decode), "
+            "%.0f tokens/s per block decoding %d sessions at once",
+            *self.throughput,
+            self.decode_batch[1],
+            self.decode_batch[0],
         )
         if stop.is_set():
             return False
         self.core = PeerCore(blocks, c.spec.model_id, c.limits)
-        self.server = PeerServer(self.core, c.max_frame_bytes, c.max_streams)
+        self.server = PeerServer(self.core, c.max_frame_bytes, c.max_streams, c.batch)
         self.p2p = await self.dht.replicate_p2p()
         await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, self._handle_stream)
         await self.announcer.announce(PeerState.ONLINE)
@@ -253,6 +266,7 @@ class _Peer:
                 await asyncio.wait_for(stop.wait(), timeout=self.config.announce_period)
             except TimeoutError:
                 self.core.expire_idle()
+                self._log_hop_cost()
                 await self.announcer.announce(PeerState.ONLINE)
                 await self._coordinate()
 
@@ -270,6 +284,13 @@ class _Peer:
         return peer_records_from(
             await dht_get(self.dht, model_key(self.config.spec.model_id)), self.config.spec.model_id
         )
+
+    def _log_hop_cost(self) -> None:
+        stats = self.server.hop_stats.take()
+        if stats.steps:
+            sizes = dict(sorted(self.server.scheduler.batch_sizes.items()))
+            logger.info("%s; decode batches (rows: count) %s", stats.summary(), sizes)
+            self.server.scheduler.batch_sizes.clear()
 
     async def leave(self) -> None:
         """Refuses new sessions, lets open ones finish, and tells the swarm it is gone."""
@@ -292,6 +313,9 @@ class _Peer:
 
     async def close(self) -> None:
         self.mover.cancel()  # a move or drain in progress ends with the peer
+        if self.server is not None:
+            self._log_hop_cost()
+            self.server.close()
         if self.group is not None:
             await asyncio.to_thread(self.group.stop)
         if self.p2p is not None:

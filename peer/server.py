@@ -1,8 +1,9 @@
 """The peer's transport: one hivemind binary stream per client session hop.
 
 Frames on a stream are handled one at a time, in order. Validation runs on the event loop;
-the layer computation runs on one compute thread, so a slow step never blocks other
-streams' frames (they queue for compute, they are not refused). Any bad frame gets an error
+the layer computation runs on one compute thread (peer/scheduler.py, which batches decode
+steps of all streams), so a slow step never blocks other streams' frames (they queue for
+compute, they are not refused). Any bad frame gets an error
 frame back; only an oversized frame (whose bytes we refuse to read) ends the stream.
 """
 
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import time
 
 from peer.core import PeerCore
+from peer.hop_stats import HopStats
+from peer.scheduler import BatchPolicy, Job, StepScheduler
 from swarm.protocol import (
     Close,
     Error,
@@ -24,6 +27,7 @@ from swarm.protocol import (
     Pong,
     ProtocolError,
     Step,
+    StepResult,
     decode,
     read_payload,
     write_frame,
@@ -38,12 +42,18 @@ HANDSHAKE_TIMEOUT_S = 30.0
 class PeerServer:
     """Serves PeerCore over hivemind streams."""
 
-    def __init__(self, core: PeerCore, max_frame_bytes: int, max_streams: int):
+    def __init__(
+        self, core: PeerCore, max_frame_bytes: int, max_streams: int, policy: BatchPolicy | None = None
+    ):
         self.core = core
         self.max_frame_bytes = max_frame_bytes
         self.max_streams = max_streams
         self.open_streams = 0
-        self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
+        self.scheduler = StepScheduler(core, policy or BatchPolicy())
+        self.hop_stats = HopStats()
+
+    def close(self) -> None:
+        self.scheduler.stop()
 
     async def handle_stream(
         self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -77,14 +87,43 @@ class PeerServer:
             except FrameTooLarge as e:
                 await self._send(writer, Error(e.code, e.message))
                 return  # the oversized payload is still in the stream: it cannot be resynchronized
+            arrived = time.perf_counter()
             try:
-                reply = await self._dispatch(decode(payload), owned)
+                message = decode(payload)
+                if isinstance(message, Step):
+                    await self._step(message, owned, writer, arrived)
+                    continue
+                reply = await self._dispatch(message, owned)
             except ProtocolError as e:
                 reply = Error(e.code, e.message)
             except Exception as e:
                 logger.exception("internal error on a frame")
                 reply = Error(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")
             await self._send(writer, reply)
+
+    async def _step(self, message: Step, owned: set[str], writer, arrived: float) -> None:
+        """Queues a step for the compute thread, sends its result, and notes the hop's cost."""
+        self._check_owned(message.session_id, owned)
+        session, hidden = self.core.begin_step(message)
+        job = self.scheduler.submit(session, hidden, inline=True)
+        queued = min(time.perf_counter(), job.compute_started or float("inf"))
+        if job.future.done():  # it ran inline
+            result: StepResult = job.future.result()
+        else:
+            result = await asyncio.wrap_future(job.future)
+        await self._send(writer, result)
+        self._note(job, arrived, queued, time.perf_counter())
+
+    def _note(self, job: Job, arrived: float, queued: float, sent: float) -> None:
+        self.hop_stats.add(
+            **{
+                "in": queued - arrived,
+                "queue": job.compute_started - queued - job.window_s,
+                "window": job.window_s,
+                "compute": job.compute_ended - job.compute_started,
+                "out": sent - job.compute_ended,
+            }
+        )
 
     async def _dispatch(self, message: Message, owned: set[str]) -> Message:
         match message:
@@ -94,11 +133,6 @@ class PeerServer:
                 opened = self.core.open(message)
                 owned.add(message.session_id)
                 return opened
-            case Step():
-                self._check_owned(message.session_id, owned)
-                session, hidden = self.core.begin_step(message)
-                loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(self.compute, self.core.run_step, session, hidden)
             case Close():
                 self._check_owned(message.session_id, owned)
                 owned.discard(message.session_id)

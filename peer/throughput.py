@@ -1,8 +1,10 @@
 """Measures how fast this peer's blocks run, once per model shape and device, cached on disk.
 
-Two figures go into the peer's record: batched-prefill throughput (tokens/s through one
-block) and the latency of a one-token decode step through one block (ms). Routers use them
-to estimate a chain's latency and capacity.
+Three figures go into the peer's record: batched-prefill throughput (tokens/s through one
+block), the latency of a one-token decode step through one block (ms), and the decode
+throughput (tokens/s through one block) when DECODE_BATCH sessions step together, as the
+peer's scheduler batches them (peer/scheduler.py). Routers use them to estimate a chain's
+latency and capacity.
 """
 
 from __future__ import annotations
@@ -24,12 +26,16 @@ logger = logging.getLogger(__name__)
 
 PREFILL_TOKENS = 128
 DECODE_STEPS = 8
+DECODE_BATCH = 8  # sessions in the batched-decode measurement
+BATCH_CONTEXT = 16  # tokens already cached in each of them
 
 
 @dataclass(frozen=True)
 class Throughput:
     tokens_per_s: float  # per block, batched prefill
     decode_ms_per_block: float
+    decode_batch_size: int = 1  # sessions the next figure was measured with (1: the peer does not batch)
+    decode_batch_tokens_per_s: float = 0.0  # per block, decode steps of decode_batch_size sessions at once
 
 
 def cache_path() -> Path:
@@ -44,7 +50,7 @@ def measure_or_load(blocks: Blocks) -> Throughput:
     key = (
         f"{blocks.spec.model_type}-h{c.hidden_size}-i{c.intermediate_size}-a{c.num_attention_heads}"
         f"-kv{c.num_key_value_heads}-{blocks.dtype}-{blocks.device}-t{torch.get_num_threads()}"
-        f"-tp{blocks.tp}"
+        f"-tp{blocks.tp}-b{DECODE_BATCH if _batches(blocks) else 1}"
     )
     path = cache_path()
     try:
@@ -52,7 +58,10 @@ def measure_or_load(blocks: Blocks) -> Throughput:
     except (OSError, ValueError):
         cached = {}
     if key in cached:
-        return Throughput(**cached[key])
+        try:
+            return Throughput(**cached[key])
+        except TypeError:  # written by another version: measure again
+            pass
     logger.info("measuring throughput of [%d:%d) (cached afterwards in %s)", blocks.start, blocks.end, path)
     figures = measure(blocks)
     cached[key] = figures.__dict__
@@ -74,10 +83,39 @@ def measure(blocks: Blocks) -> Throughput:
     with log_setup.progress(total=steps, desc=f"measuring [{blocks.start}:{blocks.end})", unit="step") as bar:
         _run(blocks, hidden, "measure-warm-up", bar)  # first calls pay for allocations and kernel setup
         prefill_s, decode_s = _run(blocks, hidden, "measure", bar)
+    batch, batch_step_s = (DECODE_BATCH, _batched_step(blocks)) if _batches(blocks) else (1, decode_s)
     return Throughput(
         tokens_per_s=PREFILL_TOKENS * n_blocks / prefill_s,
         decode_ms_per_block=1000 * decode_s / n_blocks,
+        decode_batch_size=batch,
+        decode_batch_tokens_per_s=batch * n_blocks / batch_step_s,
     )
+
+
+def _batches(blocks: Blocks) -> bool:
+    return bool(getattr(blocks, "supports_batching", False))
+
+
+def _batched_step(blocks: Blocks) -> float:
+    """Median seconds of a decode step of DECODE_BATCH sessions run as one batch."""
+    names = [f"measure-batch-{i}" for i in range(DECODE_BATCH)]
+    caches = [blocks.new_cache(name) for name in names]
+    shape = (1, BATCH_CONTEXT + 1 + DECODE_STEPS, blocks.spec.hidden_size)
+    hidden = torch.randn(shape, dtype=blocks.dtype, device=blocks.device)
+    try:
+        for cache in caches:
+            blocks(hidden[:, :BATCH_CONTEXT], cache, 0, blocks.start, blocks.end)
+        steps = []
+        for i in range(BATCH_CONTEXT, BATCH_CONTEXT + 1 + DECODE_STEPS):  # the first one warms up
+            began = time.perf_counter()
+            token = [hidden[:, i : i + 1]] * DECODE_BATCH
+            blocks.forward_batch(token, caches, [i] * DECODE_BATCH, blocks.start, blocks.end)
+            _sync(blocks.device)
+            steps.append(time.perf_counter() - began)
+        return statistics.median(steps[1:])
+    finally:
+        for name in names:
+            blocks.release(name)
 
 
 def _run(blocks: Blocks, hidden: torch.Tensor, session_id: str, bar) -> tuple[float, float]:

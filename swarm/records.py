@@ -7,7 +7,7 @@ Layout (one DHT key per model; each peer owns one subkey, protected by its signa
 
 Values carry a schema version; readers skip records they cannot parse, records whose peer id
 is not the one of the key that signed them, and fields they do not know. A new field with a
-default (like `tp` and `devices`) keeps the schema version, so older readers still read newer
+default (like `tp`, `devices` and `decode_batch_tokens_per_s`) keeps the schema version, so older readers still read newer
 records and newer readers fill in the default for older ones; the version changes only when
 a field changes meaning or goes away.
 """
@@ -89,6 +89,11 @@ class PeerRecord:
     plan_version: int = 0  # version of the coordinator's plan it follows (0 = none)
     next_start: int = 0  # a range it is loading to move to (joining), [next_start, next_end); 0:0 = none
     next_end: int = 0
+    # Decode capacity when the peer batches steps of many sessions (peer/scheduler.py): tokens/s
+    # through one block with `decode_batch_size` sessions stepping together. 0 = not announced
+    # (an older peer): read it as 1000 / decode_ms_per_block, one session at a time.
+    decode_batch_size: int = 1
+    decode_batch_tokens_per_s: float = 0.0
     schema: int = RECORD_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
@@ -241,6 +246,8 @@ _FIELD_TYPES = {
     "plan_version": int,
     "next_start": int,
     "next_end": int,
+    "decode_batch_size": int,
+    "decode_batch_tokens_per_s": (int, float),
 }
 
 
@@ -250,5 +257,7 @@ def _check_types(record: PeerRecord) -> None:
             raise ValueError(f"field {name} has the wrong type")
     if not 0 <= record.start < record.end:
         raise ValueError(f"bad layer range {record.start}:{record.end}")
+    if record.decode_batch_size < 1 or record.decode_batch_tokens_per_s < 0:
+        raise ValueError("decode batch figures must be positive")
     if record.tp < 1 or (record.devices and len(record.devices) != record.tp):
         raise ValueError(f"tp {record.tp} does not match its {len(record.devices)} devices")

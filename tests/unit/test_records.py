@@ -31,9 +31,21 @@ def test_record_without_tp_fields_reads_as_one_device():
     assert record.tp == 1 and record.devices == ()
 
 
+def test_decode_batch_fields_round_trip_and_default_for_older_records():
+    record = make_record(decode_batch_size=8, decode_batch_tokens_per_s=5000.0)
+    assert PeerRecord.from_bytes(record.to_bytes()) == record
+    body = msgpack.unpackb(record.to_bytes())
+    del body["decode_batch_size"], body["decode_batch_tokens_per_s"]  # a peer from before batching
+    older = PeerRecord.from_bytes(msgpack.packb(body))
+    assert older.decode_batch_size == 1 and older.decode_batch_tokens_per_s == 0.0
+
+
 @pytest.mark.parametrize(
     "change",
     [
+        {"decode_batch_size": 0},
+        {"decode_batch_tokens_per_s": -1.0},
+        {"decode_batch_tokens_per_s": "fast"},
         {"tp": 0},
         {"tp": "2"},
         {"tp": 3, "devices": [GPU.__dict__, GPU.__dict__]},

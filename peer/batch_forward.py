@@ -1,0 +1,102 @@
+"""One forward pass for the decode steps of many sessions at once (batched decode).
+
+Decode is memory-bound: a one-token step reads every weight of a layer for a few flops, so
+stacking the current token of many sessions into one matrix product costs little more than
+one step (the Orca / vLLM observation). Sessions differ in length and position, and each
+keeps its own transformers `DynamicCache`; this module lets the unchanged decoder-layer
+classes run over all of them:
+
+- the rows of all sessions are concatenated on the batch axis, each with its own position
+  id (so rotary embeddings are each session's own);
+- `GatheredCache` stands in for the cache: in each layer it appends every session's new
+  keys/values to that session's cache, then returns all of them right-padded to the longest
+  and stacked, so attention runs as one batched call;
+- a boolean mask hides each row's padding. A decode step is one query token, so the mask
+  needs no causal part: the token may see all of its own session's keys.
+
+Only full-attention layers are batched (no sliding window: its cache keeps a rolling window
+whose mask would differ per layer kind); other stacks run their sessions one at a time.
+Greedy tokens are the same as unbatched; logits can differ in the last float bits, since
+batched matrix products sum in another order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+
+class GatheredCache:
+    """What the decoder layers see as their cache during a batched decode step.
+
+    Row block i (of `rows[i]` rows) belongs to `caches[i]`. Only `update` is called by the
+    attention modules of the batchable architectures (see BlockStack.supports_batching).
+    """
+
+    def __init__(self, caches: Sequence[DynamicCache], rows: Sequence[int], key_lengths: Sequence[int]):
+        self.caches, self.rows = list(caches), list(rows)
+        self.total_rows = sum(rows)
+        self.max_keys = max(key_lengths)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        _, heads, _, head_dim = key_states.shape
+        shape = (self.total_rows, heads, self.max_keys, head_dim)
+        keys = key_states.new_zeros(shape)
+        values = value_states.new_zeros(shape)
+        row = 0
+        for cache, n in zip(self.caches, self.rows, strict=True):
+            k, v = cache.update(key_states[row : row + n], value_states[row : row + n], layer_idx)
+            length = k.shape[2]
+            keys[row : row + n, :, :length] = k
+            values[row : row + n, :, :length] = v
+            row += n
+        return keys, values
+
+
+def padding_mask(rows: Sequence[int], key_lengths: Sequence[int], device: torch.device) -> torch.Tensor:
+    """(total_rows, 1, 1, max_keys) booleans: True where a row's query may attend (its own keys)."""
+    lengths = torch.tensor(
+        [length for n, length in zip(rows, key_lengths, strict=True) for _ in range(n)], device=device
+    )
+    keys = torch.arange(max(key_lengths), device=device)
+    return (keys.unsqueeze(0) < lengths.unsqueeze(1))[:, None, None, :]
+
+
+@torch.inference_mode()
+def decode_batch(
+    layers: nn.ModuleList,
+    rotary_emb: nn.Module,
+    hiddens: Sequence[torch.Tensor],
+    caches: Sequence[DynamicCache],
+    positions: Sequence[int],
+    first: int,
+    last: int,
+) -> list[torch.Tensor]:
+    """Runs one new token of each session through local layers [first, last).
+
+    hiddens[i]: (batch_i, 1, hidden_size); caches[i] holds positions[i] tokens per row in
+    those layers. Returns each session's output rows, in order.
+    """
+    rows = [h.shape[0] for h in hiddens]
+    device = hiddens[0].device
+    hidden = torch.cat(list(hiddens), dim=0)
+    position_ids = torch.tensor(
+        [[p] for n, p in zip(rows, positions, strict=True) for _ in range(n)], device=device
+    )
+    key_lengths = [p + 1 for p in positions]
+    mask = padding_mask(rows, key_lengths, device)
+    cache = GatheredCache(caches, rows, key_lengths)
+    position_embeddings = rotary_emb(hidden, position_ids)
+    for i in range(first, last):
+        hidden = layers[i](
+            hidden,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            position_embeddings=position_embeddings,
+        )
+    return list(torch.split(hidden, rows, dim=0))

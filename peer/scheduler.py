@@ -1,0 +1,217 @@
+"""The peer's compute thread: batches decode steps across sessions and chunks long prefills.
+
+Every validated step becomes a `Job` on one queue, served by one compute thread:
+
+- **Batched decode.** One-token steps of different sessions (any position, any batch size,
+  any client) run as one forward (`PeerCore.run_decode_batch`). A batch forms while a short
+  window lasts after the first waiting decode step (`batch_window_ms`), or until
+  `max_batch_tokens` rows wait, or until every open session has a step waiting (nobody else
+  can join, so waiting longer only adds latency: a lone client never waits). Orca (Yu et
+  al., OSDI '22) calls this iteration-level scheduling.
+- **Chunked prefill.** A prompt runs `prefill_chunk_tokens` at a time, and each round runs
+  at most one chunk next to the decode batch, so a long prompt delays the other sessions'
+  tokens by one chunk's time instead of the whole prompt's (SARATHI, Agrawal et al. 2023).
+
+With `batching=False` jobs run one at a time in arrival order (the baseline of
+benchmarks/concurrency.py); prefills are still chunked when a chunk size is set.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from peer.core import PeerCore, Session
+from swarm.protocol import ErrorCode, ProtocolError, StepResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    batching: bool = True
+    batch_window_ms: float = 2.0  # longest wait for more decode steps after the first one
+    max_batch_tokens: int = 64  # rows of one decode batch (one token each)
+    prefill_chunk_tokens: int = 256  # 0: prefills run whole
+
+
+@dataclass
+class Job:
+    """One step of one session, maybe run in chunks; `future` gets its StepResult or error."""
+
+    session: Session
+    hidden: torch.Tensor  # (batch, new_tokens, hidden) in the compute dtype
+    future: Future = field(default_factory=Future)
+    done_tokens: int = 0  # of a chunked prefill
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    arrived: float = field(default_factory=time.perf_counter)
+    compute_started: float = 0.0  # perf_counter when its (first) forward began
+    compute_ended: float = 0.0  # perf_counter when its (last) forward ended
+    window_s: float = 0.0  # time spent waiting for a batch to fill
+
+    @property
+    def is_decode(self) -> bool:
+        return self.hidden.shape[1] == 1
+
+    @property
+    def rows(self) -> int:
+        return self.hidden.shape[0]
+
+
+class StepScheduler:
+    """Runs `PeerCore` steps on one compute thread; `submit` may be called from any thread."""
+
+    def __init__(self, core: PeerCore, policy: BatchPolicy):
+        self.core, self.policy = core, policy
+        self.can_batch = policy.batching and core.can_batch
+        self.queue: collections.deque[Job] = collections.deque()
+        self.cond = threading.Condition()
+        self.stopped = False
+        self.idle = False  # the compute thread waits on an empty queue (read and set under `cond`)
+        self.batch_sizes = collections.Counter()  # decode batch rows -> how many batches ran
+        self.thread = threading.Thread(target=self._loop, name="compute", daemon=True)
+        self.thread.start()
+
+    def submit(self, session: Session, hidden: torch.Tensor, inline: bool = False) -> Job:
+        """Queues a step validated by PeerCore.begin_step; its future completes on the compute thread.
+
+        With `inline`, a decode step that is the peer's only work (one open session, nothing
+        queued or running) runs right away in the calling thread (the event loop) instead: the
+        two thread hand-offs cost more than a tiny model's step on a busy machine, and nothing
+        else is waiting that could be blocked.
+        """
+        job = Job(session, hidden)
+        with self.cond:
+            if self.stopped:
+                raise RuntimeError("the compute thread is stopped")
+            if inline and self.idle and not self.queue and job.is_decode and len(self.core.sessions) == 1:
+                # Holding the lock: the compute thread cannot start anything meanwhile.
+                self._run_decodes([job])
+                return job
+            self.queue.append(job)
+            self.cond.notify()
+        return job
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify()
+        self.thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while True:
+            decodes, prefill = self._next_round()
+            if decodes is None:
+                return
+            if decodes:
+                self._run_decodes(decodes)
+            if prefill is not None:
+                self._run_chunk(prefill)
+
+    def _next_round(self) -> tuple[list[Job] | None, Job | None]:
+        """Waits for work; returns (decode jobs to batch, one prefill job to advance by a chunk)."""
+        with self.cond:
+            self.idle = True
+            while not self.queue and not self.stopped:
+                self.cond.wait()
+            self.idle = False
+            if self.stopped:
+                return None, None
+            if not self.can_batch:
+                job = self.queue.popleft()
+                return ([job], None) if job.is_decode else ([], job)
+            self._wait_for_batch()
+            decodes, rest, rows = [], collections.deque(), 0
+            for job in self.queue:
+                fits = rows + job.rows <= self.policy.max_batch_tokens or not decodes  # one always runs
+                if job.is_decode and fits:
+                    decodes.append(job)
+                    rows += job.rows
+                else:
+                    rest.append(job)
+            prefill = next((job for job in rest if not job.is_decode), None)
+            if prefill is not None:
+                rest.remove(prefill)
+            self.queue = rest
+            return decodes, prefill
+
+    def _wait_for_batch(self) -> None:
+        """Lets more decode steps join while the window lasts (called holding the lock)."""
+        first = next((job for job in self.queue if job.is_decode), None)
+        if first is None:
+            return
+        deadline = first.arrived + self.policy.batch_window_ms / 1000
+        began = time.perf_counter()
+        while not self.stopped and not self._batch_full():
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            self.cond.wait(left)
+        ended = time.perf_counter()
+        for job in self.queue:
+            job.window_s = ended - max(began, job.arrived)
+
+    def _batch_full(self) -> bool:
+        waiting_rows = sum(job.rows for job in self.queue if job.is_decode)
+        # Every open session has a step queued: nobody else can join this round.
+        return waiting_rows >= self.policy.max_batch_tokens or len(self.queue) >= len(self.core.sessions)
+
+    def _run_decodes(self, jobs: list[Job]) -> None:
+        live = [job for job in jobs if self._still_open(job)]
+        if not live:
+            return
+        began = time.perf_counter()
+        for job in live:
+            job.compute_started = began
+        try:
+            results = self.core.run_decode_batch([(job.session, job.hidden) for job in live])
+        except Exception as e:  # each waiting client hears about it; the thread goes on
+            logger.exception("decode batch of %d sessions failed", len(live))
+            for job in live:
+                job.future.set_exception(e)
+            return
+        self.batch_sizes[sum(job.rows for job in live)] += 1
+        ended = time.perf_counter()
+        for job, result in zip(live, results, strict=True):
+            job.compute_ended = ended
+            job.future.set_result(result)
+
+    def _run_chunk(self, job: Job) -> None:
+        """Runs the next chunk of a prefill and queues the rest again."""
+        if not self._still_open(job):
+            return
+        chunk = self.policy.prefill_chunk_tokens or job.hidden.shape[1]
+        part = job.hidden[:, job.done_tokens : job.done_tokens + chunk]
+        if job.done_tokens == 0:
+            job.compute_started = time.perf_counter()
+        last = job.done_tokens + part.shape[1] >= job.hidden.shape[1]
+        try:
+            job.outputs.append(self.core.run_chunk(job.session, part, last=last))
+        except Exception as e:
+            logger.exception("prefill chunk of session %s failed", job.session.session_id)
+            self.core.end_step(job.session)
+            job.future.set_exception(e)
+            return
+        job.done_tokens += part.shape[1]
+        if last:
+            job.compute_ended = time.perf_counter()
+            output = torch.cat(job.outputs, dim=1) if len(job.outputs) > 1 else job.outputs[0]
+            job.future.set_result(StepResult(job.session.session_id, output))
+        else:  # behind the jobs queued meanwhile: several prefills take turns
+            with self.cond:
+                self.queue.append(job)
+
+    def _still_open(self, job: Job) -> bool:
+        if self.core.sessions.get(job.session.session_id) is job.session:
+            return True
+        # Its stream is gone (closed, or the session expired): nobody waits for the answer.
+        job.future.set_exception(
+            ProtocolError(ErrorCode.UNKNOWN_SESSION, f"session {job.session.session_id} was closed")
+        )
+        return False
