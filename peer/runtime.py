@@ -117,7 +117,10 @@ async def serve(config: PeerConfig) -> int:
     finally:
         if coordinator is not None:
             stop.set()
-            await asyncio.wait_for(coordinator, 30)
+            try:
+                await asyncio.wait_for(coordinator, 30)
+            except Exception:  # the peer still leaves cleanly
+                logger.exception("the coordinator candidate ended with an error")
         await peer.close()
     return 0
 
