@@ -2,6 +2,7 @@
 
 from client.model import DistributedModelForCausalLM
 from client.remote import PeerError
+from client.retry import FailoverError, RetryPolicy
 from client.swarm_client import MissingBlocksError
 
-__all__ = ["DistributedModelForCausalLM", "PeerError", "MissingBlocksError"]
+__all__ = ["DistributedModelForCausalLM", "PeerError", "FailoverError", "RetryPolicy", "MissingBlocksError"]

@@ -9,6 +9,7 @@ import sys
 
 import torch
 
+from peer import faults
 from peer.core import PeerLimits
 from peer.devices import DeviceError, parse_devices
 from peer.runtime import PeerConfig, serve
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="announce this decode time (ms per block) instead of measuring it",
     )
     p.add_argument("-v", "--verbose", action="store_true")
+    faults.add_arguments(p)  # hidden --debug-* flags for failover tests
     return p
 
 
@@ -169,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         throughput=args.throughput,
         decode_ms=args.decode_ms,
         tp_timeout=args.tp_timeout,
+        faults=faults.plan_from_args(args),
     )
     _setup_logging(args, spec.model_id, start, end)
     return asyncio.run(serve(config))

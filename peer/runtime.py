@@ -24,6 +24,7 @@ from peer.announcer import Announcer
 from peer.blocks import BlockStack
 from peer.core import Blocks, PeerCore, PeerLimits
 from peer.devices import describe
+from peer.faults import FaultInjector, FaultPlan
 from peer.server import PeerServer
 from peer.throughput import measure_or_load
 from peer.tp_group import TPGroup, TPGroupError
@@ -59,6 +60,7 @@ class PeerConfig:
     throughput: float | None = None  # announce this instead of the measured prefill tokens/s per block
     decode_ms: float | None = None  # announce this instead of the measured decode ms per block
     tp_timeout: float = 30.0  # bound on every collective and on a rank's silence (seconds)
+    faults: FaultPlan | None = None  # debug fault injection (peer.faults); None in production
 
     @property
     def tp(self) -> int:
@@ -155,6 +157,8 @@ class _Peer:
         if stop.is_set():
             return False
         self.core = PeerCore(blocks, c.spec.model_id, c.limits)
+        if c.faults is not None:
+            FaultInjector(self.core, c.faults).install_signals(self.loop)
         server = PeerServer(self.core, c.max_frame_bytes, c.max_streams)
         self.p2p = await self.dht.replicate_p2p()
         await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, server.handle_stream)
