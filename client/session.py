@@ -161,6 +161,10 @@ class InferenceSession:
             finally:
                 hop.conn.close()
 
+    def peer_names(self) -> list[str]:
+        """Names of the peers of the current chain, in order."""
+        return [self.peers.name(h.hop.peer_id) for h in self.hops]
+
     def describe_route(self) -> str:
         if not self.hops:
             return "(no route)"
