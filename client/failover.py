@@ -88,6 +88,7 @@ class Hops:
     rng: random.Random = field(default_factory=random.Random)
     serial: int = 0
     ping_timeout: float = PING_TIMEOUT_S  # for peers the client has not measured yet
+    failed_here: set[str] = field(default_factory=set)  # peers that failed in this session
 
     def __post_init__(self) -> None:
         self.budget = self.budget or RetryBudget(self.policy)
@@ -122,6 +123,7 @@ class Hops:
         """Bans the peer (if any) and spends one attempt; raises FailoverError when the budget is gone."""
         name = self.name(peer_id) if peer_id else "(none)"
         if peer_id is not None:
+            self.failed_here.add(peer_id)
             ban_s = self.bans.ban(peer_id)
             self.swarm.forget(peer_id)
             logger.info(
@@ -158,13 +160,27 @@ class Hops:
         raise AssertionError("unreachable")
 
     async def _route(self, start: int, end: int) -> Route:
-        records = [r for r in self.records.values() if r.peer_id not in self.bans.banned()]
         # Off the loop: measuring new peers' round trips and the router's own work may take a while.
-        return await asyncio.to_thread(self._choose, records, start, end)
+        return await asyncio.to_thread(self._choose, start, end)
 
-    def _choose(self, records: list[PeerRecord], start: int, end: int) -> Route:
+    def _choose(self, start: int, end: int) -> Route:
+        """A chain without banned peers; failing that, one that avoids only the peers that
+        failed in this call (a ban from an earlier call is a preference, not a wall)."""
+        banned = self.bans.banned()
+        try:
+            return self._choose_without(banned, start, end)
+        except NoRouteError:
+            if banned <= self.failed_here:
+                raise
+            logger.info(
+                "no chain for [%d:%d) without banned peers; trying those banned before this call", start, end
+            )
+            return self._choose_without(banned & self.failed_here, start, end)
+
+    def _choose_without(self, exclude: frozenset[str], start: int, end: int) -> Route:
+        records = [r for r in self.records.values() if r.peer_id not in exclude]  # no pings to excluded peers
         view = self.swarm.view(records, self.spec.num_blocks, self.spec.hidden_size, self.ping_timeout)
-        return route_span(self.router, view, self.request, start, end, self.bans.banned())
+        return route_span(self.router, view, self.request, start, end, exclude)
 
     def refresh_records(self) -> None:
         """Re-reads the records from the DHT (peers may have joined since the session opened)."""
