@@ -38,6 +38,7 @@ from swarm.records import PeerRecord
 
 logger = logging.getLogger(__name__)
 
+WAIT_POLL_S = 0.5  # how often the DHT is read while no chain exists
 REPLAY_CHUNK_BYTES = 16 << 20  # one replay frame at most (peers accept 64 MiB by default)
 
 
@@ -151,7 +152,7 @@ class Hops:
                 return hops, seen, output
             except NoRouteError as e:
                 self.failed(None, start, end, f"no route: {e}")
-                await asyncio.to_thread(self.refresh_records)
+                await self._wait_for_peers(start, end)
             except PeerError as e:
                 for hop in hops:
                     hop.conn.close()
@@ -181,6 +182,21 @@ class Hops:
         records = [r for r in self.records.values() if r.peer_id not in exclude]  # no pings to excluded peers
         view = self.swarm.view(records, self.spec.num_blocks, self.spec.hidden_size, self.ping_timeout)
         return route_span(self.router, view, self.request, start, end, exclude)
+
+    async def _wait_for_peers(self, start: int, end: int) -> None:
+        """Polls the DHT until peers other than this call's failed ones cover [start, end),
+        for at most the time budget left: a peer restarting or joining counts one attempt."""
+        while True:
+            await asyncio.to_thread(self.refresh_records)
+            served = {
+                b
+                for r in self.records.values()
+                if r.peer_id not in self.failed_here
+                for b in range(r.start, r.end)
+            }
+            if served >= set(range(start, end)) or self.budget.seconds_left() <= WAIT_POLL_S:
+                return
+            await asyncio.sleep(WAIT_POLL_S)
 
     def refresh_records(self) -> None:
         """Re-reads the records from the DHT (peers may have joined since the session opened)."""

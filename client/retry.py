@@ -127,6 +127,12 @@ class RetryBudget:
         if now - self.began > self.policy.retry_budget_s:
             raise FailoverError(self.attempts, f"{self.policy.retry_budget_s:.0f} s of retries allowed")
 
+    def seconds_left(self) -> float:
+        """Seconds of the time budget left (all of it before the first failure)."""
+        if self.began is None:
+            return self.policy.retry_budget_s
+        return self.policy.retry_budget_s - (self.clock() - self.began)
+
     @property
     def used(self) -> int:
         return len(self.attempts)

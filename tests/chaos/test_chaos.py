@@ -1,6 +1,7 @@
 """Seeded chaos: peers of the chain in use are SIGKILLed, SIGSTOPped or made to answer errors/NaN
 mid-generation; every output equals the no-failure output, and no process is left behind."""
 
+import random
 import time
 
 import pytest
@@ -32,6 +33,34 @@ def test_chaos_run_is_exact(run, chaos, clients, local_model):
     assert all(f.recovery_s is not None for f in result.faults), summary
     assert result.retries >= 1
     assert chaos.leftovers() == []  # killed peers' DHT child and p2p daemon are gone too
+
+
+def test_spent_budget_raises_an_error_that_lists_what_was_tried(chaos, local_model):
+    from transformers import StoppingCriteriaList
+
+    from client import DistributedModelForCausalLM, FailoverError, RetryPolicy
+    from swarm.chaos import ChaosMonkey
+
+    chaos.settle(max_starting=0)
+    model = DistributedModelForCausalLM.from_pretrained(
+        chaos.model_dir, initial_peers=chaos.local.initial_peers, retry=RetryPolicy(max_retries=0)
+    )
+    monkey = ChaosMonkey(chaos, lambda: model.session.peer_names(), random.Random(0), 4, actions=("error",))
+    try:
+        with pytest.raises(FailoverError) as info:
+            model.generate(
+                torch.tensor([[5, 6, 7]]),
+                max_new_tokens=4,
+                min_new_tokens=4,
+                stopping_criteria=StoppingCriteriaList([monkey]),
+            )
+    finally:
+        chaos.heal()
+        model.shutdown()
+    (fault,) = monkey.faults
+    (attempt,) = info.value.attempts
+    assert attempt.peer == fault.peer and "0 retries allowed" in str(info.value)
+    assert f"{fault.peer}[" in str(info.value)
 
 
 def test_no_process_left_behind(chaos, clients):
