@@ -23,6 +23,8 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from client.failover import Failover
+from client.retry import BanList, RetryPolicy
 from client.session import InferenceSession
 from client.swarm_client import SwarmClient
 from routing.chains.swarm_view import Router
@@ -34,7 +36,6 @@ from swarm.model_spec import ModelSpec, config_for_blocks, load_model_spec
 logger = logging.getLogger(__name__)
 
 DEFAULT_COVERAGE_TIMEOUT_S = 60.0  # how long to wait for every block to have an online peer
-DEFAULT_STEP_TIMEOUT_S = 60.0  # per hop and step
 # The winner of the multi-client load benchmark (README "Routing requests through the swarm").
 DEFAULT_ROUTING = "tradeoff"
 
@@ -46,6 +47,7 @@ class _ThreadSessions(threading.local):
     session: InferenceSession | None = None
     max_length: int | None = None  # set while inside `inference_session`
     last_route: str | None = None
+    last_failovers: list | None = None  # client.failover.Failover of the last session
 
 
 class DistributedMixin:
@@ -55,11 +57,12 @@ class DistributedMixin:
     router: Router
     spec: ModelSpec
 
-    def _init_swarm(self, spec, swarm, router, coverage_timeout, step_timeout, wire_dtype) -> None:
+    def _init_swarm(self, spec, swarm, router, coverage_timeout, retry: RetryPolicy, wire_dtype) -> None:
         self.spec, self.swarm, self.router = spec, swarm, router
         self._shut_down = False
         atexit.register(self.shutdown)
-        self.coverage_timeout, self.step_timeout, self.wire_dtype = coverage_timeout, step_timeout, wire_dtype
+        self.coverage_timeout, self.retry, self.wire_dtype = coverage_timeout, retry, wire_dtype
+        self.bans = BanList(retry)  # peers this client avoids, across its sessions and threads
         self._threads = _ThreadSessions()
 
     @property
@@ -94,8 +97,15 @@ class DistributedMixin:
             self._threads.max_length = None
             self._close_session()
 
+    @property
+    def last_failovers(self) -> list[Failover]:
+        """The failovers (peer, blocks, error, timings) of this thread's last session."""
+        return list(self._threads.last_failovers or [])
+
     def _close_session(self) -> None:
         if self.session is not None:
+            self._threads.last_failovers = self.session.failovers
+            self.last_route = self.session.describe_route()  # failovers may have changed it
             self.session.close()
             self.session = None
 
@@ -170,7 +180,8 @@ class DistributedMixin:
                 batch_size=batch,
                 dtype=self.wire_dtype,
                 coverage_timeout=self.coverage_timeout,
-                step_timeout=self.step_timeout,
+                policy=self.retry,
+                bans=self.bans,
             ).open()
             self.last_route = self.session.describe_route()
         return self.session
@@ -206,7 +217,7 @@ class DistributedModelForCausalLM:
         router: Router | None = None,
         dtype: torch.dtype = torch.float32,
         coverage_timeout: float = DEFAULT_COVERAGE_TIMEOUT_S,
-        step_timeout: float = DEFAULT_STEP_TIMEOUT_S,
+        retry: RetryPolicy | None = None,
         host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
     ):
         """Loads embeddings, norm and LM head of `model_dir` and joins the swarm through `initial_peers`.
@@ -217,6 +228,8 @@ class DistributedModelForCausalLM:
         `dtype` is the client's compute dtype and the dtype of hidden states on the wire.
         The first step of a session waits up to `coverage_timeout` seconds for every block
         to have an online peer, then fails with an error naming the blocks still missing.
+        `retry` sets failover (client.retry.RetryPolicy): retries and seconds per generate()
+        call, backoff, bans, step deadlines, and the bound on the hop inputs kept for replay.
         """
         spec = load_model_spec(model_dir)
         peers = public_initial_peers() if public else list(initial_peers or [])
@@ -228,7 +241,7 @@ class DistributedModelForCausalLM:
 
             router = make_router(routing, preference)
         swarm = SwarmClient.connect(peers, host_maddrs)
-        model._init_swarm(spec, swarm, router, coverage_timeout, step_timeout, dtype)
+        model._init_swarm(spec, swarm, router, coverage_timeout, retry or RetryPolicy(), dtype)
         return model
 
 

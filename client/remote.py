@@ -109,12 +109,17 @@ class PeerConnection:
 
     async def step(self, session_id: str, position: int, hidden: torch.Tensor) -> torch.Tensor:
         result = await self.request(Step(session_id, position, hidden), StepResult)
-        if result.hidden.shape != hidden.shape:
+        out = result.hidden
+        if out.shape != hidden.shape or out.dtype != hidden.dtype:
             raise self._error(
                 ErrorCode.BAD_TENSOR,
-                f"returned shape {tuple(result.hidden.shape)} for input {tuple(hidden.shape)}",
+                f"returned {tuple(out.shape)} {out.dtype} for input {tuple(hidden.shape)} {hidden.dtype}",
             )
-        return result.hidden
+        if result.session_id != session_id:
+            raise self._error(ErrorCode.MALFORMED, f"result for session {result.session_id!r}")
+        if not torch.isfinite(out).all():
+            raise self._error(ErrorCode.BAD_TENSOR, "returned hidden states with NaN or inf")
+        return out
 
     async def close_session(self, session_id: str) -> None:
         await self.request(Close(session_id), Closed)

@@ -1,28 +1,35 @@
-"""An inference session: one sequence batch's path through the swarm.
+"""An inference session: one sequence batch's path through the swarm, repaired when peers fail.
 
-Opening picks a route (ordered hops covering every block) with the client's router, then
-opens a remote session on each hop's peer; each step sends the new tokens' hidden states
-through the hops in order (client-relayed) and returns the last hop's output. Each peer
-keeps the session's KV cache for its blocks until the session closes.
+Opening picks a route (ordered hops covering every block) with the client's router and opens
+a remote session on each hop's peer; each step sends the new tokens' hidden states through
+the hops in order (client-relayed) and returns the last hop's output. Each peer keeps the
+session's KV cache for its blocks until the session closes.
+
+Exact failover: the session keeps what each hop has been sent (client.history). When a hop's
+peer dies, stalls past its deadline, refuses or answers garbage, the session bans it,
+routes that hop's blocks again and replays the kept inputs plus the current step to the new
+hops (client.failover), then goes on with the step from there. The new peers' KV caches then
+hold what the old one held, so greedy output equals a run without failures.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import time
 
 import torch
 
-from client.remote import PeerConnection, PeerError
+from client.failover import Failover, Hops, LiveHop
+from client.history import InputHistory
+from client.remote import PeerError
+from client.retry import BanList, RetryPolicy
 from client.swarm_client import SwarmClient
 from client.worker import run_sync
-from routing.chains.swarm_view import NoRouteError, Route, Router, RouteRequest
+from routing.chains.swarm_view import Router, RouteRequest
 from swarm.model_spec import ModelSpec
-from swarm.protocol import ErrorCode
 
 logger = logging.getLogger(__name__)
-
-OPEN_ATTEMPTS = 3  # routes tried when peers refuse or vanish while a session opens
 
 
 class InferenceSession:
@@ -38,71 +45,52 @@ class InferenceSession:
         batch_size: int,
         dtype: torch.dtype,
         coverage_timeout: float,
-        step_timeout: float,
+        policy: RetryPolicy | None = None,
+        bans: BanList | None = None,
     ):
-        self.swarm, self.router, self.spec = swarm, router, spec
+        self.swarm, self.spec = swarm, spec
         self.max_length, self.batch_size, self.dtype = max_length, batch_size, dtype
-        self.coverage_timeout, self.step_timeout = coverage_timeout, step_timeout
+        self.coverage_timeout = coverage_timeout
+        self.policy = policy or RetryPolicy()
         self.session_id = secrets.token_hex(8)
-        self.route: Route | None = None
-        self.names: dict[str, str] = {}  # peer id -> name, for messages
-        self.connections: list[PeerConnection] = []
+        self.hops: list[LiveHop] = []
         self.position = 0  # tokens of each sequence the swarm has cached
+        self.failovers: list[Failover] = []
+        request = RouteRequest(prompt_tokens=max_length, new_tokens=0, batch_size=batch_size)
+        self.peers = Hops(
+            swarm=swarm,
+            router=router,
+            spec=spec,
+            request=request,
+            session_id=self.session_id,
+            dtype=dtype,
+            policy=self.policy,
+            bans=bans or BanList(self.policy),
+            records={},
+        )
+        dtype_bytes = torch.tensor([], dtype=dtype).element_size()
+        self.history = InputHistory(
+            batch_size * max_length * spec.hidden_size * dtype_bytes, self.policy.max_history_bytes
+        )
+
+    @property
+    def retries_used(self) -> int:
+        return self.peers.budget.used
 
     def open(self) -> InferenceSession:
-        request = RouteRequest(prompt_tokens=self.max_length, new_tokens=0, batch_size=self.batch_size)
-        excluded: set[str] = set()
-        for attempt in range(OPEN_ATTEMPTS):
-            records = self.swarm.wait_for_coverage(
-                self.spec.model_id, self.spec.num_blocks, self.coverage_timeout
-            )
-            excluded |= {r.peer_id for r in records if r.max_length < self.max_length}  # too short for us
-            self.names = {r.peer_id: r.name for r in records}
-            view = self.swarm.view(records, self.spec.num_blocks, self.spec.hidden_size)
-            try:
-                self.route = self.router.choose(view, request, exclude=frozenset(excluded))
-            except NoRouteError as e:
-                raise PeerError("(none)", None, f"no usable chain: {e}") from None
-            try:
-                self.connections = run_sync(
-                    self._open_hops(), timeout=self.step_timeout * len(self.route.hops)
-                )
-                logger.info("session %s: route %s", self.session_id, self.describe_route())
-                return self
-            except PeerError as e:
-                failed = e.peer_id
-                retryable = e.code in (
-                    None, ErrorCode.BUSY, ErrorCode.LEAVING, ErrorCode.TOO_LONG, ErrorCode.PEER_FAILED
-                )
-                if attempt + 1 == OPEN_ATTEMPTS or failed is None or not retryable:
-                    raise
-                logger.info("peer %s could not open a session (%s); routing around it", e.peer, e.message)
-                excluded.add(failed)
-                self.swarm.forget(failed)
-        raise AssertionError("unreachable")
+        records = self.swarm.wait_for_coverage(
+            self.spec.model_id, self.spec.num_blocks, self.coverage_timeout
+        )
+        self.peers.records = {r.peer_id: r for r in records if r.max_length >= self.max_length}
+        self.hops, _, _ = run_sync(self.peers.replace(0, self.spec.num_blocks, None), timeout=self._timeout())
+        self.peers.ping_timeout = self.policy.deadline_floor_s  # later pings are on the failover path
+        self.history.keep([h.start for h in self.hops])
+        logger.info("session %s: route %s", self.session_id, self.describe_route())
+        return self
 
-    async def _open_hops(self) -> list[PeerConnection]:
-        opened: list[PeerConnection] = []
-        try:
-            for hop in self.route.hops:
-                name = self.names.get(hop.peer_id, hop.peer_id)
-                conn = await self.swarm.open_connection(hop.peer_id, name, timeout=self.step_timeout)
-                opened.append(conn)
-                conn.timeout = self.step_timeout
-                await conn.open(
-                    self.session_id,
-                    self.spec.model_id,
-                    hop.start,
-                    hop.end,
-                    self.max_length,
-                    self.batch_size,
-                    self.dtype,
-                )
-        except BaseException:
-            for conn in opened:
-                conn.close()
-            raise
-        return opened
+    def _timeout(self) -> float:
+        # A safety net only: every request inside has its own deadline and the budget bounds retries.
+        return self.policy.retry_budget_s + 120
 
     def step(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (batch, new_tokens, hidden_size) -> the same shape, after every block."""
@@ -110,37 +98,77 @@ class InferenceSession:
             raise ValueError(
                 f"session max_length {self.max_length} reached ({self.position} + {hidden.shape[1]})"
             )
-        output = run_sync(
-            self._step(hidden.to(self.dtype).contiguous()), timeout=self.step_timeout * len(self.connections)
-        )
+        output = run_sync(self._step(hidden.to(self.dtype).contiguous()), timeout=self._timeout())
         self.position += hidden.shape[1]
         return output
 
     async def _step(self, hidden: torch.Tensor) -> torch.Tensor:
-        for conn in self.connections:
-            hidden = await conn.step(self.session_id, self.position, hidden)
+        inputs: dict[int, torch.Tensor] = {}  # block boundary -> this step's input there
+        i = 0
+        while i < len(self.hops):
+            hop = self.hops[i]
+            inputs[hop.start] = hidden
+            try:
+                hidden = await self.peers.run(hop, hidden, self.position)
+                i += 1
+            except PeerError as e:
+                hidden, i = await self._recover(i, e, inputs)
+        self.history.append(inputs)
         return hidden
 
+    async def _recover(
+        self, failed: int, error: PeerError, inputs: dict[int, torch.Tensor]
+    ) -> tuple[torch.Tensor, int]:
+        """Replaces hop `failed` (and the hops after the nearest kept boundary before it) and
+        runs this step through the new hops; returns their output and the next hop's index."""
+        bad = self.hops[failed]
+        bad.conn.close()
+        event = self.peers.new_failover(bad.hop.peer_id, bad.start, bad.end, error)
+        self.peers.failed(bad.hop.peer_id, bad.start, bad.end, event.error)
+        start = self.history.replay_start(bad.start)
+        first = next(j for j, h in enumerate(self.hops) if h.start == start)
+        past = self.history.inputs(start)
+        replay = inputs[start] if past is None else torch.cat([past, inputs[start]], dim=1)
+        new_hops, seen, output = await self.peers.replace(start, bad.end, replay)
+        for old in self.hops[first:failed]:
+            old.conn.close()
+        self.hops[first : failed + 1] = new_hops
+        self.history.keep([h.start for h in self.hops])
+        for boundary, full in seen.items():  # what each new boundary saw: past tokens, then this step's
+            self.history.replace(boundary, full[:, : self.position])
+            inputs[boundary] = full[:, self.position :]
+        event.recovered, event.attempts = time.monotonic(), self.retries_used
+        self.failovers.append(event)
+        logger.info(
+            "session %s: %s failed (%s); blocks [%d:%d) now on %s",
+            self.session_id, event.peer, event.error, start, bad.end, self.describe_route(),
+        )  # fmt: skip
+        return output[:, self.position :], first + len(new_hops)
+
     def close(self) -> None:
-        if self.connections:
+        if self.hops:
             run_sync(self._close_all(), timeout=10)
-            self.connections = []
+            self.hops = []
 
     async def _close_all(self) -> None:
-        for conn in self.connections:
+        for hop in self.hops:
             try:
-                await conn.close_session(self.session_id)
-            except PeerError as e:
-                logger.debug("closing on %s: %s", conn.peer_name, e)
+                if not hop.conn.writer.is_closing():  # a failed hop's stream is closed already
+                    hop.conn.timeout = min(hop.conn.timeout, 5.0)
+                    await hop.conn.close_session(hop.session_id)
+            except Exception as e:  # best effort: the peer frees the session when the stream ends anyway
+                logger.debug("closing on %s: %s", hop.conn.peer_name, e)
             finally:
-                conn.close()
+                hop.conn.close()
+
+    def peer_names(self) -> list[str]:
+        """Names of the peers of the current chain, in order."""
+        return [self.peers.name(h.hop.peer_id) for h in self.hops]
 
     def describe_route(self) -> str:
-        if self.route is None:
+        if not self.hops:
             return "(no route)"
-        return " -> ".join(
-            f"{self.names.get(h.peer_id, h.peer_id[-6:])}[{h.start}:{h.end})" for h in self.route.hops
-        )
+        return " -> ".join(f"{self.peers.name(h.hop.peer_id)}[{h.start}:{h.end})" for h in self.hops)
 
     def __enter__(self) -> InferenceSession:
         return self

@@ -81,9 +81,15 @@ class SwarmClient:
                 raise MissingBlocksError(model_id, missing, time.monotonic() - began)
             time.sleep(0.5)
 
-    def view(self, records: list[PeerRecord], num_blocks: int, hidden_size: int) -> SwarmView:
+    def view(
+        self,
+        records: list[PeerRecord],
+        num_blocks: int,
+        hidden_size: int,
+        ping_timeout: float = PING_TIMEOUT_S,
+    ) -> SwarmView:
         """A SwarmView of `records`, with fresh round trips (peers that do not answer are left out)."""
-        rtts = self.round_trips(records)
+        rtts = self.round_trips(records, ping_timeout)
         peers = tuple(
             PeerView(
                 peer_id=r.peer_id,
@@ -110,14 +116,14 @@ class SwarmClient:
             version=self.view_version,
         )
 
-    def round_trips(self, records: list[PeerRecord]) -> dict[str, float]:
+    def round_trips(self, records: list[PeerRecord], timeout: float = PING_TIMEOUT_S) -> dict[str, float]:
         """peer id -> round trip in ms (a PING, re-measured after RTT_TTL_S); silent peers are left out."""
-        return run_sync(self._measure_rtts(records), timeout=PING_TIMEOUT_S + 5)
+        return run_sync(self._measure_rtts(records, timeout), timeout=timeout + 5)
 
-    async def _measure_rtts(self, records: list[PeerRecord]) -> dict[str, float]:
+    async def _measure_rtts(self, records: list[PeerRecord], timeout: float) -> dict[str, float]:
         now = time.monotonic()
         stale = [r for r in records if now - self.rtt_ms.get(r.peer_id, (0, -RTT_TTL_S))[1] >= RTT_TTL_S]
-        results = await asyncio.gather(*(self._ping(r) for r in stale), return_exceptions=True)
+        results = await asyncio.gather(*(self._ping(r, timeout) for r in stale), return_exceptions=True)
         for record, result in zip(stale, results, strict=True):
             if isinstance(result, float):
                 self.rtt_ms[record.peer_id] = (result, now)
@@ -126,10 +132,10 @@ class SwarmClient:
                 logger.info("peer %s does not answer pings (%s); leaving it out", record.name, result)
         return {r.peer_id: self.rtt_ms[r.peer_id][0] for r in records if r.peer_id in self.rtt_ms}
 
-    async def _ping(self, record: PeerRecord) -> float:
-        conn = await self.open_connection(record.peer_id, record.name, timeout=PING_TIMEOUT_S)
+    async def _ping(self, record: PeerRecord, timeout: float) -> float:
+        conn = await self.open_connection(record.peer_id, record.name, timeout=timeout)
         try:
-            conn.timeout = PING_TIMEOUT_S
+            conn.timeout = timeout
             return await conn.ping()
         finally:
             conn.close()

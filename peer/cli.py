@@ -13,6 +13,7 @@ configure_openmp()  # before torch loads (see swarm/threads.py)
 # ruff: noqa: E402
 import torch
 
+from peer import faults
 from peer.core import PeerLimits
 from peer.devices import DeviceError, parse_devices
 from peer.runtime import PeerConfig, serve
@@ -158,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="same as --log-level debug")
     log_setup.add_log_arguments(p)
     add_coordination_arguments(p)
+    faults.add_arguments(p)  # hidden --debug-* flags for failover tests
     return p
 
 
@@ -262,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         move_wait=args.move_wait,
         coordinator=coordinator_config(args, args.model_dir) if args.coordinator else None,
         batch=batch,
+        faults=faults.plan_from_args(args),
     )
     _setup_logging(args, spec.model_id, "[auto]" if auto else f"[{start}:{end})")
     return asyncio.run(serve(config))

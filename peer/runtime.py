@@ -25,6 +25,7 @@ from peer.announcer import Announcer
 from peer.blocks import BlockStack
 from peer.core import Blocks, PeerCore, PeerLimits
 from peer.devices import describe
+from peer.faults import FaultInjector, FaultPlan
 from peer.link_probe import LinkProbe
 from peer.plan_follower import PlanFollower, join_range
 from peer.range_move import RangeMover
@@ -75,6 +76,7 @@ class PeerConfig:
     move_wait: float = 30.0  # longest a move waits for others to cover the range it drops
     coordinator: Any = None  # a swarm.coordinator.service.CoordinatorConfig: run a candidate here
     batch: BatchPolicy = BatchPolicy()  # decode batching and prefill chunking (peer/scheduler.py)
+    faults: FaultPlan | None = None  # debug fault injection (peer.faults); None in production
 
     @property
     def tp(self) -> int:
@@ -230,6 +232,9 @@ class _Peer:
             return False
         self.core = PeerCore(blocks, c.spec.model_id, c.limits)
         self.server = PeerServer(self.core, c.max_frame_bytes, c.max_streams, c.batch)
+        if c.faults is not None:
+            self.server.faults = FaultInjector(self.core, c.faults)
+            self.server.faults.install_signals(self.loop)
         self.p2p = await self.dht.replicate_p2p()
         await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, self._handle_stream)
         await self.announcer.announce(PeerState.ONLINE)

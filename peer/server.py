@@ -14,6 +14,7 @@ import logging
 import time
 
 from peer.core import PeerCore
+from peer.faults import FaultInjector
 from peer.hop_stats import HopStats
 from peer.scheduler import BatchPolicy, Job, StepScheduler
 from swarm.protocol import (
@@ -51,6 +52,7 @@ class PeerServer:
         self.open_streams = 0
         self.scheduler = StepScheduler(core, policy or BatchPolicy())
         self.hop_stats = HopStats()
+        self.faults: FaultInjector | None = None  # debug fault injection (peer/faults.py); tests only
 
     def close(self) -> None:
         self.scheduler.stop()
@@ -105,12 +107,15 @@ class PeerServer:
         """Queues a step for the compute thread, sends its result, and notes the hop's cost."""
         self._check_owned(message.session_id, owned)
         session, hidden = self.core.begin_step(message)
+        poison = self.faults is not None and self.faults.before_step(session)
         job = self.scheduler.submit(session, hidden, inline=True)
         queued = min(time.perf_counter(), job.compute_started or float("inf"))
         if job.future.done():  # it ran inline
             result: StepResult = job.future.result()
         else:
             result = await asyncio.wrap_future(job.future)
+        if poison:
+            result = self.faults.poison(result)
         await self._send(writer, result)
         self._note(job, arrived, queued, time.perf_counter())
 

@@ -1,0 +1,43 @@
+"""Per-request deadlines from what a peer announced about its speed (pure, no I/O).
+
+One fixed timeout is either too short for a long prefill on a slow peer or minutes too long
+to notice a stalled (SIGSTOP'ed, swapped-out, partitioned) one. Peers announce how fast they
+are (`decode_ms_per_block`: one token through one block; `throughput`: tokens/s through one
+block in a batched prefill), so the client expects a step of T tokens x B sequences over n
+blocks to take about
+
+    compute_ms = n x max(decode_ms_per_block, 1000 x B x T / throughput)
+
+and waits `slack` times that, times (1 + the peer's open sessions, which share its compute
+thread), plus the measured round trip, and never less than a floor. Each failure already
+spent in the same call doubles it (up to x16), so a machine that is merely slow does not
+turn every step into a failover.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from client.retry import RetryPolicy
+
+
+@dataclass(frozen=True)
+class PeerSpeed:
+    """What the client knows of a peer's speed (from its record and its own pings)."""
+
+    decode_ms_per_block: float = 0.0
+    throughput: float = 0.0  # tokens/s per block; 0 when unknown
+    open_sessions: int = 0
+    rtt_ms: float = 0.0
+
+
+def step_deadline_s(
+    speed: PeerSpeed, blocks: int, batch: int, tokens: int, policy: RetryPolicy, failures: int = 0
+) -> float:
+    """Seconds to wait for one step's reply before calling the peer stalled."""
+    per_block_ms = max(speed.decode_ms_per_block, 0.0)
+    if speed.throughput > 0:
+        per_block_ms = max(per_block_ms, 1000.0 * batch * tokens / speed.throughput)
+    compute_ms = blocks * per_block_ms * (1 + max(speed.open_sessions, 0))
+    expected_s = (policy.deadline_slack * compute_ms + max(speed.rtt_ms, 0.0)) / 1000.0
+    return max(policy.deadline_floor_s, expected_s) * 2 ** min(max(failures, 0), 4)

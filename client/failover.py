@@ -1,0 +1,258 @@
+"""Opening hops and replacing failed ones: the part of a session that talks to peers.
+
+`Hops.replace(start, end, inputs)` is the one repair operation, used both to open a session
+(blocks [0, L), nothing to replay) and to repair a failed hop:
+
+1. route blocks [start, end) with the client's router, excluding banned peers
+   (routing.chains.span: any router, on a sub-view; the new chain may split the span
+   differently, e.g. one peer replaced by two);
+2. open a session on each new hop;
+3. push `inputs` (every hidden state the span has seen, the current step's included)
+   through the new hops as prefill, chained, so each rebuilds its KV cache;
+4. on any peer error, ban that peer, count the attempt against the call's budget
+   (client.retry), back off and start again at 1.
+
+Every request carries a deadline from the peer's announced speed (client.deadline), so a
+stalled peer costs about a second, not a fixed minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from client.deadline import PeerSpeed, step_deadline_s
+from client.remote import PeerConnection, PeerError
+from client.retry import Attempt, BanList, RetryBudget, RetryPolicy, backoff_delay
+from client.swarm_client import PING_TIMEOUT_S, SwarmClient
+from routing.chains.span import route_span
+from routing.chains.swarm_view import Hop, NoRouteError, Route, Router, RouteRequest
+from swarm.model_spec import ModelSpec
+from swarm.records import PeerRecord
+
+logger = logging.getLogger(__name__)
+
+WAIT_POLL_S = 0.5  # how often the DHT is read while no chain exists
+REPLAY_CHUNK_BYTES = 16 << 20  # one replay frame at most (peers accept 64 MiB by default)
+
+
+@dataclass
+class LiveHop:
+    """One hop of the current chain: blocks [start, end) in a session on one peer."""
+
+    hop: Hop
+    conn: PeerConnection
+    session_id: str  # one per hop: a peer may serve two hops of one chain
+
+    @property
+    def start(self) -> int:
+        return self.hop.start
+
+    @property
+    def end(self) -> int:
+        return self.hop.end
+
+
+@dataclass
+class Failover:
+    """One recovery, timed: for the benchmark and the logs."""
+
+    peer: str
+    start: int
+    end: int
+    error: str
+    detected: float  # time.monotonic() when the error reached the client
+    recovered: float = 0.0  # when the repaired span had produced the step's output
+    attempts: int = 1
+
+
+@dataclass
+class Hops:
+    """Opens, runs and replaces the hops of one session (all on the client loop)."""
+
+    swarm: SwarmClient
+    router: Router
+    spec: ModelSpec
+    request: RouteRequest
+    session_id: str
+    dtype: torch.dtype
+    policy: RetryPolicy
+    bans: BanList
+    records: dict[str, PeerRecord]  # peer id -> its record, as last read
+    budget: RetryBudget = None
+    rng: random.Random = field(default_factory=random.Random)
+    serial: int = 0
+    ping_timeout: float = PING_TIMEOUT_S  # for peers the client has not measured yet
+    failed_here: set[str] = field(default_factory=set)  # peers that failed in this session
+
+    def __post_init__(self) -> None:
+        self.budget = self.budget or RetryBudget(self.policy)
+
+    def name(self, peer_id: str) -> str:
+        record = self.records.get(peer_id)
+        return record.name if record else peer_id[-6:]
+
+    # -- one request, with its deadline ------------------------------------------------------
+
+    async def run(self, hop: LiveHop, hidden: torch.Tensor, position: int) -> torch.Tensor:
+        """hidden (batch, tokens, H) through `hop` at `position`, within the step deadline."""
+        hop.conn.timeout = self.deadline(
+            hop.hop.peer_id, hop.end - hop.start, hidden.shape[0], hidden.shape[1]
+        )
+        return await hop.conn.step(hop.session_id, position, hidden)
+
+    def deadline(self, peer_id: str, blocks: int, batch: int, tokens: int) -> float:
+        record = self.records.get(peer_id)
+        rtt = self.swarm.rtt_ms.get(peer_id, (0.0, 0.0))[0]
+        speed = PeerSpeed(
+            decode_ms_per_block=record.decode_ms_per_block if record else 0.0,
+            throughput=record.throughput if record else 0.0,
+            open_sessions=record.open_sessions if record else 0,
+            rtt_ms=rtt,
+        )
+        return step_deadline_s(speed, blocks, batch, tokens, self.policy, self.budget.used)
+
+    # -- failures ----------------------------------------------------------------------------
+
+    def failed(self, peer_id: str | None, start: int, end: int, error: str) -> None:
+        """Bans the peer (if any) and spends one attempt; raises FailoverError when the budget is gone."""
+        name = self.name(peer_id) if peer_id else "(none)"
+        if peer_id is not None:
+            self.failed_here.add(peer_id)
+            ban_s = self.bans.ban(peer_id)
+            self.swarm.forget(peer_id)
+            logger.info(
+                "peer %s failed on blocks [%d:%d): %s; banned for %.0f s", name, start, end, error, ban_s
+            )
+        self.budget.spend(Attempt(name, start, end, error))
+
+    # -- the repair ----------------------------------------------------------------------------
+
+    async def replace(
+        self, start: int, end: int, inputs: torch.Tensor | None
+    ) -> tuple[list[LiveHop], dict[int, torch.Tensor], torch.Tensor | None]:
+        """New hops for blocks [start, end), with `inputs` replayed through them.
+
+        Returns the hops, the replay's input at each new hop's start (what its boundary has
+        seen), and the output at `end` (None when there was nothing to replay).
+        """
+        for attempt in itertools.count():  # until it works or the budget raises FailoverError
+            await asyncio.sleep(backoff_delay(attempt, self.policy, self.rng))
+            hops: list[LiveHop] = []
+            try:
+                route = await self._route(start, end)
+                hops = await self._open(route)
+                seen, output = await self._push(hops, inputs)
+                return hops, seen, output
+            except NoRouteError as e:
+                self.failed(None, start, end, f"no route: {e}")
+                await self._wait_for_peers(start, end)
+            except PeerError as e:
+                for hop in hops:
+                    hop.conn.close()
+                span = next(((h.start, h.end) for h in hops if h.hop.peer_id == e.peer_id), (start, end))
+                self.failed(e.peer_id, *span, _short(e))
+        raise AssertionError("unreachable")
+
+    async def _route(self, start: int, end: int) -> Route:
+        # Off the loop: measuring new peers' round trips and the router's own work may take a while.
+        return await asyncio.to_thread(self._choose, start, end)
+
+    def _choose(self, start: int, end: int) -> Route:
+        """A chain without banned peers; failing that, one that avoids only the peers that
+        failed in this call (a ban from an earlier call is a preference, not a wall)."""
+        banned = self.bans.banned()
+        try:
+            return self._choose_without(banned, start, end)
+        except NoRouteError:
+            if banned <= self.failed_here:
+                raise
+            logger.info(
+                "no chain for [%d:%d) without banned peers; trying those banned before this call", start, end
+            )
+            return self._choose_without(banned & self.failed_here, start, end)
+
+    def _choose_without(self, exclude: frozenset[str], start: int, end: int) -> Route:
+        records = [r for r in self.records.values() if r.peer_id not in exclude]  # no pings to excluded peers
+        view = self.swarm.view(records, self.spec.num_blocks, self.spec.hidden_size, self.ping_timeout)
+        return route_span(self.router, view, self.request, start, end, exclude)
+
+    async def _wait_for_peers(self, start: int, end: int) -> None:
+        """Polls the DHT until peers other than this call's failed ones cover [start, end),
+        for at most the time budget left: a peer restarting or joining counts one attempt."""
+        while True:
+            await asyncio.to_thread(self.refresh_records)
+            served = {
+                b
+                for r in self.records.values()
+                if r.peer_id not in self.failed_here
+                for b in range(r.start, r.end)
+            }
+            if served >= set(range(start, end)) or self.budget.seconds_left() <= WAIT_POLL_S:
+                return
+            await asyncio.sleep(WAIT_POLL_S)
+
+    def refresh_records(self) -> None:
+        """Re-reads the records from the DHT (peers may have joined since the session opened)."""
+        fresh = self.swarm.online_records(self.spec.model_id, self.spec.num_blocks)
+        self.records = {r.peer_id: r for r in fresh if r.max_length >= self.request.prompt_tokens}
+
+    async def _open(self, route: Route) -> list[LiveHop]:
+        opened: list[LiveHop] = []
+        try:
+            for hop in route.hops:
+                timeout = self.deadline(hop.peer_id, 0, 1, 1)
+                conn = await self.swarm.open_connection(hop.peer_id, self.name(hop.peer_id), timeout=timeout)
+                conn.timeout = timeout
+                self.serial += 1
+                live = LiveHop(hop, conn, f"{self.session_id}.{self.serial}")
+                opened.append(live)
+                await conn.open(
+                    live.session_id,
+                    self.spec.model_id,
+                    hop.start,
+                    hop.end,
+                    self.request.prompt_tokens,
+                    self.request.batch_size,
+                    self.dtype,
+                )
+        except BaseException:
+            for live in opened:
+                live.conn.close()
+            raise
+        return opened
+
+    async def _push(
+        self, hops: list[LiveHop], inputs: torch.Tensor | None
+    ) -> tuple[dict[int, torch.Tensor], torch.Tensor | None]:
+        """Replays `inputs` (batch, tokens, H) through `hops` in chunks; returns what each start saw and the output."""
+        seen: dict[int, torch.Tensor] = {}
+        hidden = inputs
+        for hop in hops:
+            if hidden is None:
+                break
+            seen[hop.start] = hidden
+            hidden = await self._replay(hop, hidden)
+        return seen, hidden
+
+    async def _replay(self, hop: LiveHop, hidden: torch.Tensor) -> torch.Tensor:
+        per_token = hidden.shape[0] * hidden.shape[2] * hidden.element_size()
+        chunk = max(1, REPLAY_CHUNK_BYTES // per_token)
+        outputs = []
+        for position in range(0, hidden.shape[1], chunk):
+            outputs.append(await self.run(hop, hidden[:, position : position + chunk].contiguous(), position))
+        return torch.cat(outputs, dim=1)
+
+    def new_failover(self, peer_id: str | None, start: int, end: int, error: PeerError) -> Failover:
+        return Failover(self.name(peer_id) if peer_id else "?", start, end, _short(error), time.monotonic())
+
+
+def _short(error: PeerError) -> str:
+    what = error.code.name if error.code is not None else "UNREACHABLE"
+    return f"{what}: {error.message[:200]}"

@@ -1,0 +1,138 @@
+"""How hard a client tries when peers fail: backoff, bans, a per-call budget (pure, no I/O).
+
+- Between two attempts at the same repair the client waits an exponentially growing delay
+  with jitter ("equal jitter": half fixed, half random), so many clients that lost the same
+  peer do not all hit its replacements at once.
+- A peer that failed is banned by this client for `ban_base_s`, and each new failure of the
+  same peer multiplies that by `ban_factor` (up to `ban_max_s`): a flaky peer is tried
+  again later, a broken one is soon left alone for minutes.
+- Each `generate()` call (one session) may spend at most `max_retries` failed attempts and
+  `retry_budget_s` seconds on failovers; then it raises `FailoverError`, which lists every
+  attempt (peer, blocks, error).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+from client.remote import PeerError
+from swarm.protocol import ErrorCode
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Knobs of failover; `DistributedModelForCausalLM.from_pretrained(retry=RetryPolicy(...))`."""
+
+    max_retries: int = 8  # failed attempts (steps, opens, replays) one generate() call may absorb
+    retry_budget_s: float = 60.0  # seconds one generate() call may spend recovering, over all failures
+    backoff_base_s: float = 0.05  # wait before the 2nd attempt of one repair; doubles per attempt
+    backoff_max_s: float = 5.0
+    ban_base_s: float = 10.0  # first ban of a failing peer; long enough to route around a stall
+    ban_factor: float = 2.0
+    ban_max_s: float = 600.0
+    # Step deadlines (client.deadline): slack x the peer's announced compute time + RTT, at least the
+    # floor. The floor is what a stalled peer costs; 1 s is many times a tiny model's step on 2 busy cores.
+    deadline_slack: float = 8.0
+    deadline_floor_s: float = 1.0
+    max_history_bytes: int = 1 << 30  # bound on the kept hop inputs (client.history)
+
+    def __post_init__(self) -> None:
+        if self.max_retries < 0 or self.retry_budget_s <= 0:
+            raise ValueError("max_retries must be >= 0 and retry_budget_s > 0")
+        if self.backoff_base_s < 0 or self.ban_base_s < 0 or self.ban_factor < 1:
+            raise ValueError("backoff and ban durations must be >= 0, ban_factor >= 1")
+        if self.deadline_slack < 1 or self.deadline_floor_s <= 0:
+            raise ValueError("deadline_slack must be >= 1 and deadline_floor_s > 0")
+
+
+def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> float:
+    """Seconds to wait before attempt `attempt` (0 = the first: no wait) of one repair."""
+    if attempt <= 0:
+        return 0.0
+    cap = min(policy.backoff_max_s, policy.backoff_base_s * 2 ** (attempt - 1))
+    return cap / 2 + rng.uniform(0, cap / 2)
+
+
+class BanList:
+    """Peers this client avoids for a while; shared by all sessions of one model (thread-safe)."""
+
+    def __init__(self, policy: RetryPolicy, clock=time.monotonic):
+        self.policy, self.clock = policy, clock
+        self._lock = threading.Lock()
+        self._until: dict[str, float] = {}  # peer id -> end of its ban (clock time)
+        self._failures: dict[str, int] = {}  # peer id -> failures seen, for the growing ban
+
+    def ban(self, peer_id: str) -> float:
+        """Bans `peer_id` after one more failure; returns the ban's length in seconds."""
+        p = self.policy
+        with self._lock:
+            failures = self._failures.get(peer_id, 0) + 1
+            self._failures[peer_id] = failures
+            duration = min(p.ban_max_s, p.ban_base_s * p.ban_factor ** (failures - 1))
+            self._until[peer_id] = max(self._until.get(peer_id, 0.0), self.clock() + duration)
+            return duration
+
+    def banned(self) -> frozenset[str]:
+        """Peers banned right now."""
+        now = self.clock()
+        with self._lock:
+            for peer_id in [p for p, until in self._until.items() if until <= now]:
+                del self._until[peer_id]  # expired; its failure count stays, so the next ban is longer
+            return frozenset(self._until)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One failed attempt, for the final error message."""
+
+    peer: str  # name (or id) of the peer that failed; "(none)" when no route was found
+    start: int  # blocks [start, end) the attempt was for
+    end: int
+    error: str
+
+
+class FailoverError(PeerError):
+    """The retry budget of one generate() call ran out; `attempts` says what was tried."""
+
+    def __init__(self, attempts: list[Attempt], reason: str):
+        self.attempts = list(attempts)
+        tried = "; ".join(f"{a.peer}[{a.start}:{a.end}): {a.error}" for a in attempts) or "nothing"
+        last = attempts[-1] if attempts else None
+        super().__init__(
+            last.peer if last else "(none)",
+            ErrorCode.PEER_FAILED,
+            f"failover gave up ({reason}) after {len(attempts)} failed attempts: {tried}",
+        )
+
+
+@dataclass
+class RetryBudget:
+    """What one generate() call has spent on failures so far."""
+
+    policy: RetryPolicy
+    clock: object = time.monotonic
+    attempts: list[Attempt] = field(default_factory=list)
+    began: float | None = None  # time of the first failure
+
+    def spend(self, attempt: Attempt) -> None:
+        """Counts one failed attempt; raises FailoverError once the budget is gone."""
+        now = self.clock()
+        self.began = now if self.began is None else self.began
+        self.attempts.append(attempt)
+        if len(self.attempts) > self.policy.max_retries:
+            raise FailoverError(self.attempts, f"{self.policy.max_retries} retries allowed")
+        if now - self.began > self.policy.retry_budget_s:
+            raise FailoverError(self.attempts, f"{self.policy.retry_budget_s:.0f} s of retries allowed")
+
+    def seconds_left(self) -> float:
+        """Seconds of the time budget left (all of it before the first failure)."""
+        if self.began is None:
+            return self.policy.retry_budget_s
+        return self.policy.retry_budget_s - (self.clock() - self.began)
+
+    @property
+    def used(self) -> int:
+        return len(self.attempts)
