@@ -1,29 +1,30 @@
 """One call into the scheduler: peer records in, per-peer assignments and an estimate out.
 
-This is the single place that calls the genetic search (HexGen §4.3), warm-started from the
-previous plan, so that a later scheduler with move costs and machine constraints can replace it.
-Until then the constraints are handled here, simply:
+This is the single place where the coordinator calls the scheduler: `routing.scheduler.replan`,
+HexGen's genetic search (§4.3) warm-started from the previous plan, with the swarm's rules:
 
-- one scheduler device per peer (`cluster_view.py`), so "a stage's devices on one machine"
-  means "a stage on one peer"; a stage the search gives to several peers (tensor parallelism
-  across peers, which a swarm peer cannot do) is repaired into consecutive stages, its layers
-  split in proportion to the peers' memory: the same memory per peer, pipelined instead of TP;
-- fixed (`--layers A:B`) peers are left out of the search: they are never moved, and their
-  blocks are extra capacity the estimate does not count;
-- when the auto peers cannot hold a replica on their own, Petals' rule places them one by one
-  around the fixed peers (`routing/scheduler/petals_rule.py`), with no estimate (0).
+- one scheduler device per peer (`cluster_view.py`) and `one_stage_per_machine`, so a stage is
+  one peer (one process, one TP group);
+- fixed (`--layers A:B`) peers are pinned stages: planned around (the search may complete
+  pipelines through them), never moved;
+- each peer that a candidate plan moves is charged the time to load its new layers, and the
+  plan is valued by its attainment over a horizon with those loads (`replan.py`), so among
+  equally good plans the one with the fewest moves wins;
+- when the peers cannot hold a replica, Petals' rule places the auto peers one by one around
+  the fixed ones (`routing/scheduler/petals_rule.py`), with no estimate (0).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.genetic import NoFeasiblePlanError, SearchConfig, search
+from routing.scheduler.genetic import NoFeasiblePlanError, SearchConfig
 from routing.scheduler.model_spec import ModelSpec, Workload
+from routing.scheduler.moves import Assignment
 from routing.scheduler.petals_rule import Span, choose_start
-from routing.scheduler.plan import Plan
+from routing.scheduler.plan import Plan, StagePlan
+from routing.scheduler.replan import MoveCosts, replan
 from swarm.coordinator.cluster_view import build_view
 from swarm.coordinator.moves import Range, rematch
 from swarm.records import PeerRecord
@@ -45,51 +46,37 @@ def compute_plan(
     workload: Workload,
     config: SearchConfig,
     previous: Plan | None = None,
+    costs: MoveCosts | None = None,
 ) -> Planned:
     """Plans the auto peers of `records` around the fixed ones; raises NoFeasiblePlanError if
     there are no auto peers."""
     auto = [r for r in records if r.auto]
     if not auto:
         raise NoFeasiblePlanError("no --layers auto peers to plan")
-    current = {r.peer_id: (r.start, r.end) for r in auto}
-    cluster = build_view(auto, model, workload)
+    fixed = [r for r in records if not r.auto]
+    cluster = build_view(records, model, workload)
+    pinned = [StagePlan((r.peer_id,), r.start, r.end) for r in fixed]
+    current = {r.peer_id: Assignment((r.peer_id,), r.start, r.end) for r in auto}
+    swarm_config = replace(config, one_stage_per_machine=True)
     try:
-        result = search(cluster, model, workload, config, previous=previous)
+        result = replan(cluster, model, workload, previous, swarm_config, costs or MoveCosts(), pinned, current)
     except NoFeasiblePlanError:
-        fixed = [r for r in records if not r.auto]
         return Planned(petals_placement(auto, fixed, model.num_layers), 0.0, 0.0, None)
-    placed = split_stages(result.plan, cluster)
+    auto_ids = {r.peer_id for r in auto}
+    placed = {
+        stage.device_ids[0]: (stage.start, stage.end)
+        for pipeline in result.plan.pipelines
+        for stage in pipeline.stages
+        if stage.device_ids[0] in auto_ids
+    }
+    ranges = {peer: (a.start, a.end) for peer, a in current.items()}
     estimate = result.plan.estimate
     return Planned(
-        rematch(placed, current, cluster.devices),
+        rematch(placed, ranges, [d for d in cluster.devices if d.id in auto_ids]),
         estimate.attainment if estimate else 0.0,
         estimate.throughput_tok_s if estimate else 0.0,
         result.plan,
     )
-
-
-def split_stages(plan: Plan, cluster: Cluster) -> dict[str, Range]:
-    """peer id -> range; a stage over k peers becomes k consecutive stages (see module docstring)."""
-    placed: dict[str, Range] = {}
-    for pipeline in plan.pipelines:
-        for stage in pipeline.stages:
-            peers = list(stage.device_ids)
-            memory = [cluster.devices[cluster.index(p)].memory_bytes for p in peers]
-            bounds = _proportional_bounds(stage.start, stage.end, memory)
-            for peer, (a, b) in zip(peers, bounds, strict=True):
-                if b > a:
-                    placed[peer] = (a, b)
-    return placed
-
-
-def _proportional_bounds(start: int, end: int, weights: list[float]) -> list[Range]:
-    total, layers = sum(weights), end - start
-    cuts, acc = [start], 0.0
-    for w in weights[:-1]:
-        acc += w
-        cuts.append(start + round(layers * acc / total))
-    cuts.append(end)
-    return [(cuts[i], max(cuts[i], cuts[i + 1])) for i in range(len(weights))]
 
 
 def block_capacity(record: PeerRecord, num_blocks: int) -> int:

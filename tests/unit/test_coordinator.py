@@ -9,7 +9,7 @@ from routing.scheduler.genetic import SearchConfig
 from routing.scheduler.model_spec import ModelSpec, Workload
 from swarm.coordinator.cluster_view import build_view, regions_of
 from swarm.coordinator.moves import diff, layers_to_load, rematch
-from swarm.coordinator.planner import compute_plan, petals_placement, split_stages
+from swarm.coordinator.planner import compute_plan, petals_placement
 from swarm.coordinator.records import (
     Assignment,
     CoordinationRecordError,
@@ -222,15 +222,6 @@ def test_compute_plan_covers_the_model_and_leaves_fixed_peers_alone():
         for block in range(a, b):
             served[block] += 1
     assert all(served) and planned.attainment > 0 and planned.plan is not None
-
-
-def test_a_stage_over_several_peers_is_split_into_a_pipeline():
-    from routing.scheduler.plan import PipelinePlan, Plan, StagePlan
-
-    records = [record("a", 0, 4), record("b", 0, 4)]
-    cluster = build_view(records, MODEL, Workload())
-    p = Plan("tiny", 8, (PipelinePlan((StagePlan(("a", "b"), 0, 8),)),))
-    assert split_stages(p, cluster) == {"a": (0, 4), "b": (4, 8)}
 
 
 def test_petals_fallback_places_auto_peers_around_fixed_ones():
