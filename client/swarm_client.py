@@ -18,6 +18,7 @@ from client.remote import PeerConnection, PeerError
 from client.worker import run_sync
 from routing.chains.swarm_view import PeerView, SwarmView
 from swarm.dht import start_dht
+from swarm.dht_process import shutdown_dht
 from swarm.records import PeerRecord, PeerState, online_peers_per_block, read_peer_records
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class SwarmClient:
             run_sync(self.p2p.shutdown(), timeout=10)
         except Exception as e:
             logger.debug("p2p shutdown: %s", e)
-        self.dht.shutdown()
+        shutdown_dht(self.dht, 5)
 
     def online_records(self, model_id: str, num_blocks: int) -> list[PeerRecord]:
         """Online peers of the model whose layer range fits it (a bad record must not break routing)."""

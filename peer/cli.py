@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import logging
+import os
 import sys
+from typing import NoReturn
 
 import torch
 
@@ -130,6 +133,7 @@ def choose_dtype(name: str, device: torch.device, checkpoint_dtype) -> torch.dty
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parses the flags and serves; a peer that ran exits the process itself (see exit_now)."""
     args = build_parser().parse_args(argv)
     try:
         spec = load_model_spec(args.model_dir)
@@ -171,7 +175,23 @@ def main(argv: list[str] | None = None) -> int:
         tp_timeout=args.tp_timeout,
     )
     _setup_logging(args, spec.model_id, start, end)
-    return asyncio.run(serve(config))
+    code = asyncio.run(serve(config))
+    exit_now(code)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exits once serve() has stopped everything, skipping the interpreter's finalization.
+
+    The atexit handlers still run (temporary identity files, multiprocessing's bookkeeping);
+    what is skipped is tearing down torch's and transformers' modules object by object, which
+    takes seconds on a loaded machine and would break the bounded shutdown (README "Limits,
+    shutdown and verification").
+    """
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _setup_logging(args, model_id: str, start: int, end: int) -> None:

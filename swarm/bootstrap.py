@@ -8,6 +8,7 @@ import sys
 import threading
 
 from swarm.dht import quiet_hivemind, start_dht
+from swarm.dht_process import shutdown_dht
 from swarm.identity import load_or_create_identity
 
 
@@ -41,5 +42,5 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    dht.shutdown()
+    shutdown_dht(dht, 5)
     return 0

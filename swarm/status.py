@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from swarm.dht import public_initial_peers, quiet_hivemind, start_dht
+from swarm.dht_process import shutdown_dht
 from swarm.records import PeerRecord, online_peers_per_block, read_models, read_peer_records
 
 
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
             complete &= print_model(model_id, num_blocks, records)
         return 0 if complete else 1
     finally:
-        dht.shutdown()
+        shutdown_dht(dht, 5)
 
 
 def _models(dht, model_dir: str | None) -> dict[str, int]:
