@@ -12,6 +12,7 @@ from typing import NoReturn
 
 import torch
 
+from peer.admission import AdmissionLimits
 from peer.core import PeerLimits
 from peer.devices import DeviceError, parse_devices
 from peer.runtime import PeerConfig, serve
@@ -77,6 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--session-idle-timeout", type=float, default=300.0, help="seconds before an idle session is freed"
+    )
+    p.add_argument(
+        "--max-sessions-per-peer",
+        type=int,
+        default=AdmissionLimits.sessions_per_remote,
+        help="open sessions one remote peer id may hold here (0: no limit)",
+    )
+    p.add_argument(
+        "--max-steps-per-second",
+        type=float,
+        default=AdmissionLimits.steps_per_second,
+        help="steps per second one session may send, with 2 s of burst (0: no limit)",
     )
     p.add_argument("--announce-period", type=float, default=15.0, help="seconds between DHT record refreshes")
     p.add_argument(
@@ -173,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         throughput=args.throughput,
         decode_ms=args.decode_ms,
         tp_timeout=args.tp_timeout,
+        admission=AdmissionLimits(
+            sessions_per_remote=args.max_sessions_per_peer, steps_per_second=args.max_steps_per_second
+        ),
     )
     _setup_logging(args, spec.model_id, start, end)
     code = asyncio.run(serve(config))

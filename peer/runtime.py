@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 import swarm
+from peer.admission import Admission, AdmissionLimits
 from peer.announcer import Announcer
 from peer.blocks import BlockStack
 from peer.core import Blocks, PeerCore, PeerLimits
@@ -67,6 +68,7 @@ class PeerConfig:
     throughput: float | None = None  # announce this instead of the measured prefill tokens/s per block
     decode_ms: float | None = None  # announce this instead of the measured decode ms per block
     tp_timeout: float = 30.0  # bound on every collective and on a rank's silence (seconds)
+    admission: AdmissionLimits = AdmissionLimits()  # per-remote and per-session limits
 
     @property
     def tp(self) -> int:
@@ -163,7 +165,7 @@ class _Peer:
         if stop.is_set():
             return False
         self.core = PeerCore(blocks, c.spec.model_id, c.limits)
-        server = PeerServer(self.core, c.max_frame_bytes, c.max_streams)
+        server = PeerServer(self.core, c.max_frame_bytes, c.max_streams, Admission(c.admission))
         self.p2p = await self.dht.replicate_p2p()
         await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, server.handle_stream)
         await self.announcer.announce(PeerState.ONLINE)

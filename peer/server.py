@@ -12,6 +12,7 @@ import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
+from peer.admission import Admission, AdmissionLimits
 from peer.core import PeerCore
 from swarm.protocol import (
     Close,
@@ -38,8 +39,11 @@ HANDSHAKE_TIMEOUT_S = 30.0
 class PeerServer:
     """Serves PeerCore over hivemind streams."""
 
-    def __init__(self, core: PeerCore, max_frame_bytes: int, max_streams: int):
+    def __init__(
+        self, core: PeerCore, max_frame_bytes: int, max_streams: int, admission: Admission | None = None
+    ):
         self.core = core
+        self.admission = admission or Admission(AdmissionLimits())
         self.max_frame_bytes = max_frame_bytes
         self.max_streams = max_streams
         self.open_streams = 0
@@ -48,15 +52,20 @@ class PeerServer:
     async def handle_stream(
         self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        remote = str(getattr(stream_info, "peer_id", "?"))[-8:]
-        if self.open_streams >= self.max_streams:
-            await self._send(writer, Error(ErrorCode.BUSY, f"all {self.max_streams} stream slots are taken"))
+        remote_id = str(getattr(stream_info, "peer_id", "?"))
+        remote = remote_id[-8:]
+        try:
+            if self.open_streams >= self.max_streams:
+                raise ProtocolError(ErrorCode.BUSY, f"all {self.max_streams} stream slots are taken")
+            self.admission.enter_stream(remote_id)
+        except ProtocolError as e:
+            await self._send(writer, Error(e.code, e.message))
             writer.close()
             return
         self.open_streams += 1
         owned: set[str] = set()  # sessions opened on this stream; freed when it ends
         try:
-            await self._serve(reader, writer, owned)
+            await self._serve(reader, writer, owned, remote_id)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except Exception:
@@ -65,9 +74,10 @@ class PeerServer:
             for session_id in owned:
                 self.core.drop(session_id)
             self.open_streams -= 1
+            self.admission.leave_stream(remote_id)
             writer.close()
 
-    async def _serve(self, reader, writer, owned: set[str]) -> None:
+    async def _serve(self, reader, writer, owned: set[str], remote: str = "?") -> None:
         while True:
             timeout = self.core.limits.session_idle_timeout if owned else HANDSHAKE_TIMEOUT_S
             try:
@@ -78,7 +88,7 @@ class PeerServer:
                 await self._send(writer, Error(e.code, e.message))
                 return  # the oversized payload is still in the stream: it cannot be resynchronized
             try:
-                reply = await self._dispatch(decode(payload), owned)
+                reply = await self._dispatch(decode(payload), owned, remote)
             except ProtocolError as e:
                 reply = Error(e.code, e.message)
             except Exception as e:
@@ -86,16 +96,19 @@ class PeerServer:
                 reply = Error(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")
             await self._send(writer, reply)
 
-    async def _dispatch(self, message: Message, owned: set[str]) -> Message:
+    async def _dispatch(self, message: Message, owned: set[str], remote: str = "?") -> Message:
         match message:
             case Ping():
                 return Pong(message.nonce)
             case Open():
+                self.admission.check_open(remote, self.core.sessions)
                 opened = self.core.open(message)
+                self.admission.opened(remote, message.session_id)
                 owned.add(message.session_id)
                 return opened
             case Step():
                 self._check_owned(message.session_id, owned)
+                self.admission.check_step(message.session_id)
                 session, hidden = self.core.begin_step(message)
                 loop = asyncio.get_running_loop()
                 return await loop.run_in_executor(self.compute, self.core.run_step, session, hidden)
