@@ -48,6 +48,7 @@ class InferenceSession:
         self.names: dict[str, str] = {}  # peer id -> name, for messages
         self.connections: list[PeerConnection] = []
         self.position = 0  # tokens of each sequence the swarm has cached
+        self.verifier = None  # a client/verify.py Verifier when the caller asked for verify > 0
 
     def open(self) -> InferenceSession:
         request = RouteRequest(prompt_tokens=self.max_length, new_tokens=0, batch_size=self.batch_size)
@@ -117,11 +118,16 @@ class InferenceSession:
         return output
 
     async def _step(self, hidden: torch.Tensor) -> torch.Tensor:
-        for conn in self.connections:
-            hidden = await conn.step(self.session_id, self.position, hidden)
+        for hop, conn in zip(self.route.hops, self.connections, strict=True):
+            output = await conn.step(self.session_id, self.position, hidden)
+            if self.verifier is not None:
+                await self.verifier.after_hop(conn, hop.start, hop.end, self.position, hidden, output)
+            hidden = output
         return hidden
 
     def close(self) -> None:
+        if self.verifier is not None:
+            self.verifier.close()
         if self.connections:
             run_sync(self._close_all(), timeout=10)
             self.connections = []

@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="auto|MS",
         help="announce this decode time (ms per block) instead of measuring it",
     )
+    p.add_argument(
+        "--debug-corrupt-outputs",
+        action="store_true",
+        help="TESTS ONLY: add noise to every output, to check that clients' verification catches it",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -189,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         admission=AdmissionLimits(
             sessions_per_remote=args.max_sessions_per_peer, steps_per_second=args.max_steps_per_second
         ),
+        debug_corrupt_outputs=args.debug_corrupt_outputs,
     )
     _setup_logging(args, spec.model_id, start, end)
     code = asyncio.run(serve(config))

@@ -24,6 +24,7 @@ from peer.admission import Admission, AdmissionLimits
 from peer.announcer import Announcer
 from peer.blocks import BlockStack
 from peer.core import Blocks, PeerCore, PeerLimits
+from peer.debug import CorruptOutputs
 from peer.devices import describe
 from peer.server import PeerServer
 from peer.throughput import measure_or_load
@@ -69,6 +70,7 @@ class PeerConfig:
     decode_ms: float | None = None  # announce this instead of the measured decode ms per block
     tp_timeout: float = 30.0  # bound on every collective and on a rank's silence (seconds)
     admission: AdmissionLimits = AdmissionLimits()  # per-remote and per-session limits
+    debug_corrupt_outputs: bool = False  # tests only: add noise to every output (peer/debug.py)
 
     @property
     def tp(self) -> int:
@@ -164,6 +166,9 @@ class _Peer:
         )
         if stop.is_set():
             return False
+        if c.debug_corrupt_outputs:
+            logger.warning("--debug-corrupt-outputs: every output of this peer is WRONG on purpose")
+            blocks = CorruptOutputs(blocks)
         self.core = PeerCore(blocks, c.spec.model_id, c.limits)
         server = PeerServer(self.core, c.max_frame_bytes, c.max_streams, Admission(c.admission))
         self.p2p = await self.dht.replicate_p2p()
