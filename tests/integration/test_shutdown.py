@@ -112,3 +112,20 @@ def test_no_process_of_a_killed_tp_leader_is_left(local, model_dir):
     leader.popen.wait(10)
     left = wait_gone(tree, ORPHAN_WAIT_S)
     assert not left, _describe(left)
+
+
+def test_dht_child_obeys_sigterm(local, model_dir):
+    """The DHT child used to inherit the peer's asyncio signal handlers and ignore SIGTERM."""
+    peer = _peer(local, model_dir, "terminated")
+    dht = next(c for c in child_pids(peer.popen.pid) if any(_is_p2pd(g) for g in child_pids(c)))
+    tree = [dht, *process_tree(dht)]
+    os.kill(dht, signal.SIGTERM)
+    left = wait_gone(tree, ORPHAN_WAIT_S)
+    assert not left, _describe(left)
+
+
+def _is_p2pd(pid: int) -> bool:
+    try:
+        return b"p2pd" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
