@@ -45,7 +45,9 @@ class SwarmClient:
     p2p: object
     rtt_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (ms, measured at)
     view_version: int = 0
-    banned: set[str] = field(default_factory=set)  # peers this client caught returning wrong outputs (client/verify.py)
+    banned: set[str] = field(
+        default_factory=set
+    )  # peers this client caught returning wrong outputs (client/verify.py)
     _last_snapshot: tuple | None = None
 
     @classmethod
@@ -68,7 +70,9 @@ class SwarmClient:
         return [
             r
             for r in read_peer_records(self.dht, model_id)
-            if r.state == PeerState.ONLINE and 0 <= r.start < r.end <= num_blocks and r.peer_id not in self.banned
+            if r.state == PeerState.ONLINE
+            and 0 <= r.start < r.end <= num_blocks
+            and r.peer_id not in self.banned
         ]
 
     def wait_for_coverage(self, model_id: str, num_blocks: int, timeout: float) -> list[PeerRecord]:

@@ -41,7 +41,9 @@ class Announcer:
         self.ttl = period * ttl_periods
         self.last_expiration = 0.0
 
-    async def announce(self, state: PeerState, ttl: float | None = None, timeout: float = STORE_TIMEOUT_S) -> None:
+    async def announce(
+        self, state: PeerState, ttl: float | None = None, timeout: float = STORE_TIMEOUT_S
+    ) -> None:
         """Stores both keys at once; gives up after `timeout` s (a leaving peer must not wait on a dead DHT)."""
         record = self.make_record(state)
         expiration = max(get_dht_time() + (self.ttl if ttl is None else ttl), self.last_expiration + 1e-3)

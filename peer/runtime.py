@@ -211,7 +211,9 @@ class _Peer:
         """Refuses new sessions, lets open ones finish, and tells the swarm it is gone."""
         self.core.leaving = True
         logger.info("leaving: refusing new sessions, %d open", len(self.core.sessions))
-        await self.announcer.announce(PeerState.LEAVING, ttl=self.config.announce_period, timeout=LEAVE_ANNOUNCE_S)
+        await self.announcer.announce(
+            PeerState.LEAVING, ttl=self.config.announce_period, timeout=LEAVE_ANNOUNCE_S
+        )
         deadline = time.monotonic() + self.config.drain_timeout
         while self.core.sessions and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
@@ -221,7 +223,9 @@ class _Peer:
     async def leave_after_failure(self) -> None:
         """Part of the group is gone: tell the swarm, and let open sessions hear PEER_FAILED."""
         logger.error("leaving after a failure: %s", self.core.failure)
-        await self.announcer.announce(PeerState.LEAVING, ttl=self.config.announce_period, timeout=LEAVE_ANNOUNCE_S)
+        await self.announcer.announce(
+            PeerState.LEAVING, ttl=self.config.announce_period, timeout=LEAVE_ANNOUNCE_S
+        )
         deadline = time.monotonic() + min(FAILURE_GRACE_S, self.config.drain_timeout)
         while self.core.sessions and time.monotonic() < deadline:
             await asyncio.sleep(0.2)

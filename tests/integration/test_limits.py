@@ -120,7 +120,9 @@ def test_flooding_remote_is_refused_while_others_are_served(limited):
 
         stop = asyncio.Event()
         floods = [
-            asyncio.run_coroutine_threadsafe(flooder.step_flood(reader, writer, opened.session_id, stop), event_loop())
+            asyncio.run_coroutine_threadsafe(
+                flooder.step_flood(reader, writer, opened.session_id, stop), event_loop()
+            )
             for opened, reader, writer in admitted
         ]
         time.sleep(1.0)  # let the flood empty its step bucket

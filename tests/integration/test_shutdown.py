@@ -61,7 +61,9 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
 
 
 def _describe(pids: list[int]) -> list[str]:
-    return [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120] for p in pids if alive(p)]
+    return [
+        Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120] for p in pids if alive(p)
+    ]
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stalled"])
