@@ -73,11 +73,7 @@ class InferenceSession:
             except PeerError as e:
                 failed = e.peer_id
                 retryable = e.code in (
-                    None,
-                    ErrorCode.BUSY,
-                    ErrorCode.LEAVING,
-                    ErrorCode.TOO_LONG,
-                    ErrorCode.PEER_FAILED,
+                    None, ErrorCode.BUSY, ErrorCode.LEAVING, ErrorCode.TOO_LONG, ErrorCode.PEER_FAILED
                 )
                 if attempt + 1 == OPEN_ATTEMPTS or failed is None or not retryable:
                     raise

@@ -45,9 +45,8 @@ class SwarmClient:
     p2p: object
     rtt_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (ms, measured at)
     view_version: int = 0
-    banned: set[str] = field(
-        default_factory=set
-    )  # peers this client caught returning wrong outputs (client/verify.py)
+    # peers this client caught returning wrong outputs (client/verify.py); left out of its routes
+    banned: set[str] = field(default_factory=set)
     _last_snapshot: tuple | None = None
 
     @classmethod
