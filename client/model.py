@@ -55,6 +55,7 @@ class DistributedMixin:
     swarm: SwarmClient
     router: Router
     spec: ModelSpec
+    verify: float = 0.0  # share of hop steps a second peer recomputes (client/verify.py)
 
     def _init_swarm(self, spec, swarm, router, coverage_timeout, step_timeout, wire_dtype) -> None:
         self.spec, self.swarm, self.router = spec, swarm, router
