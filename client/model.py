@@ -27,6 +27,7 @@ from client.failover import Failover
 from client.retry import BanList, RetryPolicy
 from client.session import InferenceSession
 from client.swarm_client import SwarmClient
+from client.verify import Verifier, VerifyStats
 from routing.chains.swarm_view import Router
 from swarm import architectures
 from swarm.checkpoint import load_tensors
@@ -46,6 +47,7 @@ class _ThreadSessions(threading.local):
 
     session: InferenceSession | None = None
     max_length: int | None = None  # set while inside `inference_session`
+    verify: float | None = None  # this call's `verify=` (None: the model's)
     last_route: str | None = None
     last_failovers: list | None = None  # client.failover.Failover of the last session
 
@@ -56,6 +58,7 @@ class DistributedMixin:
     swarm: SwarmClient
     router: Router
     spec: ModelSpec
+    verify: float = 0.0  # share of hop steps a second peer recomputes (client/verify.py)
 
     def _init_swarm(self, spec, swarm, router, coverage_timeout, retry: RetryPolicy, wire_dtype) -> None:
         self.spec, self.swarm, self.router = spec, swarm, router
@@ -117,8 +120,12 @@ class DistributedMixin:
             raise NotImplementedError(
                 "beam search would reorder the swarm's KV caches; use greedy or sampling"
             )
-        with self.inference_session(max_length=self._generation_length(inputs, kwargs)):
-            return super().generate(inputs, *args, **kwargs)
+        self._threads.verify = kwargs.pop("verify", None)
+        try:
+            with self.inference_session(max_length=self._generation_length(inputs, kwargs)):
+                return super().generate(inputs, *args, **kwargs)
+        finally:
+            self._threads.verify = None
 
     def _generation_length(self, inputs, kwargs) -> int:
         prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
@@ -172,7 +179,7 @@ class DistributedMixin:
             raise ValueError(f"tokens start at position {start}, but the swarm has {session.position} cached")
         if session is None or restart:
             self._close_session()
-            self.session = InferenceSession(
+            session = InferenceSession(
                 self.swarm,
                 self.router,
                 self.spec,
@@ -182,7 +189,10 @@ class DistributedMixin:
                 coverage_timeout=self.coverage_timeout,
                 policy=self.retry,
                 bans=self.bans,
-            ).open()
+            )
+            share = self._threads.verify if self._threads.verify is not None else self.verify
+            session.verifier = Verifier(session, share, self.verify_stats) if share > 0 else None
+            self.session = session.open()
             self.last_route = self.session.describe_route()
         return self.session
 
@@ -219,6 +229,7 @@ class DistributedModelForCausalLM:
         coverage_timeout: float = DEFAULT_COVERAGE_TIMEOUT_S,
         retry: RetryPolicy | None = None,
         host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
+        verify: float = 0.0,
     ):
         """Loads embeddings, norm and LM head of `model_dir` and joins the swarm through `initial_peers`.
 
@@ -230,6 +241,8 @@ class DistributedModelForCausalLM:
         to have an online peer, then fails with an error naming the blocks still missing.
         `retry` sets failover (client.retry.RetryPolicy): retries and seconds per generate()
         call, backoff, bans, step deadlines, and the bound on the hop inputs kept for replay.
+        `verify` in [0, 1] is the share of hop steps a second peer recomputes (client/verify.py);
+        `generate(..., verify=p)` overrides it for one call.
         """
         spec = load_model_spec(model_dir)
         peers = public_initial_peers() if public else list(initial_peers or [])
@@ -241,7 +254,10 @@ class DistributedModelForCausalLM:
 
             router = make_router(routing, preference)
         swarm = SwarmClient.connect(peers, host_maddrs)
+        if not 0.0 <= verify <= 1.0:
+            raise ValueError(f"verify must be in [0, 1], got {verify}")
         model._init_swarm(spec, swarm, router, coverage_timeout, retry or RetryPolicy(), dtype)
+        model.verify, model.verify_stats = verify, VerifyStats()
         return model
 
 

@@ -56,6 +56,7 @@ class InferenceSession:
         self.hops: list[LiveHop] = []
         self.position = 0  # tokens of each sequence the swarm has cached
         self.failovers: list[Failover] = []
+        self.verifier = None  # a client/verify.py Verifier when the caller asked for verify > 0
         request = RouteRequest(prompt_tokens=max_length, new_tokens=0, batch_size=batch_size)
         self.peers = Hops(
             swarm=swarm,
@@ -109,7 +110,10 @@ class InferenceSession:
             hop = self.hops[i]
             inputs[hop.start] = hidden
             try:
-                hidden = await self.peers.run(hop, hidden, self.position)
+                output = await self.peers.run(hop, hidden, self.position)
+                if self.verifier is not None:  # a VerificationError fails this hop over like any other
+                    await self.verifier.after_hop(hop.conn, hop.start, hop.end, self.position, hidden, output)
+                hidden = output
                 i += 1
             except PeerError as e:
                 hidden, i = await self._recover(i, e, inputs)
@@ -146,6 +150,8 @@ class InferenceSession:
         return output[:, self.position :], first + len(new_hops)
 
     def close(self) -> None:
+        if self.verifier is not None:
+            self.verifier.close()
         if self.hops:
             run_sync(self._close_all(), timeout=10)
             self.hops = []

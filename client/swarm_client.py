@@ -18,6 +18,7 @@ from client.remote import PeerConnection, PeerError
 from client.worker import run_sync
 from routing.chains.swarm_view import PeerView, SwarmView
 from swarm.dht import start_dht
+from swarm.dht_process import shutdown_dht
 from swarm.records import PeerRecord, PeerState, online_peers_per_block, read_peer_records
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ class SwarmClient:
     p2p: object
     rtt_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (ms, measured at)
     view_version: int = 0
+    # peers this client caught returning wrong outputs (client/verify.py); left out of its routes
+    banned: set[str] = field(default_factory=set)
     _last_snapshot: tuple | None = None
 
     @classmethod
@@ -59,14 +62,16 @@ class SwarmClient:
             run_sync(self.p2p.shutdown(), timeout=10)
         except Exception as e:
             logger.debug("p2p shutdown: %s", e)
-        self.dht.shutdown()
+        shutdown_dht(self.dht, 5)
 
     def online_records(self, model_id: str, num_blocks: int) -> list[PeerRecord]:
-        """Online peers of the model whose layer range fits it (a bad record must not break routing)."""
+        """Online, unbanned peers of the model whose layer range fits it (a bad record must not break routing)."""
         return [
             r
             for r in read_peer_records(self.dht, model_id)
-            if r.state == PeerState.ONLINE and 0 <= r.start < r.end <= num_blocks
+            if r.state == PeerState.ONLINE
+            and 0 <= r.start < r.end <= num_blocks
+            and r.peer_id not in self.banned
         ]
 
     def wait_for_coverage(self, model_id: str, num_blocks: int, timeout: float) -> list[PeerRecord]:

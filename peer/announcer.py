@@ -41,15 +41,23 @@ class Announcer:
         self.ttl = period * ttl_periods
         self.last_expiration = 0.0
 
-    async def announce(self, state: PeerState, ttl: float | None = None) -> None:
+    async def announce(
+        self, state: PeerState, ttl: float | None = None, timeout: float = STORE_TIMEOUT_S
+    ) -> None:
+        """Stores both keys at once; gives up after `timeout` s (a leaving peer must not wait on a dead DHT)."""
         record = self.make_record(state)
         expiration = max(get_dht_time() + (self.ttl if ttl is None else ttl), self.last_expiration + 1e-3)
         self.last_expiration = expiration
         subkey = self.identity.owner_marker
         entry = ModelEntry(record.model_id, self.num_blocks).to_bytes()
         try:
-            stored = await self._store(model_key(record.model_id), record.to_bytes(), expiration, subkey)
-            await self._store(MODELS_KEY, entry, expiration, subkey)
+            stored, _ = await asyncio.wait_for(
+                asyncio.gather(
+                    self._store(model_key(record.model_id), record.to_bytes(), expiration, subkey),
+                    self._store(MODELS_KEY, entry, expiration, subkey),
+                ),
+                timeout,
+            )
         except (TimeoutError, RuntimeError, OSError) as e:  # a dead DHT process must not hang the peer
             logger.warning("announcing %s (%s) failed: %s", record.model_id, state.value, type(e).__name__)
             return
@@ -58,4 +66,4 @@ class Announcer:
 
     async def _store(self, key: str, value: bytes, expiration: float, subkey: bytes) -> bool:
         future = self.dht.store(key, value, expiration, subkey=subkey, return_future=True)
-        return await asyncio.wait_for(asyncio.wrap_future(future), STORE_TIMEOUT_S)
+        return await asyncio.wrap_future(future)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
+import logging
+import os
 import sys
+from typing import NoReturn
 
 from swarm.threads import configure_openmp
 
@@ -14,6 +18,7 @@ configure_openmp()  # before torch loads (see swarm/threads.py)
 import torch
 
 from peer import faults
+from peer.admission import AdmissionLimits
 from peer.core import PeerLimits
 from peer.devices import DeviceError, parse_devices
 from peer.runtime import PeerConfig, serve
@@ -107,6 +112,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--session-idle-timeout", type=float, default=300.0, help="seconds before an idle session is freed"
     )
+    p.add_argument(
+        "--max-sessions-per-peer",
+        type=int,
+        default=AdmissionLimits.sessions_per_remote,
+        help="open sessions one remote peer id may hold here (0: no limit)",
+    )
+    p.add_argument(
+        "--max-steps-per-second",
+        type=float,
+        default=AdmissionLimits.steps_per_second,
+        help="steps per second one session may send, with 2 s of burst (0: no limit)",
+    )
     p.add_argument("--announce-period", type=float, default=15.0, help="seconds between DHT record refreshes")
     p.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds open sessions get to finish on exit"
@@ -125,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="auto|MS",
         help="announce this decode time (ms per block) instead of measuring it",
+    )
+    p.add_argument(
+        "--debug-corrupt-outputs",
+        action="store_true",
+        help="TESTS ONLY: add noise to every output, to check that clients' verification catches it",
     )
     p.add_argument(
         "--batch-window-ms",
@@ -204,6 +226,7 @@ def choose_dtype(name: str, device: torch.device, checkpoint_dtype) -> torch.dty
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parses the flags and serves; a peer that ran exits the process itself (see exit_now)."""
     args = build_parser().parse_args(argv)
     try:
         spec = load_model_spec(args.model_dir)
@@ -265,9 +288,29 @@ def main(argv: list[str] | None = None) -> int:
         coordinator=coordinator_config(args, args.model_dir) if args.coordinator else None,
         batch=batch,
         faults=faults.plan_from_args(args),
+        admission=AdmissionLimits(
+            sessions_per_remote=args.max_sessions_per_peer, steps_per_second=args.max_steps_per_second
+        ),
+        debug_corrupt_outputs=args.debug_corrupt_outputs,
     )
     _setup_logging(args, spec.model_id, "[auto]" if auto else f"[{start}:{end})")
-    return asyncio.run(serve(config))
+    code = asyncio.run(serve(config))
+    exit_now(code)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exits once serve() has stopped everything, skipping the interpreter's finalization.
+
+    The atexit handlers still run (temporary identity files, multiprocessing's bookkeeping);
+    what is skipped is tearing down torch's and transformers' modules object by object, which
+    takes seconds on a loaded machine and would break the bounded shutdown (README "Limits,
+    shutdown and verification").
+    """
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _batch_policy(args) -> BatchPolicy | None:

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 
+from peer.admission import Admission
 from peer.blocks import BlockStack
 from peer.core import PeerCore
 from peer.plan_follower import old_range_covered
@@ -67,7 +68,7 @@ class RangeMover:
         await self._wait_until_covered(old, new)
         old_core, old_server = peer.core, peer.server
         peer.core = PeerCore(blocks, c.spec.model_id, c.limits)
-        peer.server = PeerServer(peer.core, c.max_frame_bytes, c.max_streams, c.batch)
+        peer.server = PeerServer(peer.core, c.max_frame_bytes, c.max_streams, c.batch, Admission(c.admission))
         peer.start, peer.end, peer.next_range = start, end, None
         log_setup.set_context(f"peer {peer.name} {c.spec.model_id}[{start}:{end})")
         await peer.announcer.announce(PeerState.ONLINE)

@@ -21,9 +21,11 @@ from typing import Any
 import torch
 
 import swarm
+from peer.admission import Admission, AdmissionLimits
 from peer.announcer import Announcer
 from peer.blocks import BlockStack
 from peer.core import Blocks, PeerCore, PeerLimits
+from peer.debug import CorruptOutputs
 from peer.devices import describe
 from peer.faults import FaultInjector, FaultPlan
 from peer.link_probe import LinkProbe
@@ -36,6 +38,7 @@ from peer.tp_group import TPGroup, TPGroupError
 from swarm import log_setup
 from swarm.coordinator.records import dht_get
 from swarm.dht import start_dht
+from swarm.dht_process import shutdown_dht
 from swarm.identity import load_or_create_identity
 from swarm.model_spec import ModelSpec
 from swarm.protocol import DTYPE_NAMES, SESSION_PROTOCOL, ProtocolError
@@ -45,6 +48,13 @@ logger = logging.getLogger(__name__)
 
 # After a rank failure, how long open sessions get to hear PEER_FAILED on their next frame.
 FAILURE_GRACE_S = 5.0
+# The exit after the last session is gone is budgeted so that a peer with no open sessions
+# exits within ~5 s of SIGTERM even when the DHT is unreachable: the "leaving" record gets
+# LEAVE_ANNOUNCE_S (it is best effort: the record expires on its own anyway), the p2p handle
+# P2P_CLOSE_S and the DHT process DHT_CLOSE_S (then it is killed, p2pd with it).
+LEAVE_ANNOUNCE_S = 1.5
+P2P_CLOSE_S = 0.5
+DHT_CLOSE_S = 2.5
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,8 @@ class PeerConfig:
     coordinator: Any = None  # a swarm.coordinator.service.CoordinatorConfig: run a candidate here
     batch: BatchPolicy = BatchPolicy()  # decode batching and prefill chunking (peer/scheduler.py)
     faults: FaultPlan | None = None  # debug fault injection (peer.faults); None in production
+    admission: AdmissionLimits = AdmissionLimits()  # per-remote and per-session limits
+    debug_corrupt_outputs: bool = False  # tests only: add noise to every output (peer/debug.py)
 
     @property
     def tp(self) -> int:
@@ -114,7 +126,7 @@ async def serve(config: PeerConfig) -> int:
         await peer.leave()
     except TPGroupError as e:
         logger.error("the tensor-parallel group failed: %s", e)
-        await peer.announcer.announce(PeerState.LEAVING, ttl=config.announce_period)
+        await peer.announcer.announce(PeerState.LEAVING, ttl=config.announce_period, timeout=LEAVE_ANNOUNCE_S)
         return 1
     finally:
         if coordinator is not None:
@@ -230,8 +242,13 @@ class _Peer:
         )
         if stop.is_set():
             return False
+        if c.debug_corrupt_outputs:
+            logger.warning("--debug-corrupt-outputs: every output of this peer is WRONG on purpose")
+            blocks = CorruptOutputs(blocks)
         self.core = PeerCore(blocks, c.spec.model_id, c.limits)
-        self.server = PeerServer(self.core, c.max_frame_bytes, c.max_streams, c.batch)
+        self.server = PeerServer(
+            self.core, c.max_frame_bytes, c.max_streams, c.batch, Admission(c.admission)
+        )
         if c.faults is not None:
             self.server.faults = FaultInjector(self.core, c.faults)
             self.server.faults.install_signals(self.loop)
@@ -304,7 +321,9 @@ class _Peer:
         """Refuses new sessions, lets open ones finish, and tells the swarm it is gone."""
         self.core.leaving = True
         logger.info("leaving: refusing new sessions, %d open", len(self.core.sessions))
-        await self.announcer.announce(PeerState.LEAVING, ttl=self.config.announce_period)
+        await self.announcer.announce(
+            PeerState.LEAVING, ttl=self.config.announce_period, timeout=LEAVE_ANNOUNCE_S
+        )
         deadline = time.monotonic() + self.config.drain_timeout
         while self.core.sessions and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
@@ -314,7 +333,9 @@ class _Peer:
     async def leave_after_failure(self) -> None:
         """Part of the group is gone: tell the swarm, and let open sessions hear PEER_FAILED."""
         logger.error("leaving after a failure: %s", self.core.failure)
-        await self.announcer.announce(PeerState.LEAVING, ttl=self.config.announce_period)
+        await self.announcer.announce(
+            PeerState.LEAVING, ttl=self.config.announce_period, timeout=LEAVE_ANNOUNCE_S
+        )
         deadline = time.monotonic() + min(FAILURE_GRACE_S, self.config.drain_timeout)
         while self.core.sessions and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
@@ -328,9 +349,12 @@ class _Peer:
             await asyncio.to_thread(self.group.stop)
         if self.p2p is not None:
             try:
-                await self.p2p.remove_binary_stream_handler(SESSION_PROTOCOL)
-                await self.p2p.shutdown()
+                await asyncio.wait_for(self._close_p2p(), P2P_CLOSE_S)
             except Exception as e:
-                logger.debug("p2p shutdown: %s", e)
-        await asyncio.wait_for(asyncio.to_thread(self.dht.shutdown), 15)
+                logger.debug("p2p shutdown: %s", type(e).__name__)
+        await asyncio.to_thread(shutdown_dht, self.dht, DHT_CLOSE_S)
         logger.info("stopped")
+
+    async def _close_p2p(self) -> None:
+        await self.p2p.remove_binary_stream_handler(SESSION_PROTOCOL)
+        await self.p2p.shutdown()

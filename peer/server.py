@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 
+from peer.admission import Admission, AdmissionLimits
 from peer.core import PeerCore
 from peer.faults import FaultInjector
 from peer.hop_stats import HopStats
@@ -44,9 +45,15 @@ class PeerServer:
     """Serves PeerCore over hivemind streams."""
 
     def __init__(
-        self, core: PeerCore, max_frame_bytes: int, max_streams: int, policy: BatchPolicy | None = None
+        self,
+        core: PeerCore,
+        max_frame_bytes: int,
+        max_streams: int,
+        policy: BatchPolicy | None = None,
+        admission: Admission | None = None,
     ):
         self.core = core
+        self.admission = admission or Admission(AdmissionLimits())
         self.max_frame_bytes = max_frame_bytes
         self.max_streams = max_streams
         self.open_streams = 0
@@ -60,15 +67,20 @@ class PeerServer:
     async def handle_stream(
         self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        remote = str(getattr(stream_info, "peer_id", "?"))[-8:]
-        if self.open_streams >= self.max_streams:
-            await self._send(writer, Error(ErrorCode.BUSY, f"all {self.max_streams} stream slots are taken"))
+        remote_id = str(getattr(stream_info, "peer_id", "?"))
+        remote = remote_id[-8:]
+        try:
+            if self.open_streams >= self.max_streams:
+                raise ProtocolError(ErrorCode.BUSY, f"all {self.max_streams} stream slots are taken")
+            self.admission.enter_stream(remote_id)
+        except ProtocolError as e:
+            await self._send(writer, Error(e.code, e.message))
             writer.close()
             return
         self.open_streams += 1
         owned: set[str] = set()  # sessions opened on this stream; freed when it ends
         try:
-            await self._serve(reader, writer, owned)
+            await self._serve(reader, writer, owned, remote_id)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except Exception:
@@ -77,9 +89,10 @@ class PeerServer:
             for session_id in owned:
                 self.core.drop(session_id)
             self.open_streams -= 1
+            self.admission.leave_stream(remote_id)
             writer.close()
 
-    async def _serve(self, reader, writer, owned: set[str]) -> None:
+    async def _serve(self, reader, writer, owned: set[str], remote: str = "?") -> None:
         while True:
             timeout = self.core.limits.session_idle_timeout if owned else HANDSHAKE_TIMEOUT_S
             try:
@@ -95,7 +108,7 @@ class PeerServer:
                 if isinstance(message, Step):
                     await self._step(message, owned, writer, arrived)
                     continue
-                reply = await self._dispatch(message, owned)
+                reply = await self._dispatch(message, owned, remote)
             except ProtocolError as e:
                 reply = Error(e.code, e.message)
             except Exception as e:
@@ -106,6 +119,7 @@ class PeerServer:
     async def _step(self, message: Step, owned: set[str], writer, arrived: float) -> None:
         """Queues a step for the compute thread, sends its result, and notes the hop's cost."""
         self._check_owned(message.session_id, owned)
+        self.admission.check_step(message.session_id)
         session, hidden = self.core.begin_step(message)
         poison = self.faults is not None and self.faults.before_step(session)
         job = self.scheduler.submit(session, hidden, inline=True)
@@ -130,12 +144,14 @@ class PeerServer:
             }
         )
 
-    async def _dispatch(self, message: Message, owned: set[str]) -> Message:
+    async def _dispatch(self, message: Message, owned: set[str], remote: str = "?") -> Message:
         match message:
             case Ping():
                 return Pong(message.nonce)
             case Open():
+                self.admission.check_open(remote, self.core.sessions)
                 opened = self.core.open(message)
+                self.admission.opened(remote, message.session_id)
                 owned.add(message.session_id)
                 return opened
             case Close():

@@ -8,6 +8,7 @@ import signal
 import threading
 
 from swarm.dht import start_dht
+from swarm.dht_process import shutdown_dht
 from swarm.identity import load_or_create_identity
 
 logger = logging.getLogger(__name__)
@@ -42,5 +43,5 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    dht.shutdown()
+    shutdown_dht(dht, 5)
     return 0

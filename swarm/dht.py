@@ -46,9 +46,12 @@ def start_dht(
     """A running hivemind DHT node that signs with `identity` and validates every record it sees.
 
     Every role installs the signature validator: nodes without it would store forged records.
+    The node's process (and its p2pd) exits when this process dies (swarm/dht_process.py);
+    stop it with `swarm.dht_process.shutdown_dht`, which is bounded in time.
     """
-    import hivemind
     from hivemind.dht.crypto import RSASignatureValidator
+
+    from swarm.dht_process import OwnedDHT
 
     validator = RSASignatureValidator(identity.private_key if identity else None)
     kwargs = dict(
@@ -65,7 +68,7 @@ def start_dht(
     if identity is not None:
         kwargs["identity_path"] = str(identity.identity_path)
     with _children_ignore_ctrl_c():
-        return hivemind.DHT(**kwargs)
+        return OwnedDHT(**kwargs)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,9 @@ from dataclasses import asdict
 
 from swarm.coordinator.records import Coordination, read_coordination_sync
 from swarm.dht import public_initial_peers, start_dht
+from swarm.dht_process import shutdown_dht
 from swarm.records import PeerRecord, online_peers_per_block, read_models, read_peer_records
+from swarm.reports import Report, read_reports
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,17 +40,20 @@ def run(args: argparse.Namespace) -> int:
         for model_id, num_blocks in sorted(models.items()):
             records = read_peer_records(dht, model_id)
             coordination = read_coordination_sync(dht, model_id)
+            reports = read_reports(dht, model_id)
             if args.json:
                 report.append(model_data(model_id, num_blocks, records, coordination))
+                report[-1]["reports"] = [asdict(r) for r in reports]
                 complete &= all(report[-1]["coverage"])
             else:
                 complete &= print_model(model_id, num_blocks, records)
                 print_plan(coordination, records)
+                print_reports(reports, {r.peer_id: r.name for r in records})
         if args.json:
             print(json.dumps({"models": report}, indent=2))
         return 0 if complete else 1
     finally:
-        dht.shutdown()
+        shutdown_dht(dht, 5)
 
 
 def _models(dht, model_dir: str | None) -> dict[str, int]:
@@ -80,6 +85,21 @@ def print_model(model_id: str, num_blocks: int, records: list[PeerRecord]) -> bo
     if missing:
         print(f"  MISSING: blocks {missing} have no online peer")
     return not missing
+
+
+def print_reports(reports: list[Report], names: dict[str, str]) -> None:
+    """Peers that clients reported for wrong outputs (client/verify.py), most reporters first."""
+    by_peer: dict[str, list[Report]] = {}
+    for report in reports:
+        by_peer.setdefault(report.reported, []).append(report)
+    for peer_id, against in sorted(by_peer.items(), key=lambda item: -len(item[1])):
+        reporters = {r.reporter for r in against}
+        blocks = sorted({f"{r.start}:{r.end}" for r in against})
+        tie = " (confirmed by a third peer)" if any(r.tie_breaker for r in against) else ""
+        print(
+            f"  REPORTED: ...{peer_id[-11:]} {names.get(peer_id, '?')} by {len(reporters)} client(s) "
+            f"for wrong outputs on blocks {', '.join(blocks)}{tie}"
+        )
 
 
 def describe_devices(record: PeerRecord) -> str:

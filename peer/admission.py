@@ -1,0 +1,104 @@
+"""Admission control: what one remote may take of a peer, so that a flood from one remote
+cannot starve the sessions the peer has already admitted.
+
+Three limits, each refusal a typed error frame:
+
+- streams per remote peer id (REMOTE_LIMIT): a remote cannot take all of the peer's stream slots;
+- sessions per remote peer id (REMOTE_LIMIT): nor all of its session slots and KV cache;
+- steps per second per session (RATE_LIMITED): a token bucket of `steps_per_second` per
+  second holding up to `burst_s` seconds' worth, so a session cannot monopolize the compute
+  thread, while a normal generation (one step per token) never notices it.
+
+The remote's identity is its libp2p peer id, which the transport authenticates, so a remote
+cannot pose as another; it can make new identities, which is why the global limits
+(peer/core.py: sessions, cache; peer/server.py: streams) still apply on top of these.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Container
+from dataclasses import dataclass, field
+
+from swarm.protocol import ErrorCode, ProtocolError
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    sessions_per_remote: int = 8  # open sessions one remote peer id may hold (0: no limit)
+    steps_per_second: float = 100.0  # sustained steps per session (0: no limit)
+    burst_s: float = 2.0  # a session may run ahead of the rate by this many seconds' steps
+    extra_streams_per_remote: int = 4  # streams beyond one per session (pings, a stream being set up)
+
+    @property
+    def streams_per_remote(self) -> int:
+        return self.sessions_per_remote + self.extra_streams_per_remote if self.sessions_per_remote else 0
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float = field(default_factory=time.monotonic)
+
+
+class Admission:
+    """Counts what each remote holds and refuses what is over its limits."""
+
+    def __init__(self, limits: AdmissionLimits):
+        self.limits = limits
+        self.streams: Counter[str] = Counter()  # remote -> open streams
+        self.owners: dict[str, str] = {}  # session id -> remote that opened it
+        self.buckets: dict[str, _Bucket] = {}  # session id -> its step budget
+
+    def enter_stream(self, remote: str) -> None:
+        """Counts a new stream of `remote`; raises REMOTE_LIMIT if it holds too many."""
+        cap = self.limits.streams_per_remote
+        if cap and self.streams[remote] >= cap:
+            raise ProtocolError(ErrorCode.REMOTE_LIMIT, f"one remote may hold {cap} streams to this peer")
+        self.streams[remote] += 1
+
+    def leave_stream(self, remote: str) -> None:
+        self.streams[remote] -= 1
+        if self.streams[remote] <= 0:
+            del self.streams[remote]
+
+    def check_open(self, remote: str, open_sessions: Container[str]) -> None:
+        """Raises REMOTE_LIMIT if `remote` already holds its share of the sessions still open."""
+        self._forget_closed(open_sessions)
+        cap = self.limits.sessions_per_remote
+        held = sum(1 for owner in self.owners.values() if owner == remote)
+        if cap and held >= cap:
+            raise ProtocolError(
+                ErrorCode.REMOTE_LIMIT, f"one remote may hold {cap} sessions on this peer; close one first"
+            )
+
+    def opened(self, remote: str, session_id: str) -> None:
+        self.owners[session_id] = remote
+        self.buckets[session_id] = _Bucket(tokens=self._capacity)
+
+    def check_step(self, session_id: str, now: float | None = None) -> None:
+        """Takes one step from the session's bucket; raises RATE_LIMITED when it is empty."""
+        rate = self.limits.steps_per_second
+        bucket = self.buckets.get(session_id)
+        if not rate or bucket is None:
+            return
+        now = time.monotonic() if now is None else now
+        bucket.tokens = min(self._capacity, bucket.tokens + (now - bucket.updated) * rate)
+        bucket.updated = now
+        if bucket.tokens < 1.0:
+            wait_ms = 1000 * (1.0 - bucket.tokens) / rate
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED, f"over {rate:g} steps/s for this session; retry in {wait_ms:.0f} ms"
+            )
+        bucket.tokens -= 1.0
+
+    @property
+    def _capacity(self) -> float:
+        return max(1.0, self.limits.steps_per_second * self.limits.burst_s)
+
+    def _forget_closed(self, open_sessions: Container[str]) -> None:
+        # Sessions end in peer/core.py (close, disconnect, idle expiry); forget them lazily here.
+        for session_id in [s for s in self.owners if s not in open_sessions]:
+            del self.owners[session_id]
+            self.buckets.pop(session_id, None)

@@ -1,0 +1,26 @@
+"""Debug-only behaviours for tests of the client's defences; never for a real swarm."""
+
+from __future__ import annotations
+
+import torch
+
+
+class CorruptOutputs:
+    """Wraps a peer's Blocks so that every output carries noise (run-peer
+    --debug-corrupt-outputs): a stand-in for a buggy or malicious peer, which client-side
+    verification (client/verify.py) must catch. Everything else is the wrapped Blocks'."""
+
+    def __init__(self, blocks, scale: float = 0.05):
+        self._blocks = blocks
+        self._scale = scale
+
+    def __getattr__(self, name: str):
+        return getattr(self._blocks, name)
+
+    def __call__(self, hidden: torch.Tensor, cache, position: int, start: int, end: int) -> torch.Tensor:
+        output = self._blocks(hidden, cache, position, start, end)
+        return output + self._scale * output.std() * torch.randn_like(output)
+
+    def forward_batch(self, hiddens, caches, positions, start: int, end: int) -> list[torch.Tensor]:
+        outputs = self._blocks.forward_batch(hiddens, caches, positions, start, end)
+        return [out + self._scale * out.std() * torch.randn_like(out) for out in outputs]

@@ -1,0 +1,127 @@
+"""The DHT child process of every hexswarm role, made to die with the process that owns it.
+
+hivemind.DHT is a forked child process that runs the DHT node and itself spawns the p2p
+daemon (p2pd). Left alone, both outlive their owner when it dies without a clean shutdown
+(SIGKILL, the OOM killer, a crash): `daemon=True` only helps on a normal interpreter exit.
+Worse, the child inherits its owner's signal setup at fork time: asyncio's signal handlers
+in a peer turn SIGTERM into a write to the *owner's* wakeup socket, so the orphan ignores
+SIGTERM too.
+
+`OwnedDHT` subclasses hivemind.DHT and overrides only `run()` (the documented
+multiprocessing.Process hook that runs in the child) to, before hivemind's own `run()`:
+
+- reset the inherited signal setup: SIGTERM stops the child's p2pd and exits;
+- start a watchdog thread that polls the parent pid and, once the owner is gone (the child
+  is re-parented), stops p2pd and exits.
+
+A polled watchdog rather than PR_SET_PDEATHSIG: the death signal fires when the *thread*
+that forked the child exits, and clients start their DHT from whichever thread first needs
+it, so it could kill a healthy child. p2pd is started by hivemind without a hook of ours, so
+the DHT child stops it from the outside (its children are found in /proc).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import hivemind
+
+logger = logging.getLogger(__name__)
+
+WATCHDOG_PERIOD_S = 0.5  # how often the child checks that its owner is alive
+CHILD_GRACE_S = 1.0  # p2pd gets this long after SIGTERM before SIGKILL
+
+
+class OwnedDHT(hivemind.DHT):
+    """A hivemind.DHT whose process (and its p2pd) exits when its owner process dies."""
+
+    def __init__(self, *args, **kwargs):
+        self._owner_pid = os.getpid()  # before super().__init__, which may start the child
+        super().__init__(*args, **kwargs)
+
+    def run(self) -> None:  # runs in the child process
+        signal.signal(signal.SIGTERM, _exit_with_children)
+        try:
+            signal.set_wakeup_fd(-1)  # the inherited one belongs to the owner's event loop
+        except ValueError:
+            pass
+        threading.Thread(
+            target=_watch_owner, args=(self._owner_pid,), name="owner-watchdog", daemon=True
+        ).start()
+        super().run()
+
+
+def _watch_owner(owner_pid: int) -> None:
+    while os.getppid() == owner_pid:
+        time.sleep(WATCHDOG_PERIOD_S)
+    _exit_with_children()
+
+
+def _exit_with_children(*_signal_args) -> None:
+    stop_children(os.getpid(), CHILD_GRACE_S)
+    os._exit(0)
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of `pid` (Linux /proc; empty elsewhere)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may contain spaces, so split after its last ')'
+        fields = text[text.rfind(")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def stop_children(pid: int, grace: float) -> None:
+    """SIGTERM to the children of `pid`, SIGKILL to those still there after `grace` seconds."""
+    children = child_pids(pid)
+    for child in children:
+        _signal(child, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while children and time.monotonic() < deadline:
+        children = [c for c in children if _reap_or_alive(c)]
+        time.sleep(0.05)
+    for child in children:
+        _signal(child, signal.SIGKILL)
+        _reap_or_alive(child)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap_or_alive(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # not ours to reap (or already reaped)
+        return Path(f"/proc/{pid}").exists()
+    return done == 0
+
+
+def shutdown_dht(dht, timeout: float) -> None:
+    """hivemind's clean shutdown, bounded: after `timeout` seconds in all, the child is
+    terminated (its SIGTERM handler stops p2pd), then killed."""
+    deadline = time.monotonic() + timeout
+    dht.shutdown_timeout = max(0.1, timeout - CHILD_GRACE_S - 0.5)  # hivemind terminates after it
+    try:
+        dht.shutdown()
+    except (OSError, ValueError) as e:  # the pipe to a dead child
+        logger.debug("DHT shutdown: %s", e)
+    dht.join(max(0.0, deadline - time.monotonic()))
+    if dht.is_alive():
+        logger.warning("the DHT process did not stop within %.1f s; killing it", timeout)
+        dht.kill()
+        dht.join(1.0)

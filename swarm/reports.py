@@ -1,0 +1,139 @@
+"""Signed reports of peers whose outputs failed a client's verification (client/verify.py).
+
+Layout (one DHT key per model; each report under a subkey protected by the reporter's key):
+
+    hexswarm/v1/reports/<model_id>   subkey [owner:<reporter's public key>]/<reported peer id>
+                                     ->  msgpack Report
+
+hivemind's RSASignatureValidator makes every DHT node refuse a report not signed by the key
+named in its subkey, so a report cannot be forged in another client's name, and one reporter
+has one report per reported peer. A report is kept by readers only if it names its evidence:
+the hash of the step's input and the two output hashes that disagree. Reports are claims of
+one client, not proofs: `hexswarm status` lists them with how many reporters agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import msgpack
+import torch
+
+from swarm.identity import peer_id_from_owner_marker
+
+logger = logging.getLogger(__name__)
+
+REPORT_SCHEMA_VERSION = 1
+REPORTS_KEY = "hexswarm/v1/reports"
+REPORT_TTL_S = 24 * 3600.0
+_HASH = re.compile(r"[0-9a-f]{64}")
+_OWNER = re.compile(rb"\[owner:.+?\]")
+
+
+def reports_key(model_id: str) -> str:
+    return f"{REPORTS_KEY}/{model_id}"
+
+
+def tensor_hash(tensor: torch.Tensor) -> str:
+    """sha256 of a tensor's dtype, shape and bytes: what a report names as evidence."""
+    flat = tensor.detach().to("cpu").contiguous()
+    digest = hashlib.sha256(f"{flat.dtype}{tuple(flat.shape)}".encode())
+    if flat.numel():
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Report:
+    """One client's claim that `reported` returned a wrong output for blocks [start, end)."""
+
+    reporter: str  # base58 id of the key that signed the report (checked by readers)
+    reported: str  # peer id whose output was judged wrong
+    model_id: str
+    start: int
+    end: int
+    position: int  # the step's position in the session
+    input_hash: str  # the evidence: the step's input ...
+    reported_output_hash: str  # ... what the reported peer returned ...
+    witness: str  # ... and the peer that disagreed with it,
+    witness_output_hash: str  # with what it returned
+    max_abs_diff: float
+    tie_breaker: str = ""  # a third peer that agreed with the witness ("" if none was asked)
+    time: float = 0.0  # DHT time of the report
+    schema: int = REPORT_SCHEMA_VERSION
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb(asdict(self), use_bin_type=True)
+
+    @classmethod
+    def from_bytes(cls, data: Any) -> Report:
+        """Parses a report; raises ValueError if it is malformed or names no evidence."""
+        if not isinstance(data, bytes | bytearray) or len(data) > 8 * 1024:
+            raise ValueError("a report must be at most 8 KiB of bytes")
+        try:
+            body = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        except Exception:
+            raise ValueError("report is not msgpack") from None
+        if not isinstance(body, dict) or body.get("schema") != REPORT_SCHEMA_VERSION:
+            raise ValueError("report is not a map of the known schema")
+        known = {f.name: body[f.name] for f in fields(cls) if f.name in body}
+        try:
+            report = cls(**known)
+        except TypeError as e:
+            raise ValueError(f"malformed report: {e}") from None
+        report.check()
+        return report
+
+    def check(self) -> None:
+        for name in ("reporter", "reported", "model_id", "witness", "tie_breaker"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"report field {name} is not a string")
+        for name in ("start", "end", "position"):
+            if not isinstance(getattr(self, name), int):
+                raise ValueError(f"report field {name} is not an int")
+        hashes = (self.input_hash, self.reported_output_hash, self.witness_output_hash)
+        if not all(isinstance(h, str) and _HASH.fullmatch(h) for h in hashes):
+            raise ValueError("a report must name the input hash and both output hashes")
+        if self.reported_output_hash == self.witness_output_hash or self.reported == self.witness:
+            raise ValueError("a report's two outputs must come from two peers and differ")
+        if not 0 <= self.start < self.end:
+            raise ValueError("bad layer range")
+
+
+def report_subkey(owner_marker: bytes, reported: str) -> bytes:
+    return owner_marker + b"/" + reported.encode()
+
+
+def publish_report(dht, owner_marker: bytes, report: Report, expiration: float):
+    """Stores `report` signed by the key of `owner_marker` (the caller's DHT validator key);
+    returns hivemind's future."""
+    return dht.store(
+        reports_key(report.model_id),
+        report.to_bytes(),
+        expiration,
+        subkey=report_subkey(owner_marker, report.reported),
+        return_future=True,
+    )
+
+
+def read_reports(dht, model_id: str) -> list[Report]:
+    """Every well-formed report of `model_id` whose reporter is the key that signed it."""
+    value = dht.get(reports_key(model_id), latest=True)
+    reports = []
+    if not isinstance(getattr(value, "value", None), dict):
+        return reports
+    for subkey, item in value.value.items():
+        try:
+            marker = _OWNER.match(subkey if isinstance(subkey, bytes) else str(subkey).encode())
+            owner = peer_id_from_owner_marker(marker.group(0)).to_base58()
+            report = Report.from_bytes(item.value)
+            if report.reporter != owner or report.model_id != model_id:
+                raise ValueError(f"report by {report.reporter} is signed by {owner}")
+            reports.append(report)
+        except Exception as e:  # anything malformed from the network is skipped, never raised
+            logger.debug("skipping a report: %s", e)
+    return reports

@@ -1,0 +1,54 @@
+"""Admission limits per remote and per session (peer/admission.py)."""
+
+import pytest
+
+from peer.admission import Admission, AdmissionLimits
+from swarm.protocol import ErrorCode, ProtocolError
+
+
+def _code(call, *args):
+    with pytest.raises(ProtocolError) as error:
+        call(*args)
+    return error.value.code
+
+
+def test_sessions_per_remote_counts_only_sessions_still_open():
+    admission = Admission(AdmissionLimits(sessions_per_remote=2))
+    open_sessions = {"a", "b"}
+    for sid in open_sessions:
+        admission.check_open("mallory", open_sessions)
+        admission.opened("mallory", sid)
+    assert _code(admission.check_open, "mallory", open_sessions) == ErrorCode.REMOTE_LIMIT
+    admission.check_open("alice", open_sessions)  # another remote is not affected
+    open_sessions.discard("a")  # closed, dropped or expired in PeerCore
+    admission.check_open("mallory", open_sessions)
+
+
+def test_streams_per_remote():
+    admission = Admission(AdmissionLimits(sessions_per_remote=1, extra_streams_per_remote=1))
+    admission.enter_stream("m")
+    admission.enter_stream("m")
+    assert _code(admission.enter_stream, "m") == ErrorCode.REMOTE_LIMIT
+    admission.enter_stream("other")
+    admission.leave_stream("m")
+    admission.enter_stream("m")
+
+
+def test_step_rate_is_a_token_bucket():
+    admission = Admission(AdmissionLimits(steps_per_second=10, burst_s=1.0))
+    admission.opened("r", "s")
+    now = 1e9  # far after the bucket was filled: it is full (10 steps)
+    for _ in range(10):
+        admission.check_step("s", now)
+    assert _code(admission.check_step, "s", now) == ErrorCode.RATE_LIMITED
+    admission.check_step("s", now + 0.1)  # 0.1 s refills one step
+    assert _code(admission.check_step, "s", now + 0.1) == ErrorCode.RATE_LIMITED
+
+
+def test_zero_means_no_limit():
+    admission = Admission(AdmissionLimits(sessions_per_remote=0, steps_per_second=0))
+    for i in range(100):
+        admission.enter_stream("r")
+        admission.check_open("r", set(admission.owners))
+        admission.opened("r", str(i))
+        admission.check_step(str(i), 0.0)
