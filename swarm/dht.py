@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import threading
@@ -27,12 +26,6 @@ def public_initial_peers() -> list[str]:
             f"no public bootstrap peers are configured; set {INITIAL_PEERS_ENV} or pass --initial-peers"
         )
     return peers
-
-
-def quiet_hivemind() -> None:
-    """hivemind logs every connection at INFO; keep its logs to warnings."""
-    os.environ.setdefault("HIVEMIND_LOGLEVEL", "WARNING")
-    logging.getLogger("hivemind").setLevel(logging.WARNING)
 
 
 def start_dht(

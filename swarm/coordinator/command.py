@@ -69,17 +69,12 @@ def coordinator_config(args: argparse.Namespace, model_dir: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm.dht import public_initial_peers, quiet_hivemind, start_dht
+    from swarm.dht import public_initial_peers, start_dht
+    from swarm.dht_process import shutdown_dht
     from swarm.identity import load_or_create_identity
 
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s coordinator: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-        force=True,
-    )
-    quiet_hivemind()
+    if args.verbose:  # logging itself is set up by swarm/cli.py (--quiet, --log-level)
+        logging.getLogger().setLevel(logging.DEBUG)
     try:
         config = coordinator_config(args, args.model)
     except (OSError, ValueError) as e:
@@ -90,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_serve(dht, identity, config))
     finally:
-        dht.shutdown()
+        shutdown_dht(dht, 5)
 
 
 async def _serve(dht, identity, config) -> int:
