@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--debug-corrupt-outputs",
         action="store_true",
-        help="TESTS ONLY: add noise to every output, to check that clients' verification catches it",
+        help=argparse.SUPPRESS,  # tests only: add noise to every output (peer/debug.py), for client verification
     )
     p.add_argument(
         "--batch-window-ms",

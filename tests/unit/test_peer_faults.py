@@ -20,36 +20,39 @@ def core(make_model):
     return core
 
 
-def _step(core, position: int):
+def _step(core, position: int, injector: FaultInjector):
+    """A step as PeerServer runs it: validated, shown to the injector, computed, maybe poisoned."""
     session, hidden = core.begin_step(Step("s", position, torch.randn(1, 1, core.blocks.spec.hidden_size)))
-    return core.run_step(session, hidden)
+    poison = injector.before_step(session)
+    result = core.run_step(session, hidden)
+    return injector.poison(result) if poison else result
 
 
 def test_fail_after_n_steps_answers_internal_and_keeps_the_session_usable(core):
-    FaultInjector(core, FaultPlan(fail_after=2))
-    _step(core, 0)
-    _step(core, 1)
+    injector = FaultInjector(core, FaultPlan(fail_after=2))
+    _step(core, 0, injector)
+    _step(core, 1, injector)
     with pytest.raises(ProtocolError) as info:
-        _step(core, 2)
+        _step(core, 2, injector)
     assert info.value.code == ErrorCode.INTERNAL
     assert core.sessions["s"].position == 2 and not core.sessions["s"].busy
 
 
 def test_nan_fault_runs_the_step_and_returns_garbage(core):
     injector = FaultInjector(core, FaultPlan(on_signal=True, kind="nan"))
-    assert torch.isfinite(_step(core, 0).hidden).all()
+    assert torch.isfinite(_step(core, 0, injector).hidden).all()
     injector._arm(True)
-    assert torch.isnan(_step(core, 1).hidden).all()
+    assert torch.isnan(_step(core, 1, injector).hidden).all()
     injector._arm(False)
-    assert torch.isfinite(_step(core, 2).hidden).all()
+    assert torch.isfinite(_step(core, 2, injector).hidden).all()
 
 
 def test_error_rate_fails_some_steps(core):
-    FaultInjector(core, FaultPlan(error_rate=0.5, seed=3))
+    injector = FaultInjector(core, FaultPlan(error_rate=0.5, seed=3))
     outcomes = []
     for position in range(12):
         try:
-            _step(core, position - sum(outcomes))
+            _step(core, position - sum(outcomes), injector)
             outcomes.append(False)
         except ProtocolError:
             outcomes.append(True)
