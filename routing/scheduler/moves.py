@@ -29,23 +29,15 @@ from routing.scheduler.cluster import Cluster
 from routing.scheduler.fitness import PipelineCapacity, estimate
 from routing.scheduler.model_spec import ModelSpec
 from routing.scheduler.pipeline_dp import PipelineLayout
+from routing.scheduler.plan import StagePlan
 
 # A peer reads its new layers at this rate by default: a local NVMe read of cached weights with
 # their conversion (~1 GB/s); a peer that downloads them over the network is slower (pass less).
 DEFAULT_LOAD_BANDWIDTH = 1e9  # bytes/s
 
 
-@dataclass(frozen=True)
-class Assignment:
-    """The layer range a peer serves with which of its devices (leader first)."""
-
-    device_ids: tuple[str, ...]
-    start: int
-    end: int
-
-    @property
-    def layers(self) -> int:
-        return self.end - self.start
+# The layer range a peer serves with which of its devices (leader first): a plan's stage.
+Assignment = StagePlan
 
 
 @dataclass(frozen=True)
