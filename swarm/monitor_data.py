@@ -1,7 +1,8 @@
 """What `hexswarm monitor` shows, as plain JSON: every model, its peers and its block coverage.
 
-Everything comes from the peers' signed DHT records (what `hexswarm status` reads) plus the
-monitor's own round trip to each peer (a PING, as clients measure it).
+Everything comes from the peers' signed DHT records and the coordinator's lease and plan
+records (what `hexswarm status` reads) plus the monitor's own round trip to each peer (a PING,
+as clients measure it).
 
 Tokens/s: peers announce their measured speeds and open sessions, but no count of tokens
 served, so the swarm's tokens/s cannot be measured from outside. The monitor shows an
@@ -15,7 +16,9 @@ import dataclasses
 import time
 from typing import Any
 
+from swarm.coordinator.records import Coordination, read_coordination_sync
 from swarm.records import PeerRecord, PeerState, online_peers_per_block, read_models, read_peer_records
+from swarm.status import plan_data
 
 TOKENS_PER_S_NOTE = (
     "estimate, not a measurement: one sequence's decode rate along the fastest chain, from the "
@@ -63,7 +66,13 @@ def estimated_decode_tokens_per_s(records: list[PeerRecord], num_blocks: int) ->
     return 1000.0 / total_ms
 
 
-def model_entry(model_id: str, num_blocks: int, records: list[PeerRecord], rtts: dict[str, float]) -> dict:
+def model_entry(
+    model_id: str,
+    num_blocks: int,
+    records: list[PeerRecord],
+    rtts: dict[str, float],
+    coordination: Coordination | None = None,
+) -> dict:
     coverage = online_peers_per_block(records, num_blocks)
     peers = sorted(records, key=lambda r: (r.start, r.end, r.name))
     return {
@@ -74,6 +83,7 @@ def model_entry(model_id: str, num_blocks: int, records: list[PeerRecord], rtts:
         "peers": [peer_entry(r, rtts.get(r.peer_id)) for r in peers],
         "open_sessions": sum(r.open_sessions for r in records),  # a leaving peer still serves its own
         "estimated_tokens_per_s": estimated_decode_tokens_per_s(records, num_blocks),
+        **plan_data(coordination or Coordination(None, None, 0), records),
     }
 
 
@@ -83,7 +93,8 @@ def collect(swarm) -> dict[str, Any]:
     for model_id, num_blocks in sorted(read_models(swarm.dht).items()):
         records = [r for r in read_peer_records(swarm.dht, model_id) if r.end <= num_blocks]
         rtts = swarm.round_trips([r for r in records if r.state != PeerState.JOINING])
-        models.append(model_entry(model_id, num_blocks, records, rtts))
+        coordination = read_coordination_sync(swarm.dht, model_id)
+        models.append(model_entry(model_id, num_blocks, records, rtts, coordination))
     rates = [m["estimated_tokens_per_s"] for m in models if m["estimated_tokens_per_s"] is not None]
     return {
         "time": time.time(),

@@ -145,12 +145,19 @@ def model_data(model_id: str, num_blocks: int, records: list[PeerRecord], coordi
         peer = asdict(r)
         peer["state"] = r.state.value
         peers.append(peer)
-    plan = coordination.plan
     return {
         "model_id": model_id,
         "num_blocks": num_blocks,
         "peers": peers,
         "coverage": online_peers_per_block(records, num_blocks),
+        **plan_data(coordination, records),
+    }
+
+
+def plan_data(coordination: Coordination, records: list[PeerRecord]) -> dict:
+    """The coordinator and its plan as JSON-ready data (`status --json` and the monitor)."""
+    plan = coordination.plan
+    return {
         "coordinator": coordination.holder.holder if coordination.holder else None,
         "plan": None
         if plan is None

@@ -43,3 +43,15 @@ def test_peer_entry_shows_tp_and_one_label_per_rank():
     entry = peer_entry(dataclasses.replace(make_record(), tp=2, devices=(gpu, gpu)), rtt_ms=3.0)
     assert entry["tp"] == 2 and entry["devices"] == ["cuda, NVIDIA H100, 80 GiB"] * 2
     assert entry["device_info"][0]["cores"] == 132 and entry["rtt_ms"] == 3.0
+
+
+def test_model_entry_shows_the_coordinator_and_its_plan():
+    from swarm.coordinator.records import Assignment, Coordination, Lease, PlanRecord
+
+    records = [make_record(peer_id="A", name="a", start=0, end=6, auto=True, plan_version=3)]
+    assert model_entry("m-1", 6, records, rtts={})["plan"] is None
+    plan = PlanRecord("m-1", 3, "K", "abc", 0.9, 120.0, (Assignment("A", 0, 6, 1),))
+    entry = model_entry("m-1", 6, records, {}, Coordination(Lease("m-1", "K", 1.0), plan, 3))
+    assert entry["coordinator"] == "K"
+    assert entry["plan"]["version"] == 3 and entry["plan"]["followers"] == ["A"]
+    json.dumps(entry)
