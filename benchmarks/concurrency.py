@@ -35,15 +35,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from overhead import PROMPT_TOKENS, SIZES  # noqa: E402  (the same models and prompt as the overhead benchmark)
 
 from swarm.launcher import LocalSwarm  # noqa: E402
 from swarm.tiny_model import make_tiny_model  # noqa: E402
 
-SIZES = {
-    "tiny": dict(hidden=256, layers=8, heads=8, kv_heads=4),
-    "medium": dict(hidden=1024, layers=16, heads=16, kv_heads=8),
-}
-PROMPT_TOKENS = 16
 ANNOUNCE_PERIOD = 2.0  # the peers log their hop cost once per period
 HOP_LINE = re.compile(r"hop cost over (\d+) steps \(ms/step\): in ([\d.]+) queue ([\d.]+) window ([\d.]+) "
                       r"compute ([\d.]+) out ([\d.]+)")

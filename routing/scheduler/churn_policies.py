@@ -32,7 +32,7 @@ from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.moves import Assignment
 from routing.scheduler.petals_rule import DEFAULT_BALANCE_QUALITY, Span, choose_start, should_move
 from routing.scheduler.plan import Plan
-from routing.scheduler.replan import REPLAN_CONFIG, MoveCosts, replan
+from routing.scheduler.replan import REPLAN_CONFIG, MoveCosts, plan_assignments, replan
 from routing.scheduler.span_chains import PeerSpan
 
 
@@ -63,13 +63,10 @@ class Policy(Protocol):
 
 def plan_spans(cluster: Cluster, plan: Plan) -> dict[str, PeerSpan]:
     """Peer -> range under a plan (one stage per machine), for the peers present in `cluster`."""
-    out = {}
-    for pipeline in plan.pipelines:
-        for stage in pipeline.stages:
-            if stage.device_ids[0] in cluster._positions:
-                machine = cluster.devices[cluster.index(stage.device_ids[0])].machine
-                out[machine] = PeerSpan(machine, stage.device_ids, stage.start, stage.end)
-    return out
+    return {
+        machine: PeerSpan(machine, stage.device_ids, stage.start, stage.end)
+        for machine, stage in plan_assignments(cluster, plan).items()
+    }
 
 
 class CoordinatorPolicy:

@@ -195,7 +195,7 @@ def plan_assignments(cluster: Cluster, plan: Plan) -> dict[str, Assignment]:
         for stage in pipeline.stages:
             if stage.device_ids[0] in cluster._positions:
                 machine = cluster.devices[cluster.index(stage.device_ids[0])].machine
-                out[machine] = Assignment(stage.device_ids, stage.start, stage.end)
+                out[machine] = stage  # a stage is an Assignment (moves.py)
     return out
 
 
