@@ -60,6 +60,15 @@ class InputHistory:
             self._chunks[start] = [torch.cat(chunks, dim=1)]
         return self._chunks[start][0]
 
+    def sent_before(self, start: int, position: int, like: torch.Tensor) -> torch.Tensor | None:
+        """(batch, position, hidden): everything boundary `start` was sent before `position`
+        (empty like `like` at 0); None when the boundary is not kept whole, so it cannot be replayed."""
+        if start not in self._chunks:
+            return None
+        past = self.inputs(start)
+        past = like[:, :0] if past is None else past
+        return past if past.shape[1] == position else None
+
     @property
     def nbytes(self) -> int:
         return sum(c.numel() * c.element_size() for chunks in self._chunks.values() for c in chunks)

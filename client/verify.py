@@ -2,8 +2,8 @@
 
 With `verify=p`, each hop step is verified with probability p. The verifying peer (a
 *witness*: another online peer that serves the hop's blocks) runs a *shadow session* of its
-own for that hop. The shadow is caught up by replaying the hop's earlier inputs, which this
-client keeps, in one chunk together with the verified step's input; the witness's output for
+own for that hop. The shadow is caught up by replaying the hop's earlier inputs, which the
+session keeps anyway for failover (client/history.py), in one chunk together with the verified step's input; the witness's output for
 the step's tokens is then compared with the serving peer's within a tolerance set by the
 coarsest dtype involved (wire dtype and both peers' compute dtypes).
 
@@ -16,8 +16,9 @@ hashes) is published in the DHT (swarm/reports.py). If the culprit is the servin
 step fails with VerificationError, a PeerError naming that peer, so the session fails over
 or fails; if it is the witness, the generation goes on.
 
-Cost: one extra step per verified hop step (a longer one when a shadow catches up), and the
-hop inputs of the session (one hidden state per token per hop) kept in memory.
+Cost: one extra step per verified hop step (a longer one when a shadow catches up); no memory
+beyond the failover history. A hop whose start boundary that history does not keep whole
+(beyond its `max_history_bytes`) is not verified.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from hivemind.utils import get_dht_time
@@ -69,15 +70,6 @@ class _Shadow:
     position: int = 0
 
 
-@dataclass
-class _Span:
-    """One hop's blocks and every input it saw, from position 0."""
-
-    inputs: list[torch.Tensor] = field(default_factory=list)
-    next_position: int = 0
-    complete: bool = True  # False once a step was missed (e.g. the route changed): no replay possible
-
-
 class Verifier:
     """Verifies a share of one InferenceSession's hop steps; lives as long as the session."""
 
@@ -90,7 +82,6 @@ class Verifier:
         self.stats = (
             stats or VerifyStats()
         )  # may be shared by a model's sessions (counted on the client loop)
-        self.spans: dict[tuple[int, int], _Span] = {}
         self.shadows: dict[tuple[str, int, int], _Shadow] = {}
         self._records: tuple[float, list[PeerRecord]] = (-RECORDS_TTL_S, [])
 
@@ -103,35 +94,36 @@ class Verifier:
         hidden_in: torch.Tensor,
         output: torch.Tensor,
     ) -> None:
-        """Called by the session after each hop step: records the input, maybe verifies the output."""
-        span = self.spans.setdefault((start, end), _Span())
-        span.complete &= span.next_position == position
+        """Called by the session after each hop step, before the step's inputs join the session's
+        history: maybe verifies the output. A witness catches up from the inputs the session keeps
+        for failover (client/history.py); a boundary it does not keep whole is not verified."""
         self.stats.steps += 1
-        if span.complete and self.rng.random() < self.share:
-            await self._verify(conn, start, end, span, position, hidden_in, output)
-        span.inputs.append(hidden_in)
-        span.next_position = position + hidden_in.shape[1]
+        if self.rng.random() >= self.share:
+            return
+        past = self.session.history.sent_before(start, position, hidden_in)
+        if past is not None:
+            await self._verify(conn, start, end, past, position, hidden_in, output)
 
-    async def _verify(self, conn, start, end, span, position, hidden_in, output) -> None:
+    async def _verify(self, conn, start, end, past, position, hidden_in, output) -> None:
         records = await self._candidates(start, end, exclude={conn.peer_id})
         if not records:
             self.stats.unverifiable += 1
             return
         witness = self.rng.choice(records)
-        theirs = await self._recompute(witness, start, end, span, position, hidden_in)
+        theirs = await self._recompute(witness, start, end, past, position, hidden_in)
         self.stats.verified += 1
         if theirs is None or self._agree(output, theirs, conn.peer_id, witness):
             return
         self.stats.mismatches += 1
-        await self._judge(conn, witness, start, end, span, position, hidden_in, output, theirs)
+        await self._judge(conn, witness, start, end, past, position, hidden_in, output, theirs)
 
-    async def _judge(self, conn, witness, start, end, span, position, hidden_in, output, theirs) -> None:
+    async def _judge(self, conn, witness, start, end, past, position, hidden_in, output, theirs) -> None:
         """The two outputs differ: a third peer breaks the tie if there is one."""
         culprit, other, tie_breaker = conn.peer_id, witness.peer_id, ""
         others = await self._candidates(start, end, exclude={conn.peer_id, witness.peer_id})
         if others:
             third = self.rng.choice(others)
-            verdict = await self._recompute(third, start, end, span, position, hidden_in)
+            verdict = await self._recompute(third, start, end, past, position, hidden_in)
             if verdict is not None and self._agree(verdict, output, third.peer_id, None):
                 culprit, other = witness.peer_id, conn.peer_id  # the third peer sides with the serving peer
             tie_breaker = third.peer_id
@@ -163,15 +155,14 @@ class Verifier:
             )
 
     async def _recompute(
-        self, witness: PeerRecord, start, end, span, position, hidden_in
+        self, witness: PeerRecord, start, end, past, position, hidden_in
     ) -> torch.Tensor | None:
         """The witness's output for the step, its shadow session caught up first; None if it failed."""
         key = (witness.peer_id, start, end)
         try:
             shadow = self.shadows.get(key) or await self._open_shadow(witness, start, end)
             self.shadows[key] = shadow
-            earlier = torch.cat(span.inputs, dim=1)[:, shadow.position :] if span.inputs else hidden_in[:, :0]
-            chunk = torch.cat([earlier, hidden_in], dim=1)  # the inputs it has not seen, in one step
+            chunk = torch.cat([past[:, shadow.position :], hidden_in], dim=1)  # the inputs it has not seen, in one step
             result = await shadow.conn.step(shadow.session_id, shadow.position, chunk)
             shadow.position = position + hidden_in.shape[1]
             return result[:, -hidden_in.shape[1] :]

@@ -102,3 +102,14 @@ def test_history_keeps_inputs_per_boundary_within_its_bound():
     history.keep([0, 4])  # re-routed: boundary 3 is gone, 4 is new
     history.replace(4, torch.ones(1, 5, 4))
     assert history.kept == [0, 4] and history.inputs(4).shape == (1, 5, 4)
+
+
+def test_history_gives_what_a_boundary_was_sent_only_when_kept_whole():
+    history = InputHistory(bytes_per_boundary=1, max_bytes=10)
+    history.keep([0, 4])
+    like = torch.zeros(1, 1, 2)
+    assert history.sent_before(4, 0, like).shape == (1, 0, 2)  # nothing sent yet: empty, not None
+    history.append({0: torch.ones(1, 3, 2), 4: torch.ones(1, 3, 2)})
+    assert history.sent_before(4, 3, like).shape == (1, 3, 2)
+    assert history.sent_before(4, 5, like) is None  # missed tokens: cannot be replayed
+    assert history.sent_before(2, 3, like) is None  # a boundary it does not keep
