@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -107,7 +108,7 @@ class PeerRecord:
     @classmethod
     def from_bytes(cls, data: bytes) -> PeerRecord:
         """Parses a record; raises ValueError if it is malformed or of a newer schema."""
-        body = _unpack_map(data)
+        body = unpack_map(data)
         if body.get("schema") != RECORD_SCHEMA_VERSION:
             raise ValueError(f"record schema {body.get('schema')!r} is not {RECORD_SCHEMA_VERSION}")
         known = {f.name: body[f.name] for f in fields(cls) if f.name in body}  # unknown fields ignored
@@ -138,22 +139,23 @@ class ModelEntry:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ModelEntry:
-        body = _unpack_map(data)
+        body = unpack_map(data)
         model_id, num_blocks = body.get("model_id"), body.get("num_blocks")
         if not isinstance(model_id, str) or not isinstance(num_blocks, int) or num_blocks <= 0:
             raise ValueError("malformed model entry")
         return cls(model_id=model_id, num_blocks=num_blocks)
 
 
-def parse_signed_entries(dict_value: Any, parse):
+def parse_signed_entries(dict_value: Any, parse, owner_marker: Callable[[bytes], bytes] = lambda subkey: subkey):
     """Turns a hivemind dictionary value {subkey: ValueWithExpiration} into [(peer_id, parsed)],
-    keeping only entries whose subkey is an owner marker and that parse."""
+    keeping only entries that parse and whose subkey is an owner marker (or, with `owner_marker`,
+    holds one that it extracts: subkeys that also name what the entry is about)."""
     entries = []
     if not isinstance(getattr(dict_value, "value", None), dict):
         return entries
     for subkey, item in dict_value.value.items():
         try:
-            marker = subkey if isinstance(subkey, bytes) else str(subkey).encode()
+            marker = owner_marker(subkey if isinstance(subkey, bytes) else str(subkey).encode())
             owner = peer_id_from_owner_marker(marker).to_base58()
             entries.append((owner, parse(item.value)))
         except Exception as e:  # anything malformed from the network is skipped, never raised
@@ -213,9 +215,10 @@ def _parse_rtts(raw: Any) -> tuple[tuple[str, float], ...]:
     return tuple(pairs)
 
 
-def _unpack_map(data: Any) -> dict:
-    if not isinstance(data, bytes | bytearray) or len(data) > 64 * 1024:
-        raise ValueError("record must be at most 64 KiB of bytes")
+def unpack_map(data: Any, max_bytes: int = 64 * 1024) -> dict:
+    """A DHT value (remote input) as a msgpack map; ValueError if it is not one or is too long."""
+    if not isinstance(data, bytes | bytearray) or len(data) > max_bytes:
+        raise ValueError(f"record must be at most {max_bytes // 1024} KiB of bytes")
     try:
         body = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception:

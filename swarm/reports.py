@@ -23,7 +23,7 @@ from typing import Any
 import msgpack
 import torch
 
-from swarm.identity import peer_id_from_owner_marker
+from swarm.records import parse_signed_entries, unpack_map
 
 logger = logging.getLogger(__name__)
 
@@ -72,14 +72,9 @@ class Report:
     @classmethod
     def from_bytes(cls, data: Any) -> Report:
         """Parses a report; raises ValueError if it is malformed or names no evidence."""
-        if not isinstance(data, bytes | bytearray) or len(data) > 8 * 1024:
-            raise ValueError("a report must be at most 8 KiB of bytes")
-        try:
-            body = msgpack.unpackb(data, raw=False, strict_map_key=True)
-        except Exception:
-            raise ValueError("report is not msgpack") from None
-        if not isinstance(body, dict) or body.get("schema") != REPORT_SCHEMA_VERSION:
-            raise ValueError("report is not a map of the known schema")
+        body = unpack_map(data, max_bytes=8 * 1024)
+        if body.get("schema") != REPORT_SCHEMA_VERSION:
+            raise ValueError("report is not of the known schema")
         known = {f.name: body[f.name] for f in fields(cls) if f.name in body}
         try:
             report = cls(**known)
@@ -124,16 +119,17 @@ def read_reports(dht, model_id: str) -> list[Report]:
     """Every well-formed report of `model_id` whose reporter is the key that signed it."""
     value = dht.get(reports_key(model_id), latest=True)
     reports = []
-    if not isinstance(getattr(value, "value", None), dict):
-        return reports
-    for subkey, item in value.value.items():
-        try:
-            marker = _OWNER.match(subkey if isinstance(subkey, bytes) else str(subkey).encode())
-            owner = peer_id_from_owner_marker(marker.group(0)).to_base58()
-            report = Report.from_bytes(item.value)
-            if report.reporter != owner or report.model_id != model_id:
-                raise ValueError(f"report by {report.reporter} is signed by {owner}")
-            reports.append(report)
-        except Exception as e:  # anything malformed from the network is skipped, never raised
-            logger.debug("skipping a report: %s", e)
+    for owner, report in parse_signed_entries(value, Report.from_bytes, _owner_prefix):
+        if report.reporter != owner or report.model_id != model_id:
+            logger.debug("skipping a report by %s signed by %s", report.reporter, owner)
+            continue
+        reports.append(report)
     return reports
+
+
+def _owner_prefix(subkey: bytes) -> bytes:
+    """The owner marker that starts a report's subkey (`report_subkey`); ValueError if none."""
+    marker = _OWNER.match(subkey)
+    if marker is None:
+        raise ValueError("report subkey has no owner marker")
+    return marker.group(0)

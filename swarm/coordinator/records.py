@@ -21,7 +21,7 @@ from typing import Any
 
 import msgpack
 
-from swarm.records import _unpack_map, parse_signed_entries
+from swarm.records import parse_signed_entries, unpack_map
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def _assignment(item: Any) -> Assignment:
 
 def _body(data: Any) -> dict:
     try:
-        body = _unpack_map(data)
+        body = unpack_map(data)
     except ValueError as e:
         raise CoordinationRecordError(str(e)) from None
     if body.get("schema") != COORDINATION_SCHEMA_VERSION:
