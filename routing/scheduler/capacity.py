@@ -17,6 +17,9 @@ Two capacities, both measured on that trace:
   would otherwise set the whole run's length). This is what the plan delivers at the SLO under
   overload; its share of the bound shows what the deadline costs.
 
+`slo_upper_bound_tok_s` (`slo_bound.py`) bounds the second: the most tokens/s within the
+deadline any placement could serve, for the prompts of the requests that met it.
+
 The bound these are compared with charges prefill the smaller of the two runs' mean served
 prompts (`upper_bound.py`, relaxation 6) and couples each device's prefill to its decode at
 the shortest mean prompt any one pipeline served in either run, so it holds for both.
@@ -40,6 +43,7 @@ from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
 from routing.scheduler.serving import Dispatcher, evaluate_layouts
 from routing.scheduler.simulator import SimResult, Trace, make_trace, summarize
+from routing.scheduler.slo_bound import slo_upper_bound
 from routing.scheduler.stage_costs import stage_costs
 from routing.scheduler.upper_bound import throughput_upper_bound
 
@@ -56,10 +60,16 @@ class Capacity:
     slo_capacity_tok_s: float  # the SLO dispatcher turns requests away
     offered_rps: float  # the saturating rate both were measured at
     upper_bound_tok_s: float  # the bound for the prompts both runs served
+    slo_upper_bound_tok_s: float = 0.0  # the bound within the deadline (`slo_bound.py`)
 
     @property
     def bound_ratio(self) -> float:
         return self.capacity_tok_s / self.upper_bound_tok_s if self.upper_bound_tok_s > 0 else 0.0
+
+    @property
+    def slo_bound_ratio(self) -> float:
+        """SLO capacity over the deadline-aware bound."""
+        return self.slo_capacity_tok_s / self.slo_upper_bound_tok_s if self.slo_upper_bound_tok_s > 0 else 0.0
 
 
 def bound_max_batch(workload: Workload) -> int:
@@ -83,23 +93,26 @@ def plan_capacity(
     count = max(200, min(MAX_REQUESTS, round(rate * seconds)))
     saturated = replace(workload, rate=rate, num_requests=count)
     trace = make_trace(model, saturated)
-    slo, slo_coupled = _with_slo(cluster, layouts, model, trace, saturated)
+    slo, slo_coupled, met_coupled = _with_slo(cluster, layouts, model, trace, saturated)
     every = _admit_all(cluster, layouts, model, workload, seconds)
     prompts = [r.served_prompt_tokens for r in (slo, every) if r.served]
     coupled = min(slo_coupled, every.served_prompt_tokens) if every.served else slo_coupled
     bound = throughput_upper_bound(cluster, model, workload, max_batch, min(prompts, default=None), coupled)
-    return Capacity(every.throughput_tok_s, slo.throughput_tok_s, rate, bound.tok_s)
+    met_prompt = slo.served_prompt_tokens if slo.served else None
+    within = slo_upper_bound(cluster, model, workload, trace.deadline_s, max_batch, met_prompt, met_coupled)
+    return Capacity(every.throughput_tok_s, slo.throughput_tok_s, rate, bound.tok_s, within.tok_s)
 
 
 def _with_slo(
     cluster: Cluster, layouts: Sequence[PipelineLayout], model: ModelSpec, trace: Trace, workload: Workload
-) -> tuple[SimResult, float]:
+) -> tuple[SimResult, float, float]:
     """The SLO dispatcher's run counted over the requests that met the SLO (tokens over the time
-    to the last of them), and the shortest mean prompt one pipeline was given in it (the bound's
-    coupling, `upper_bound.py`; s_in_min for sequential serving, which does not say; there every
-    request served meets the SLO)."""
+    to the last of them), and the shortest mean prompt one pipeline was given in it, of all its
+    requests and of those that met the SLO (the bounds' coupling, `upper_bound.py`; s_in_min for
+    sequential serving, which does not say; there every request served meets the SLO)."""
     if workload.serving == "sequential":
-        return evaluate_layouts(cluster, layouts, model, trace, workload), float(workload.s_in_min)
+        shortest = float(workload.s_in_min)
+        return evaluate_layouts(cluster, layouts, model, trace, workload), shortest, shortest
     costs = [stage_costs(cluster, lay, model, trace.s_in, workload.max_batch) for lay in layouts]
     dispatcher = Dispatcher(costs, trace)
     chosen = np.full(len(trace.arrivals), -1)
@@ -112,8 +125,10 @@ def _with_slo(
     met = finish - trace.arrivals <= trace.deadline_s * (1 + 1e-9)  # inf (turned away) is never met
     last = float(finish[met].max()) if met.any() else 0.0
     result = summarize(finish[met] - trace.arrivals[met], trace.s_in[met], trace, last)
+    shortest = float(workload.s_in_min)
     means = [float(trace.s_in[chosen == p].mean()) for p in range(len(costs)) if (chosen == p).any()]
-    return result, min(means, default=float(workload.s_in_min))
+    met_means = [float(trace.s_in[met & (chosen == p)].mean()) for p in range(len(costs)) if (met & (chosen == p)).any()]
+    return result, min(means, default=shortest), min(met_means, default=shortest)
 
 
 def _admit_all(

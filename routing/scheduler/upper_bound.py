@@ -125,7 +125,7 @@ def throughput_upper_bound(
         raise ValueError("prompt_tokens and coupled_prompt_tokens must not be negative")
     started = time.perf_counter()
     classes = _device_classes(cluster)
-    levels = _batch_levels(max_batch)
+    levels = batch_levels(max_batch)
     kv_tokens = workload.s_in_min + workload.s_out  # Eq. 7's t for the shortest request
     problem = _build_lp(classes, levels, model, (s_in, coupled), kv_tokens, workload.s_out)
     result = linprog(**problem, method="highs")
@@ -144,7 +144,7 @@ def _device_classes(cluster: Cluster) -> _Classes:
     return _Classes(count.astype(float), unique[:, 0], unique[:, 1], unique[:, 2])
 
 
-def _batch_levels(max_batch: int) -> np.ndarray:
+def batch_levels(max_batch: int) -> np.ndarray:
     """Every batch size up to 32, then powers of two, and max_batch itself (few LP columns)."""
     powers = [2**i for i in range(int(np.log2(max_batch)) + 1)]
     return np.array(sorted(set(range(1, min(max_batch, 32) + 1)) | set(powers) | {max_batch}), dtype=float)
