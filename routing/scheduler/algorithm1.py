@@ -78,6 +78,10 @@ def dp(
         used = sum(c * m for c, m in zip(tau, tables.memory, strict=False))
         return round(num_layers * used / total_memory)
 
+    # Only the "even" rule's boundaries depend on the stage index; under "proportional" the
+    # sub-problem is (tau, last) alone, so j stays 0 and memoised states are shared.
+    step = 1 if rule == "even" else 0
+
     @cache
     def rest(j: int, tau: tuple[int, ...], last: int):
         if rule == "even" and j == num_stages:
@@ -91,7 +95,7 @@ def dp(
                 continue
             taken = counts[k] if whole_buckets else tau[k] + t
             nxt = tau[:k] + (taken,) + tau[k + 1 :]
-            end = boundary(j + 1, nxt)
+            end = boundary(j + step, nxt)
             layers = end - start
             if layers > cap:
                 continue  # Eq. 7 violated: +inf
@@ -99,7 +103,7 @@ def dp(
                 cost, path = rest(j, nxt, last)
             else:
                 hop = tables.hop.get((last, k), INF) if last >= 0 else 0.0
-                sub_cost, sub_path = rest(j + 1, nxt, k)
+                sub_cost, sub_path = rest(j + step, nxt, k)
                 cost = unit * layers + hop + sub_cost
                 path = ((k, t, start, end),) + sub_path
             if cost < best[0]:
