@@ -9,6 +9,9 @@ arrivals. Rates are loaded ones: `--loads` x the cluster's upper bound in reques
                                     dispatcher on (`capacity.py`, measured after the search)
   upper_bound_tok_s, bound_ratio    the bound for the prompts served, capacity / bound
   slo_bound_ratio                   SLO capacity / bound (what the deadline leaves)
+  slo_upper_bound_tok_s             the bound within the deadline (`slo_bound.py`: TP degrees
+                                    with their all-reduce floor, the met requests' latency sum)
+  slo_capacity_vs_slo_bound         SLO capacity / that bound
   throughput_ratio                  throughput at the row's offered rate / bound (the old
                                     `bound_ratio`: at loads < 1 it cannot reach 1 by construction)
   attainment_symmetric / goodput_symmetric   best plan whose stages share one TP degree and
@@ -19,6 +22,8 @@ arrivals. Rates are loaded ones: `--loads` x the cluster's upper bound in reques
                                     Spearman rank correlation and mean |error| of attainment
   replan_s, attainment_after_leave  4 GPUs of our plan leave (5% of GPUs on the 1,000-GPU
                                     cluster); the search is warm-started from our plan
+  schedule_cpu_s, replan_cpu_s      the same searches' CPU time (wall-clock figures swing with
+                                    the machine's load; CPU time much less)
 
     python benchmarks/scheduler.py --json [--budget-s 15] [--loads 0.5 1.0] [--slo-scale 5]
 """
@@ -51,6 +56,7 @@ from routing.scheduler.synthetic_cluster import synthetic_cluster  # noqa: E402
 from routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
 
 SYNTHETIC = "synthetic-1000"
+REPLAN_POPULATION = 6  # a re-plan's population, offspring and finalists (all of it simulated)
 MODEL = preset("Llama-2-70B")
 
 
@@ -87,11 +93,14 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
 
     leaving = _leaving(ours, cluster, big, args.seed)
     smaller = cluster.without(leaving)
-    replan_cfg = SearchConfig(
+    replan_cfg = SearchConfig(  # a warm re-plan: a small population, an early stop, no polish
+        population=REPLAN_POPULATION,
+        offspring=REPLAN_POPULATION,
         time_budget_s=args.replan_1000_s if big else args.replan_s,
-        stall_generations=args.stall // 2,
+        stall_generations=args.replan_stall,
         seed=args.seed,
-        finalists=1,
+        finalists=REPLAN_POPULATION,
+        polish_stall=0,
         capacity=False,
     )
     replan = search(smaller, MODEL, workload, replan_cfg, previous=ours.plan, layout_cache=layouts)
@@ -116,6 +125,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         "devices": len(cluster),
         "devices_used": len(ours.plan.device_ids),
         "schedule_s": round(ours.elapsed_s, 2),
+        "schedule_cpu_s": round(ours.cpu_s, 2),
         "generations": ours.generations,
         "attainment": round(ours.result.attainment, 4),
         "goodput_rps": round(ours.result.goodput_rps, 2),
@@ -125,6 +135,8 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         "upper_bound_tok_s": round(cap.upper_bound_tok_s, 1),
         "bound_ratio": round(cap.bound_ratio, 3),
         "slo_bound_ratio": round(cap.slo_capacity_tok_s / cap.upper_bound_tok_s, 3),
+        "slo_upper_bound_tok_s": round(cap.slo_upper_bound_tok_s, 1),
+        "slo_capacity_vs_slo_bound": round(cap.slo_bound_ratio, 3),
         "throughput_ratio": round(ours.result.throughput_tok_s / est.upper_bound_tok_s, 3),
         "bound_ratio_symmetric": round(cap_sym.bound_ratio, 3),
         "p99_latency_s": round(ours.result.p99_latency_s, 3),
@@ -136,6 +148,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         "goodput_table4": None if table4 is None else round(table4.goodput_rps, 2),
         "fitness_vs_sim": _agreement(pairs, serving),
         "replan_s": round(replan.elapsed_s, 2),
+        "replan_cpu_s": round(replan.cpu_s, 2),
         "left": len(leaving),
         "attainment_after_leave": round(replan.result.attainment, 4),
         "bound_ratio_after_leave": round(cap_after.bound_ratio, 3),
@@ -230,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON line per row (default: a table)")
     parser.add_argument("--budget-s", type=float, default=15.0, help="budget of each §5.1 search (default 15)")
     parser.add_argument("--budget-1000-s", type=float, default=48.0, help="budget on 1,000 GPUs (default 48)")
-    parser.add_argument("--replan-s", type=float, default=1.2, help="re-plan budget, §5.1 clusters")
+    parser.add_argument("--replan-s", type=float, default=2.5, help="re-plan budget (wall), §5.1 clusters")
+    parser.add_argument("--replan-stall", type=int, default=8, help="stop a re-plan after this many flat generations")
     parser.add_argument("--replan-1000-s", type=float, default=4.0, help="re-plan budget, 1,000 GPUs")
     parser.add_argument("--stall", type=int, default=30, help="stop a search after this many flat generations")
     parser.add_argument("--loads", nargs="*", type=float, default=[0.5, 1.0], help="rates, x the bound")

@@ -7,8 +7,9 @@ attainment under the workload's serving model (`ga_fitness.py`; ties broken by m
 and keeps the best `population` distinct individuals (elitism: the best never leaves). The
 search stops at the generation or time budget, or after `stall_generations` without
 improvement. Under pipelined, batched serving the fitness is an analytic estimate, so the
-best `finalists` individuals are then run through the event simulation and the best of
-them by simulation becomes the plan.
+best `finalists` individuals are then run through the event simulation, and the best of them
+by simulation is polished by hill climbing on the simulation (`sim_polish.py`) within what is
+left of the time budget.
 
 Warm start: a previous Plan's pipelines become the first individual (devices that left are
 dropped, devices that joined form their own K-means groups), so re-planning after a join or
@@ -30,6 +31,7 @@ from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import PipelineLayout
 from routing.scheduler.plan import PipelinePlan, Plan, PlanEstimate, StagePlan
 from routing.scheduler.plan_eval import upper_bound_tok_s
+from routing.scheduler.sim_polish import best_simulated, polish
 from routing.scheduler.simulator import SimResult
 
 
@@ -49,7 +51,8 @@ class SearchConfig:
     seed: int = 0
     mutation: str = "hexgen"  # "hexgen" (merge/split/swap) or "random" (§5.4 ablation)
     symmetric: bool = False  # stages share one TP degree and equal layer counts (baseline ii of §5.1)
-    finalists: int = 3  # best individuals re-scored by the event simulation at the end
+    finalists: int = 12  # best individuals re-scored by the event simulation at the end (12: all)
+    polish_stall: int = 4  # then hill-climb on the simulation until this many flat rounds (`sim_polish.py`)
     capacity: bool = True  # measure the plan's capacity and bound ratio (`capacity.py`) at the end
     # A swarm: a peer is one process, one TP group on one machine (Device.machine = the peer), so
     # each stage's devices lie on one machine and each machine serves at most one stage.
@@ -84,6 +87,7 @@ class SearchResult:
     elapsed_s: float
     history: tuple[float, ...]  # best attainment after each generation
     finalists: tuple[tuple[Fitness, SimResult], ...] = ()  # (fitness, simulation) of the finalists
+    cpu_s: float = 0.0  # CPU time of this process during the search (elapsed_s is wall-clock)
 
 
 def search(
@@ -116,7 +120,7 @@ def search(
     regions = {d.region for d in cluster.devices}
     if len(cluster) > hierarchical.FLAT_LIMIT and len(regions) > 1:
         return hierarchical.search_by_region(cluster, model, workload, config, previous, layout_cache)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     rng = random.Random(config.seed)
     whole = config.one_stage_per_machine
     ev = Evaluator(cluster, model, workload, config.symmetric, layout_cache, whole_machines=whole)
@@ -131,7 +135,8 @@ def search(
     population = _grow(seeds, mutator, ev, rng, config)
     history: list[float] = []
     best, stall, generation = population[0], 0, 0
-    while generation < config.max_generations and time.perf_counter() - start < config.time_budget_s:
+    loop_s = config.time_budget_s - _finalists_s(population[0], ev, config)
+    while generation < config.max_generations and time.perf_counter() - start < loop_s:
         generation += 1
         children = [_offspring(population, mutator, ev, rng, config) for _ in range(config.offspring)]
         population = _select(population + [c for c in children if c is not None], ev, config.population)
@@ -144,7 +149,12 @@ def search(
         if config.stall_generations and stall >= config.stall_generations:
             break
     finalists = population[: max(1, config.finalists)]
-    best = max(finalists, key=lambda ind: _simulated_rank(ev.simulate(ind)))
+    if previous is not None and seeds[0] not in finalists:
+        finalists.append(seeds[0])  # a re-plan never returns worse, simulated, than the old plan repaired
+    best = best_simulated(finalists, ev)
+    if config.polish_stall and not ev.sequential:
+        mutate = lambda ind, r: _mutate(ind, mutator, r, config)  # noqa: E731
+        best = polish(best, ev, mutate, rng, config.polish_stall, start + config.time_budget_s)
     layouts = ev.layouts(best)
     if not layouts:
         raise NoFeasiblePlanError(
@@ -154,8 +164,18 @@ def search(
     result = ev.simulate(best)
     plan = make_plan(cluster, model, workload, layouts, result, ev.trace.deadline_s, config.capacity)
     scored = tuple((ev.fitness(ind), ev.simulate(ind)) for ind in finalists)
-    elapsed = time.perf_counter() - start
-    return SearchResult(plan, result, generation, ev.evaluations, elapsed, tuple(history), scored)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    return SearchResult(plan, result, generation, ev.evaluations, elapsed, tuple(history), scored, cpu)
+
+
+def _finalists_s(first: Individual, ev: Evaluator, config: SearchConfig) -> float:
+    """Seconds to keep for simulating the finalists (one simulation, timed, x their number), so
+    that the whole search, finalists included, keeps to the time budget even on a loaded machine."""
+    if ev.sequential:
+        return 0.0
+    started = time.perf_counter()
+    ev.simulate(first)  # cached: the estimate's best is a finalist
+    return (time.perf_counter() - started) * config.finalists
 
 
 def check_one_type_per_machine(cluster: Cluster) -> None:
@@ -167,11 +187,6 @@ def check_one_type_per_machine(cluster: Cluster) -> None:
     mixed = sorted(m for m, t in types.items() if len(t) > 1)
     if mixed:
         raise ValueError(f"one_stage_per_machine needs one GPU type per machine; mixed: {', '.join(mixed[:5])}")
-
-
-def _simulated_rank(result: SimResult) -> tuple[float, float, float]:
-    """Finalists by simulated attainment, then tokens/s, then mean latency."""
-    return (result.attainment, result.throughput_tok_s, -result.mean_latency_s)
 
 
 def _gib(cluster: Cluster) -> str:

@@ -77,7 +77,7 @@ def search_by_region(
     """`genetic.search` for large clusters (module docstring); returns a `genetic.SearchResult`."""
     from routing.scheduler.genetic import NoFeasiblePlanError, SearchResult, make_plan
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     groups = region_groups(cluster, model.weight_bytes)
     layouts: list[PipelineLayout] = []
     generations = evaluations = 0
@@ -95,8 +95,8 @@ def search_by_region(
     result = evaluate_layouts(cluster, layouts, model, trace, workload)
     plan = make_plan(cluster, model, workload, layouts, result, trace.deadline_s, config.capacity)
     fitness = _estimated_fitness(cluster, layouts, model, workload, trace.deadline_s)
-    elapsed = time.perf_counter() - start
-    return SearchResult(plan, result, generations, evaluations, elapsed, (), ((fitness, result),))
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    return SearchResult(plan, result, generations, evaluations, elapsed, (), ((fitness, result),), cpu)
 
 
 def _search_groups(
@@ -115,7 +115,10 @@ def _search_groups(
             num_requests=max(50, round(workload.num_requests * share)),
             seed=workload.seed + n,
         )
-        sub_config = replace(config, time_budget_s=budget * len(group) / len(cluster), finalists=1, capacity=False)
+        # one finalist and no simulated polish per region: the budget goes to the regions' searches
+        sub_config = replace(
+            config, time_budget_s=budget * len(group) / len(cluster), finalists=1, polish_stall=0, capacity=False
+        )
         sub = cluster.subset(frozenset(cluster.devices[i].id for i in group))
         try:
             yield search(sub, model, sub_workload, sub_config, layout_cache=cache)
