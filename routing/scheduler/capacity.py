@@ -39,6 +39,7 @@ import numpy as np
 
 from routing.scheduler import serving_sim
 from routing.scheduler.cluster import Cluster
+from routing.scheduler.cost_model import tp_comm_cost
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
 from routing.scheduler.serving import Dispatcher, evaluate_layouts
@@ -163,3 +164,23 @@ def _moved(devices: Cluster, cluster: Cluster, layout: PipelineLayout) -> list[S
     return [
         StageLayout(tuple(index[cluster.devices[d].id] for d in s.devices), s.start, s.end) for s in layout.stages
     ]
+
+
+def allreduce_share(cluster: Cluster, layouts: Sequence[PipelineLayout], model: ModelSpec, workload: Workload) -> float:
+    """Share of the plan's saturated work spent in TP all-reduce (HexGen Eq. 5), which the bound
+    does not charge (`upper_bound.py`, relaxation 3): per pipeline, its busiest stage's seconds
+    per request at full batches (prefill + s_out / max_batch decode steps) and the all-reduce
+    part of them, averaged over the pipelines weighted by their rate (1 / those seconds)."""
+    batch, s_in, s_out = bound_max_batch(workload), float(workload.s_in), workload.s_out
+    rates, shares = [], []
+    for layout in layouts:
+        costs = stage_costs(cluster, layout, model, [s_in], batch)
+        work = costs.prefill_s[:, 0] + s_out / batch * costs.step_s[:, batch]
+        j = int(np.argmax(work))
+        stage = layout.stages[j]
+        prefill = tp_comm_cost(cluster, stage.devices, model, stage.layers, s_in, 1).prefill
+        step = tp_comm_cost(cluster, stage.devices, model, stage.layers, 0.0, 1, batch).decode
+        rates.append(1.0 / work[j])
+        shares.append((prefill + s_out / batch * step) / work[j])
+    return float(np.dot(rates, shares) / sum(rates)) if rates else 0.0
+

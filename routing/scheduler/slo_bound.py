@@ -103,7 +103,9 @@ def _device_figures(cluster: Cluster) -> np.ndarray:
     return np.column_stack((own, alpha, beta))
 
 
-def _cells(cluster: Cluster, model: ModelSpec, workload: Workload, max_batch: int) -> tuple[np.ndarray, _Cells]:
+def _cells(
+    cluster: Cluster, model: ModelSpec, workload: Workload, max_batch: int
+) -> tuple[np.ndarray, _Cells]:
     figures, count = np.unique(_device_figures(cluster), axis=0, return_counts=True)
     levels = batch_levels(max_batch)
     previous = np.concatenate(([0.0], levels[:-1]))
@@ -113,7 +115,9 @@ def _cells(cluster: Cluster, model: ModelSpec, workload: Workload, max_batch: in
     for g, (memory, bandwidth, flops, alpha, beta) in enumerate(figures):
         scan, flop = model.layer_bytes / bandwidth, 2.0 * model.params_per_layer / flops
         for n in _degrees(scan, flop, alpha, beta, hb, workload, min(len(cluster), MAX_DEGREE)):
-            ar_scan = 4 * n * (n - 1) * alpha if n > 1 else 0.0  # all-reduce latency, per layer-equivalent scan
+            ar_scan = (
+                4 * n * (n - 1) * alpha if n > 1 else 0.0
+            )  # all-reduce latency, per layer-equivalent scan
             ar_token = 4 * (n - 1) * hb / beta if n > 1 else 0.0  # ... bytes, per token
             ar_prompt = ar_token + ar_scan / workload.s_in_max  # ... per prompt token
             lam = (scan + flop) / n + (ar_scan + ar_token) / n  # per layer, per decode token

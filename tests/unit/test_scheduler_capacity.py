@@ -62,3 +62,22 @@ def test_searched_plan_reports_capacity_and_ratio():
     assert est.bound_ratio == pytest.approx(est.capacity_tok_s / est.upper_bound_tok_s)
     assert found.plan.to_dict()["estimate"]["capacity_tok_s"] == est.capacity_tok_s
     assert plan_layouts(cluster, SMALL, workload, found.plan)
+
+
+def test_allreduce_share_is_zero_at_tp_1_and_grows_with_the_degree():
+    from routing.scheduler.capacity import allreduce_share
+    from routing.scheduler.pipeline_dp import PipelineLayout, StageLayout
+
+    devices = [Device.from_spec(f"g{i}", lookup("A6000"), "m", "r") for i in range(4)]
+    cluster = build_cluster(devices, Network())
+    workload = Workload(s_out=32)
+    layers = SMALL.num_layers
+
+    def share(*groups):
+        return allreduce_share(
+            cluster, [PipelineLayout((StageLayout(g, 0, layers),), 0.0, 0.0) for g in groups], SMALL, workload
+        )
+
+    assert share((0,), (1,)) == 0.0
+    assert 0 < share((0, 1)) < share((0, 1, 2, 3)) < 1
+    assert share((0,), (2, 3)) < share((2, 3))  # a TP-1 pipeline dilutes it by its rate

@@ -39,7 +39,9 @@ def test_one_device_is_a_threshold_at_its_own_latency():
     cluster = build_cluster([_device(0)], Network())
     plain = throughput_upper_bound(cluster, TOY, WORKLOAD, max_batch=8).tok_s
     alone = _one_request_alone(1, Link(0, 1))
-    assert slo_upper_bound(cluster, TOY, WORKLOAD, alone * 1.001, max_batch=8).tok_s == pytest.approx(plain, rel=1e-6)
+    assert slo_upper_bound(cluster, TOY, WORKLOAD, alone * 1.001, max_batch=8).tok_s == pytest.approx(
+        plain, rel=1e-6
+    )
     assert slo_upper_bound(cluster, TOY, WORKLOAD, alone * 0.999, max_batch=8).tok_s == 0.0
 
 
@@ -80,4 +82,6 @@ def test_never_below_a_plans_tokens_within_the_slo(seed, slo_scale):
         pytest.skip("no replica fits this cluster")
     measured = plan_capacity(cluster, layouts, SMALL, workload, seconds=3.0)
     assert measured.slo_capacity_tok_s <= measured.slo_upper_bound_tok_s * (1 + 1e-9)
-    assert measured.slo_upper_bound_tok_s <= throughput_upper_bound(cluster, SMALL, workload).tok_s * (1 + 1e-9)
+    assert measured.slo_upper_bound_tok_s <= throughput_upper_bound(cluster, SMALL, workload).tok_s * (
+        1 + 1e-9
+    )
