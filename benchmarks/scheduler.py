@@ -12,6 +12,8 @@ arrivals. Rates are loaded ones: `--loads` x the cluster's upper bound in reques
   slo_upper_bound_tok_s             the bound within the deadline (`slo_bound.py`: TP degrees
                                     with their all-reduce floor, the met requests' latency sum)
   slo_capacity_vs_slo_bound         SLO capacity / that bound
+  allreduce_share                   share of our plan's saturated work in TP all-reduce, which
+                                    the bound does not charge (`capacity.allreduce_share`)
   throughput_ratio                  throughput at the row's offered rate / bound (the old
                                     `bound_ratio`: at loads < 1 it cannot reach 1 by construction)
   attainment_symmetric / goodput_symmetric   best plan whose stages share one TP degree and
@@ -41,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scipy.stats import spearmanr  # noqa: E402
 
-from routing.scheduler.capacity import plan_capacity  # noqa: E402
+from routing.scheduler.capacity import allreduce_share, plan_capacity  # noqa: E402
 from routing.scheduler.genetic import SearchConfig, SearchResult, search  # noqa: E402
 from routing.scheduler.model_spec import Workload, preset  # noqa: E402
 from routing.scheduler.plan import PipelinePlan, Plan, StagePlan  # noqa: E402
@@ -110,7 +112,8 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
     )
     est = ours.plan.estimate
     seconds = args.capacity_1000_s if big else args.capacity_s
-    cap = plan_capacity(cluster, plan_layouts(cluster, MODEL, workload, ours.plan), MODEL, workload, seconds)
+    our_layouts = plan_layouts(cluster, MODEL, workload, ours.plan)
+    cap = plan_capacity(cluster, our_layouts, MODEL, workload, seconds)
     cap_sym = plan_capacity(cluster, plan_layouts(cluster, MODEL, workload, symmetric.plan), MODEL, workload, seconds)
     cap_after = plan_capacity(smaller, plan_layouts(smaller, MODEL, workload, replan.plan), MODEL, workload, seconds)
     return {
@@ -139,6 +142,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         "slo_capacity_vs_slo_bound": round(cap.slo_bound_ratio, 3),
         "throughput_ratio": round(ours.result.throughput_tok_s / est.upper_bound_tok_s, 3),
         "bound_ratio_symmetric": round(cap_sym.bound_ratio, 3),
+        "allreduce_share": round(allreduce_share(cluster, our_layouts, MODEL, workload), 3),
         "p99_latency_s": round(ours.result.p99_latency_s, 3),
         "mean_latency_s": round(ours.result.mean_latency_s, 3),
         "attainment_symmetric": round(symmetric.result.attainment, 4),
@@ -170,13 +174,15 @@ def deep_rows(name: str, load: float, args: argparse.Namespace) -> list[dict]:
         machines = sorted({d.machine for d in cluster.devices})
         plan = hand_plan(cluster, {m: tps for m in machines if len(_ids_of(cluster, m)) == 8})
         result = evaluate_plan(cluster, MODEL, workload, plan)
-        cap = plan_capacity(cluster, plan_layouts(cluster, MODEL, workload, plan), MODEL, workload, args.capacity_s)
+        layouts = plan_layouts(cluster, MODEL, workload, plan)
+        cap = plan_capacity(cluster, layouts, MODEL, workload, args.capacity_s)
         rows.append({
             "scenario": name, "hand_plan_8gpu": tps, "rate": rate,
             "attainment": round(result.attainment, 4), "goodput_rps": round(result.goodput_rps, 2),
             "throughput_tok_s": round(result.throughput_tok_s, 1), "capacity_tok_s": round(cap.capacity_tok_s, 1),
             "bound_ratio": round(cap.bound_ratio, 3), "slo_capacity_tok_s": round(cap.slo_capacity_tok_s, 1),
             "slo_bound_ratio": round(cap.slo_capacity_tok_s / cap.upper_bound_tok_s, 3),
+            "allreduce_share": round(allreduce_share(cluster, layouts, MODEL, workload), 3),
             "within_memory": not memory_violations(cluster, MODEL, workload, plan),
         })
     return rows
