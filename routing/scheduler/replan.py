@@ -58,7 +58,12 @@ from routing.scheduler.serving import evaluate_layouts
 from routing.scheduler.simulator import make_trace
 
 REPLAN_CONFIG = SearchConfig(
-    time_budget_s=2.0, stall_generations=8, finalists=1, capacity=False, one_stage_per_machine=True
+    time_budget_s=2.0,
+    stall_generations=8,
+    finalists=1,
+    polish_stall=0,  # no simulated polish (`sim_polish.py`): a re-plan stays short
+    capacity=False,
+    one_stage_per_machine=True,
 )
 
 
