@@ -54,18 +54,21 @@ def time_generation(model, input_ids, new_tokens: int, repeats: int) -> tuple[fl
     return statistics.median(per_token), statistics.median(first), output
 
 
-def time_modes(remote, input_ids, new_tokens: int, repeats: int) -> dict[bool, tuple]:
-    """push -> (ms per token, ttft ms, output) on one swarm client; the modes' runs alternate,
-    so a slow spell of the machine hits both."""
+def time_modes(remote, input_ids, new_tokens: int, repeats: int) -> dict:
+    """push -> (ms per token, ttft ms, output) on one swarm client, and the median of the
+    per-repeat push/relay ratios ("paired"): the modes' runs alternate, so a slow spell of the
+    machine hits both, and pairing takes out most of the drift between repeats."""
     runs: dict[bool, list] = {False: [], True: []}
     for _ in range(repeats):
         for push in (False, True):
             remote.push = push
             runs[push].append(time_generation(remote, input_ids, new_tokens, 1))
-    return {
+    modes: dict = {
         push: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs), rs[-1][2])
         for push, rs in runs.items()
     }
+    modes["paired"] = statistics.median(p[0] / r[0] for p, r in zip(runs[True], runs[False], strict=True))
+    return modes
 
 
 def bench_size(name: str, shape: dict, workdir: Path, new_tokens: int, repeats: int, n_peers: int = 2) -> dict:
@@ -100,7 +103,7 @@ def bench_size(name: str, shape: dict, workdir: Path, new_tokens: int, repeats: 
         "local_ttft_ms": round(local_ttft, 1), "swarm_ttft_ms": round(swarm_ttft, 1),
         "outputs_equal": bool(torch.equal(local_out, swarm_out)), "chain": route,
         "push_ms_per_token": round(push_ms, 2), "push_ttft_ms": round(push_ttft, 1),
-        "push_vs_relay": round(push_ms / swarm_ms, 3),
+        "push_vs_relay": round(push_ms / swarm_ms, 3), "push_vs_relay_paired": round(modes["paired"], 3),
         "push_outputs_equal": bool(torch.equal(local_out, push_out)),
     }
 
