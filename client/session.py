@@ -133,6 +133,7 @@ class InferenceSession:
         """Sends the step to hop i, which pushes it on to the hops up to `_segment_end(i)`; reads
         each hop's output in order. Returns the last output read and the next hop to send to."""
         end = self._segment_end(i)
+        inputs[self.hops[i].start] = hidden
         try:
             await self.peers.send(self.hops[i], hidden, self.position, self.hops[i + 1 : end])
         except PeerError as e:
