@@ -57,10 +57,11 @@ def time_generation(model, input_ids, new_tokens: int, repeats: int) -> tuple[fl
 def time_modes(remote, input_ids, new_tokens: int, repeats: int) -> dict:
     """push -> (ms per token, ttft ms, output) on one swarm client, and the median of the
     per-repeat push/relay ratios ("paired"): the modes' runs alternate, so a slow spell of the
-    machine hits both, and pairing takes out most of the drift between repeats."""
+    machine hits both (in turns, each mode first), and pairing takes out most of the drift
+    between repeats."""
     runs: dict[bool, list] = {False: [], True: []}
-    for _ in range(repeats):
-        for push in (False, True):
+    for repeat in range(repeats):
+        for push in (False, True) if repeat % 2 == 0 else (True, False):  # neither mode always goes first
             remote.push = push
             runs[push].append(time_generation(remote, input_ids, new_tokens, 1))
     modes: dict = {
