@@ -60,7 +60,9 @@ class DistributedMixin:
     router: Router
     spec: ModelSpec
     verify: float = 0.0  # share of hop steps a second peer recomputes (client/verify.py)
-    push: bool = True  # peers push outputs to the next peer (peer/push.py); False: the client relays
+    # Peers push outputs to the next peer (peer/push.py); off by default: on the 2-core test VM
+    # it did not measure consistently faster than relay (README "Push between peers").
+    push: bool = False
 
     def _init_swarm(self, spec, swarm, router, coverage_timeout, retry: RetryPolicy, wire_dtype) -> None:
         self.spec, self.swarm, self.router = spec, swarm, router
@@ -240,7 +242,7 @@ class DistributedModelForCausalLM:
         retry: RetryPolicy | None = None,
         host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
         verify: float = 0.0,
-        push: bool = True,
+        push: bool = False,
     ):
         """Loads embeddings, norm and LM head of `model_dir` and joins the swarm through `initial_peers`.
 
@@ -254,8 +256,8 @@ class DistributedModelForCausalLM:
         call, backoff, bans, step deadlines, and the bound on the hop inputs kept for replay.
         `verify` in [0, 1] is the share of hop steps a second peer recomputes (client/verify.py);
         `generate(..., verify=p)` overrides it for one call.
-        `push` (default True): each peer sends its output straight to the next peer of the
-        chain, and the client reads every hop's output; False relays every hop through the
+        `push=True`: each peer sends its output straight to the next peer of the chain, and the
+        client reads every hop's output; the default, False, relays every hop through the
         client (README "Push between peers"). Settable later as `model.push`.
         """
         spec = load_model_spec(model_dir)

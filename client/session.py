@@ -5,14 +5,14 @@ a remote session on each hop's peer; each step sends the new tokens' hidden stat
 the hops in order and returns the last hop's output. Each peer keeps the session's KV cache
 for its blocks until the session closes.
 
-With `push` (the default), the client sends a step to the first hop only, and each peer
+With `push`, the client sends a step to the first hop only, and each peer
 pushes its output straight to the next (peer/push.py); every hop still sends its output to
 the client, which reads them in order: they are the next hop's input, which the history below
 keeps. When a push fails, that hop reports it with its output and the client sends the step
 to the next hop itself (relay), and does so for the rest of the session. A hop whose session
 was opened next to another peer (the one after a repaired span) is relayed too. With
 `push=False`, or while verification is on (a witness must check a hop's output before the
-next hop builds on it), every hop is relayed.
+next hop builds on it), every hop is relayed: the client sends the step to each hop itself.
 
 Exact failover: the session keeps what each hop has been sent (client.history). When a hop's
 peer dies, stalls past its deadline, refuses or answers garbage, the session bans it,
@@ -57,7 +57,7 @@ class InferenceSession:
         coverage_timeout: float,
         policy: RetryPolicy | None = None,
         bans: BanList | None = None,
-        push: bool = True,
+        push: bool = False,
     ):
         self.swarm, self.spec = swarm, spec
         self.max_length, self.batch_size, self.dtype = max_length, batch_size, dtype

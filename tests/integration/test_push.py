@@ -58,7 +58,9 @@ def client(push_swarm):
     from client import DistributedModelForCausalLM
 
     local, model_dir, _ = push_swarm
-    model = DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=local.initial_peers)
+    model = DistributedModelForCausalLM.from_pretrained(
+        model_dir, initial_peers=local.initial_peers, push=True
+    )
     yield model
     model.shutdown()
 
