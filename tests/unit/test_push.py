@@ -269,3 +269,28 @@ async def test_a_link_answering_garbage_fails_its_waiting_pushes():
     assert "MALFORMED" in why and not links.links  # the broken link is gone; the next push opens one
     links.close()
     tcp.close()
+
+
+@pytest.mark.asyncio
+async def test_pushed_steps_of_different_sessions_still_batch(spec):
+    from peer.scheduler import BatchPolicy
+
+    blocks = BlockStack.load(spec, 0, 2, torch.float32, torch.device("cpu"))
+    core = PeerCore(blocks, spec.model_id, PeerLimits(max_sessions=4, max_length=8, max_batch=1))
+    # A long window: the batch forms once both sessions' steps wait, however slow the machine.
+    server = PeerServer(core, 1 << 20, max_streams=8, policy=BatchPolicy(batch_window_ms=5000))
+    assert server.scheduler.can_batch
+    clients = [Stream(server, "client") for _ in range(2)]
+    for i, client in enumerate(clients):
+        await client.ask(_open(spec, f"s{i}", upstream="A"))
+    link = Stream(server, "A")  # one link from the previous peer carries both sessions' pushes
+    for i in range(2):
+        link.send(Step(f"s{i}", 0, torch.randn(1, 1, HIDDEN), ack_ms=1000))
+    assert {(await link.reply()).session_id for _ in range(2)} == {"s0", "s1"}
+    for client in clients:
+        assert isinstance(await client.reply(), StepResult)
+    assert server.scheduler.batch_sizes == {2: 1}  # one decode batch of both sessions
+    await link.end()
+    for client in clients:
+        await client.end()
+    server.close()
