@@ -121,8 +121,8 @@ class PeerServer:
             try:
                 message = decode(payload)
                 if isinstance(message, Step) and message.ack_ms and message.session_id not in owned:
-                    is_link = True
-                    await self._pushed(message, remote, writer, arrived)
+                    # Only a push that was taken earns a link the long timeout, not a stranger's.
+                    is_link = await self._pushed(message, remote, writer, arrived) or is_link
                     continue
                 if isinstance(message, Step):
                     await self._step(message, owned, writer, arrived)
@@ -166,18 +166,20 @@ class PeerServer:
         step = Step(head.session_id, message.position, result.hidden, rest, message.ack_ms)
         return await self.pusher.push(head.peer_id, step, message.ack_ms / 1000)
 
-    async def _pushed(self, message: Step, remote: str, link, arrived: float) -> None:
-        """A step pushed by the previous peer: acked (or refused) on its link, computed in a task."""
+    async def _pushed(self, message: Step, remote: str, link, arrived: float) -> bool:
+        """A step pushed by the previous peer: acked (or refused) on its link, computed in a task.
+        Returns whether it was taken."""
         try:
             client, session, hidden, poison = self._accept_push(message, remote)
         except ProtocolError as e:
             if not (self.faults is not None and self.faults.drops_pushes):
                 await self._send(link, PushAck(message.session_id, e.code, e.message))
-            return
+            return False
         await self._send(link, PushAck(message.session_id))
         task = asyncio.create_task(self._run_pushed(session, hidden, poison, message, client, arrived))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return True
 
     def _accept_push(self, message: Step, remote: str):
         """The checks on a pushed step: the session must name `remote` as its upstream."""
