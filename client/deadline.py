@@ -12,6 +12,10 @@ and waits `slack` times that, times (1 + the peer's open sessions, which share i
 thread), plus the measured round trip, and never less than a floor. Each failure already
 spent in the same call doubles it (up to x16), so a machine that is merely slow does not
 turn every step into a failover.
+
+With push between peers (peer/push.py) the client reads the hops' outputs in chain order, and
+hop k's deadline runs from the arrival of hop k-1's output (about when hop k got the step),
+plus the ack timeout when hop k pushes on: a pushed chain's step gets the sum of its hops'.
 """
 
 from __future__ import annotations

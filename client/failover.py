@@ -34,6 +34,7 @@ from client.swarm_client import PING_TIMEOUT_S, SwarmClient
 from routing.chains.span import route_span
 from routing.chains.swarm_view import Hop, NoRouteError, Route, Router, RouteRequest
 from swarm.model_spec import ModelSpec
+from swarm.protocol import NextHop, Step
 from swarm.records import PeerRecord
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class LiveHop:
     hop: Hop
     conn: PeerConnection
     session_id: str  # one per hop: a peer may serve two hops of one chain
+    upstream: str = ""  # the peer its session takes pushed steps from ("" = none): the hop before it at open
 
     @property
     def start(self) -> int:
@@ -102,10 +104,23 @@ class Hops:
 
     async def run(self, hop: LiveHop, hidden: torch.Tensor, position: int) -> torch.Tensor:
         """hidden (batch, tokens, H) through `hop` at `position`, within the step deadline."""
-        hop.conn.timeout = self.deadline(
-            hop.hop.peer_id, hop.end - hop.start, hidden.shape[0], hidden.shape[1]
-        )
+        hop.conn.timeout = self.hop_deadline(hop, hidden)
         return await hop.conn.step(hop.session_id, position, hidden)
+
+    async def send(self, hop: LiveHop, hidden: torch.Tensor, position: int, chain: list[LiveHop]) -> None:
+        """Sends a step to `hop`, which pushes its output along `chain` (peer/push.py)."""
+        next_hops = tuple(NextHop(h.hop.peer_id, h.session_id) for h in chain)
+        ack_ms = max(1, round(1000 * self.policy.push_ack_timeout_s)) if chain else 0
+        await hop.conn.send(Step(hop.session_id, position, hidden, next_hops, ack_ms))
+
+    async def result(self, hop: LiveHop, hidden: torch.Tensor, pushes: bool) -> tuple[torch.Tensor, str]:
+        """`hop`'s output for input `hidden`, and why its push failed (""). The deadline runs from
+        when the previous hop's output came; a hop that pushes answers after its push was acked."""
+        hop.conn.timeout = self.hop_deadline(hop, hidden) + (self.policy.push_ack_timeout_s if pushes else 0)
+        return await hop.conn.step_result(hop.session_id, hidden)
+
+    def hop_deadline(self, hop: LiveHop, hidden: torch.Tensor) -> float:
+        return self.deadline(hop.hop.peer_id, hop.end - hop.start, hidden.shape[0], hidden.shape[1])
 
     def deadline(self, peer_id: str, blocks: int, batch: int, tokens: int) -> float:
         record = self.records.get(peer_id)
@@ -135,9 +150,11 @@ class Hops:
     # -- the repair ----------------------------------------------------------------------------
 
     async def replace(
-        self, start: int, end: int, inputs: torch.Tensor | None
+        self, start: int, end: int, inputs: torch.Tensor | None, upstream: str = ""
     ) -> tuple[list[LiveHop], dict[int, torch.Tensor], torch.Tensor | None]:
-        """New hops for blocks [start, end), with `inputs` replayed through them.
+        """New hops for blocks [start, end), with `inputs` replayed through them; the first
+        takes pushes from `upstream` (the peer of the hop before `start`), each other one from
+        the hop before it.
 
         Returns the hops, the replay's input at each new hop's start (what its boundary has
         seen), and the output at `end` (None when there was nothing to replay).
@@ -147,7 +164,7 @@ class Hops:
             hops: list[LiveHop] = []
             try:
                 route = await self._route(start, end)
-                hops = await self._open(route)
+                hops = await self._open(route, upstream)
                 seen, output = await self._push(hops, inputs)
                 return hops, seen, output
             except NoRouteError as e:
@@ -203,15 +220,16 @@ class Hops:
         fresh = self.swarm.online_records(self.spec.model_id, self.spec.num_blocks)
         self.records = {r.peer_id: r for r in fresh if r.max_length >= self.request.prompt_tokens}
 
-    async def _open(self, route: Route) -> list[LiveHop]:
+    async def _open(self, route: Route, upstream: str) -> list[LiveHop]:
         opened: list[LiveHop] = []
         try:
             for hop in route.hops:
+                upstream = opened[-1].hop.peer_id if opened else upstream
                 timeout = self.deadline(hop.peer_id, 0, 1, 1)
                 conn = await self.swarm.open_connection(hop.peer_id, self.name(hop.peer_id), timeout=timeout)
                 conn.timeout = timeout
                 self.serial += 1
-                live = LiveHop(hop, conn, f"{self.session_id}.{self.serial}")
+                live = LiveHop(hop, conn, f"{self.session_id}.{self.serial}", upstream)
                 opened.append(live)
                 await conn.open(
                     live.session_id,
@@ -221,6 +239,7 @@ class Hops:
                     self.request.prompt_tokens,
                     self.request.batch_size,
                     self.dtype,
+                    upstream,
                 )
         except BaseException:
             for live in opened:

@@ -50,6 +50,7 @@ class _ThreadSessions(threading.local):
     verify: float | None = None  # this call's `verify=` (None: the model's)
     last_route: str | None = None
     last_failovers: list | None = None  # client.failover.Failover of the last session
+    last_hop_steps: dict | None = None  # hop steps sent by the client / pushed by peers, last session
 
 
 class DistributedMixin:
@@ -59,6 +60,9 @@ class DistributedMixin:
     router: Router
     spec: ModelSpec
     verify: float = 0.0  # share of hop steps a second peer recomputes (client/verify.py)
+    # Peers push outputs to the next peer (peer/push.py); off by default: on the 2-core test VM
+    # it did not measure consistently faster than relay (README "Push between peers").
+    push: bool = False
 
     def _init_swarm(self, spec, swarm, router, coverage_timeout, retry: RetryPolicy, wire_dtype) -> None:
         self.spec, self.swarm, self.router = spec, swarm, router
@@ -105,9 +109,16 @@ class DistributedMixin:
         """The failovers (peer, blocks, error, timings) of this thread's last session."""
         return list(self._threads.last_failovers or [])
 
+    @property
+    def last_hop_steps(self) -> dict[str, int]:
+        """This thread's last session: hop steps the client sent ("sent"), that peers pushed to
+        each other ("pushed"), and pushes that failed and were relayed ("push_failed")."""
+        return dict(self._threads.last_hop_steps or {})
+
     def _close_session(self) -> None:
         if self.session is not None:
             self._threads.last_failovers = self.session.failovers
+            self._threads.last_hop_steps = dict(self.session.hop_steps)
             self.last_route = self.session.describe_route()  # failovers may have changed it
             self.session.close()
             self.session = None
@@ -189,6 +200,7 @@ class DistributedMixin:
                 coverage_timeout=self.coverage_timeout,
                 policy=self.retry,
                 bans=self.bans,
+                push=self.push,
             )
             share = self._threads.verify if self._threads.verify is not None else self.verify
             session.verifier = Verifier(session, share, self.verify_stats) if share > 0 else None
@@ -230,6 +242,7 @@ class DistributedModelForCausalLM:
         retry: RetryPolicy | None = None,
         host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
         verify: float = 0.0,
+        push: bool = False,
     ):
         """Loads embeddings, norm and LM head of `model_dir` and joins the swarm through `initial_peers`.
 
@@ -243,6 +256,9 @@ class DistributedModelForCausalLM:
         call, backoff, bans, step deadlines, and the bound on the hop inputs kept for replay.
         `verify` in [0, 1] is the share of hop steps a second peer recomputes (client/verify.py);
         `generate(..., verify=p)` overrides it for one call.
+        `push=True`: each peer sends its output straight to the next peer of the chain, and the
+        client reads every hop's output; the default, False, relays every hop through the
+        client (README "Push between peers"). Settable later as `model.push`.
         """
         spec = load_model_spec(model_dir)
         peers = public_initial_peers() if public else list(initial_peers or [])
@@ -257,7 +273,7 @@ class DistributedModelForCausalLM:
         if not 0.0 <= verify <= 1.0:
             raise ValueError(f"verify must be in [0, 1], got {verify}")
         model._init_swarm(spec, swarm, router, coverage_timeout, retry or RetryPolicy(), dtype)
-        model.verify, model.verify_stats = verify, VerifyStats()
+        model.verify, model.verify_stats, model.push = verify, VerifyStats(), push
         return model
 
 

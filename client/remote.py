@@ -71,8 +71,18 @@ class PeerConnection:
         return PeerError(self.peer_name, code, message, peer_id=self.peer_id)
 
     async def request(self, message: Message, expect: type) -> Message:
+        await self.send(message)
+        return await self.receive(expect)
+
+    async def send(self, message: Message) -> None:
         try:
             await write_frame(self.writer, message)
+        except (ConnectionError, OSError, RuntimeError) as e:
+            raise self._error(None, f"{type(e).__name__}: {e or 'cannot send'}") from None
+
+    async def receive(self, expect: type) -> Message:
+        """The next frame, within `timeout`; an ERROR frame or anything but `expect` is a PeerError."""
+        try:
             reply = await asyncio.wait_for(read_frame(self.reader, DEFAULT_MAX_FRAME_BYTES), self.timeout)
         except ProtocolError as e:
             raise self._error(e.code, f"sent a bad reply: {e.message}") from None
@@ -102,13 +112,21 @@ class PeerConnection:
         max_length: int,
         batch_size: int,
         dtype: torch.dtype,
+        upstream: str = "",
     ) -> None:
-        await self.request(
-            Open(session_id, model_id, start, end, max_length, batch_size, DTYPE_NAMES[dtype]), Opened
-        )
+        """Opens a session; `upstream` is the peer allowed to push steps into it (peer/push.py)."""
+        message = Open(session_id, model_id, start, end, max_length, batch_size, DTYPE_NAMES[dtype], upstream)
+        await self.request(message, Opened)
 
     async def step(self, session_id: str, position: int, hidden: torch.Tensor) -> torch.Tensor:
-        result = await self.request(Step(session_id, position, hidden), StepResult)
+        await self.send(Step(session_id, position, hidden))
+        output, _ = await self.step_result(session_id, hidden)
+        return output
+
+    async def step_result(self, session_id: str, hidden: torch.Tensor) -> tuple[torch.Tensor, str]:
+        """The output of a step whose input was `hidden` (sent by us, or pushed by the previous
+        peer), checked, and why its push to the next hop failed ("" if it did not)."""
+        result = await self.receive(StepResult)
         out = result.hidden
         if out.shape != hidden.shape or out.dtype != hidden.dtype:
             raise self._error(
@@ -119,7 +137,7 @@ class PeerConnection:
             raise self._error(ErrorCode.MALFORMED, f"result for session {result.session_id!r}")
         if not torch.isfinite(out).all():
             raise self._error(ErrorCode.BAD_TENSOR, "returned hidden states with NaN or inf")
-        return out
+        return out, result.push_error
 
     async def close_session(self, session_id: str) -> None:
         await self.request(Close(session_id), Closed)

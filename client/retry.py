@@ -38,6 +38,10 @@ class RetryPolicy:
     deadline_slack: float = 8.0
     deadline_floor_s: float = 1.0
     max_history_bytes: int = 1 << 30  # bound on the kept hop inputs (client.history)
+    # Push between peers (peer/push.py): how long a peer waits for the next peer to take a pushed
+    # step before it reports the push failed (the client then relays that hop). Long enough for a
+    # busy peer's event loop to read and check a frame; a stalled next peer costs this much more.
+    push_ack_timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.max_retries < 0 or self.retry_budget_s <= 0:
@@ -46,6 +50,8 @@ class RetryPolicy:
             raise ValueError("backoff and ban durations must be >= 0, ban_factor >= 1")
         if self.deadline_slack < 1 or self.deadline_floor_s <= 0:
             raise ValueError("deadline_slack must be >= 1 and deadline_floor_s > 0")
+        if not 0.001 <= self.push_ack_timeout_s <= 60:
+            raise ValueError("push_ack_timeout_s must be in [0.001, 60]")
 
 
 def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> float:

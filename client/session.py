@@ -2,8 +2,17 @@
 
 Opening picks a route (ordered hops covering every block) with the client's router and opens
 a remote session on each hop's peer; each step sends the new tokens' hidden states through
-the hops in order (client-relayed) and returns the last hop's output. Each peer keeps the
-session's KV cache for its blocks until the session closes.
+the hops in order and returns the last hop's output. Each peer keeps the session's KV cache
+for its blocks until the session closes.
+
+With `push`, the client sends a step to the first hop only, and each peer
+pushes its output straight to the next (peer/push.py); every hop still sends its output to
+the client, which reads them in order: they are the next hop's input, which the history below
+keeps. When a push fails, that hop reports it with its output and the client sends the step
+to the next hop itself (relay), and does so for the rest of the session. A hop whose session
+was opened next to another peer (the one after a repaired span) is relayed too. With
+`push=False`, or while verification is on (a witness must check a hop's output before the
+next hop builds on it), every hop is relayed: the client sends the step to each hop itself.
 
 Exact failover: the session keeps what each hop has been sent (client.history). When a hop's
 peer dies, stalls past its deadline, refuses or answers garbage, the session bans it,
@@ -17,6 +26,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections import Counter
 
 import torch
 
@@ -47,6 +57,7 @@ class InferenceSession:
         coverage_timeout: float,
         policy: RetryPolicy | None = None,
         bans: BanList | None = None,
+        push: bool = False,
     ):
         self.swarm, self.spec = swarm, spec
         self.max_length, self.batch_size, self.dtype = max_length, batch_size, dtype
@@ -57,6 +68,10 @@ class InferenceSession:
         self.position = 0  # tokens of each sequence the swarm has cached
         self.failovers: list[Failover] = []
         self.verifier = None  # a client/verify.py Verifier when the caller asked for verify > 0
+        self.push = push
+        self.relayed: set[str] = set()  # session ids of hops a push into failed: the client feeds them
+        # hop steps the client sent / that peers pushed; pushes that failed (then relayed)
+        self.hop_steps: Counter[str] = Counter(sent=0, pushed=0, push_failed=0)
         request = RouteRequest(prompt_tokens=max_length, new_tokens=0, batch_size=batch_size)
         self.peers = Hops(
             swarm=swarm,
@@ -107,18 +122,53 @@ class InferenceSession:
         inputs: dict[int, torch.Tensor] = {}  # block boundary -> this step's input there
         i = 0
         while i < len(self.hops):
-            hop = self.hops[i]
-            inputs[hop.start] = hidden
             try:
-                output = await self.peers.run(hop, hidden, self.position)
-                if self.verifier is not None:  # a VerificationError fails this hop over like any other
-                    await self.verifier.after_hop(hop.conn, hop.start, hop.end, self.position, hidden, output)
-                hidden = output
-                i += 1
-            except PeerError as e:
-                hidden, i = await self._recover(i, e, inputs)
+                hidden, i = await self._segment(i, hidden, inputs)
+            except _HopFailed as e:
+                hidden, i = await self._recover(e.index, e.error, inputs)
         self.history.append(inputs)
         return hidden
+
+    async def _segment(self, i: int, hidden: torch.Tensor, inputs: dict) -> tuple[torch.Tensor, int]:
+        """Sends the step to hop i, which pushes it on to the hops up to `_segment_end(i)`; reads
+        each hop's output in order. Returns the last output read and the next hop to send to."""
+        end = self._segment_end(i)
+        inputs[self.hops[i].start] = hidden
+        try:
+            await self.peers.send(self.hops[i], hidden, self.position, self.hops[i + 1 : end])
+        except PeerError as e:
+            raise _HopFailed(i, e) from None
+        self.hop_steps.update(sent=1, pushed=end - i - 1)  # corrected below if a push fails
+        for j in range(i, end):
+            hop = self.hops[j]
+            inputs[hop.start] = hidden
+            try:
+                output, push_error = await self.peers.result(hop, hidden, pushes=j + 1 < end)
+                if self.verifier is not None:  # a VerificationError fails this hop over like any other
+                    await self.verifier.after_hop(hop.conn, hop.start, hop.end, self.position, hidden, output)
+            except PeerError as e:
+                raise _HopFailed(j, e) from None
+            hidden = output
+            if push_error and j + 1 < end:  # the next hop never got the step: relay it from here on
+                logger.info("session %s: %s; relaying that hop", self.session_id, push_error)
+                self.relayed.add(self.hops[j + 1].session_id)
+                self.hop_steps.update(push_failed=1)
+                self.hop_steps.subtract(pushed=end - j - 1)
+                return hidden, j + 1
+        return hidden, end
+
+    def _segment_end(self, i: int) -> int:
+        """One past the last hop that hop i's step reaches by pushes: each next hop must take
+        pushes from the one before it (its session says so) and not have failed to."""
+        end = i + 1
+        if not self.push or self.verifier is not None:
+            return end
+        while end < len(self.hops):
+            hop = self.hops[end]
+            if hop.session_id in self.relayed or hop.upstream != self.hops[end - 1].hop.peer_id:
+                break
+            end += 1
+        return end
 
     async def _recover(
         self, failed: int, error: PeerError, inputs: dict[int, torch.Tensor]
@@ -133,7 +183,8 @@ class InferenceSession:
         first = next(j for j, h in enumerate(self.hops) if h.start == start)
         past = self.history.inputs(start)
         replay = inputs[start] if past is None else torch.cat([past, inputs[start]], dim=1)
-        new_hops, seen, output = await self.peers.replace(start, bad.end, replay)
+        upstream = self.hops[first - 1].hop.peer_id if first > 0 else ""
+        new_hops, seen, output = await self.peers.replace(start, bad.end, replay, upstream)
         for old in self.hops[first:failed]:
             old.conn.close()
         self.hops[first : failed + 1] = new_hops
@@ -181,3 +232,11 @@ class InferenceSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _HopFailed(Exception):
+    """Hop `index` of the chain failed this step."""
+
+    def __init__(self, index: int, error: PeerError):
+        super().__init__(str(error))
+        self.index, self.error = index, error

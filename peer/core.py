@@ -71,6 +71,7 @@ class Session:
     position: int = 0  # tokens per sequence already in the cache
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False  # a step is being computed; never expire it then
+    upstream: str = ""  # the peer id whose pushed steps this session accepts (peer/push.py); "" = none
 
     @property
     def reserved_tokens(self) -> int:
@@ -110,6 +111,7 @@ class PeerCore:
             max_length=request.max_length,
             wire_dtype=WIRE_DTYPES[request.dtype],
             cache=self.blocks.new_cache(request.session_id),
+            upstream=request.upstream,
         )
         logger.debug("session %s opened for [%d:%d)", request.session_id, request.start, request.end)
         return Opened(request.session_id)

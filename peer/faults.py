@@ -9,6 +9,9 @@ Hidden `run-peer` flags (not in --help; for tests, the chaos suite and benchmark
   --debug-fault KIND       what a faulty step answers: "error" (a typed INTERNAL error frame,
                            the session is left as it was) or "nan" (the step runs, and its
                            output is replaced by NaN: garbage the client must catch)
+  --debug-push MODE        steps pushed by another peer (peer/push.py) are "refuse"d (a
+                           PUSH_ACK with an error) or "drop"ped (no answer at all), so the
+                           pushing peer reports a failed push and the client relays instead
 
 The server asks it about each validated step (`PeerServer._step`, before the step is queued
 for the compute thread, batched or not); nothing else of the peer knows about it.
@@ -38,10 +41,11 @@ class FaultPlan:
     seed: int = 0
     on_signal: bool = False
     kind: str = "error"  # "error" or "nan"
+    push: str = ""  # "refuse" or "drop" pushed steps; "" takes them
 
     @property
     def active(self) -> bool:
-        return self.fail_after is not None or self.error_rate > 0 or self.on_signal
+        return self.fail_after is not None or self.error_rate > 0 or self.on_signal or bool(self.push)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug-seed", type=int, default=0, help=hidden)
     parser.add_argument("--debug-fault-on-signal", action="store_true", help=hidden)
     parser.add_argument("--debug-fault", choices=["error", "nan"], default="error", help=hidden)
+    parser.add_argument("--debug-push", choices=["refuse", "drop"], default="", help=hidden)
 
 
 def plan_from_args(args: argparse.Namespace) -> FaultPlan | None:
@@ -61,6 +66,7 @@ def plan_from_args(args: argparse.Namespace) -> FaultPlan | None:
         seed=args.debug_seed,
         on_signal=args.debug_fault_on_signal,
         kind=args.debug_fault,
+        push=args.debug_push,
     )
     return plan if plan.active else None
 
@@ -99,6 +105,15 @@ class FaultInjector:
             return True
         self.core.end_step(session)  # the step never runs: release the session as a step's end does
         raise ProtocolError(ErrorCode.INTERNAL, "debug fault injection: this step fails on purpose")
+
+    @property
+    def drops_pushes(self) -> bool:
+        return self.plan.push == "drop"
+
+    def check_push(self) -> None:
+        """Called first on each pushed step: refuses it (or marks it for dropping) on purpose."""
+        if self.plan.push:
+            raise ProtocolError(ErrorCode.BUSY, f"debug: this peer {self.plan.push}s pushed steps")
 
     @staticmethod
     def poison(result: StepResult) -> StepResult:

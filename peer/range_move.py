@@ -69,6 +69,7 @@ class RangeMover:
         old_core, old_server = peer.core, peer.server
         peer.core = PeerCore(blocks, c.spec.model_id, c.limits)
         peer.server = PeerServer(peer.core, c.max_frame_bytes, c.max_streams, c.batch, Admission(c.admission))
+        peer.server.pusher = old_server.pusher  # links to next peers outlive the move
         peer.start, peer.end, peer.next_range = start, end, None
         log_setup.set_context(f"peer {peer.name} {c.spec.model_id}[{start}:{end})")
         await peer.announcer.announce(PeerState.ONLINE)

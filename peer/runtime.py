@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from hivemind.p2p import PeerID
 
 import swarm
 from peer.admission import Admission, AdmissionLimits
@@ -30,6 +31,7 @@ from peer.devices import describe
 from peer.faults import FaultInjector, FaultPlan
 from peer.link_probe import LinkProbe
 from peer.plan_follower import PlanFollower, join_range
+from peer.push import PushLinks
 from peer.range_move import RangeMover
 from peer.scheduler import BatchPolicy
 from peer.server import PeerServer
@@ -253,6 +255,7 @@ class _Peer:
             self.server.faults = FaultInjector(self.core, c.faults)
             self.server.faults.install_signals(self.loop)
         self.p2p = await self.dht.replicate_p2p()
+        self.server.pusher = PushLinks(self._open_link)
         await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, self._handle_stream)
         await self.announcer.announce(PeerState.ONLINE)
         logger.info("online: serving %s blocks [%d:%d)", c.spec.model_id, c.start, c.end)
@@ -262,6 +265,13 @@ class _Peer:
         # Through the current server, so that a move (peer/plan_follower.py) can switch new
         # streams to the new range while streams already open stay on the old one.
         await self.server.handle_stream(*args)
+
+    async def _open_link(self, peer_id: str):
+        """A stream to the next peer of a chain, for pushed steps (peer/push.py)."""
+        _, reader, writer = await self.p2p.call_binary_stream_handler(
+            PeerID.from_base58(peer_id), SESSION_PROTOCOL
+        )
+        return reader, writer
 
     async def _load_blocks(self) -> Blocks:
         c = self.config
@@ -345,6 +355,8 @@ class _Peer:
         if self.server is not None:
             self._log_hop_cost()
             self.server.close()
+            if self.server.pusher is not None:
+                self.server.pusher.close()
         if self.group is not None:
             await asyncio.to_thread(self.group.stop)
         if self.p2p is not None:

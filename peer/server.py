@@ -5,6 +5,11 @@ the layer computation runs on one compute thread (peer/scheduler.py, which batch
 steps of all streams), so a slow step never blocks other streams' frames (they queue for
 compute, they are not refused). Any bad frame gets an error
 frame back; only an oversized frame (whose bytes we refuse to read) ends the stream.
+
+A step may also arrive pushed by the previous peer of the chain, on that peer's link stream
+(peer/push.py): it is answered with a PUSH_ACK on the link at once, computed in a task of its
+own (so the link's next push, another session's, is not held up and can join the same decode
+batch), and its result goes to the session's client, on the stream that opened the session.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 from peer.admission import Admission, AdmissionLimits
 from peer.core import PeerCore
 from peer.faults import FaultInjector
 from peer.hop_stats import HopStats
+from peer.push import PushLinks
 from peer.scheduler import BatchPolicy, Job, StepScheduler
 from swarm.protocol import (
     Close,
@@ -28,6 +35,7 @@ from swarm.protocol import (
     Ping,
     Pong,
     ProtocolError,
+    PushAck,
     Step,
     StepResult,
     decode,
@@ -60,8 +68,13 @@ class PeerServer:
         self.scheduler = StepScheduler(core, policy or BatchPolicy())
         self.hop_stats = HopStats()
         self.faults: FaultInjector | None = None  # debug fault injection (peer/faults.py); tests only
+        self.pusher: PushLinks | None = None  # links to next peers (set once the p2p handle is up)
+        self.clients: dict[str, asyncio.StreamWriter] = {}  # session id -> the stream that opened it
+        self.tasks: set[asyncio.Task] = set()  # pushed steps being computed
 
     def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
         self.scheduler.stop()
 
     async def handle_stream(
@@ -88,13 +101,15 @@ class PeerServer:
         finally:
             for session_id in owned:
                 self.core.drop(session_id)
+                self.clients.pop(session_id, None)
             self.open_streams -= 1
             self.admission.leave_stream(remote_id)
             writer.close()
 
     async def _serve(self, reader, writer, owned: set[str], remote: str = "?") -> None:
+        is_link = False  # a previous peer's push link: it owns no session but must stay open
         while True:
-            timeout = self.core.limits.session_idle_timeout if owned else HANDSHAKE_TIMEOUT_S
+            timeout = self.core.limits.session_idle_timeout if owned or is_link else HANDSHAKE_TIMEOUT_S
             try:
                 payload = await asyncio.wait_for(read_payload(reader, self.max_frame_bytes), timeout)
             except TimeoutError:
@@ -105,10 +120,14 @@ class PeerServer:
             arrived = time.perf_counter()
             try:
                 message = decode(payload)
+                if isinstance(message, Step) and message.ack_ms and message.session_id not in owned:
+                    # Only a push that was taken earns a link the long timeout, not a stranger's.
+                    is_link = await self._pushed(message, remote, writer, arrived) or is_link
+                    continue
                 if isinstance(message, Step):
                     await self._step(message, owned, writer, arrived)
                     continue
-                reply = await self._dispatch(message, owned, remote)
+                reply = await self._dispatch(message, owned, remote, writer)
             except ProtocolError as e:
                 reply = Error(e.code, e.message)
             except Exception as e:
@@ -117,11 +136,15 @@ class PeerServer:
             await self._send(writer, reply)
 
     async def _step(self, message: Step, owned: set[str], writer, arrived: float) -> None:
-        """Queues a step for the compute thread, sends its result, and notes the hop's cost."""
+        """A client's step: queued for the compute thread; its result (after any push) goes back."""
         self._check_owned(message.session_id, owned)
         self.admission.check_step(message.session_id)
         session, hidden = self.core.begin_step(message)
         poison = self.faults is not None and self.faults.before_step(session)
+        await self._run(session, hidden, poison, message, writer, arrived)
+
+    async def _run(self, session, hidden, poison: bool, message: Step, writer, arrived: float) -> None:
+        """Computes a validated step, pushes its output down the chain if asked, answers `writer`."""
         job = self.scheduler.submit(session, hidden, inline=True)
         queued = min(time.perf_counter(), job.compute_started or float("inf"))
         if job.future.done():  # it ran inline
@@ -130,8 +153,60 @@ class PeerServer:
             result = await asyncio.wrap_future(job.future)
         if poison:
             result = self.faults.poison(result)
+        if message.chain:
+            result = replace(result, push_error=await self._forward(result, message))
         await self._send(writer, result)
         self._note(job, arrived, queued, time.perf_counter())
+
+    async def _forward(self, result: StepResult, message: Step) -> str:
+        """Pushes this hop's output to the next hop of the chain; "" when it took it, else why not."""
+        if self.pusher is None:
+            return "this peer does not push"
+        head, rest = message.chain[0], message.chain[1:]
+        step = Step(head.session_id, message.position, result.hidden, rest, message.ack_ms)
+        return await self.pusher.push(head.peer_id, step, message.ack_ms / 1000)
+
+    async def _pushed(self, message: Step, remote: str, link, arrived: float) -> bool:
+        """A step pushed by the previous peer: acked (or refused) on its link, computed in a task.
+        Returns whether it was taken."""
+        try:
+            client, session, hidden, poison = self._accept_push(message, remote)
+        except ProtocolError as e:
+            if not (self.faults is not None and self.faults.drops_pushes):
+                await self._send(link, PushAck(message.session_id, e.code, e.message))
+            return False
+        await self._send(link, PushAck(message.session_id))
+        task = asyncio.create_task(self._run_pushed(session, hidden, poison, message, client, arrived))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return True
+
+    def _accept_push(self, message: Step, remote: str):
+        """The checks on a pushed step: the session must name `remote` as its upstream."""
+        if self.faults is not None:
+            self.faults.check_push()
+        session = self.core.sessions.get(message.session_id)
+        client = self.clients.get(message.session_id)
+        if session is None or client is None or not session.upstream or session.upstream != remote:
+            # The same answer whether the session is unknown or not the pusher's to feed.
+            raise ProtocolError(
+                ErrorCode.UNKNOWN_SESSION, f"no session {message.session_id!r} takes pushes from this peer"
+            )
+        self.admission.check_step(message.session_id)
+        session, hidden = self.core.begin_step(message)
+        poison = self.faults is not None and self.faults.before_step(session)
+        return client, session, hidden, poison
+
+    async def _run_pushed(self, session, hidden, poison: bool, message: Step, client, arrived: float) -> None:
+        try:
+            await self._run(session, hidden, poison, message, client, arrived)
+        except ProtocolError as e:  # the client hears about it as if it had sent the step itself
+            await self._send(client, Error(e.code, e.message))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            logger.exception("internal error on a pushed step")
+            await self._send(client, Error(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}"))
 
     def _note(self, job: Job, arrived: float, queued: float, sent: float) -> None:
         self.hop_stats.add(
@@ -144,7 +219,7 @@ class PeerServer:
             }
         )
 
-    async def _dispatch(self, message: Message, owned: set[str], remote: str = "?") -> Message:
+    async def _dispatch(self, message: Message, owned: set[str], remote: str = "?", writer=None) -> Message:
         match message:
             case Ping():
                 return Pong(message.nonce)
@@ -153,10 +228,12 @@ class PeerServer:
                 opened = self.core.open(message)
                 self.admission.opened(remote, message.session_id)
                 owned.add(message.session_id)
+                self.clients[message.session_id] = writer
                 return opened
             case Close():
                 self._check_owned(message.session_id, owned)
                 owned.discard(message.session_id)
+                self.clients.pop(message.session_id, None)
                 return self.core.close(message)
             case _:
                 raise ProtocolError(

@@ -7,6 +7,12 @@ A session is one persistent hivemind binary stream per (client, peer) hop. Each 
 and every map carries `t` (the message type) and `v` (the protocol version). Tensors travel
 as a map {dtype, shape, data} with the raw bytes in `data`. Nothing is ever pickled.
 
+Push between peers: a client's STEP may carry a `chain` of next hops; the peer then sends its
+output as a STEP straight to chain[0] (over its own stream to that peer), which answers
+PUSH_ACK at once and later sends its STEP_RESULT to the session's client, and so on
+(peer/push.py). A peer accepts a pushed STEP only for a session whose client named the
+pushing peer as its `upstream` when opening it.
+
 `decode_*` functions validate everything and raise `ProtocolError` with an `ErrorCode`, which
 the receiving side turns into an `Error` frame for the sender; a peer never crashes on input.
 """
@@ -40,6 +46,7 @@ class MsgType(enum.IntEnum):
     PING = 7  # client -> peer: round-trip measurement, also before OPEN
     PONG = 8
     ERROR = 9  # peer -> client
+    PUSH_ACK = 10  # peer -> peer: a pushed STEP was accepted (code 0) or refused
 
 
 class ErrorCode(enum.IntEnum):
@@ -96,6 +103,7 @@ class Open:
     max_length: int  # tokens per sequence the session may reach
     batch_size: int
     dtype: str  # dtype of the hidden states on the wire
+    upstream: str = ""  # the one peer id whose pushed STEPs this session accepts ("" = none)
 
 
 @dataclass(frozen=True)
@@ -104,16 +112,38 @@ class Opened:
 
 
 @dataclass(frozen=True)
+class NextHop:
+    """Where a peer pushes its output: the next peer of the chain and that hop's session id."""
+
+    peer_id: str  # base58
+    session_id: str
+
+
+@dataclass(frozen=True)
 class Step:
+    """From a client (on the session's own stream), or pushed by the session's upstream peer."""
+
     session_id: str
     position: int  # tokens of each sequence already in the cache; must equal the peer's count
     hidden: torch.Tensor  # (batch, new_tokens, hidden_size)
+    chain: tuple[NextHop, ...] = ()  # push the output to chain[0], which pushes to chain[1], ...
+    # How long a pusher waits for the next peer's PUSH_ACK. Set on every pushed step (it marks a
+    # push: the answer is a PUSH_ACK) and on a client's step with a chain; 0 on other steps.
+    ack_ms: int = 0
 
 
 @dataclass(frozen=True)
 class StepResult:
     session_id: str
     hidden: torch.Tensor
+    push_error: str = ""  # the step had a chain and the push to its first hop failed: why
+
+
+@dataclass(frozen=True)
+class PushAck:
+    session_id: str
+    code: int = 0  # 0: accepted (the result goes to the session's client); else an ErrorCode
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -142,7 +172,10 @@ class Error:
     message: str
 
 
-Message = Open | Opened | Step | StepResult | Close | Closed | Ping | Pong | Error
+Message = Open | Opened | Step | StepResult | Close | Closed | Ping | Pong | Error | PushAck
+
+MAX_CHAIN = 64  # hops a pushed step may still travel
+MAX_ACK_MS = 60_000
 
 
 # ---------------------------------------------------------------- tensors
@@ -202,6 +235,8 @@ def encode(message: Message) -> bytes:
                 batch=message.batch_size,
                 dtype=message.dtype,
             )
+            if message.upstream:
+                body["upstream"] = message.upstream
         case Opened() | Closed() | Close():
             kind = {Opened: MsgType.OPENED, Closed: MsgType.CLOSED, Close: MsgType.CLOSE}[type(message)]
             body.update(t=kind, session=message.session_id)
@@ -212,9 +247,22 @@ def encode(message: Message) -> bytes:
                 position=message.position,
                 hidden=encode_tensor(message.hidden),
             )
+            if message.chain:
+                body["chain"] = [[h.peer_id, h.session_id] for h in message.chain]
+            if message.ack_ms:
+                body["ack_ms"] = message.ack_ms
         case StepResult():
             body.update(
                 t=MsgType.STEP_RESULT, session=message.session_id, hidden=encode_tensor(message.hidden)
+            )
+            if message.push_error:
+                body["push_error"] = message.push_error
+        case PushAck():
+            body.update(
+                t=MsgType.PUSH_ACK,
+                session=message.session_id,
+                code=int(message.code),
+                message=message.message,
             )
         case Ping() | Pong():
             body.update(t=MsgType.PING if isinstance(message, Ping) else MsgType.PONG, nonce=message.nonce)
@@ -252,7 +300,45 @@ def _decode_open(f: dict) -> Open:
         max_length=_field(f, "max_length", int),
         batch_size=_field(f, "batch", int),
         dtype=_field(f, "dtype", str),
+        upstream=_optional(f, "upstream", str, "")[:_MAX_PEER_ID],
     )
+
+
+_MAX_PEER_ID = 128  # characters of a base58 peer id, with room to spare
+
+
+def _decode_step(f: dict) -> Step:
+    chain = ()
+    if "chain" in f:
+        items = _field(f, "chain", list)
+        if not 0 < len(items) <= MAX_CHAIN:
+            raise ProtocolError(ErrorCode.MALFORMED, f"a chain has 1..{MAX_CHAIN} hops, got {len(items)}")
+        chain = tuple(_next_hop(item) for item in items)
+    ack_ms = _optional(f, "ack_ms", int, 0)
+    if not 0 <= ack_ms <= MAX_ACK_MS or (chain and not ack_ms):
+        raise ProtocolError(ErrorCode.MALFORMED, f"ack_ms must be in 1..{MAX_ACK_MS} with a chain or a push")
+    return Step(_session(f), _field(f, "position", int), decode_tensor(f.get("hidden")), chain, ack_ms)
+
+
+def _next_hop(item: Any) -> NextHop:
+    if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+        raise ProtocolError(ErrorCode.MALFORMED, "a chain hop must be [peer id, session id]")
+    peer_id, session_id = item
+    if not 0 < len(peer_id) <= _MAX_PEER_ID:
+        raise ProtocolError(ErrorCode.MALFORMED, f"peer id must be 1..{_MAX_PEER_ID} characters")
+    return NextHop(peer_id, _session({"session": session_id}))
+
+
+def _decode_step_result(f: dict) -> StepResult:
+    error = _optional(f, "push_error", str, "")[:2000]
+    return StepResult(_session(f), decode_tensor(f.get("hidden")), error)
+
+
+def _decode_push_ack(f: dict) -> PushAck:
+    code = _field(f, "code", int)
+    if code != 0 and code not in ErrorCode._value2member_map_:
+        code = int(ErrorCode.INTERNAL)
+    return PushAck(_session(f), code, _field(f, "message", str)[:2000])
 
 
 def _decode_error(f: dict) -> Error:
@@ -264,13 +350,14 @@ def _decode_error(f: dict) -> Error:
 _DECODERS = {
     MsgType.OPEN: _decode_open,
     MsgType.OPENED: lambda f: Opened(_session(f)),
-    MsgType.STEP: lambda f: Step(_session(f), _field(f, "position", int), decode_tensor(f.get("hidden"))),
-    MsgType.STEP_RESULT: lambda f: StepResult(_session(f), decode_tensor(f.get("hidden"))),
+    MsgType.STEP: _decode_step,
+    MsgType.STEP_RESULT: _decode_step_result,
     MsgType.CLOSE: lambda f: Close(_session(f)),
     MsgType.CLOSED: lambda f: Closed(_session(f)),
     MsgType.PING: lambda f: Ping(_field(f, "nonce", int)),
     MsgType.PONG: lambda f: Pong(_field(f, "nonce", int)),
     MsgType.ERROR: _decode_error,
+    MsgType.PUSH_ACK: _decode_push_ack,
 }
 
 
@@ -287,6 +374,10 @@ def _field(fields: dict, name: str, kind: type) -> Any:
             ErrorCode.MALFORMED, f"field {name!r} must be {kind.__name__}, got {type(value).__name__}"
         )
     return value
+
+
+def _optional(fields: dict, name: str, kind: type, default: Any) -> Any:
+    return _field(fields, name, kind) if name in fields else default
 
 
 def _session(fields: dict) -> str:

@@ -35,6 +35,7 @@ class Clients:
             self.model = DistributedModelForCausalLM.from_pretrained(
                 self.chaos.model_dir, initial_peers=self.chaos.local.initial_peers
             )
+        self.model.push = run % 2 == 1  # every other run with peers pushing to each other (peer/push.py)
         return self.model
 
     def close(self) -> None:

@@ -30,6 +30,7 @@ from swarm.protocol import (
     FrameTooLarge,
     Message,
     MsgType,
+    NextHop,
     Open,
     Ping,
     ProtocolError,
@@ -73,6 +74,10 @@ FIELDS = [
     "nonce",
     "code",
     "message",
+    "chain",  # push between peers (peer/push.py)
+    "ack_ms",
+    "upstream",
+    "push_error",
 ]
 frame_maps = st.dictionaries(st.sampled_from(FIELDS), msgpack_values, max_size=8).map(
     lambda d: {"v": PROTOCOL_VERSION, **d} if d.get("v") is None else d
@@ -114,6 +119,18 @@ messages = st.one_of(
         st.sampled_from(["float32", "float16", "int64"]),
     ).map(_open),
     st.builds(Step, session_ids, st.integers(-1, 6), valid_tensors()),
+    # a client's step with a chain to push along, and a step pushed by a (stranger) peer
+    st.builds(
+        Step,
+        session_ids,
+        st.integers(-1, 6),
+        valid_tensors(),
+        st.lists(
+            st.builds(NextHop, st.sampled_from(["QmNext", "x"]), session_ids), min_size=1, max_size=3
+        ).map(tuple),
+        st.integers(1, 50),
+    ),
+    st.builds(Step, session_ids, st.integers(-1, 6), valid_tensors(), st.just(()), st.integers(1, 50)),
     st.builds(Close, session_ids),
     st.builds(Ping, st.integers(0, 2**63)),
 )

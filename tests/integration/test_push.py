@@ -1,0 +1,127 @@
+"""Push between peers on a real swarm: peers send their outputs straight to the next peer.
+
+A swarm of its own (a bootstrap and five peers of a 6-block model): a [0:2), b [2:4), c [4:6),
+and two that break pushes on purpose (peer/faults.py --debug-push): r [2:4) refuses pushed
+steps, d [4:6) drops them. A test picks its chain by leaving peers out of the client's routes
+(`swarm.banned`, the client's own list of peers it avoids).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from swarm.launcher import LocalSwarm
+from tests.integration.conftest import peer_id_of
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+LAYOUT = {
+    "a": ("0:2", ()),
+    "b": ("2:4", ()),
+    "c": ("4:6", ()),
+    "r": ("2:4", ("--debug-push", "refuse")),
+    "d": ("4:6", ("--debug-push", "drop")),
+}
+NEW_TOKENS = 12
+KWARGS = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+
+
+@pytest.fixture(scope="module")
+def push_swarm(make_model, tmp_path_factory):
+    model_dir = make_model(arch="llama")
+    with LocalSwarm(tmp_path_factory.mktemp("push")) as local:
+        local.start_bootstrap()
+        peers = {
+            name: local.start_peer(model_dir, layers, name, "--announce-period", "1", *extra, wait=False)
+            for name, (layers, extra) in LAYOUT.items()
+        }
+        for proc in peers.values():
+            local.wait_for_log(proc, "online:", timeout=240)
+        yield local, model_dir, peers
+
+
+@pytest.fixture(scope="module")
+def local_model(push_swarm):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(push_swarm[1])
+
+
+@pytest.fixture
+def client(push_swarm):
+    """A fresh client per test, so one test's bans do not shape the next one's chains."""
+    from client import DistributedModelForCausalLM
+
+    local, model_dir, _ = push_swarm
+    model = DistributedModelForCausalLM.from_pretrained(
+        model_dir, initial_peers=local.initial_peers, push=True
+    )
+    yield model
+    model.shutdown()
+
+
+def avoid(model, *names: str) -> None:
+    model.swarm.banned.update(peer_id_of(model, name) for name in names)
+
+
+def _prompt(seed: int) -> torch.Tensor:
+    return torch.randint(3, 400, (1, 6), generator=torch.Generator().manual_seed(seed))
+
+
+def test_pushed_generation_equals_local_generate(client, local_model):
+    avoid(client, "r", "d")
+    prompt = _prompt(1)
+    got = client.generate(prompt, **KWARGS)
+    assert client.last_route.startswith("a[0:2) -> b[2:4) -> c[4:6)"), client.last_route
+    assert torch.equal(got, local_model.generate(prompt, **KWARGS))
+    steps = client.last_hop_steps  # prefill + NEW_TOKENS - 1 decode steps, three hops each
+    assert steps == {"sent": NEW_TOKENS, "pushed": 2 * NEW_TOKENS, "push_failed": 0}, steps
+
+    client.push = False  # the relay baseline: the same tokens, every hop sent by the client
+    assert torch.equal(client.generate(prompt, **KWARGS), got)
+    assert client.last_hop_steps == {"sent": 3 * NEW_TOKENS, "pushed": 0, "push_failed": 0}
+
+
+def test_refused_and_dropped_pushes_fall_back_to_relay(client, local_model):
+    avoid(client, "b", "c")  # the chain a -> r (refuses pushes) -> d (drops them)
+    prompt = _prompt(2)
+    got = client.generate(prompt, **KWARGS)
+    assert client.last_route.startswith("a[0:2) -> r[2:4) -> d[4:6)"), client.last_route
+    assert torch.equal(got, local_model.generate(prompt, **KWARGS))
+    assert client.last_failovers == []  # a failed push is not a failed peer
+    # The first step: a's push to r is refused, r's to d is never acked; both hops are then
+    # relayed by the client for the rest of the session.
+    assert client.last_hop_steps == {"sent": 3 * NEW_TOKENS, "pushed": 0, "push_failed": 2}
+
+
+class KillMiddle(StoppingCriteria):
+    """After `tokens` new tokens, SIGKILLs the peer of the chain's middle hop."""
+
+    def __init__(self, model, peers, tokens: int):
+        self.model, self.peers, self.tokens = model, peers, tokens
+        self.calls, self.victim = 0, None
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.calls += 1
+        if self.calls == self.tokens:
+            self.victim = self.model.session.peer_names()[1]
+            os.kill(self.peers[self.victim].popen.pid, signal.SIGKILL)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+def test_failover_of_a_middle_peer_with_push_is_exact(push_swarm, client, local_model):
+    _, _, peers = push_swarm
+    avoid(client, "d")  # the middle hop is b or r; the other one takes over
+    prompt = _prompt(3)
+    kill = KillMiddle(client, peers, tokens=5)
+    got = client.generate(prompt, stopping_criteria=StoppingCriteriaList([kill]), **KWARGS)
+    assert kill.victim in ("b", "r"), client.last_route
+    assert torch.equal(got, local_model.generate(prompt, **KWARGS)), client.last_route
+    (failover,) = client.last_failovers
+    assert failover.peer == kill.victim and kill.victim not in client.last_route
+    assert client.last_hop_steps["pushed"] > 0
