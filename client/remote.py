@@ -10,7 +10,6 @@ import torch
 
 from swarm.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
-    DTYPE_NAMES,
     SESSION_PROTOCOL,
     Close,
     Closed,
@@ -27,6 +26,7 @@ from swarm.protocol import (
     read_frame,
     write_frame,
 )
+from swarm.wire_tensors import DTYPE_NAMES
 
 
 class PeerError(RuntimeError):

@@ -17,8 +17,6 @@ import torch
 
 from swarm.model_spec import ModelSpec
 from swarm.protocol import (
-    NUMPY_DTYPES,
-    WIRE_DTYPES,
     Close,
     Closed,
     ErrorCode,
@@ -28,6 +26,7 @@ from swarm.protocol import (
     Step,
     StepResult,
 )
+from swarm.wire_tensors import NUMPY_DTYPES, WIRE_DTYPES
 
 logger = logging.getLogger(__name__)
 

@@ -43,8 +43,9 @@ from swarm.dht import start_dht
 from swarm.dht_process import shutdown_dht
 from swarm.identity import load_or_create_identity
 from swarm.model_spec import ModelSpec
-from swarm.protocol import DTYPE_NAMES, SESSION_PROTOCOL, ProtocolError
+from swarm.protocol import SESSION_PROTOCOL, ProtocolError
 from swarm.records import PeerRecord, PeerState, model_key, peer_records_from
+from swarm.wire_tensors import DTYPE_NAMES
 
 logger = logging.getLogger(__name__)
 

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import math
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-import numpy as np
 import torch
+
+from swarm.wire_checks import ErrorCode, ProtocolError, field, optional_field, require_map
+from swarm.wire_tensors import decode_tensor, encode_tensor
 
 PROTOCOL_VERSION = 1
 SESSION_PROTOCOL = "/hexswarm/session/1"  # hivemind stream handler name
@@ -47,48 +48,6 @@ class MsgType(enum.IntEnum):
     PONG = 8
     ERROR = 9  # peer -> client
     PUSH_ACK = 10  # peer -> peer: a pushed STEP was accepted (code 0) or refused
-
-
-class ErrorCode(enum.IntEnum):
-    MALFORMED = 1  # not msgpack, missing or mistyped fields
-    FRAME_TOO_LARGE = 2
-    VERSION = 3  # protocol version we do not speak
-    BAD_TENSOR = 4  # wrong dtype, shape or byte count
-    WRONG_MODEL = 5
-    WRONG_LAYERS = 6  # layers this peer does not serve
-    UNKNOWN_SESSION = 7
-    TOO_LONG = 8  # beyond the session's (or the peer's) max length
-    BUSY = 9  # session limit or cache budget reached
-    LEAVING = 10  # the peer is shutting down
-    BAD_STATE = 11  # e.g. STEP before OPEN, second OPEN on one stream
-    INTERNAL = 12
-    PEER_FAILED = 13  # part of the peer (a tensor-parallel rank) died or hung; the peer is leaving
-    # 20+: admission limits per remote (peer/admission.py)
-    RATE_LIMITED = 20  # over the steps per second of a session; retry a little later
-    REMOTE_LIMIT = 21  # this remote already holds its share of the peer's streams or sessions
-
-
-class ProtocolError(Exception):
-    """Bad input from the other side; becomes an ERROR frame."""
-
-    def __init__(self, code: ErrorCode, message: str):
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
-        self.message = message
-
-
-# torch dtype <-> wire name. Only what a hidden state can be; bfloat16 has no numpy twin,
-# so tensors go through their raw bytes (`view(torch.uint8)`) rather than numpy.
-WIRE_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
-DTYPE_NAMES = {dtype: name for name, dtype in WIRE_DTYPES.items()}
-_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-# Dtypes numpy has: their tensors are (de)serialized through numpy, which costs a third of the
-# torch calls on a small hidden state (a decode step's), where per-call overhead is all there is.
-NUMPY_DTYPES = {torch.float32: np.float32, torch.float16: np.float16}
 
 
 # ---------------------------------------------------------------- messages
@@ -178,45 +137,6 @@ MAX_CHAIN = 64  # hops a pushed step may still travel
 MAX_ACK_MS = 60_000
 
 
-# ---------------------------------------------------------------- tensors
-
-
-def encode_tensor(tensor: torch.Tensor) -> dict[str, Any]:
-    if tensor.dtype not in DTYPE_NAMES:
-        raise ValueError(f"dtype {tensor.dtype} cannot go on the wire")
-    flat = tensor.detach().to("cpu").contiguous()
-    if not flat.numel():
-        data = b""
-    elif flat.dtype in NUMPY_DTYPES:
-        data = flat.numpy().tobytes()
-    else:
-        data = flat.view(torch.uint8).numpy().tobytes()
-    return {"dtype": DTYPE_NAMES[flat.dtype], "shape": list(flat.shape), "data": data}
-
-
-def decode_tensor(obj: Any) -> torch.Tensor:
-    fields = _require_map(obj, "tensor")
-    dtype_name = _field(fields, "dtype", str)
-    shape = _field(fields, "shape", list)
-    data = _field(fields, "data", bytes)
-    if dtype_name not in WIRE_DTYPES:
-        raise ProtocolError(ErrorCode.BAD_TENSOR, f"dtype {dtype_name!r} is not one of {sorted(WIRE_DTYPES)}")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape) or len(shape) > 8:
-        raise ProtocolError(ErrorCode.BAD_TENSOR, f"shape {shape!r} is not a list of non-negative ints")
-    dtype = WIRE_DTYPES[dtype_name]
-    expected = math.prod(shape) * _ELEMENT_BYTES[dtype_name]
-    if expected != len(data):
-        raise ProtocolError(
-            ErrorCode.BAD_TENSOR, f"shape {shape} of {dtype_name} needs {expected} bytes, got {len(data)}"
-        )
-    if not data:
-        return torch.empty(shape, dtype=dtype)
-    if dtype in NUMPY_DTYPES:  # a writable copy: the bytes object is read-only
-        return torch.from_numpy(np.frombuffer(data, dtype=NUMPY_DTYPES[dtype]).reshape(shape).copy())
-    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return raw.view(dtype).reshape(shape)
-
-
 # ---------------------------------------------------------------- frames
 
 
@@ -279,13 +199,13 @@ def decode(payload: bytes) -> Message:
         obj = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=len(payload))
     except Exception as e:  # msgpack raises many types on garbage
         raise ProtocolError(ErrorCode.MALFORMED, f"frame is not msgpack: {type(e).__name__}") from None
-    fields = _require_map(obj, "frame")
-    version = _field(fields, "v", int)
+    fields = require_map(obj, "frame")
+    version = field(fields, "v", int)
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
             ErrorCode.VERSION, f"protocol version {version} (this side speaks {PROTOCOL_VERSION})"
         )
-    kind = _field(fields, "t", int)
+    kind = field(fields, "t", int)
     if kind not in MsgType._value2member_map_:
         raise ProtocolError(ErrorCode.MALFORMED, f"unknown message type {kind}")
     return _DECODERS[MsgType(kind)](fields)
@@ -294,13 +214,13 @@ def decode(payload: bytes) -> Message:
 def _decode_open(f: dict) -> Open:
     return Open(
         session_id=_session(f),
-        model_id=_field(f, "model", str),
-        start=_field(f, "start", int),
-        end=_field(f, "end", int),
-        max_length=_field(f, "max_length", int),
-        batch_size=_field(f, "batch", int),
-        dtype=_field(f, "dtype", str),
-        upstream=_optional(f, "upstream", str, "")[:_MAX_PEER_ID],
+        model_id=field(f, "model", str),
+        start=field(f, "start", int),
+        end=field(f, "end", int),
+        max_length=field(f, "max_length", int),
+        batch_size=field(f, "batch", int),
+        dtype=field(f, "dtype", str),
+        upstream=optional_field(f, "upstream", str, "")[:_MAX_PEER_ID],
     )
 
 
@@ -310,14 +230,14 @@ _MAX_PEER_ID = 128  # characters of a base58 peer id, with room to spare
 def _decode_step(f: dict) -> Step:
     chain = ()
     if "chain" in f:
-        items = _field(f, "chain", list)
+        items = field(f, "chain", list)
         if not 0 < len(items) <= MAX_CHAIN:
             raise ProtocolError(ErrorCode.MALFORMED, f"a chain has 1..{MAX_CHAIN} hops, got {len(items)}")
         chain = tuple(_next_hop(item) for item in items)
-    ack_ms = _optional(f, "ack_ms", int, 0)
+    ack_ms = optional_field(f, "ack_ms", int, 0)
     if not 0 <= ack_ms <= MAX_ACK_MS or (chain and not ack_ms):
         raise ProtocolError(ErrorCode.MALFORMED, f"ack_ms must be in 1..{MAX_ACK_MS} with a chain or a push")
-    return Step(_session(f), _field(f, "position", int), decode_tensor(f.get("hidden")), chain, ack_ms)
+    return Step(_session(f), field(f, "position", int), decode_tensor(f.get("hidden")), chain, ack_ms)
 
 
 def _next_hop(item: Any) -> NextHop:
@@ -330,21 +250,21 @@ def _next_hop(item: Any) -> NextHop:
 
 
 def _decode_step_result(f: dict) -> StepResult:
-    error = _optional(f, "push_error", str, "")[:2000]
+    error = optional_field(f, "push_error", str, "")[:2000]
     return StepResult(_session(f), decode_tensor(f.get("hidden")), error)
 
 
 def _decode_push_ack(f: dict) -> PushAck:
-    code = _field(f, "code", int)
+    code = field(f, "code", int)
     if code != 0 and code not in ErrorCode._value2member_map_:
         code = int(ErrorCode.INTERNAL)
-    return PushAck(_session(f), code, _field(f, "message", str)[:2000])
+    return PushAck(_session(f), code, field(f, "message", str)[:2000])
 
 
 def _decode_error(f: dict) -> Error:
-    code = _field(f, "code", int)
+    code = field(f, "code", int)
     code = ErrorCode(code) if code in ErrorCode._value2member_map_ else ErrorCode.INTERNAL
-    return Error(code=code, message=_field(f, "message", str)[:2000])
+    return Error(code=code, message=field(f, "message", str)[:2000])
 
 
 _DECODERS = {
@@ -354,34 +274,15 @@ _DECODERS = {
     MsgType.STEP_RESULT: _decode_step_result,
     MsgType.CLOSE: lambda f: Close(_session(f)),
     MsgType.CLOSED: lambda f: Closed(_session(f)),
-    MsgType.PING: lambda f: Ping(_field(f, "nonce", int)),
-    MsgType.PONG: lambda f: Pong(_field(f, "nonce", int)),
+    MsgType.PING: lambda f: Ping(field(f, "nonce", int)),
+    MsgType.PONG: lambda f: Pong(field(f, "nonce", int)),
     MsgType.ERROR: _decode_error,
     MsgType.PUSH_ACK: _decode_push_ack,
 }
 
 
-def _require_map(obj: Any, what: str) -> dict:
-    if not isinstance(obj, dict):
-        raise ProtocolError(ErrorCode.MALFORMED, f"{what} must be a map, got {type(obj).__name__}")
-    return obj
-
-
-def _field(fields: dict, name: str, kind: type) -> Any:
-    value = fields.get(name)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ProtocolError(
-            ErrorCode.MALFORMED, f"field {name!r} must be {kind.__name__}, got {type(value).__name__}"
-        )
-    return value
-
-
-def _optional(fields: dict, name: str, kind: type, default: Any) -> Any:
-    return _field(fields, name, kind) if name in fields else default
-
-
 def _session(fields: dict) -> str:
-    session_id = _field(fields, "session", str)
+    session_id = field(fields, "session", str)
     if not 0 < len(session_id) <= 64:
         raise ProtocolError(ErrorCode.MALFORMED, "session id must be 1..64 characters")
     return session_id
