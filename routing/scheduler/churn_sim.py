@@ -2,7 +2,8 @@
 
 The run replays a `churn_process.Churn` (joins and leaves) and asks the policy for decisions at
 every event and every `tick_s` (`churn_policies.py`). A peer given a new range is unavailable
-until it has loaded it: `moves.load_seconds` after the decision, plus the re-plan's own wall
+until it has loaded it: `moves.load_seconds` after the decision (all of the new range when the
+decision says the peer restarts, as a Petals server does; else the layers it does not hold), plus the re-plan's own wall
 time when the decision needed one (the coordinator publishes only when its search is done).
 The layout chosen at t = 0 counts as loaded before the run (the swarm is already serving).
 Every `sample_s` seconds, the peers that are present and loaded are decomposed into disjoint
@@ -106,7 +107,8 @@ def run(
                 left.append(event.machine)
         cluster = churn.cluster(present)
         machines = {m: churn.devices[m] for m in sorted(present)}
-        view = SwarmView(now, cluster, machines, dict(spans), tuple(joined), tuple(left))
+        loaded = frozenset(m for m in spans if ready.get(m, 0.0) <= now)
+        view = SwarmView(now, cluster, machines, dict(spans), tuple(joined), tuple(left), loaded)
         decision = policy.decide(view)
         joined, left = [], []
         delay = decision.replan_s or 0.0
@@ -118,7 +120,8 @@ def run(
             old = spans.get(machine)
             if old == span or machine not in present:
                 continue
-            before = None if old is None else Assignment(old.device_ids, old.start, old.end)
+            reload_all = old is None or machine in decision.full_reload
+            before = None if reload_all else Assignment(old.device_ids, old.start, old.end)
             after = Assignment(span.device_ids, span.start, span.end)
             # the layout at t = 0 was loaded before the run: the swarm starts serving
             load = load_seconds(model, before, after, sampling.load_bandwidth) if now > 0 else 0.0
