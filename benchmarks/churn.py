@@ -39,9 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from routing.scheduler.churn_policies import CoordinatorPolicy, PetalsPolicy, StaticPolicy  # noqa: E402
 from routing.scheduler.churn_process import draw_churn  # noqa: E402
 from routing.scheduler.churn_sim import Sampling, run  # noqa: E402
-from routing.scheduler.genetic import search  # noqa: E402
 from routing.scheduler.model_spec import Workload, preset  # noqa: E402
-from routing.scheduler.replan import REPLAN_CONFIG, MoveCosts  # noqa: E402
+from routing.scheduler.replan import REPLAN_CONFIG, MoveCosts, replan  # noqa: E402
 from routing.scheduler.simulator import make_trace  # noqa: E402
 from routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
 
@@ -72,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         MODEL, replace(workload, num_requests=int(workload.rate * churn.duration_s * 1.05) + 10)
     )
     config = replace(REPLAN_CONFIG, time_budget_s=args.replan_budget_s, seed=args.seed)
-    initial = search(
-        first, MODEL, workload, replace(config, time_budget_s=args.initial_budget_s, stall_generations=20)
+    # the coordinator's first plan: the search, then pipelines of the machines it left idle
+    initial = replan(
+        first, MODEL, workload, None, replace(config, time_budget_s=args.initial_budget_s, stall_generations=20)
     )
     costs = MoveCosts(load_bandwidth=args.load_gbps * 1e9 / 8)
     sampling = Sampling(sample_s=args.sample_s, window_s=args.window_s, load_bandwidth=costs.load_bandwidth)

@@ -230,7 +230,11 @@ class PetalsPolicy:
     def _check(self, spans: Mapping[str, PeerSpan], machine: str) -> int | None:
         order = sorted(spans)
         return should_move(
-            self.model.num_layers, self._spans(spans, order), order.index(machine), self.balance_quality, self.rng
+            self.model.num_layers,
+            self._spans(spans, order),
+            order.index(machine),
+            self.balance_quality,
+            self.rng,
         )
 
     def _spans(self, spans: Mapping[str, PeerSpan], order: list[str] | None = None) -> list[Span]:
