@@ -61,6 +61,7 @@ from routing.scheduler.plan_eval import plan_layouts
 from routing.scheduler.serving import evaluate_layouts
 from routing.scheduler.simulator import make_trace
 
+POOL_RATE_FACTOR = 2.0
 REPLAN_CONFIG = SearchConfig(
     time_budget_s=2.0, stall_generations=8, finalists=1, capacity=False, one_stage_per_machine=True
 )
@@ -244,9 +245,10 @@ def _search_pool(cluster, model, workload, config, previous, pool, free, cache) 
         return []
     bandwidth = sum(cluster.devices[i].bandwidth for i in free)
     share = sum(cluster.devices[i].bandwidth for i in pool) / bandwidth
-    sub_workload = replace(
-        workload, rate=workload.rate * share, num_requests=max(50, round(workload.num_requests * share))
-    )
+    # searched at POOL_RATE_FACTOR x its share: a group that meets its share exactly would stop
+    # adding capacity, while the swarm as a whole may still be short of it
+    rate = workload.rate * min(1.0, POOL_RATE_FACTOR * share)
+    sub_workload = replace(workload, rate=rate, num_requests=max(50, round(workload.num_requests * share)))
     sub = cluster.subset(_ids(cluster, pool))
     try:
         found = search(sub, model, sub_workload, config, previous=previous, layout_cache=cache)
