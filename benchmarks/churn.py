@@ -9,12 +9,14 @@ initial swarm's upper bound in requests/s) is served under each policy
 
   coordinator  hexswarm's: re-plan (`replan.py`: the genetic search warm-started, moves costed)
                20 s after a join or leave, and every 2 min re-opening one region in turn;
-               published past a 2% margin
-  petals       Petals' rule: join on the weakest blocks, rebalance check every ~90 s per peer
+               published past a 2% margin (0.5% when no placed peer moves)
+  petals       Petals' rule as Petals 2.2.0 runs it (`petals_rule.py`): join on the weakest
+               blocks, a rebalance check per peer after a uniform wait (mean 120 s)
   no-replan    the initial plan (the coordinator's), leavers vanish, joiners take Petals' join
                placement
 
-Moved peers serve nothing while they load (layer bytes / `--load-gbps`). Every 30 s the loaded
+Joiners serve once loaded (layer bytes / `--load-gbps`); a Petals server that moves restarts,
+a coordinator's peer moves make-before-break when its memory holds both ranges. Every 30 s the loaded
 peers' spans become disjoint chains and serve the next 8 s of the trace in the event simulation
 (`routing/scheduler/churn_sim.py`). One JSON line: per policy the SLO attainment and tokens/s
 per period (5 min) and over the run, moves, ranges loaded; the coordinator's re-plan times

@@ -93,7 +93,7 @@ class CoordinatorPolicy:
         initial: Plan,
         costs: MoveCosts | None = None,
         config=REPLAN_CONFIG,
-        debounce_s: float = 5.0,
+        debounce_s: float = 20.0,
         period_s: float = 120.0,
     ):
         self.model, self.workload, self.costs, self.config = model, workload, costs or MoveCosts(), config
