@@ -16,9 +16,9 @@ initial swarm's upper bound in requests/s) is served under each policy
                placement
 
 Joiners serve once loaded (layer bytes / `--load-gbps`); a Petals server that moves restarts,
-a coordinator's peer moves make-before-break when its memory holds both ranges. Every 30 s the loaded
-peers' spans become disjoint chains and serve the next 8 s of the trace in the event simulation
-(`routing/scheduler/churn_sim.py`). One JSON line: per policy the SLO attainment and tokens/s
+a coordinator's peer moves make-before-break when its memory holds both ranges. Every 30 s the
+loaded peers' spans become disjoint chains and serve the next 8 s of the trace in the event
+simulation (`routing/scheduler/churn_sim.py`). One JSON line: per policy the SLO attainment and tokens/s
 per period (5 min) and over the run, moves, ranges loaded; the coordinator's re-plan times
 (wall clock, noisy on a shared machine) p50 / p99; ratios to Petals' rule.
 
