@@ -9,14 +9,16 @@ initial swarm's upper bound in requests/s) is served under each policy
 
   coordinator  hexswarm's: re-plan (`replan.py`: the genetic search warm-started, moves costed)
                20 s after a join or leave, and every 2 min re-opening one region in turn;
-               published past a 2% margin
-  petals       Petals' rule: join on the weakest blocks, rebalance check every ~90 s per peer
+               published past a 2% margin (0.5% when no placed peer moves)
+  petals       Petals' rule as Petals 2.2.0 runs it (`petals_rule.py`): join on the weakest
+               blocks, a rebalance check per peer after a uniform wait (mean 120 s)
   no-replan    the initial plan (the coordinator's), leavers vanish, joiners take Petals' join
                placement
 
-Moved peers serve nothing while they load (layer bytes / `--load-gbps`). Every 30 s the loaded
-peers' spans become disjoint chains and serve the next 8 s of the trace in the event simulation
-(`routing/scheduler/churn_sim.py`). One JSON line: per policy the SLO attainment and tokens/s
+Joiners serve once loaded (layer bytes / `--load-gbps`); a Petals server that moves restarts,
+a coordinator's peer moves make-before-break when its memory holds both ranges. Every 30 s the
+loaded peers' spans become disjoint chains and serve the next 8 s of the trace in the event
+simulation (`routing/scheduler/churn_sim.py`). One JSON line: per policy the SLO attainment and tokens/s
 per period (5 min) and over the run, moves, ranges loaded; the coordinator's re-plan times
 (wall clock, noisy on a shared machine) p50 / p99; ratios to Petals' rule.
 
@@ -39,9 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from routing.scheduler.churn_policies import CoordinatorPolicy, PetalsPolicy, StaticPolicy  # noqa: E402
 from routing.scheduler.churn_process import draw_churn  # noqa: E402
 from routing.scheduler.churn_sim import Sampling, run  # noqa: E402
-from routing.scheduler.genetic import search  # noqa: E402
 from routing.scheduler.model_spec import Workload, preset  # noqa: E402
-from routing.scheduler.replan import REPLAN_CONFIG, MoveCosts  # noqa: E402
+from routing.scheduler.replan import REPLAN_CONFIG, MoveCosts, replan  # noqa: E402
 from routing.scheduler.simulator import make_trace  # noqa: E402
 from routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
 
@@ -72,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         MODEL, replace(workload, num_requests=int(workload.rate * churn.duration_s * 1.05) + 10)
     )
     config = replace(REPLAN_CONFIG, time_budget_s=args.replan_budget_s, seed=args.seed)
-    initial = search(
-        first, MODEL, workload, replace(config, time_budget_s=args.initial_budget_s, stall_generations=20)
+    # the coordinator's first plan: the search, then pipelines of the machines it left idle
+    initial = replan(
+        first, MODEL, workload, None, replace(config, time_budget_s=args.initial_budget_s, stall_generations=20)
     )
     costs = MoveCosts(load_bandwidth=args.load_gbps * 1e9 / 8)
     sampling = Sampling(sample_s=args.sample_s, window_s=args.window_s, load_bandwidth=costs.load_bandwidth)

@@ -5,8 +5,9 @@ Each step the peer reads the lease and plans of its model (swarm/coordinator/rec
 - a live lease holder with a plan newer than the one followed: take its assignment for this
   peer (plans signed by anyone else, or not newer, are ignored, and logged once);
 - no live holder: Petals' rule (routing/scheduler/petals_rule.py), checked every
-  `rebalance_period` seconds with jitter, so that peers that started together do not all move
-  at once; a coordinator that appears later takes over at its first plan.
+  `rebalance_period` seconds on average (uniform in [0, 2x], as Petals' servers do), so
+  that peers that started together do not all move at once; a coordinator that appears later
+  takes over at its first plan.
 
 A move itself (load the new range while serving the old, then switch) is `Peer.move_to` in
 peer/runtime.py; this module only decides.
@@ -18,7 +19,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 
-from routing.scheduler.petals_rule import Span, choose_start, should_move
+from routing.scheduler.petals_rule import Span, check_delay, choose_start, should_move
 from swarm.coordinator.records import Coordination, dht_get, read_coordination
 from swarm.records import PeerRecord, PeerState, model_key, peer_records_from
 
@@ -94,7 +95,7 @@ class PlanFollower:
         if coordination.holder is not None:
             await self._follow(coordination, me)
         elif now >= self.next_check:
-            self.next_check = now + self.rebalance_period * self.rng.uniform(0.5, 1.5)
+            self.next_check = now + check_delay(self.rng, self.rebalance_period)  # Petals' uniform wait
             target = fallback_target(records, me, self.num_blocks, self.rng)
             if target is not None:
                 logger.info("no live coordinator: Petals' rule moves this peer to [%d:%d)", *target)

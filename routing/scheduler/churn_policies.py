@@ -11,9 +11,10 @@ plugged in later.
   one region in turn; each re-plan is `replan.replan` (the genetic search warm-started, moves
   costed), published only when its estimate beats the current plan's by the margin. Peers the
   plan leaves out keep their range.
-* `PetalsPolicy` — Petals' rule (`petals_rule.py`): a joining peer takes the blocks with the
-  least throughput, its span as long as its memory holds; every peer checks every
-  `period_s` (its own phase) whether moving would raise the swarm's weakest block enough.
+* `PetalsPolicy` — Petals' rule (`petals_rule.py`, Petals 2.2.0): a joining peer takes the
+  blocks with the least announced throughput, as many as its memory holds; once loaded, each
+  peer checks after a uniform wait (mean `period_s`, 120 s) whether moving would raise the
+  swarm's weakest block enough, and a peer that moves restarts and loads all its new blocks.
 * `StaticPolicy` — no re-planning: the initial plan stays; leaving peers just vanish; joining
   peers take Petals' join placement (they are not left idle) but nobody ever moves.
 """
@@ -26,11 +27,20 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from routing.scheduler.algorithm1 import TP_DEGREES
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.cost_model import max_layers
+from routing.scheduler.cluster import DEFAULT_SAME_REGION, Cluster
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.moves import Assignment
-from routing.scheduler.petals_rule import DEFAULT_BALANCE_QUALITY, Span, choose_start, should_move
+from routing.scheduler.petals_rule import (
+    DEFAULT_BALANCE_QUALITY,
+    MEAN_BALANCE_CHECK_PERIOD_S,
+    Span,
+    announced_throughput,
+    check_delay,
+    choose_start,
+    network_rps,
+    server_num_blocks,
+    should_move,
+)
 from routing.scheduler.plan import Plan
 from routing.scheduler.replan import REPLAN_CONFIG, MoveCosts, plan_assignments, replan
 from routing.scheduler.span_chains import PeerSpan
@@ -46,6 +56,7 @@ class SwarmView:
     spans: Mapping[str, PeerSpan]  # present peers' ranges (loading or serving)
     joined: tuple[str, ...] = ()
     left: tuple[str, ...] = ()
+    loaded: frozenset[str] = frozenset()  # present peers whose range is loaded (serving)
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,7 @@ class Decision:
     spans: dict[str, PeerSpan] = field(default_factory=dict)  # peers whose range changes
     replan_s: float | None = None  # wall time of a re-plan made for this decision
     replan_cpu_s: float | None = None  # its CPU time
+    full_reload: frozenset[str] = frozenset()  # changed peers that reload every layer (Petals restarts)
 
 
 class Policy(Protocol):
@@ -132,16 +144,30 @@ class CoordinatorPolicy:
 
 def petals_span(model: ModelSpec, workload: Workload, cluster: Cluster, devices: tuple[str, ...]) -> tuple:
     """A Petals server on this machine: its TP group (largest power of two of its devices), the
-    blocks its memory holds next to KV room for a full batch, and its per-block tokens/s."""
+    blocks it fills its memory with, and the throughput it announces (`petals_rule.py`: the
+    forward rate of one block, compute bound as Petals measures it with 1024-token batches,
+    over (blocks + 1) / 2, capped by its region link's rate). `workload` is unused: Petals sizes
+    its attention cache by its own defaults."""
+    del workload
     t = max(k for k in TP_DEGREES if k <= len(devices))
     group = tuple(devices[:t])
     specs = [cluster.devices[cluster.index(d)] for d in group]
-    tokens = workload.s_in_max + workload.s_out
     length = min(
-        model.num_layers, max_layers(model, t, min(d.memory_bytes for d in specs), tokens, workload.max_batch)
+        model.num_layers,
+        server_num_blocks(
+            min(d.memory_bytes for d in specs),
+            t,
+            model.layer_bytes,
+            model.hidden_size,
+            model.kv_width,
+            model.dtype_bytes,
+        ),
     )
-    throughput = t * min(d.bandwidth for d in specs) / model.layer_bytes
-    return group, length, throughput
+    if length < 1:
+        return group, 0, 0.0
+    forward_rps = t * min(d.flops for d in specs) / (2.0 * model.params_per_layer)
+    link = (cluster.network.same_region if cluster.network else DEFAULT_SAME_REGION).bandwidth
+    return group, length, announced_throughput(forward_rps, length, network_rps(8 * link, model.hidden_size))
 
 
 class PetalsPolicy:
@@ -153,7 +179,7 @@ class PetalsPolicy:
         self,
         model: ModelSpec,
         workload: Workload,
-        period_s: float = 90.0,
+        period_s: float = MEAN_BALANCE_CHECK_PERIOD_S,
         balance_quality: float = DEFAULT_BALANCE_QUALITY,
         seed: int = 0,
         rebalance: bool = True,
@@ -161,19 +187,20 @@ class PetalsPolicy:
         self.model, self.workload, self.period_s = model, workload, period_s
         self.balance_quality, self.rebalance = balance_quality, rebalance
         self.rng = random.Random(seed)
-        self.next_check: dict[str, float] = {}
+        self.seen: set[str] = set()  # peers that have chosen their blocks once
+        self.next_check: dict[str, float] = {}  # loaded peers -> their next balance check
         self.throughput: dict[str, float] = {}
 
     def decide(self, view: SwarmView) -> Decision:
         spans = dict(view.spans)
         changes: dict[str, PeerSpan] = {}
-        newcomers = [m for m in view.machines if m not in spans and m not in self.next_check]
+        newcomers = [m for m in view.machines if m not in spans and m not in self.seen]
         self.rng.shuffle(newcomers)
         for machine in newcomers:
+            self.seen.add(machine)
             group, length, throughput = petals_span(
                 self.model, self.workload, view.cluster, view.machines[machine]
             )
-            self.next_check[machine] = view.now_s + self.rng.uniform(0, self.period_s)
             if length < 1:
                 continue  # too small to hold one block: this peer cannot serve
             self.throughput[machine] = throughput
@@ -181,21 +208,34 @@ class PetalsPolicy:
             spans[machine] = changes[machine] = PeerSpan(machine, group, start, start + length)
         if self.rebalance:
             for machine in sorted(spans):
-                if self.next_check.get(machine, 0.0) > view.now_s:
-                    continue
-                self.next_check[machine] = view.now_s + self.period_s * self.rng.uniform(0.5, 1.5)
-                order = sorted(spans)
-                start = should_move(
-                    self.model.num_layers,
-                    self._spans(spans, order),
-                    order.index(machine),
-                    self.balance_quality,
-                    self.rng,
-                )
-                if start is not None:
+                if self._check_due(machine, view) and (start := self._check(spans, machine)) is not None:
                     old = spans[machine]
                     spans[machine] = changes[machine] = replace(old, start=start, end=start + old.layers)
-        return Decision(changes)
+                    del self.next_check[machine]  # the next wait starts once the new blocks are loaded
+        return Decision(changes, full_reload=frozenset(changes))
+
+    def _check_due(self, machine: str, view: SwarmView) -> bool:
+        """Whether this peer runs its balance check now (Petals' Server.run: a uniform wait,
+        counted from the moment its blocks are loaded, and again after each check)."""
+        if machine not in view.loaded:
+            self.next_check.pop(machine, None)
+            return False
+        if machine not in self.next_check:
+            self.next_check[machine] = view.now_s + check_delay(self.rng, self.period_s)
+        if self.next_check[machine] > view.now_s:
+            return False
+        self.next_check[machine] = view.now_s + check_delay(self.rng, self.period_s)
+        return True
+
+    def _check(self, spans: Mapping[str, PeerSpan], machine: str) -> int | None:
+        order = sorted(spans)
+        return should_move(
+            self.model.num_layers,
+            self._spans(spans, order),
+            order.index(machine),
+            self.balance_quality,
+            self.rng,
+        )
 
     def _spans(self, spans: Mapping[str, PeerSpan], order: list[str] | None = None) -> list[Span]:
         order = sorted(spans) if order is None else order
@@ -216,12 +256,9 @@ class StaticPolicy(PetalsPolicy):
             return super().decide(view)
         self.started = True
         spans = plan_spans(view.cluster, self.initial)
-        for machine in spans:
-            group, _, throughput = petals_span(
+        for machine in spans:  # announced as Petals would, so that joiners weigh them alike
+            _, _, self.throughput[machine] = petals_span(
                 self.model, self.workload, view.cluster, view.machines[machine]
             )
-            self.throughput[machine] = throughput
-            self.next_check[machine] = float("inf")
-        for machine in view.machines:  # peers the plan left idle stay idle, as in the plan
-            self.next_check.setdefault(machine, float("inf"))
+        self.seen.update(view.machines)  # peers the plan left idle stay idle, as in the plan
         return Decision(spans)

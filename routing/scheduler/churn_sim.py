@@ -2,8 +2,13 @@
 
 The run replays a `churn_process.Churn` (joins and leaves) and asks the policy for decisions at
 every event and every `tick_s` (`churn_policies.py`). A peer given a new range is unavailable
-until it has loaded it: `moves.load_seconds` after the decision, plus the re-plan's own wall
+until it has loaded it, `moves.load_seconds` after the decision, plus the re-plan's own wall
 time when the decision needed one (the coordinator publishes only when its search is done).
+How a peer moves depends on the policy. A Petals server restarts: it drops its blocks, loads
+all of its new range and serves nothing meanwhile. A hexswarm peer moves make-before-break
+(peer/range_move.py): it loads the whole new range as a second stack while its old range keeps
+serving, then switches; when its memory cannot hold both ranges (or its TP group changes) it
+drops the layers it will not keep and loads the missing ones, serving nothing meanwhile.
 The layout chosen at t = 0 counts as loaded before the run (the swarm is already serving).
 Every `sample_s` seconds, the peers that are present and loaded are decomposed into disjoint
 chains (`span_chains.decompose`, the same rule for every policy), and the requests of the shared
@@ -20,6 +25,7 @@ import numpy as np
 
 from routing.scheduler.churn_policies import Policy, SwarmView
 from routing.scheduler.churn_process import Churn
+from routing.scheduler.cost_model import max_layers
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.moves import DEFAULT_LOAD_BANDWIDTH, Assignment, load_seconds
 from routing.scheduler.pipeline_dp import PipelineDP
@@ -85,8 +91,9 @@ def run(
     """Replays the churn under `policy` (module docstring)."""
     out = PolicyRun(policy.name)
     present = set(churn.initial)
-    spans: dict[str, PeerSpan] = {}
-    ready: dict[str, float] = {}
+    spans: dict[str, PeerSpan] = {}  # each peer's range (loaded or loading)
+    ready: dict[str, float] = {}  # when it is loaded
+    before: dict[str, PeerSpan] = {}  # the range a moving peer keeps serving until then
     joined, left = list(churn.initial), []
     events = list(churn.events)
     ticks = np.arange(0.0, churn.duration_s, sampling.tick_s).tolist()
@@ -103,41 +110,74 @@ def run(
             else:
                 present.discard(event.machine)
                 spans.pop(event.machine, None)
+                before.pop(event.machine, None)
                 left.append(event.machine)
         cluster = churn.cluster(present)
         machines = {m: churn.devices[m] for m in sorted(present)}
-        view = SwarmView(now, cluster, machines, dict(spans), tuple(joined), tuple(left))
+        loaded = frozenset(m for m in spans if ready.get(m, 0.0) <= now)
+        view = SwarmView(now, cluster, machines, dict(spans), tuple(joined), tuple(left), loaded)
         decision = policy.decide(view)
         joined, left = [], []
         delay = decision.replan_s or 0.0
         if decision.replan_s is not None:
             out.replan_s.append(decision.replan_s)
             out.replan_cpu_s.append(decision.replan_cpu_s or 0.0)
-        serving = _serving(cluster, spans, ready, now, model.num_layers) if decision.spans else set()
+        serving = (
+            _serving(cluster, _live(spans, ready, before, now), model.num_layers) if decision.spans else set()
+        )
         for machine, span in decision.spans.items():
             old = spans.get(machine)
             if old == span or machine not in present:
                 continue
-            before = None if old is None else Assignment(old.device_ids, old.start, old.end)
+            was = _live(spans, ready, before, now, machine)
+            restart = old is None or machine in decision.full_reload
+            keep = not restart and was is not None and _both_fit(cluster, model, workload, was, span)
+            held = None if restart or keep else Assignment(old.device_ids, old.start, old.end)
             after = Assignment(span.device_ids, span.start, span.end)
             # the layout at t = 0 was loaded before the run: the swarm starts serving
-            load = load_seconds(model, before, after, sampling.load_bandwidth) if now > 0 else 0.0
+            load = load_seconds(model, held, after, sampling.load_bandwidth) if now > 0 else 0.0
             ready[machine] = now + delay + load
             spans[machine] = span
+            if keep:
+                before[machine] = was
+            else:
+                before.pop(machine, None)
             out.moves += old is not None
             out.moves_serving += old is not None and machine in serving
             out.loads += old is None
         if now in samples:
-            live = [s for m, s in spans.items() if ready.get(m, 0.0) <= now]
+            live = _live(spans, ready, before, now)
             row, gpus = _score(cluster, live, model, workload, trace, now, sampling.window_s)
             out.samples.append(row)
             out.serving_gpus.append(gpus)
     return out
 
 
-def _serving(cluster, spans, ready, now: float, num_layers: int) -> set[str]:
-    """Peers in a complete chain of the loaded spans now."""
-    live = [s for m, s in spans.items() if ready.get(m, 0.0) <= now]
+def _live(spans, ready, before, now: float, machine: str | None = None):
+    """The spans served now: a peer's range once loaded, else the range it keeps serving while it
+    loads (a make-before-break move), if any. With `machine`: that peer's span or None."""
+
+    def served(m):
+        return spans[m] if ready.get(m, 0.0) <= now else before.get(m)
+
+    if machine is not None:
+        return served(machine) if machine in spans else None
+    return [s for s in map(served, spans) if s is not None]
+
+
+def _both_fit(cluster, model: ModelSpec, workload: Workload, old: PeerSpan, new: PeerSpan) -> bool:
+    """Whether a peer can hold its old range and its new one at once (peer/range_move.py loads
+    the new range as a second stack while the old one serves): same TP group, memory for both."""
+    if old.device_ids != new.device_ids:
+        return False
+    memory = min(cluster.devices[cluster.index(d)].memory_bytes for d in new.device_ids)
+    tokens = workload.s_in_max + workload.s_out
+    cap = max_layers(model, len(new.device_ids), memory, tokens, workload.max_batch)
+    return old.layers + new.layers <= cap
+
+
+def _serving(cluster, live, num_layers: int) -> set[str]:
+    """Peers in a complete chain of the spans served now."""
     return {
         cluster.devices[st.devices[0]].machine
         for chain in decompose(cluster, live, num_layers)

@@ -1,20 +1,35 @@
 """Petals' block-selection rule: each server greedily takes the blocks with the least throughput.
 
 This is the policy hexswarm falls back to when no coordinator is live (an `--layers auto` peer
-picks its own range), and the baseline the churn benchmark compares the coordinator with.
-It follows the rule of Petals 2.x (Borzunov et al., "Distributed Inference and Fine-tuning of
-Large Language Models Over The Internet", §3.2 and its `block_selection` module):
+picks its own range), and the baseline the churn benchmark compares the coordinator with. It is
+a port of Petals 2.2.0 (Borzunov et al., "Distributed Inference and Fine-tuning of Large
+Language Models Over The Internet", §3.2), written from its source, function by function:
 
-- On join, a server that can hold `length` blocks takes the window whose per-block total
-  throughput, sorted ascending, is lexicographically smallest: it covers the weakest block
-  first, and among windows with the same weakest block, the weaker second block, and so on.
-- Periodically, a server asks whether it should move: it takes itself out, re-places itself,
-  lets every other server re-place itself in turn until nobody moves, and moves only if the
-  swarm's weakest block would gain by more than `balance_quality` (0.75 in Petals: move when
-  the current minimum is below 75 % of the achievable one), and never when leaving would
-  disconnect the swarm.
+- `block_throughputs` is `compute_spans` (petals/server/block_selection.py): every server that
+  is not OFFLINE (JOINING ones included) adds its announced throughput to each of its blocks.
+- `best_start` is `_choose_best_start`: the window whose per-block throughputs, sorted
+  ascending, are lexicographically smallest (the weakest block first, then the second weakest...).
+- `choose_start` is `choose_best_blocks`: where a joining server starts.
+- `should_move` is `should_choose_other_blocks`: the server takes itself out (x (1 + eps), so
+  that staying wins near-ties), refuses if that would leave some block unserved *while every
+  block is served now* (with a gap, min = 0, the check goes on and a sole server may move),
+  re-places itself, lets every server re-place itself in random order until nobody moves,
+  and moves only if the weakest block gains: initial / new < balance_quality (0.75, i.e. the
+  new minimum must be more than 1 / 0.75 = 1.33 x the current one; a gap, initial = 0, always
+  passes when the settled layout has none). `balance_quality > 1` forces a move.
+- `announced_throughput` is `get_server_throughput` (petals/server/throughput.py): the
+  per-block forward rate divided by the mean blocks a request uses on the server,
+  (num_blocks + 1) / 2, capped by the network rate (tokens of hidden_size x 16 bits).
+- `server_num_blocks` is `Server._choose_num_blocks` (petals/server/server.py): as many blocks
+  as fit in the TP group's memory, each with its attention cache (8192 tokens, 32768 for
+  grouped-query attention), after 2 GiB x hidden / 14336 per device for autograd.
+- `check_delay` is the wait in `Server.run`: uniform in [0, 2 x mean_balance_check_period]
+  (120 s by default), drawn afresh after each check; a server checks only once its blocks are
+  loaded, and a server that moves shuts down its blocks and loads all of its new ones.
 
 Pure code: spans in, starts out. `random.Random` is injected so simulations are reproducible.
+Not ported: quantisation (Petals loads NF4 on GPUs by default; the benchmark keeps every policy
+at the model's dtype), and the 0-10 s random delay before a joiner reads the DHT.
 """
 
 from __future__ import annotations
@@ -23,10 +38,12 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# Petals' default: move only if the swarm's weakest block would gain more than 1/0.75 - 1 = 33 %.
+# Petals' defaults (Server.__init__): move only if the weakest block would gain > 1/0.75 - 1 = 33 %.
 DEFAULT_BALANCE_QUALITY = 0.75
+MEAN_BALANCE_CHECK_PERIOD_S = 120.0
 _MAX_SETTLE_ROUNDS = 100  # Petals loops until stable; bound it so ties can never spin forever
-_EPS = 1e-3  # relative slack so that taking a span out never leaves a tiny positive residue
+_EPS = 1e-3  # Petals' eps: a server takes itself out x (1 + eps), and a minimum below eps is a gap
+_GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -81,14 +98,17 @@ def should_move(
     rng = rng or random.Random(0)
     placed = list(spans)
     totals = block_throughputs(num_blocks, placed)
-    initial_min = min(totals)
     me = placed[index]
+    if balance_quality > 1.0:  # Petals' debugging switch: rebalance on every check
+        _add(totals, me, -1.0)
+        return best_start(totals, me.length)
+    initial_min = min(totals)
     _add(totals, me, -(1 + _EPS))
     if initial_min > _EPS and min(totals) <= 0:
         return None  # we are the only server of some block: moving would cut the swarm
     new_start = best_start(totals, me.length)
     if new_start == me.start:
-        return None
+        return None  # already at the best place
     _add(totals, me, _EPS)
     placed[index] = Span(new_start, me.length, me.throughput)
     _add(totals, placed[index], 1.0)
@@ -120,3 +140,44 @@ def _settle(totals: list[float], placed: list[Span], rng: random.Random) -> None
 def _add(totals: list[float], span: Span, factor: float) -> None:
     for block in range(span.start, span.end):
         totals[block] += factor * span.throughput
+
+
+def announced_throughput(forward_rps: float, num_blocks: int, network_rps: float) -> float:
+    """What a Petals server announces (tokens/s): its per-block forward rate over the mean blocks a
+    request uses on it, (num_blocks + 1) / 2 (requests start at a uniform block), capped by the
+    network rate."""
+    if num_blocks < 1:
+        raise ValueError("a server holds at least one block")
+    return min(forward_rps / ((num_blocks + 1) / 2), network_rps)
+
+
+def network_rps(bits_per_s: float, hidden_size: int) -> float:
+    """Petals' network rate: requests of one 16-bit hidden state per second of the link."""
+    return bits_per_s / (hidden_size * 16)
+
+
+def server_num_blocks(
+    memory_per_device: float,
+    num_devices: int,
+    block_bytes: float,
+    hidden_size: int,
+    kv_width: int,
+    dtype_bytes: int,
+) -> int:
+    """How many blocks a Petals server fills its memory with (0 if not even one fits).
+
+    A TP group's memory is its smallest device's times its size; each block needs its weights
+    and its attention cache (K and V of `kv_width` values for 8192 tokens, 32768 when the model
+    uses grouped-query attention, kv_width < hidden_size); autograd keeps 2 GiB per device
+    (scaled by hidden size / 14336)."""
+    grouped = kv_width < hidden_size
+    cache_tokens = 32768 if grouped else 8192
+    cache_bytes = 2 * kv_width * cache_tokens * dtype_bytes
+    autograd = 2 * _GIB * num_devices / 14336 * hidden_size
+    total = memory_per_device * num_devices
+    return max(0, int((total - autograd) // (block_bytes + cache_bytes)))
+
+
+def check_delay(rng: random.Random, mean_period_s: float = MEAN_BALANCE_CHECK_PERIOD_S) -> float:
+    """Seconds until a server's next balance check: uniform in [0, 2 x the mean period]."""
+    return rng.random() * 2 * mean_period_s

@@ -120,17 +120,17 @@ def _fill(
 ) -> list[StageLayout] | None:
     """The chain with its gaps [0, start) and [end, L) filled from `pool`, or None."""
     region = cluster.devices[chain[0].devices[0]].region
-    machines = _machines(cluster, model, workload, pool, region)
-    before = _gap(model, workload, cluster, machines, 0, chain[0].start)
+    machines = free_machines(cluster, model, workload, pool, region)
+    before = fill_gap(model, workload, cluster, machines, 0, chain[0].start)
     if before is None:
         return None
     taken = {d for s in before for d in s.devices}
     machines = [m for m in machines if not taken & set(m[0])]
-    after = _gap(model, workload, cluster, machines, chain[-1].end, model.num_layers)
+    after = fill_gap(model, workload, cluster, machines, chain[-1].end, model.num_layers)
     return None if after is None else before + chain + after
 
 
-def _machines(cluster: Cluster, model: ModelSpec, workload: Workload, pool: list[int], region: str):
+def free_machines(cluster: Cluster, model: ModelSpec, workload: Workload, pool: list[int], region: str):
     """Free machines as (TP group, layer cap, per-layer cost), the region's and the largest first."""
     members: dict[str, list[int]] = {}
     for i in sorted(pool):
@@ -152,7 +152,7 @@ def _machines(cluster: Cluster, model: ModelSpec, workload: Workload, pool: list
     return [m[:3] for m in sorted(out, key=lambda m: m[3])]
 
 
-def _gap(model, workload, cluster, machines, start: int, end: int) -> list[StageLayout] | None:
+def fill_gap(model, workload, cluster, machines, start: int, end: int) -> list[StageLayout] | None:
     """Layers [start, end) over the first machines whose caps hold them, split by speed."""
     if start == end:
         return []
@@ -221,8 +221,8 @@ def idle_pipelines(
     for region in sorted({cluster.devices[i].region for i in idle}):
         pool = [i for i in idle if cluster.devices[i].region == region]
         while pool:
-            machines = _machines(cluster, model, workload, pool, region)
-            stages = _gap(model, workload, cluster, machines, 0, model.num_layers)
+            machines = free_machines(cluster, model, workload, pool, region)
+            stages = fill_gap(model, workload, cluster, machines, 0, model.num_layers)
             if stages is None:
                 break
             layout = dp.evaluate(stages)

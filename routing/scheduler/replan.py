@@ -9,11 +9,13 @@ against what moving peers costs: a moved peer reads its new layers (layer bytes 
 bandwidth, `moves.py`) and serves nothing meanwhile, and a pipeline serves only once all its
 peers have loaded.
 
-Three candidates are built and valued by their attainment over a horizon H after publication,
-A_H (`moves.horizon_attainment`: the analytic attainment of the pipelines ready at each moment,
-averaged over [0, H]):
+Up to four candidates are built and valued by their attainment over a horizon H after
+publication, A_H (`moves.horizon_attainment`: the analytic attainment of the pipelines ready at
+each moment, averaged over [0, H]):
 
 * **keep** — the current plan's pipelines that are still whole; no move, no load.
+* **patch** — whole pipelines stay; each broken pipeline's survivors keep their ranges and free
+  machines of their region fill the holes the leavers left (`patch.py`); no move.
 * **repair** — whole pipelines stay; in each region group (`hierarchical.region_groups`) that
   changed (a pipeline broke, a peer joined), the survivors of broken pipelines and the new or
   idle peers are searched again, warm-started from the broken pipelines' survivors.
@@ -22,11 +24,13 @@ averaged over [0, H]):
 
 Among the candidates within `tie` of the best A_H the one with the fewest moves wins (so an
 equally good plan never moves more peers), and it is published only if its A_H beats keep's by
-`margin` (this stops plans from flapping). Region groups where nothing changed are not searched,
+`margin` (this stops plans from flapping), or by `tie` when it moves no peer that has a range
+(it only places new or idle peers). Region groups where nothing changed are not searched,
 which keeps a re-plan of a 200-GPU swarm within seconds. In a swarm, machines that a candidate
 leaves idle form extra pipelines where they can (`pinned_stages.idle_pipelines`): the search of
 a region group stops caring once the group's share of the rate is met, a swarm keeps the rest
-serving.
+serving. (Searching each group at 2 x its share was tried: attainment within the run-to-run
+noise, more moves.)
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from routing.scheduler.moves import (
     machine_of,
     ready_times,
 )
+from routing.scheduler.patch import patch_pipelines, survivors
 from routing.scheduler.pinned_stages import free_devices, idle_pipelines, pinned_pipelines
 from routing.scheduler.pipeline_dp import PipelineLayout
 from routing.scheduler.plan import Plan, StagePlan
@@ -145,6 +150,14 @@ def replan(
     planned |= {machine_of(cluster, d) for d in known or () if d in cluster._positions}
     open_set = set(open_devices)
     candidates = [_candidate("keep", cluster, model, workload, kept, current, costs, deadline)]
+    patched = _patched(cluster, model, workload, previous, open_devices, whole, deadline)
+    if patched:
+        layouts = (
+            fixed
+            + patched
+            + (_idle_filled(cluster, model, workload, fixed + patched, free, deadline) if whole else [])
+        )
+        candidates.append(_candidate("patch", cluster, model, workload, layouts, current, costs, deadline))
     order = sorted(free)  # `subset` keeps the cluster's order: position p of it is order[p]
     groups = [
         [order[p] for p in g] for g in region_groups(cluster.subset(_ids(cluster, free)), model.weight_bytes)
@@ -173,7 +186,10 @@ def replan(
         (c for c in candidates if c.value >= best - costs.tie), key=lambda c: (len(c.moves), -c.value)
     )
     keep = candidates[0]
-    publish = chosen is not keep and chosen.value > keep.value + costs.margin
+    # the margin guards placed peers against flapping; a plan that moves none of them (it only
+    # gives new or idle peers a range) needs only to be better than the tie
+    needed = costs.margin if any(m.old is not None for m in chosen.moves) else costs.tie
+    publish = chosen is not keep and chosen.value > keep.value + needed
     final = chosen if publish else keep
     layouts = list(final.layouts) if final.layouts else []
     trace = make_trace(model, workload)
@@ -243,6 +259,16 @@ def _search_pool(cluster, model, workload, config, previous, pool, free, cache) 
     except NoFeasiblePlanError:
         return []  # these peers cannot hold a replica together: they stay idle
     return plan_layouts(cluster, model, workload, found.plan)
+
+
+def _patched(cluster, model, workload, previous, open_devices, whole: bool, deadline) -> list[PipelineLayout]:
+    """Broken pipelines patched around their survivors with open machines (`patch.py`)."""
+    open_set = set(open_devices)
+    broken = [[s for s in st if set(s.devices) <= open_set] for st in survivors(cluster, previous)]
+    broken = [st for st in broken if st]
+    held = _taken(cluster, {d for st in broken for s in st for d in s.devices}, whole)
+    pool = [i for i in open_devices if i not in held]
+    return patch_pipelines(cluster, model, workload, broken, pool, deadline) if broken else []
 
 
 def _candidate(name, cluster, model, workload, layouts, current, costs: MoveCosts, deadline) -> Candidate:

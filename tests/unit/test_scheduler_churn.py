@@ -97,3 +97,19 @@ def test_static_policy_follows_the_plan_then_places_joiners(small_run):
         st.device_ids for p in plan.pipelines for st in p.stages
     }
     assert policy.decide(SwarmView(10.0, first, machines, start.spans)).spans == {}  # nobody moves
+
+
+def test_a_moving_peer_serves_its_old_range_until_the_new_one_is_loaded():
+    from routing.scheduler.churn_sim import _both_fit, _live
+
+    old, new = PeerSpan("a", ("a-g0",), 0, 10), PeerSpan("a", ("a-g0",), 10, 20)
+    spans, ready, before = {"a": new, "b": PeerSpan("b", ("b-g0",), 0, 80)}, {"a": 50.0}, {"a": old}
+    assert _live(spans, ready, before, 40.0) == [old, spans["b"]]
+    assert _live(spans, ready, before, 50.0) == [new, spans["b"]]
+    assert _live(spans, ready, {}, 40.0, "a") is None  # break-before-make: nothing meanwhile
+    # One A100-80G holds 10 + 10 layers of Llama-2-70B (1.7 GB each) but not 40 + 40.
+    workload = Workload(max_batch=8)
+    assert _both_fit(_cluster(), MODEL, workload, old, new)
+    assert not _both_fit(
+        _cluster(), MODEL, workload, PeerSpan("a", ("a-g0",), 0, 40), PeerSpan("a", ("a-g0",), 40, 80)
+    )

@@ -175,3 +175,42 @@ def test_idle_machines_form_pipelines(swarm):
     machines = [[swarm.devices[s.devices[0]].machine for s in lay.stages] for lay in layouts]
     assert all(len(m) == 2 for m in machines) and len({x for m in machines for x in m}) == 4
     assert all(lay.stages[0].start == 0 and lay.stages[-1].end == MODEL.num_layers for lay in layouts)
+
+
+def _east_pipeline() -> Plan:
+    """One pipeline of two 2 x RTX 3090 machines, a0 [0, 24) then a1 [24, 48); a2, a3 are free."""
+    from routing.scheduler.plan import PipelinePlan
+
+    stages = (StagePlan(("a0-g0", "a0-g1"), 0, 24), StagePlan(("a1-g0", "a1-g1"), 24, 48))
+    return Plan(MODEL.name, MODEL.num_layers, (PipelinePlan(stages),))
+
+
+def test_patch_keeps_the_survivors_and_fills_the_hole_with_a_free_machine_of_their_region(swarm):
+    from routing.scheduler.patch import patch_pipelines, survivors
+
+    smaller = swarm.without({"a1-g0", "a1-g1"})
+    broken = survivors(smaller, _east_pipeline())
+    assert [[(s.start, s.end) for s in st] for st in broken] == [[(0, 24)]]
+    west = [i for i, d in enumerate(smaller.devices) if d.region == "west"]
+    assert patch_pipelines(smaller, MODEL, WORKLOAD, broken, west, deadline_s=60.0) == []
+    east = [i for i, d in enumerate(smaller.devices) if d.machine in ("a2", "a3")]
+    (layout,) = patch_pipelines(smaller, MODEL, WORKLOAD, broken, east, deadline_s=60.0)
+    survivor, filler = layout.stages
+    assert (survivor.devices, survivor.start, survivor.end) == (broken[0][0].devices, 0, 24)
+    assert smaller.devices[filler.devices[0]].machine in ("a2", "a3") and (filler.start, filler.end) == (
+        24,
+        48,
+    )
+
+
+def test_replan_patches_a_broken_pipeline_without_moving_anyone(swarm):
+    smaller = swarm.without({"a1-g0", "a1-g1"})
+    result = replan(
+        smaller, MODEL, WORKLOAD, _east_pipeline(), SWARM, MoveCosts(), known=frozenset(swarm.ids)
+    )
+    values = {name: (value, moves) for name, value, moves in result.candidates}
+    assert values["patch"][1] == 0 and values["patch"][0] > values["keep"][0]  # a replica again
+    assert result.publish
+    if all(m.old is None for m in result.moves):  # no placed peer moved: a0 kept [0, 24)
+        stages = [s for p in result.plan.pipelines for s in p.stages]
+        assert StagePlan(("a0-g0", "a0-g1"), 0, 24) in stages
