@@ -33,6 +33,7 @@ from swarm import architectures
 from swarm.checkpoint import load_tensors
 from swarm.dht import public_initial_peers
 from swarm.model_spec import ModelSpec, config_for_blocks, load_model_spec
+from swarm.threads import openmp_spins, torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class DistributedMixin:
     # Peers push outputs to the next peer (peer/push.py); off by default: on the 2-core test VM
     # it did not measure consistently faster than relay (README "Push between peers").
     push: bool = False
+    threads: int | None = None  # torch threads for the client's own ops (None: the process's)
 
     def _init_swarm(self, spec, swarm, router, coverage_timeout, retry: RetryPolicy, wire_dtype) -> None:
         self.spec, self.swarm, self.router = spec, swarm, router
@@ -133,7 +135,9 @@ class DistributedMixin:
             )
         self._threads.verify = kwargs.pop("verify", None)
         try:
-            with self.inference_session(max_length=self._generation_length(inputs, kwargs)):
+            with torch_threads(self.threads), self.inference_session(
+                max_length=self._generation_length(inputs, kwargs)
+            ):
                 return super().generate(inputs, *args, **kwargs)
         finally:
             self._threads.verify = None
@@ -166,13 +170,14 @@ class DistributedMixin:
             raise NotImplementedError("training through the swarm is not supported")
         if attention_mask is not None and attention_mask.ndim == 2 and not bool(attention_mask.all()):
             raise NotImplementedError("padded batches are not supported yet: pass sequences of equal length")
-        if inputs_embeds is None:
-            inputs_embeds = self.model.embed_tokens(input_ids)
-        start = int(position_ids[0, 0]) if position_ids is not None else None
-        if self._threads.max_length is None:  # a bare forward() call: a one-shot session
-            with self.inference_session(max_length=inputs_embeds.shape[1]):
-                return self._forward_in_session(inputs_embeds, start, logits_to_keep, past_key_values)
-        return self._forward_in_session(inputs_embeds, start, logits_to_keep, past_key_values)
+        with torch_threads(self.threads):
+            if inputs_embeds is None:
+                inputs_embeds = self.model.embed_tokens(input_ids)
+            start = int(position_ids[0, 0]) if position_ids is not None else None
+            if self._threads.max_length is None:  # a bare forward() call: a one-shot session
+                with self.inference_session(max_length=inputs_embeds.shape[1]):
+                    return self._forward_in_session(inputs_embeds, start, logits_to_keep, past_key_values)
+            return self._forward_in_session(inputs_embeds, start, logits_to_keep, past_key_values)
 
     def _forward_in_session(self, inputs_embeds, start, logits_to_keep, past_key_values):
         hidden = self._session_for(inputs_embeds, start).step(inputs_embeds)
@@ -243,6 +248,7 @@ class DistributedModelForCausalLM:
         host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
         verify: float = 0.0,
         push: bool = False,
+        threads: int | None = None,
     ):
         """Loads embeddings, norm and LM head of `model_dir` and joins the swarm through `initial_peers`.
 
@@ -259,6 +265,10 @@ class DistributedModelForCausalLM:
         `push=True`: each peer sends its output straight to the next peer of the chain, and the
         client reads every hop's output; the default, False, relays every hop through the
         client (README "Push between peers"). Settable later as `model.push`.
+        `threads` is the number of torch threads `generate` and `forward` use for the client's
+        own ops; by default 1 when torch was imported before this package with OpenMP's
+        default (spinning) wait policy, so that idle spinning threads do not take the cores of
+        peers on the same machine while the client waits for them, else the process's setting.
         """
         spec = load_model_spec(model_dir)
         peers = public_initial_peers() if public else list(initial_peers or [])
@@ -274,6 +284,7 @@ class DistributedModelForCausalLM:
             raise ValueError(f"verify must be in [0, 1], got {verify}")
         model._init_swarm(spec, swarm, router, coverage_timeout, retry or RetryPolicy(), dtype)
         model.verify, model.verify_stats, model.push = verify, VerifyStats(), push
+        model.threads = threads if threads is not None else (1 if openmp_spins() else None)
         return model
 
 

@@ -20,7 +20,7 @@ import torch
 from peer import faults
 from peer.admission import AdmissionLimits
 from peer.core import PeerLimits
-from peer.devices import DeviceError, parse_devices
+from peer.devices import DeviceError, default_cpu_threads, parse_devices
 from peer.runtime import PeerConfig, serve
 from peer.scheduler import BatchPolicy
 from peer.tp_shard import TPDegreeError, check_degree
@@ -176,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=None,
-        help="torch compute threads (default: the cores this process may use)",
+        help="torch compute threads (default on CPU: 1 for models whose hidden x intermediate size "
+        "is under 1M, else the cores this process may use)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="same as --log-level debug")
     log_setup.add_log_arguments(p)
@@ -251,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             print("run-peer: --threads must be at least 1", file=sys.stderr)
             return 2
         torch.set_num_threads(args.threads)
+    elif devices[0].type == "cpu" and len(devices) == 1:
+        torch.set_num_threads(default_cpu_threads(spec.config))
     batch = _batch_policy(args)
     if batch is None:
         return 2

@@ -83,6 +83,18 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+# A decode step whose largest matmul is below this many multiply-adds per token (hidden x
+# intermediate) runs faster on one thread: waking a sleeping (OMP_WAIT_POLICY=PASSIVE) helper
+# thread for each ~20 us op costs more than it saves (README "Concurrency").
+SMALL_MODEL_MACS = 1 << 20
+
+
+def default_cpu_threads(config) -> int:
+    """run-peer's torch threads on CPU when --threads is not given: 1 for small models, else every core."""
+    macs = config.hidden_size * getattr(config, "intermediate_size", 4 * config.hidden_size)
+    return 1 if macs < SMALL_MODEL_MACS else cpu_cores()
+
+
 def threads_per_rank(devices: tuple[torch.device, ...]) -> int | None:
     """CPU ranks split the cores evenly (one rank per core at least); None on GPU (torch's default)."""
     if devices[0].type != "cpu":
