@@ -182,3 +182,15 @@ def route_from_assignment(cands: Candidates, assign: np.ndarray) -> Route:
         else:
             hops.append((i, b, b + 1))
     return make_route(cands, hops)
+
+
+def evaluate_assignments(cands: Candidates, assign: np.ndarray) -> np.ndarray:
+    """(pop, 2) objectives [latency_ms, -throughput] of (pop, L) per-block candidate indices."""
+    pop, num_blocks = assign.shape
+    starts = np.ones_like(assign, dtype=bool)  # block b opens a new hop
+    starts[:, 1:] = assign[:, 1:] != assign[:, :-1]
+    latency = cands.decode_ms[assign].sum(axis=1) + (cands.overhead_ms[assign] * starts).sum(axis=1)
+    per_peer = np.zeros((pop, cands.size), dtype=np.int64)  # blocks each peer runs per chain
+    np.add.at(per_peer, (np.arange(pop)[:, None], assign), 1)
+    throughput = (cands.capacity[assign] / np.take_along_axis(per_peer, assign, axis=1)).min(axis=1)
+    return np.column_stack([latency, -throughput])

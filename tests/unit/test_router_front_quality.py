@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
-from routing.chains.cost import candidates, make_route
+from routing.chains.cost import candidates, evaluate_assignments, make_route, route_from_assignment
 from routing.chains.front import normalised_hypervolume, sweep_front
 from routing.chains.load_costs import load_aware_candidates
 from routing.chains.loaded_pool import TOLERANCE
 from routing.chains.min_latency import shortest_chain
-from routing.chains.nsga import NsgaConfig, nsga_front
+from routing.chains.nsga import NsgaConfig, _assignment, nsga_front
 from routing.chains.own_picks import OwnPicks
+from routing.chains.relink import non_dominated, relink
 from routing.chains.swarm_view import PeerView, SwarmView
 from routing.chains.sweep_seeds import sweep_seeds
 from routing.chains.synthetic_swarm import SwarmSpec, generate_swarm
@@ -28,6 +30,20 @@ def test_front_reaches_95_percent_of_the_sweep_hypervolume() -> None:
     sweep = sweep_front(cands)
     ours = nsga_front(cands, NsgaConfig(seed=0))
     assert normalised_hypervolume(ours, sweep) >= 0.95 * normalised_hypervolume(sweep, sweep)
+
+
+def test_relink_keeps_every_point_it_was_given_or_one_that_dominates_it() -> None:
+    cands = candidates(SMALL, REQUEST)
+    seeds = np.array([_assignment(h, cands.num_blocks) for h in sweep_seeds(cands, solves=6)])
+    start = non_dominated(cands, seeds)
+    out = relink(cands, start)
+    before, after = evaluate_assignments(cands, start), evaluate_assignments(cands, out)
+    assert len(out) >= len(start)
+    for lat, neg in before:  # both objectives minimised
+        assert ((after[:, 0] <= lat) & (after[:, 1] <= neg)).any()
+    assert np.all(np.diff(after[:, 0]) > 0) and np.all(np.diff(after[:, 1]) < 0)
+    for row in out:
+        assert_covers(route_from_assignment(cands, row), SMALL)
 
 
 def test_sweep_seeds_start_at_the_exact_chain_and_stay_within_budget() -> None:
