@@ -63,6 +63,12 @@ def _validate_peer(peer: PeerView, num_blocks: int) -> None:
         raise ValueError(f"peer {peer.peer_id}: bad decode_ms_per_block {peer.decode_ms_per_block}")
     if peer.open_sessions < 0:
         raise ValueError(f"peer {peer.peer_id}: open_sessions must be >= 0, got {peer.open_sessions}")
+    if peer.decode_batch_size < 1:
+        raise ValueError(f"peer {peer.peer_id}: decode_batch_size must be >= 1, got {peer.decode_batch_size}")
+    if not (math.isfinite(peer.decode_batch_tokens_per_s) and peer.decode_batch_tokens_per_s >= 0):
+        raise ValueError(
+            f"peer {peer.peer_id}: bad decode_batch_tokens_per_s {peer.decode_batch_tokens_per_s}"
+        )
 
 
 def transfer_ms(view: SwarmView, request: RouteRequest, tokens_per_row: int = 1) -> float:
