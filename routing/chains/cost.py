@@ -102,11 +102,16 @@ class Candidates:
         return (self.start[:, None] <= blocks) & (blocks < self.end[:, None])
 
 
-def candidates(view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> Candidates:
-    """Peers that may carry `request`: not excluded, with cache for its tokens (first record per id)."""
+def candidates(
+    view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset(), need: int | None = None
+) -> Candidates:
+    """Peers that may carry `request`: not excluded, with cache for its tokens (first record per id).
+
+    need: the cache tokens a peer must have left (default: what `request` takes).
+    """
     validate_view(view)
     validate_request(request)
-    need = request_cache_tokens(request)
+    need = request_cache_tokens(request) if need is None else need
     seen: set[str] = set()
     chosen: list[PeerView] = []
     for peer in view.peers:

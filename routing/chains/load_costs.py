@@ -75,13 +75,15 @@ def load_aware_candidates(
     request: RouteRequest,
     exclude: frozenset[str] = frozenset(),
     step_ms: float | None = None,
+    need: int | None = None,
 ) -> Candidates:
     """`candidates(...)` with per-hop and per-block costs replaced by the load-aware ones above.
 
     step_ms: the idle step the open sessions are assumed to take (None: solve for it here;
-    a caller scoring many loads on one snapshot passes `idle_step_ms` once).
+    a caller scoring many loads on one snapshot passes `idle_step_ms` once). need: as in
+    routing.chains.cost.candidates.
     """
-    cands = candidates(view, request, exclude)
+    cands = candidates(view, request, exclude, need)
     if cands.size == 0:
         return cands
     steps = request.new_tokens + 1

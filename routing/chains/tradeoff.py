@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from routing.chains.cost import candidates, make_route, no_route_error
+from routing.chains.cost import candidates, make_route, no_route_error, request_cache_tokens
 from routing.chains.front import Front, neighbours, pick_index
 from routing.chains.idle_split import IdleChains, keep_idle_split
 from routing.chains.load_costs import idle_step_ms, load_aware_candidates
@@ -42,7 +42,7 @@ from routing.chains.loaded_pool import Pool, loaded_front
 from routing.chains.max_throughput import floor_route
 from routing.chains.nsga import NsgaConfig, nsga_front
 from routing.chains.own_picks import OwnPicks
-from routing.chains.request_class import RequestClass, class_request, request_class
+from routing.chains.request_class import RequestClass, class_cache_floor, class_request, request_class
 from routing.chains.swarm_view import Route, RouteRequest, SwarmView
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ class CachedFront:
 
     front: Front
     peer_sets: tuple[frozenset[str], ...]  # peers of each route, to honour `exclude`
+    room: np.ndarray  # least cache tokens left among each route's peers, to honour a request's need
     choices: np.ndarray  # indices a decision with no exclusions draws from
     step_ms: float  # the snapshot's idle step (routing.chains.load_costs.idle_step_ms)
 
@@ -133,7 +134,7 @@ class TradeoffRouter:
             self.stats["rescored"] += 1
             return self._pick_loaded(cached, self._own.loaded(view, picks), request, exclude)
         if cached is not None:
-            route = self._pick(cached, exclude)
+            route = self._pick(cached, exclude, request_cache_tokens(request))
             if route is not None:
                 self.stats["hits"] += 1
                 return route
@@ -163,10 +164,11 @@ class TradeoffRouter:
         front = loaded_front(pool, view, request, exclude)
         return front.routes[self._draw(self._choices(front.latency_ms, front.throughput))]
 
-    def _pick(self, cached: CachedFront, exclude: frozenset[str]) -> Route | None:
-        if not exclude:
+    def _pick(self, cached: CachedFront, exclude: frozenset[str], need: int) -> Route | None:
+        fits = cached.room >= need
+        if not exclude and fits.all():
             return cached.front.routes[self._draw(cached.choices)]
-        keep = np.array([not (s & exclude) for s in cached.peer_sets])
+        keep = fits & np.array([not (s & exclude) for s in cached.peer_sets])
         if not keep[cached.choices].any():
             return None  # every chain near the preferred one is excluded: solve again without them
         idx = np.flatnonzero(keep)
@@ -201,19 +203,21 @@ class TradeoffRouter:
         return self._refresh((view.version, request_class(request)), view)
 
     def _refresh(self, key: CacheKey, view: SwarmView) -> CachedFront | None:
-        request = class_request(key[1])
+        request, need = class_request(key[1]), class_cache_floor(key[1])
         step_ms = idle_step_ms(view, request)
         cands = (
-            load_aware_candidates(view, request, step_ms=step_ms)
+            load_aware_candidates(view, request, step_ms=step_ms, need=need)
             if self.load_aware
-            else candidates(view, request)
+            else candidates(view, request, need=need)
         )
         front = nsga_front(cands, self.config)
         if len(front) == 0:
             return None
+        room = {p.peer_id: p.cache_tokens_left for p in cands.peers}
         cached = CachedFront(
             front=front,
             peer_sets=tuple(frozenset(h.peer_id for h in r.hops) for r in front.routes),
+            room=np.array([min(room[h.peer_id] for h in r.hops) for r in front.routes]),
             choices=self._choices(front.latency_ms, front.throughput),
             step_ms=step_ms,
         )
