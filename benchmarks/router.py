@@ -1,7 +1,7 @@
 """Chain-router benchmark: one JSON line per swarm size (seed 004, §II-B; issue 4).
 
     python benchmarks/router.py --json [--sizes 10,100,500] [--requests 1000] [--loads 0.3,0.6,0.9]
-        [--seeds 0] [--all-modes-max-peers 100] [--load-only]
+        [--seeds 0] [--all-modes-max-peers 100] [--load-only | --fronts-only]
 
 Per size: a seeded synthetic swarm (routing.chains.synthetic_swarm, 80 blocks), then
 - fresh_ms / fresh_ms_median: the fastest / median of 5 full NSGA-II runs (our chain
@@ -19,7 +19,8 @@ Per size: a seeded synthetic swarm (routing.chains.synthetic_swarm, 80 blocks), 
   only min_latency and the default tradeoff run: max_throughput and the knee take chains of
   30-60 hops at 500 peers, which made that size alone take ~20 min, and they lose anyway.
 
-With several `--seeds`, one row per seed and size, then one summary line: per size, load
+With several `--seeds`, one row per seed and size, then one summary line: per size, the
+median and worst over seeds of the hypervolume ratio and the median fresh run time, and per size, load
 and mode, the median and the worst over seeds of p99 latency and tokens/s, and for
 tradeoff its worst ratio to min_latency on the same seed (p99: tradeoff / min_latency,
 tokens/s: min_latency / tradeoff; above 1.02 is a loss of more than 2%).
@@ -69,11 +70,16 @@ def hypervolume(front: Front, reference: Front) -> float:
 
 
 def decision_times(view: SwarmView, seed: int) -> dict:
-    fresh = [
-        timed_ms(lambda: TradeoffRouter(seed=seed, background=False).refresh(view, REQUEST))[0]
-        for _ in range(5)
-    ]
-    out = {"fresh_ms": round(min(fresh), 1), "fresh_ms_median": round(float(np.median(fresh)), 1)}
+    fresh, cpu = [], []
+    for _ in range(5):
+        start = time.process_time()  # CPU time too: on a shared machine the wall clock waits for others
+        fresh.append(timed_ms(lambda: TradeoffRouter(seed=seed, background=False).refresh(view, REQUEST))[0])
+        cpu.append((time.process_time() - start) * 1e3)
+    out = {
+        "fresh_ms": round(min(fresh), 1),
+        "fresh_ms_median": round(float(np.median(fresh)), 1),
+        "fresh_cpu_ms_median": round(float(np.median(cpu)), 1),
+    }
     for name, account in (("cached", False), ("loaded", True)):
         router = TradeoffRouter(seed=seed, background=False, account_picks=account)
         router.refresh(view, REQUEST)
@@ -152,20 +158,28 @@ def main() -> None:
     parser.add_argument(
         "--load-only", action="store_true", help="skip the run times and fronts: only the load test"
     )
+    parser.add_argument(
+        "--serial-peers",
+        action="store_true",
+        help="peers decode one session at a time (and announce it) instead of batching",
+    )
+    parser.add_argument(
+        "--fronts-only", action="store_true", help="skip the load test: only run times and fronts"
+    )
     args = parser.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     nsga_front(candidates(generate_swarm(SwarmSpec(10, seed=seeds[0])), REQUEST))  # warm up imports
     rows = []
     for seed in seeds:
         for size in (int(s) for s in args.sizes.split(",")):
-            view = generate_swarm(SwarmSpec(num_peers=size, num_blocks=80, seed=seed))
-            row = {"peers": size, "blocks": view.num_blocks, "seed": seed}
+            spec = SwarmSpec(num_peers=size, num_blocks=80, seed=seed, batching=not args.serial_peers)
+            view = generate_swarm(spec)
+            row = {"peers": size, "blocks": view.num_blocks, "seed": seed, "batching": spec.batching}
             if not args.load_only:
                 row |= decision_times(view, seed) | fronts(view, seed)
             all_modes = size <= args.all_modes_max_peers
-            row["load"] = [
-                load_test(view, args.requests, float(x), seed, all_modes) for x in args.loads.split(",")
-            ]
+            loads = [] if args.fronts_only else [float(x) for x in args.loads.split(",")]
+            row["load"] = [load_test(view, args.requests, x, seed, all_modes) for x in loads]
             rows.append(row)
             print(json.dumps(row), flush=True)
     if len(seeds) > 1:
@@ -174,9 +188,24 @@ def main() -> None:
 
 def summary(rows: list[dict]) -> dict:
     """Median and worst over seeds per (size, load, mode), and tradeoff's worst ratio to min_latency."""
-    out: dict = {"summary": True, "seeds": sorted({r["seed"] for r in rows}), "cells": []}
+    out: dict = {"summary": True, "seeds": sorted({r["seed"] for r in rows}), "fronts": [], "cells": []}
     for size in sorted({r["peers"] for r in rows}):
         by_seed = [r for r in rows if r["peers"] == size]
+        if "hypervolume_ratio" in by_seed[0]:
+            ratio = [r["hypervolume_ratio"] for r in by_seed]
+            fresh = [r["fresh_ms_median"] for r in by_seed]
+            cpu = [r["fresh_cpu_ms_median"] for r in by_seed]
+            out["fronts"].append(
+                {
+                    "peers": size,
+                    "hypervolume_ratio_median": round(float(np.median(ratio)), 3),
+                    "hypervolume_ratio_worst": min(ratio),
+                    "fresh_ms_median": round(float(np.median(fresh)), 1),
+                    "fresh_ms_worst": max(fresh),
+                    "fresh_cpu_ms_median": round(float(np.median(cpu)), 1),
+                    "fresh_cpu_ms_worst": max(cpu),
+                }
+            )
         for k, cell in enumerate(by_seed[0]["load"]):
             loads = [r["load"][k] for r in by_seed]
             entry: dict = {"peers": size, "load": cell["load"]}

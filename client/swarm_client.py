@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from hivemind.p2p import PeerID
 
+from client.peer_views import peer_view
 from client.remote import PeerConnection, PeerError
 from client.worker import run_sync
-from routing.chains.swarm_view import PeerView, SwarmView
+from routing.chains.swarm_view import SwarmView
 from swarm.dht import start_dht
 from swarm.dht_process import shutdown_dht
 from swarm.records import PeerRecord, PeerState, online_peers_per_block, read_peer_records
@@ -95,19 +96,7 @@ class SwarmClient:
     ) -> SwarmView:
         """A SwarmView of `records`, with fresh round trips (peers that do not answer are left out)."""
         rtts = self.round_trips(records, ping_timeout)
-        peers = tuple(
-            PeerView(
-                peer_id=r.peer_id,
-                start=r.start,
-                end=r.end,
-                throughput=r.throughput,
-                decode_ms_per_block=r.decode_ms_per_block,
-                cache_tokens_left=r.cache_tokens_left,
-                open_sessions=r.open_sessions,
-            )
-            for r in records
-            if r.peer_id in rtts
-        )
+        peers = tuple(peer_view(r) for r in records if r.peer_id in rtts)
         # Routers cache their work per version: bump it only when what they see has changed.
         snapshot = (peers, tuple(sorted(rtts.items())), num_blocks)
         if snapshot != self._last_snapshot:

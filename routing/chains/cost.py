@@ -63,6 +63,12 @@ def _validate_peer(peer: PeerView, num_blocks: int) -> None:
         raise ValueError(f"peer {peer.peer_id}: bad decode_ms_per_block {peer.decode_ms_per_block}")
     if peer.open_sessions < 0:
         raise ValueError(f"peer {peer.peer_id}: open_sessions must be >= 0, got {peer.open_sessions}")
+    if peer.decode_batch_size < 1:
+        raise ValueError(f"peer {peer.peer_id}: decode_batch_size must be >= 1, got {peer.decode_batch_size}")
+    if not (math.isfinite(peer.decode_batch_tokens_per_s) and peer.decode_batch_tokens_per_s >= 0):
+        raise ValueError(
+            f"peer {peer.peer_id}: bad decode_batch_tokens_per_s {peer.decode_batch_tokens_per_s}"
+        )
 
 
 def transfer_ms(view: SwarmView, request: RouteRequest, tokens_per_row: int = 1) -> float:
@@ -96,11 +102,16 @@ class Candidates:
         return (self.start[:, None] <= blocks) & (blocks < self.end[:, None])
 
 
-def candidates(view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> Candidates:
-    """Peers that may carry `request`: not excluded, with cache for its tokens (first record per id)."""
+def candidates(
+    view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset(), need: int | None = None
+) -> Candidates:
+    """Peers that may carry `request`: not excluded, with cache for its tokens (first record per id).
+
+    need: the cache tokens a peer must have left (default: what `request` takes).
+    """
     validate_view(view)
     validate_request(request)
-    need = request_cache_tokens(request)
+    need = request_cache_tokens(request) if need is None else need
     seen: set[str] = set()
     chosen: list[PeerView] = []
     for peer in view.peers:
@@ -182,3 +193,15 @@ def route_from_assignment(cands: Candidates, assign: np.ndarray) -> Route:
         else:
             hops.append((i, b, b + 1))
     return make_route(cands, hops)
+
+
+def evaluate_assignments(cands: Candidates, assign: np.ndarray) -> np.ndarray:
+    """(pop, 2) objectives [latency_ms, -throughput] of (pop, L) per-block candidate indices."""
+    pop, num_blocks = assign.shape
+    starts = np.ones_like(assign, dtype=bool)  # block b opens a new hop
+    starts[:, 1:] = assign[:, 1:] != assign[:, :-1]
+    latency = cands.decode_ms[assign].sum(axis=1) + (cands.overhead_ms[assign] * starts).sum(axis=1)
+    per_peer = np.zeros((pop, cands.size), dtype=np.int64)  # blocks each peer runs per chain
+    np.add.at(per_peer, (np.arange(pop)[:, None], assign), 1)
+    throughput = (cands.capacity[assign] / np.take_along_axis(per_peer, assign, axis=1)).min(axis=1)
+    return np.column_stack([latency, -throughput])

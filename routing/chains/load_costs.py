@@ -16,14 +16,25 @@ So the trade-off mode scores a hop by the request's mean time per step,
     overhead_i = rtt_i + (transfer(prompt) + new * transfer(1)) / (new + 1)
     per_block_i = (new * d_i + max(d_i, prompt * batch / thr_i)) / (new + 1) * inflation_i
 
-plus, in overhead_i, 1.5 * busy_i * d_i * span_i for a peer found busy with chance busy_i =
+plus, in overhead_i, 1.5 * busy_i * iter_i for a peer found busy with chance busy_i =
 min(1, open_i * d_i * span_i / step) (half an iteration of waiting, and the hop's own
-iteration reading the whole range rather than its blocks), and an M/M/1-style inflation_i = 1 / (1 - rho_i) for the peer's utilisation rho_i (clipped
-at RHO_MAX). rho_i comes from its announced open sessions, assuming they are like this
-request: each runs about the peer's whole range and asks it for batch * (prompt + new)
-block-tokens over a session lasting (new + 1) idle steps of the exact min-latency chain,
+iteration reading the whole range rather than its blocks), and an M/M/1-style
+inflation_i = 1 / (1 - rho_i) for the peer's utilisation rho_i (clipped at RHO_MAX).
 
-    rho_i = open_i * batch * (prompt + new) * span_i / (thr_i * session_s).
+Batching (issue 11): peers announce a decode rate with `decode_batch_size` sessions stepping
+together, dec_i tokens/s per block (swarm_view.PeerView; a peer that does not batch has
+dec_i = 1000 / d_i). A step of k sessions costs max(d_i, 1000 k / dec_i) ms per block: one
+read of the weights, or the batched rate. So the iteration in progress is
+iter_i = span_i * max(d_i, 1000 min(open_i, batch_i) / dec_i) (one session's step on a
+peer that does not batch, the whole batch's on one that does), and rho_i comes from the
+announced open sessions, assuming they are like this request: each runs about the peer's
+whole range, its prompt at the prefill rate and its new tokens at the decode rate, over a
+session lasting (new + 1) idle steps of the exact min-latency chain,
+
+    rho_i = open_i * batch * (prompt / thr_i + new / dec_i) * span_i / session_s.
+
+So k sessions on a batching peer cost about one batched step each round, not k steps,
+while on a peer that does not batch they cost k steps (rho_i grows k times faster).
 
 Both stay linear in a hop's blocks, so every solver in routing/ (the exact DP, NSGA-II,
 the sweep) runs on them unchanged: they are just other `Candidates` arrays.
@@ -46,12 +57,17 @@ WAIT_FACTOR = 1.5  # half an iteration of waiting + one whole-range iteration, i
 
 
 def utilisation(cands: Candidates, request: RouteRequest, session_s: float) -> np.ndarray:
-    """(n,) estimated share of each candidate's compute its open sessions take (see module docstring)."""
+    """(n,) estimated share of each candidate's compute its open sessions take (see module docstring).
+
+    Prompt tokens cost 1 / throughput (batched prefill), generated ones 1 / the peer's decode
+    rate when saturated (PeerView.decode_tokens_per_s: batched, or one session at a time).
+    """
     open_sessions = np.array([p.open_sessions for p in cands.peers], dtype=float)
-    throughput = np.array([p.throughput for p in cands.peers], dtype=float)
+    prefill = np.array([p.throughput for p in cands.peers], dtype=float)
+    decode = np.array([p.decode_tokens_per_s() for p in cands.peers], dtype=float)
     span = (cands.end - cands.start).astype(float)
-    tokens = request.batch_size * (request.prompt_tokens + request.new_tokens)
-    return open_sessions * tokens * span / (throughput * max(session_s, 1e-3))
+    seconds = request.batch_size * (request.prompt_tokens / prefill + request.new_tokens / decode)
+    return open_sessions * seconds * span / max(session_s, 1e-3)
 
 
 def load_aware_candidates(
@@ -59,13 +75,15 @@ def load_aware_candidates(
     request: RouteRequest,
     exclude: frozenset[str] = frozenset(),
     step_ms: float | None = None,
+    need: int | None = None,
 ) -> Candidates:
     """`candidates(...)` with per-hop and per-block costs replaced by the load-aware ones above.
 
     step_ms: the idle step the open sessions are assumed to take (None: solve for it here;
-    a caller scoring many loads on one snapshot passes `idle_step_ms` once).
+    a caller scoring many loads on one snapshot passes `idle_step_ms` once). need: as in
+    routing.chains.cost.candidates.
     """
-    cands = candidates(view, request, exclude)
+    cands = candidates(view, request, exclude, need)
     if cands.size == 0:
         return cands
     steps = request.new_tokens + 1
@@ -79,7 +97,7 @@ def load_aware_candidates(
     if step_ms is None:
         step_ms = _idle_step_ms(cands)
     rho = np.minimum(utilisation(cands, request, steps * step_ms / 1e3), RHO_MAX)
-    wait = WAIT_FACTOR * busy_share(cands, step_ms) * cands.decode_ms * (cands.end - cands.start)
+    wait = WAIT_FACTOR * busy_share(cands, step_ms) * iteration_ms(cands)
     return replace(cands, overhead_ms=rtt + transfer + wait, decode_ms=per_block / (1 - rho))
 
 
@@ -91,6 +109,13 @@ def idle_step_ms(view: SwarmView, request: RouteRequest) -> float:
 def _idle_step_ms(cands: Candidates) -> float:
     idle = shortest_chain(cands)  # the session length the open sessions are assumed to have
     return make_route(cands, idle).latency_ms if idle is not None else float(cands.overhead_ms.sum())
+
+
+def iteration_ms(cands: Candidates) -> np.ndarray:
+    """(n,) the iteration a step may find in progress: one over the peer's whole range, carrying
+    as many of its open sessions as it batches (one, on a peer that does not batch)."""
+    per_block = [p.step_ms_per_block(min(p.open_sessions, p.decode_batch_size)) for p in cands.peers]
+    return np.array(per_block, dtype=float) * (cands.end - cands.start)
 
 
 def busy_share(cands: Candidates, step_ms: float) -> np.ndarray:

@@ -13,7 +13,10 @@ Why simulate: a router's estimate ignores the other clients, and the study (seed
   round trip plus the transfer out, queueing at the peer, compute, and back;
 - a peer serves concurrently by continuous batching: it runs everything queued as one
   iteration that lasts max(reading weights, computing), i.e. max over items of
-  decode_ms_per_block * blocks and sum over items of tokens * blocks / throughput.
+  decode_ms_per_block * blocks and sum over items of tokens * blocks / rate, with the
+  prefill rate (throughput) for prompts and the announced decode rate
+  (PeerView.decode_tokens_per_s) for generated tokens: a peer that does not batch
+  (rate 1000 / decode_ms_per_block) runs k decode steps in k times one step's time.
 """
 
 from __future__ import annotations
@@ -124,9 +127,16 @@ class _Sim:
         p: PeerView = self.view.peers[peer]
         batch = self.spec.request.batch_size
         blocks = [s.hops[h][2] - s.hops[h][1] for s, h in items]
-        tokens = [batch * (self.spec.request.prompt_tokens if s.step == 0 else 1) for s, _ in items]
+        prefill = sum(k for k, (s, _) in zip(blocks, items, strict=True) if s.step == 0)
         weights_ms = p.decode_ms_per_block * max(blocks)
-        compute_ms = 1e3 * sum(k * n for k, n in zip(blocks, tokens, strict=True)) / p.throughput
+        compute_ms = (
+            1e3
+            * batch
+            * (
+                prefill * self.spec.request.prompt_tokens / p.throughput
+                + (sum(blocks) - prefill) / p.decode_tokens_per_s()
+            )
+        )
         self.busy[peer] = True
         self.push(t + max(weights_ms, compute_ms), "done", (peer, items))
 
@@ -187,25 +197,33 @@ class _Sim:
         )
 
 
-def compute_capacity(view: SwarmView) -> float:
-    """Most tokens/s the swarm can push through every block, by compute (an LP; 0.0 if a block is unserved).
+def compute_capacity(view: SwarmView, request: RouteRequest) -> float:
+    """Most requests/s the swarm can push through every block, by compute (an LP; 0.0 if a block is unserved).
 
-    Each peer splits its time among its blocks: x[i, b] block-tokens/s of block b on peer i,
-    sum_b x[i, b] <= throughput_i, and every block gets sum_i x[i, b] >= T; maximise T. This
+    Each peer splits its time among its blocks: x[i, b] requests/s of block b on peer i, each
+    taking sec_i = batch * (prompt / throughput_i + new / decode rate_i) seconds of it, so
+    sum_b x[i, b] * sec_i <= 1, and every block gets sum_i x[i, b] >= T; maximise T. This
     is the rate at which the simulator's peers, always compute bound, would all be busy. The
-    sum of throughputs / blocks overstates it when few or slow peers serve some blocks.
+    sum of rates / blocks overstates it when few or slow peers serve some blocks.
     """
     pairs = [(i, b) for i, p in enumerate(view.peers) for b in range(p.start, p.end)]
     if not pairs:
         return 0.0
     peer_of, block_of = np.array(pairs).T
+    sec = np.array(
+        [
+            request.batch_size
+            * (request.prompt_tokens / p.throughput + request.new_tokens / p.decode_tokens_per_s())
+            for p in view.peers
+        ]
+    )
     nvar = len(pairs) + 1  # the x's, then T
     cols = np.arange(len(pairs))
     rows = np.concatenate([block_of, view.num_blocks + peer_of, np.arange(view.num_blocks)])
     cols = np.concatenate([cols, cols, np.full(view.num_blocks, len(pairs))])
-    vals = np.concatenate([-np.ones(len(pairs)), np.ones(len(pairs)), np.ones(view.num_blocks)])
+    vals = np.concatenate([-np.ones(len(pairs)), sec[peer_of], np.ones(view.num_blocks)])
     a_ub = sparse.csr_array((vals, (rows, cols)), shape=(view.num_blocks + len(view.peers), nvar))
-    b_ub = np.concatenate([np.zeros(view.num_blocks), [p.throughput for p in view.peers]])
+    b_ub = np.concatenate([np.zeros(view.num_blocks), np.ones(len(view.peers))])
     cost = np.zeros(nvar)
     cost[-1] = -1.0
     res = optimize.linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method="highs")
@@ -215,7 +233,7 @@ def compute_capacity(view: SwarmView) -> float:
 def sustainable_rate(view: SwarmView, request: RouteRequest) -> float:
     """Requests/s the swarm could serve at best: the lower of its compute and its KV-cache bound.
 
-    Compute: compute_capacity / tokens per request. Cache: by Little's law a block can hold
+    Compute: compute_capacity. Cache: by Little's law a block can hold
     (sum of its peers' free cache / a session's need) sessions, each lasting at least
     (new + 1) idle steps of the exact min-latency chain; the scarcest block sets the bound.
     Both are optimistic, so a load of 1.0 is already more than any router can carry.
@@ -227,8 +245,7 @@ def sustainable_rate(view: SwarmView, request: RouteRequest) -> float:
     for p in view.peers:
         per_block[p.start : p.end] += p.cache_tokens_left // need
     session_s = (request.new_tokens + 1) * min_latency_route(view, request).latency_ms / 1e3
-    compute = compute_capacity(view) / (request.batch_size * (request.prompt_tokens + request.new_tokens))
-    return float(min(compute, per_block.min() / session_s))
+    return float(min(compute_capacity(view, request), per_block.min() / session_s))
 
 
 def simulate_load(view: SwarmView, router: Router, spec: LoadSpec) -> LoadResult:

@@ -111,3 +111,23 @@ class MaxThroughputRouter:
             while len(self._cache) > self._max_entries:
                 self._cache.popitem(last=False)
         return route
+
+
+def floor_route(cands: Candidates, preference: float | None) -> list[tuple[int, int, int]] | None:
+    """Exact-solver fallback: min-latency chain whose bottleneck is >= a floor set by `preference`.
+
+    The floor sits at that share of the way from the min-latency chain's bottleneck to the
+    hop-by-hop widest bound (one DP, not the slower widest search); if no chain meets it,
+    it comes down by halves, and in the end the min-latency chain answers.
+    """
+    fast = shortest_chain(cands)
+    if fast is None:
+        return None
+    low = make_route(cands, fast).throughput
+    gap = (0.5 if preference is None else preference) * max(0.0, hop_widest_bottleneck(cands) - low)
+    for _ in range(4):
+        hops = shortest_chain(cands, min_throughput=low + gap) if gap > 0 else None
+        if hops is not None:
+            return hops
+        gap /= 2
+    return fast

@@ -47,59 +47,75 @@ def shortest_chain(cands: Candidates, min_throughput: float = 0.0) -> Hops | Non
 
     Exact for min_throughput == 0; with a floor, repaired as the module docstring says.
     """
-    max_len = _max_blocks(cands, min_throughput)
-    last_start = cands.end - 1  # latest boundary a hop on peer i may start at
+    dp = _ChainDP(cands, _max_blocks(cands, min_throughput))
+    first = 1  # boundaries before this one are unchanged since the last round
     while True:
-        hops = _chain_dp(cands, max_len, last_start)
+        hops = dp.solve(first)
         if hops is None or min_throughput <= 0:
             return hops
         ids = [i for i, _, _ in hops]
         blocks = np.bincount(ids, weights=[e - s for _, s, e in hops], minlength=cands.size)
-        if not (blocks > max_len).any():
+        if not (blocks > dp.max_len).any():
             return hops
-        for i in {i for i in ids if ids.count(i) > 1}:  # keep its first hop, forbid it to come back
-            last_start[i] = min(s for j, s, _ in hops if j == i)
+        barred = {i: min(s for j, s, _ in hops if j == i) for i in set(ids) if ids.count(i) > 1}
+        for i, s in barred.items():  # keep its first hop, forbid it to come back
+            dp.last_start[i] = s
+        # Only hops on a barred peer that start after s change: they end at s + 2 or later.
+        first = min(barred.values()) + 2
 
 
-def _chain_dp(cands: Candidates, max_len: np.ndarray, last_start: np.ndarray) -> Hops | None:
+class _ChainDP:
     """Exact min-latency chain whose hop on peer i spans at most max_len[i] blocks from s <= last_start[i].
 
     Two hops in a row on one peer are never useful (one hop does the same work for one
     round trip less) but would dodge the bound, so each boundary keeps its two best
     arrivals with different last peers, and a hop on peer i extends the best arrival whose
-    last peer is not i. Ties go to the candidate listed first (deterministic).
+    last peer is not i. Ties go to the candidate listed first (deterministic). The tables
+    persist between solves, so a repair round that bars peers from starting hops after
+    boundary s recomputes only the boundaries after s + 1.
     """
-    num_blocks, n = cands.num_blocks, cands.size
-    if n == 0:
-        return None
-    dist = np.full((num_blocks + 1, 2), np.inf)  # [e, rank]: best, and best with another last peer
-    dist[0, 0] = 0.0
-    last = np.full((num_blocks + 1, 2), -1, dtype=np.int64)  # last peer of each arrival
-    parent = np.full((num_blocks + 1, 2, 2), -1, dtype=np.int64)  # [e, rank] -> (s, rank at s)
-    offsets = np.full((n, num_blocks), np.inf)  # [i, s] = arrival at s usable by peer i - d_i * s
-    rank_at = np.zeros((n, num_blocks), dtype=np.int64)  # which arrival at s that was
-    boundaries = np.arange(num_blocks)
-    for e in range(1, num_blocks + 1):
-        _open_boundary(cands, dist, last, offsets, rank_at, e - 1)
-        rows = np.flatnonzero((cands.start <= e - 1) & (e - 1 < cands.end))
-        lo = np.maximum(cands.start[rows], e - max_len[rows])  # (r,) first allowed start
-        b = boundaries[None, :e]
-        allowed = (b >= lo[:, None]) & (b <= last_start[rows, None])
-        window = np.where(allowed, offsets[rows, :e], np.inf)  # (r, e)
-        best_s = np.argmin(window, axis=1) if rows.size else rows
-        cost = cands.overhead_ms[rows] + cands.decode_ms[rows] * e + window[np.arange(rows.size), best_s]
-        for rank, k in enumerate(np.argsort(cost, kind="stable")[:2]):
-            if np.isfinite(cost[k]):
-                dist[e, rank], last[e, rank] = cost[k], rows[k]
-                parent[e, rank] = (best_s[k], rank_at[rows[k], best_s[k]])
-    if not np.isfinite(dist[num_blocks, 0]):
-        return None
-    return _unwind(last, parent, num_blocks)
+
+    def __init__(self, cands: Candidates, max_len: np.ndarray):
+        num_blocks, n = cands.num_blocks, cands.size
+        self.cands, self.max_len = cands, max_len
+        self.last_start = cands.end - 1  # latest boundary a hop on peer i may start at
+        self.rows = [np.flatnonzero((cands.start <= b) & (b < cands.end)) for b in range(num_blocks)]
+        self.dist = np.full((num_blocks + 1, 2), np.inf)  # [e, rank]: best, and best with another last peer
+        self.dist[0, 0] = 0.0
+        self.last = np.full((num_blocks + 1, 2), -1, dtype=np.int64)  # last peer of each arrival
+        self.parent = np.full((num_blocks + 1, 2, 2), -1, dtype=np.int64)  # [e, rank] -> (s, rank at s)
+        self.offsets = np.full((n, num_blocks), np.inf)  # [i, s] = arrival at s usable by i - d_i * s
+        self.rank_at = np.zeros((n, num_blocks), dtype=np.int64)  # which arrival at s that was
+
+    def solve(self, first: int = 1) -> Hops | None:
+        """Recomputes boundaries first..L (those before are final) and unwinds the best chain."""
+        cands, num_blocks = self.cands, self.cands.num_blocks
+        if cands.size == 0:
+            return None
+        self.dist[first:], self.last[first:], self.parent[first:] = np.inf, -1, -1
+        boundaries = np.arange(num_blocks)
+        for e in range(first, num_blocks + 1):
+            _open_boundary(cands, self.dist, self.last, self.offsets, self.rank_at, e - 1)
+            rows = self.rows[e - 1]
+            lo = np.maximum(cands.start[rows], e - self.max_len[rows])  # (r,) first allowed start
+            b = boundaries[None, :e]
+            allowed = (b >= lo[:, None]) & (b <= self.last_start[rows, None])
+            window = np.where(allowed, self.offsets[rows, :e], np.inf)  # (r, e)
+            best_s = np.argmin(window, axis=1) if rows.size else rows
+            cost = cands.overhead_ms[rows] + cands.decode_ms[rows] * e + window[np.arange(rows.size), best_s]
+            for rank, k in enumerate(np.argsort(cost, kind="stable")[:2]):
+                if np.isfinite(cost[k]):
+                    self.dist[e, rank], self.last[e, rank] = cost[k], rows[k]
+                    self.parent[e, rank] = (best_s[k], self.rank_at[rows[k], best_s[k]])
+        if not np.isfinite(self.dist[num_blocks, 0]):
+            return None
+        return _unwind(self.last, self.parent, num_blocks)
 
 
 def _open_boundary(cands: Candidates, dist, last, offsets, rank_at, s: int) -> None:
     """Boundary s is final: record, per peer, the arrival a hop on that peer may start from."""
     offsets[:, s] = dist[s, 0] - cands.decode_ms * s
+    rank_at[:, s] = 0
     j = last[s, 0]
     if j >= 0:  # peer j may not follow itself: it gets the runner-up arrival
         offsets[j, s] = dist[s, 1] - cands.decode_ms[j] * s

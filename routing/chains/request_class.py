@@ -18,8 +18,19 @@ def request_class(request: RouteRequest) -> RequestClass:
     return request.batch_size, _pow2(request_cache_tokens(request)), _pow2(request.new_tokens)
 
 
+def class_cache_floor(cls: RequestClass) -> int:
+    """The least cache any request of the class takes: a peer with less can carry none of them.
+
+    A class's front is built on the peers with this much cache left, and each decision drops
+    the chains through peers without room for its own request (routing.chains.tradeoff);
+    built on the class's bound instead, a front left out peers that had room for this one.
+    """
+    tokens = cls[1]
+    return tokens // 2 + 1 if tokens > 1 else 1
+
+
 def class_request(cls: RequestClass) -> RouteRequest:
-    """The most demanding request of a class: peers eligible for it are eligible for all of it.
+    """The most demanding request of a class, whose costs its front is scored by.
 
     Its cache need is the class's bound; the new tokens (which set how the load-aware cost
     weighs prefill against decode) are the class's bound too, unless that leaves no prompt.

@@ -26,6 +26,26 @@ class PeerView:
     decode_ms_per_block: float  # ms for one decode step (one token) through one block
     cache_tokens_left: int  # KV-cache tokens (summed over the batch) it can still give a new session
     open_sessions: int = 0  # current load
+    # Decode when the peer batches the steps of many sessions into one forward (issue 11): tokens/s
+    # through one block with `decode_batch_size` sessions stepping together. 0: not announced,
+    # read as one session at a time (1000 / decode_ms_per_block).
+    decode_batch_size: int = 1
+    decode_batch_tokens_per_s: float = 0.0
+
+    def decode_tokens_per_s(self) -> float:
+        """Decode tokens/s through one block when the peer is saturated: batched, or one at a time."""
+        if self.decode_batch_tokens_per_s > 0:
+            return self.decode_batch_tokens_per_s
+        return 1e3 / self.decode_ms_per_block if self.decode_ms_per_block > 0 else float("inf")
+
+    def step_ms_per_block(self, sessions: int) -> float:
+        """ms per block of one decode step of `sessions` sessions together (roofline of the announced figures).
+
+        A step reads the block's weights once (decode_ms_per_block) however many sessions it
+        carries, and cannot beat the announced batched rate: max(d, 1000 * sessions / rate).
+        A peer that does not batch announces rate = 1000 / d, so k sessions take k steps.
+        """
+        return max(self.decode_ms_per_block, 1e3 * max(sessions, 1) / self.decode_tokens_per_s())
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ The first peers tile [0, num_blocks) so that a chain always exists.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -53,6 +54,9 @@ class SwarmSpec:
     # (Petals' rule, what auto peers do without a coordinator); "uniform": a random window,
     # which leaves the first and last blocks to a few peers (the edge of every window).
     placement: str = "balanced"
+    # True: peers batch the decode steps of many sessions (issue 11), as routing.chains.load_sim
+    # runs them, and announce it; False: they decode one session at a time, and say so.
+    batching: bool = True
 
 
 def _tier_of(rng: np.random.Generator) -> Tier:
@@ -73,14 +77,23 @@ def _peer(
         start = int(rng.integers(0, spec.num_blocks - length + 1))
     end = min(spec.num_blocks, start + length)
     jitter = float(rng.uniform(0.8, 1.25))  # same card, different host
+    throughput, decode_ms = tier.throughput / jitter, tier.decode_ms_per_block * jitter
     return PeerView(
         peer_id=f"p{index:04d}",
         start=start,
         end=end,
-        throughput=tier.throughput / jitter,
-        decode_ms_per_block=tier.decode_ms_per_block * jitter,
+        throughput=throughput,
+        decode_ms_per_block=decode_ms,
         cache_tokens_left=int(rng.integers(spec.cache_tokens[0], spec.cache_tokens[1] + 1)),
+        **(_batched_decode(throughput, decode_ms) if spec.batching else {}),
     )
+
+
+def _batched_decode(throughput: float, decode_ms: float) -> dict:
+    """What a batching peer announces: its decode rate at the batch where compute takes over
+    from reading the weights (one step costs max(d, 1000 k / throughput), as load_sim runs it)."""
+    batch = max(1, math.ceil(decode_ms * throughput / 1e3))
+    return {"decode_batch_size": batch, "decode_batch_tokens_per_s": throughput}
 
 
 def generate_swarm(spec: SwarmSpec) -> SwarmView:

@@ -13,7 +13,9 @@ size and the cache tokens it needs). So:
    and pick on the front re-scored under that load, solving again only when the pool's
    best may be more than 2% off (routing.chains.loaded_pool). That, not a random draw,
    keeps many requests routed on one stale snapshot from piling onto one chain;
-3. a request re-routed around refused peers (`exclude`) takes the cached point nearest the
+3. when the pick runs on the idle min-latency chain's peers, it takes that chain's split
+   of blocks between them (routing.chains.idle_split);
+4. a request re-routed around refused peers (`exclude`) takes the cached point nearest the
    preference only while that point (or one within `spread` of it) survives; otherwise it
    solves again without the excluded peers, as min_latency does.
 
@@ -32,15 +34,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from routing.chains.cost import Candidates, candidates, make_route, no_route_error
+from routing.chains.cost import candidates, make_route, no_route_error, request_cache_tokens
 from routing.chains.front import Front, neighbours, pick_index
+from routing.chains.idle_split import IdleChains, keep_idle_split
 from routing.chains.load_costs import idle_step_ms, load_aware_candidates
 from routing.chains.loaded_pool import Pool, loaded_front
-from routing.chains.max_throughput import hop_widest_bottleneck
-from routing.chains.min_latency import shortest_chain
+from routing.chains.max_throughput import floor_route
 from routing.chains.nsga import NsgaConfig, nsga_front
 from routing.chains.own_picks import OwnPicks
-from routing.chains.request_class import RequestClass, class_request, request_class
+from routing.chains.request_class import RequestClass, class_cache_floor, class_request, request_class
 from routing.chains.swarm_view import Route, RouteRequest, SwarmView
 
 log = logging.getLogger(__name__)
@@ -54,28 +56,9 @@ class CachedFront:
 
     front: Front
     peer_sets: tuple[frozenset[str], ...]  # peers of each route, to honour `exclude`
+    room: np.ndarray  # least cache tokens left among each route's peers, to honour a request's need
     choices: np.ndarray  # indices a decision with no exclusions draws from
     step_ms: float  # the snapshot's idle step (routing.chains.load_costs.idle_step_ms)
-
-
-def floor_route(cands: Candidates, preference: float | None) -> list[tuple[int, int, int]] | None:
-    """Exact-solver fallback: min-latency chain whose bottleneck is >= a floor set by `preference`.
-
-    The floor sits at that share of the way from the min-latency chain's bottleneck to the
-    hop-by-hop widest bound (one DP, not the slower widest search); if no chain meets it,
-    it comes down by halves, and in the end the min-latency chain answers.
-    """
-    fast = shortest_chain(cands)
-    if fast is None:
-        return None
-    low = make_route(cands, fast).throughput
-    gap = (0.5 if preference is None else preference) * max(0.0, hop_widest_bottleneck(cands) - low)
-    for _ in range(4):
-        hops = shortest_chain(cands, min_throughput=low + gap) if gap > 0 else None
-        if hops is not None:
-            return hops
-        gap /= 2
-    return fast
 
 
 # Chosen by benchmarks/router.py: under the simulated load the latency end of the load-aware
@@ -118,6 +101,7 @@ class TradeoffRouter:
         self.load_aware = load_aware
         self.account_picks = account_picks and load_aware  # idle costs ignore load, so picks too
         self._own = OwnPicks()
+        self._idle = IdleChains()
         self._pools: dict[RouteRequest, Pool] = {}  # for the snapshot version below
         self._pools_version = -1
         self._rng = np.random.default_rng(seed)
@@ -133,6 +117,8 @@ class TradeoffRouter:
 
     def choose(self, view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> Route:
         route = self._choose(view, request, exclude)
+        if self.load_aware:  # routing.chains.idle_split: load picks the peers, idle costs the split
+            route = self._idle_split(view, request, exclude, route)
         if self.account_picks:
             self._own.record(view.version, route)
         return route
@@ -148,7 +134,7 @@ class TradeoffRouter:
             self.stats["rescored"] += 1
             return self._pick_loaded(cached, self._own.loaded(view, picks), request, exclude)
         if cached is not None:
-            route = self._pick(cached, exclude)
+            route = self._pick(cached, exclude, request_cache_tokens(request))
             if route is not None:
                 self.stats["hits"] += 1
                 return route
@@ -156,6 +142,15 @@ class TradeoffRouter:
             self._schedule(view, key)
         self.stats["misses"] += 1
         return self._fallback(self._own.loaded(view, picks), request, exclude)
+
+    def _idle_split(
+        self, view: SwarmView, request: RouteRequest, exclude: frozenset[str], pick: Route
+    ) -> Route:
+        with self._lock:
+            cached = self._cache.get((view.version, request_class(request)))
+        idle = self._idle.route(view, request, exclude)
+        loaded = self._own.loaded(view, self._own.counts(view.version) if self.account_picks else {})
+        return keep_idle_split(pick, idle, loaded, request, cached.step_ms if cached else None)
 
     def _pick_loaded(
         self, cached: CachedFront, view: SwarmView, request: RouteRequest, exclude: frozenset[str]
@@ -169,10 +164,11 @@ class TradeoffRouter:
         front = loaded_front(pool, view, request, exclude)
         return front.routes[self._draw(self._choices(front.latency_ms, front.throughput))]
 
-    def _pick(self, cached: CachedFront, exclude: frozenset[str]) -> Route | None:
-        if not exclude:
+    def _pick(self, cached: CachedFront, exclude: frozenset[str], need: int) -> Route | None:
+        fits = cached.room >= need
+        if not exclude and fits.all():
             return cached.front.routes[self._draw(cached.choices)]
-        keep = np.array([not (s & exclude) for s in cached.peer_sets])
+        keep = fits & np.array([not (s & exclude) for s in cached.peer_sets])
         if not keep[cached.choices].any():
             return None  # every chain near the preferred one is excluded: solve again without them
         idx = np.flatnonzero(keep)
@@ -207,19 +203,21 @@ class TradeoffRouter:
         return self._refresh((view.version, request_class(request)), view)
 
     def _refresh(self, key: CacheKey, view: SwarmView) -> CachedFront | None:
-        request = class_request(key[1])
+        request, need = class_request(key[1]), class_cache_floor(key[1])
         step_ms = idle_step_ms(view, request)
         cands = (
-            load_aware_candidates(view, request, step_ms=step_ms)
+            load_aware_candidates(view, request, step_ms=step_ms, need=need)
             if self.load_aware
-            else candidates(view, request)
+            else candidates(view, request, need=need)
         )
         front = nsga_front(cands, self.config)
         if len(front) == 0:
             return None
+        room = {p.peer_id: p.cache_tokens_left for p in cands.peers}
         cached = CachedFront(
             front=front,
             peer_sets=tuple(frozenset(h.peer_id for h in r.hops) for r in front.routes),
+            room=np.array([min(room[h.peer_id] for h in r.hops) for r in front.routes]),
             choices=self._choices(front.latency_ms, front.throughput),
             step_ms=step_ms,
         )

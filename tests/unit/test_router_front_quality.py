@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
-from routing.chains.cost import candidates, make_route
+from routing.chains.cost import candidates, evaluate_assignments, make_route, route_from_assignment
 from routing.chains.front import normalised_hypervolume, sweep_front
+from routing.chains.idle_split import keep_idle_split
 from routing.chains.load_costs import load_aware_candidates
 from routing.chains.loaded_pool import TOLERANCE
-from routing.chains.min_latency import shortest_chain
-from routing.chains.nsga import NsgaConfig, nsga_front
+from routing.chains.min_latency import min_latency_route, shortest_chain
+from routing.chains.nsga import NsgaConfig, _assignment, nsga_front
 from routing.chains.own_picks import OwnPicks
-from routing.chains.swarm_view import PeerView, SwarmView
+from routing.chains.relink import non_dominated, relink
+from routing.chains.swarm_view import Hop, PeerView, Route, SwarmView
 from routing.chains.sweep_seeds import sweep_seeds
 from routing.chains.synthetic_swarm import SwarmSpec, generate_swarm
 from routing.chains.tradeoff import TradeoffRouter
@@ -28,6 +31,20 @@ def test_front_reaches_95_percent_of_the_sweep_hypervolume() -> None:
     sweep = sweep_front(cands)
     ours = nsga_front(cands, NsgaConfig(seed=0))
     assert normalised_hypervolume(ours, sweep) >= 0.95 * normalised_hypervolume(sweep, sweep)
+
+
+def test_relink_keeps_every_point_it_was_given_or_one_that_dominates_it() -> None:
+    cands = candidates(SMALL, REQUEST)
+    seeds = np.array([_assignment(h, cands.num_blocks) for h in sweep_seeds(cands, solves=6)])
+    start = non_dominated(cands, seeds)
+    out = relink(cands, start)
+    before, after = evaluate_assignments(cands, start), evaluate_assignments(cands, out)
+    assert len(out) >= len(start)
+    for lat, neg in before:  # both objectives minimised
+        assert ((after[:, 0] <= lat) & (after[:, 1] <= neg)).any()
+    assert np.all(np.diff(after[:, 0]) > 0) and np.all(np.diff(after[:, 1]) < 0)
+    for row in out:
+        assert_covers(route_from_assignment(cands, row), SMALL)
 
 
 def test_sweep_seeds_start_at_the_exact_chain_and_stay_within_budget() -> None:
@@ -79,3 +96,26 @@ def test_loaded_decisions_stay_within_tolerance_of_the_exact_chain() -> None:
         assert_covers(route, view)
         assert exact.latency_ms * (1 - 1e-9) <= route.latency_ms <= exact.latency_ms * (1 + TOLERANCE)
     assert router.stats["rescored"] == 30
+
+
+@pytest.mark.parametrize("room, used", [(50, "a"), (40, "b")])
+def test_a_peer_with_room_for_the_request_but_not_the_class_bound_is_used(room: int, used: str) -> None:
+    """REQUEST takes 48 cache tokens; its class rounds that up to 64."""
+    peers = (PeerView("a", 0, 4, 1000.0, 1.0, room), PeerView("b", 0, 4, 1000.0, 5.0, 10**6))
+    view = SwarmView(4, peers, client_rtt_ms={"a": 5.0, "b": 5.0})
+    router = TradeoffRouter(config=NsgaConfig(pop_size=8, generations=2), background=False)
+    assert router.choose(view, REQUEST).hops[0].peer_id == used
+
+
+def test_a_pick_on_the_idle_chains_peers_takes_the_idle_split() -> None:
+    a = PeerView("a", 0, 3, 1000.0, 1.0, 10**6, open_sessions=30)
+    b = PeerView("b", 1, 4, 1000.0, 1.2, 10**6)
+    c = PeerView("c", 2, 4, 1000.0, 3.0, 10**6)
+    view = SwarmView(4, (a, b, c), client_rtt_ms={"a": 5.0, "b": 5.0, "c": 5.0})
+    idle = min_latency_route(view, REQUEST)
+    assert [(h.peer_id, h.start, h.end) for h in idle.hops] == [("a", 0, 3), ("b", 3, 4)]
+    moved = Route((Hop("a", 0, 1), Hop("b", 1, 4)), 0.0, 0.0)  # same peers, another cut
+    kept = keep_idle_split(moved, idle, view, REQUEST, step_ms=None)
+    assert kept.hops == idle.hops and kept.latency_ms > idle.latency_ms  # scored under load
+    other = Route((Hop("a", 0, 2), Hop("c", 2, 4)), 0.0, 0.0)
+    assert keep_idle_split(other, idle, view, REQUEST, step_ms=None) is other

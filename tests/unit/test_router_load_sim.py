@@ -48,10 +48,16 @@ def test_deterministic_for_a_seed() -> None:
 
 
 def test_sustainable_rate_is_set_by_the_scarce_blocks() -> None:
-    fast = PeerView("a", 0, 4, 1000.0, 1.0, 10**6)
-    slow = PeerView("b", 2, 4, 10.0, 1.0, 10**6)  # helps "a" with blocks [2, 4)
+    # batching peers that decode at their prefill rate: every token costs 1 / throughput
+    fast = PeerView("a", 0, 4, 1000.0, 1.0, 10**6, decode_batch_size=8, decode_batch_tokens_per_s=1000.0)
+    slow = PeerView("b", 2, 4, 10.0, 1.0, 10**6, decode_batch_size=8, decode_batch_tokens_per_s=10.0)
     view = SwarmView(4, (fast, slow), client_rtt_ms={"a": 100.0, "b": 100.0})
-    # "a" runs 4 blocks at T, less the 10 block-tokens/s "b" takes: 4T - 10 <= 1000
-    assert compute_capacity(view) == pytest.approx(252.5)
+    # "a" runs 4 blocks at T, less the 10 block-tokens/s "b" takes: 4T - 10 <= 1000 (12 tokens a request)
+    assert compute_capacity(view, REQ) * 12 == pytest.approx(252.5)
+    # "a" decoding one session at a time at 1 ms a step is 1000 tokens/s too; at 250 it is less
+    serial = SwarmView(4, (replace(fast, decode_batch_size=1, decode_batch_tokens_per_s=0.0), slow))
+    assert compute_capacity(serial, REQ) == pytest.approx(compute_capacity(view, REQ))
+    slow_decode = SwarmView(4, (replace(fast, decode_batch_tokens_per_s=250.0), slow))
+    assert compute_capacity(slow_decode, REQ) < compute_capacity(view, REQ)
     tight = SwarmView(4, (replace(fast, cache_tokens_left=2 * 12), slow), client_rtt_ms=view.client_rtt_ms)
     assert sustainable_rate(tight, REQ) < sustainable_rate(view, REQ)  # blocks 0-1: two sessions at most
