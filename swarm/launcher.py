@@ -110,6 +110,19 @@ class LocalSwarm:
             self.wait_for_log(proc, "online:", timeout)
         return proc
 
+    def start_peers(
+        self, model_dir: str | Path, layout: dict[str, tuple[str, tuple[str, ...]]], *common: str, timeout: float = 120
+    ) -> dict[str, Managed]:
+        """Starts every peer of `layout` (name -> (layers, its own flags)) at once, then waits for
+        each to be online: on a shared machine they load in parallel."""
+        peers = {
+            name: self.start_peer(model_dir, layers, name, *common, *extra, wait=False)
+            for name, (layers, extra) in layout.items()
+        }
+        for proc in peers.values():
+            self.wait_for_log(proc, "online:", timeout)
+        return peers
+
     def start_command(self, name: str, args: list[str], ready: str, timeout: float = 120) -> Managed:
         """Any other process of the swarm (an API server, a monitor), once its log says `ready`."""
         proc = self._spawn(name, args)

@@ -37,12 +37,7 @@ def swarm(make_model, tmp_path_factory):
     model_dir = make_model(arch="llama")
     with LocalSwarm(tmp_path_factory.mktemp("swarm")) as local:
         local.start_bootstrap()
-        peers = {
-            name: local.start_peer(model_dir, layers, name, "--announce-period", "1", *extra, wait=False)
-            for name, (layers, extra) in PEERS.items()
-        }
-        for proc in peers.values():
-            local.wait_for_log(proc, "online:", timeout=180)
+        peers = local.start_peers(model_dir, PEERS, "--announce-period", "1", timeout=180)
         yield Swarm(local, Path(model_dir), peers)
 
 

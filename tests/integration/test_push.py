@@ -36,12 +36,7 @@ def push_swarm(make_model, tmp_path_factory):
     model_dir = make_model(arch="llama")
     with LocalSwarm(tmp_path_factory.mktemp("push")) as local:
         local.start_bootstrap()
-        peers = {
-            name: local.start_peer(model_dir, layers, name, "--announce-period", "1", *extra, wait=False)
-            for name, (layers, extra) in LAYOUT.items()
-        }
-        for proc in peers.values():
-            local.wait_for_log(proc, "online:", timeout=240)
+        peers = local.start_peers(model_dir, LAYOUT, "--announce-period", "1", timeout=240)
         yield local, model_dir, peers
 
 
