@@ -3,9 +3,9 @@
 Prints one JSON line. For each model size: local and swarm ms per token (greedy decode, after
 the first token), their ratio, time to first token, and whether the outputs were equal.
 Everything runs on this machine (127.0.0.1), so the ratio is the cost of hexswarm itself:
-framing, p2p streams, process hops, the client's relay. The swarm figures are the client
-relaying every hop (`push=False`); the `push_*` fields are the same swarm and client with
-peers pushing to each other (peer/push.py), runs of the two modes alternating. Run:
+framing, p2p streams, process hops. The swarm figures are the client relaying every hop
+(`push=False`); the `push_*` fields are the same swarm and client with peers pushing to each
+other (peer/push.py, the client's default), runs of the two modes alternating. Run:
 
     python benchmarks/overhead.py [--new-tokens 32] [--repeats 3] [--peers 2]
 """

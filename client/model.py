@@ -61,9 +61,9 @@ class DistributedMixin:
     router: Router
     spec: ModelSpec
     verify: float = 0.0  # share of hop steps a second peer recomputes (client/verify.py)
-    # Peers push outputs to the next peer (peer/push.py); off by default: on the 2-core test VM
-    # it did not measure consistently faster than relay (README "Push between peers").
-    push: bool = False
+    # Peers push outputs to the next peer (peer/push.py): a step crosses n + 1 links instead of
+    # 2n, which saves one network latency per hop across real networks (README "Push between peers").
+    push: bool = True
     threads: int | None = None  # torch threads for the client's own ops (None: the process's)
 
     def _init_swarm(self, spec, swarm, router, coverage_timeout, retry: RetryPolicy, wire_dtype) -> None:
@@ -247,7 +247,7 @@ class DistributedModelForCausalLM:
         retry: RetryPolicy | None = None,
         host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
         verify: float = 0.0,
-        push: bool = False,
+        push: bool = True,
         threads: int | None = None,
     ):
         """Loads embeddings, norm and LM head of `model_dir` and joins the swarm through `initial_peers`.
@@ -262,9 +262,9 @@ class DistributedModelForCausalLM:
         call, backoff, bans, step deadlines, and the bound on the hop inputs kept for replay.
         `verify` in [0, 1] is the share of hop steps a second peer recomputes (client/verify.py);
         `generate(..., verify=p)` overrides it for one call.
-        `push=True`: each peer sends its output straight to the next peer of the chain, and the
-        client reads every hop's output; the default, False, relays every hop through the
-        client (README "Push between peers"). Settable later as `model.push`.
+        `push` (default True): each peer sends its output straight to the next peer of the chain,
+        and the client reads every hop's output; False relays every hop through the client
+        (README "Push between peers"). Settable later as `model.push`.
         `threads` is the number of torch threads `generate` and `forward` use for the client's
         own ops; by default 1 when torch was imported before this package with OpenMP's
         default (spinning) wait policy, so that idle spinning threads do not take the cores of
