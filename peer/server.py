@@ -138,10 +138,16 @@ class PeerServer:
     async def _step(self, message: Step, owned: set[str], writer, arrived: float) -> None:
         """A client's step: queued for the compute thread; its result (after any push) goes back."""
         self._check_owned(message.session_id, owned)
+        session, hidden, poison = self._begin_step(message)
+        await self._run(session, hidden, poison, message, writer, arrived)
+
+    def _begin_step(self, message: Step):
+        """The checks every step passes, a client's or a pushed one: the session's rate limit,
+        then the core's shape, position and value checks; and whether a debug fault poisons it."""
         self.admission.check_step(message.session_id)
         session, hidden = self.core.begin_step(message)
         poison = self.faults is not None and self.faults.before_step(session)
-        await self._run(session, hidden, poison, message, writer, arrived)
+        return session, hidden, poison
 
     async def _run(self, session, hidden, poison: bool, message: Step, writer, arrived: float) -> None:
         """Computes a validated step, pushes its output down the chain if asked, answers `writer`."""
@@ -192,10 +198,7 @@ class PeerServer:
             raise ProtocolError(
                 ErrorCode.UNKNOWN_SESSION, f"no session {message.session_id!r} takes pushes from this peer"
             )
-        self.admission.check_step(message.session_id)
-        session, hidden = self.core.begin_step(message)
-        poison = self.faults is not None and self.faults.before_step(session)
-        return client, session, hidden, poison
+        return (client, *self._begin_step(message))
 
     async def _run_pushed(self, session, hidden, poison: bool, message: Step, client, arrived: float) -> None:
         try:
