@@ -57,7 +57,7 @@ class InferenceSession:
         coverage_timeout: float,
         policy: RetryPolicy | None = None,
         bans: BanList | None = None,
-        push: bool = False,
+        push: bool = True,
     ):
         self.swarm, self.spec = swarm, spec
         self.max_length, self.batch_size, self.dtype = max_length, batch_size, dtype

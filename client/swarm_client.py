@@ -46,8 +46,10 @@ class SwarmClient:
     p2p: object
     rtt_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (ms, measured at)
     view_version: int = 0
-    # peers this client caught returning wrong outputs (client/verify.py); left out of its routes
-    banned: set[str] = field(default_factory=set)
+    # peers this client caught returning wrong outputs (client/verify.py): left out of every route
+    # for the client's life, unlike a session's BanList (client/retry.py), whose bans of failed or
+    # slow peers expire
+    distrusted: set[str] = field(default_factory=set)
     _last_snapshot: tuple | None = None
 
     @classmethod
@@ -66,13 +68,13 @@ class SwarmClient:
         shutdown_dht(self.dht, 5)
 
     def online_records(self, model_id: str, num_blocks: int) -> list[PeerRecord]:
-        """Online, unbanned peers of the model whose layer range fits it (a bad record must not break routing)."""
+        """Online, trusted peers of the model whose layer range fits it (a bad record must not break routing)."""
         return [
             r
             for r in read_peer_records(self.dht, model_id)
             if r.state == PeerState.ONLINE
             and 0 <= r.start < r.end <= num_blocks
-            and r.peer_id not in self.banned
+            and r.peer_id not in self.distrusted
         ]
 
     def wait_for_coverage(self, model_id: str, num_blocks: int, timeout: float) -> list[PeerRecord]:

@@ -210,11 +210,11 @@ class Verifier:
             if r.start <= start
             and end <= r.end
             and r.peer_id not in exclude
-            and r.peer_id not in self.swarm.banned
+            and r.peer_id not in self.swarm.distrusted
         ]
 
     def _ban(self, peer_id: str) -> None:
-        self.swarm.banned.add(peer_id)
+        self.swarm.distrusted.add(peer_id)
         self.swarm.forget(peer_id)
         for key in [k for k in self.shadows if k[0] == peer_id]:
             self.shadows.pop(key).conn.close()

@@ -144,11 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="announce this decode time (ms per block) instead of measuring it",
     )
     p.add_argument(
-        "--debug-corrupt-outputs",
-        action="store_true",
-        help=argparse.SUPPRESS,  # tests only: add noise to every output (peer/debug.py), for client verification
-    )
-    p.add_argument(
         "--batch-window-ms",
         type=float,
         default=BatchPolicy.batch_window_ms,

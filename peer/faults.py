@@ -57,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug-fault-on-signal", action="store_true", help=hidden)
     parser.add_argument("--debug-fault", choices=["error", "nan"], default="error", help=hidden)
     parser.add_argument("--debug-push", choices=["refuse", "drop"], default="", help=hidden)
+    # add noise to every output (peer/debug.py), so tests can check the client's verification
+    parser.add_argument("--debug-corrupt-outputs", action="store_true", help=hidden)
 
 
 def plan_from_args(args: argparse.Namespace) -> FaultPlan | None:

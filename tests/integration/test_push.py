@@ -3,7 +3,7 @@
 A swarm of its own (a bootstrap and five peers of a 6-block model): a [0:2), b [2:4), c [4:6),
 and two that break pushes on purpose (peer/faults.py --debug-push): r [2:4) refuses pushed
 steps, d [4:6) drops them. A test picks its chain by leaving peers out of the client's routes
-(`swarm.banned`, the client's own list of peers it avoids).
+(`swarm.distrusted`, the client's own list of peers it avoids).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def client(push_swarm):
 
 
 def avoid(model, *names: str) -> None:
-    model.swarm.banned.update(peer_id_of(model, name) for name in names)
+    model.swarm.distrusted.update(peer_id_of(model, name) for name in names)
 
 
 def _prompt(seed: int) -> torch.Tensor:

@@ -62,7 +62,7 @@ def test_honest_swarm_is_never_flagged_over_1000_verified_steps(verify_swarm, re
         stats = model.verify_stats
         print(f"verify=1.0 over 20 sessions: {stats}")
         assert stats.verified >= 1000
-        assert stats.mismatches == 0 and stats.unverifiable == 0 and not model.swarm.banned
+        assert stats.mismatches == 0 and stats.unverifiable == 0 and not model.swarm.distrusted
     finally:
         model.shutdown()
 
@@ -83,17 +83,17 @@ def test_corrupting_peer_is_caught_banned_and_reported(verify_swarm, reference):
                 assert e.peer == "corrupt"
                 failed += 1
                 continue
-            if model.swarm.banned:
+            if model.swarm.distrusted:
                 assert torch.equal(out, expected)  # the witness was corrupt: the output stood
                 break
         else:
             pytest.fail(f"the corrupt peer was never caught: {model.verify_stats}")
-        assert {names.get(p) for p in model.swarm.banned} == {"corrupt"}, (model.swarm.banned, names)
+        assert {names.get(p) for p in model.swarm.distrusted} == {"corrupt"}, (model.swarm.distrusted, names)
         out = model.generate(input_ids, max_new_tokens=8, do_sample=False)  # routes around the banned peer
         assert torch.equal(out, expected)
 
         reports = read_reports(model.swarm.dht, model.spec.model_id)
-        against = [r for r in reports if r.reported in model.swarm.banned]
+        against = [r for r in reports if r.reported in model.swarm.distrusted]
         assert against and against[0].tie_breaker, reports  # a third peer confirmed it
         status = subprocess.run(
             [sys.executable, "-m", "swarm.cli", "status", "--initial-peers", *local.initial_peers],
