@@ -34,30 +34,21 @@ memory) and leaving it out does not lower the bound.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import coo_matrix
 
+from routing.scheduler.bound_lp import (
+    DEFAULT_MAX_BATCH,
+    BoundCells,
+    Deadline,
+    UpperBound,
+    batch_levels,
+    level_caps,
+    solve_bound,
+)
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.upper_bound import DEFAULT_MAX_BATCH, UpperBound, batch_levels
 
-_VARS = 5  # per (class, level, degree): N, Y, Z, W, H
 MAX_DEGREE = 64  # TP degrees tried per class at most (the convexity stop comes far earlier)
-
-
-@dataclass(frozen=True)
-class _Cells:
-    """One LP cell per (class, batch level, TP degree), with its per-unit costs."""
-
-    cls: np.ndarray  # (C,) class index
-    level: np.ndarray  # (C,) batch size b_k
-    cap: np.ndarray  # (C,) layer-equivalents one device may hold at the level
-    busy: np.ndarray  # (C, 3) device seconds per Y, Z, W
-    latency: np.ndarray  # (C, 2) request seconds per Y (lambda), per Z (mu)
 
 
 def slo_upper_bound(
@@ -79,16 +70,8 @@ def slo_upper_bound(
     coupled = float(workload.s_in_min if coupled_prompt_tokens is None else coupled_prompt_tokens)
     if s_in < 0 or coupled < 0:
         raise ValueError("prompt_tokens and coupled_prompt_tokens must not be negative")
-    started = time.perf_counter()
     count, cells = _cells(cluster, model, workload, max_batch)
-    problem = _build_lp(count, cells, model, workload, (s_in, coupled), deadline_s)
-    result = linprog(**problem, method="highs")
-    elapsed = time.perf_counter() - started
-    if result.status == 2:
-        return UpperBound(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, True, elapsed)
-    if result.status != 0:
-        raise RuntimeError(f"SLO upper-bound LP failed: {result.message}")
-    return _summarise(result.x, cells, float(count.sum()), workload.s_out, elapsed)
+    return solve_bound(count, cells, model.num_layers, workload.s_out, (s_in, coupled), Deadline(deadline_s))
 
 
 def _device_figures(cluster: Cluster) -> np.ndarray:
@@ -105,28 +88,25 @@ def _device_figures(cluster: Cluster) -> np.ndarray:
 
 def _cells(
     cluster: Cluster, model: ModelSpec, workload: Workload, max_batch: int
-) -> tuple[np.ndarray, _Cells]:
+) -> tuple[np.ndarray, BoundCells]:
+    """One cell per (class, useful TP degree, batch level)."""
     figures, count = np.unique(_device_figures(cluster), axis=0, return_counts=True)
     levels = batch_levels(max_batch)
-    previous = np.concatenate(([0.0], levels[:-1]))
-    kv = 2.0 * model.kv_width * model.dtype_bytes * (workload.s_in_min + workload.s_out)
+    caps = level_caps(figures[:, 0], levels, model, workload.s_in_min + workload.s_out)
     hb = model.hidden_size * model.dtype_bytes  # bytes of one token's activation
     rows = []
-    for g, (memory, bandwidth, flops, alpha, beta) in enumerate(figures):
+    for g, (_, bandwidth, flops, alpha, beta) in enumerate(figures):
         scan, flop = model.layer_bytes / bandwidth, 2.0 * model.params_per_layer / flops
         for n in _degrees(scan, flop, alpha, beta, hb, workload, min(len(cluster), MAX_DEGREE)):
-            ar_scan = (
-                4 * n * (n - 1) * alpha if n > 1 else 0.0
-            )  # all-reduce latency, per layer-equivalent scan
+            ar_scan = 4 * n * (n - 1) * alpha if n > 1 else 0.0  # all-reduce latency, per scan
             ar_token = 4 * (n - 1) * hb / beta if n > 1 else 0.0  # ... bytes, per token
             ar_prompt = ar_token + ar_scan / workload.s_in_max  # ... per prompt token
             lam = (scan + flop) / n + (ar_scan + ar_token) / n  # per layer, per decode token
             mu = flop / n + ar_prompt / n  # per layer, per prompt token
             for k, b in enumerate(levels):
-                cap = memory / (model.layer_bytes + (previous[k] + 1.0) * kv)
-                rows.append((g, b, cap, flop + ar_token, flop + ar_prompt, scan + ar_scan, lam, mu))
+                rows.append((g, b, caps[g, k], flop + ar_token, flop + ar_prompt, scan + ar_scan, lam, mu))
     table = np.array(rows, dtype=float)
-    cells = _Cells(table[:, 0].astype(int), table[:, 1], table[:, 2], table[:, 3:6], table[:, 6:8])
+    cells = BoundCells(table[:, 0].astype(int), table[:, 1], table[:, 2], table[:, 3:6], table[:, 6:8])
     return count.astype(float), cells
 
 
@@ -148,72 +128,3 @@ def _degrees(scan, flop, alpha, beta, hb, workload: Workload, limit: int) -> lis
         out.append(n)
         last = now
     return out
-
-
-def _build_lp(
-    count: np.ndarray,
-    cells: _Cells,
-    model: ModelSpec,
-    workload: Workload,
-    prompts: tuple[float, float],
-    deadline_s: float,
-) -> dict:
-    """linprog arguments; columns (cell, v) for v in N, Y, Z, W, H, then T (tokens/s) last."""
-    s_in, coupled = prompts
-    c_count, g_count, layers, s_out = len(cells.cls), len(count), float(model.num_layers), workload.s_out
-    t_col = c_count * _VARS
-    cell = np.arange(c_count)
-    n, y, z, w, h = (cell * _VARS + v for v in range(_VARS))
-    rows, cols, vals = [], [], []
-
-    def add(row, column, value) -> None:
-        rows.append(np.broadcast_to(np.asarray(row), np.shape(column)))
-        cols.append(np.asarray(column))
-        vals.append(np.broadcast_to(np.asarray(value, dtype=float), np.shape(column)))
-
-    for column, v in ((y, 0), (z, 1), (w, 2)):
-        add(cell, column, cells.busy[:, v])  # device seconds per second <= N
-    add(cell, n, -1.0)
-    add(c_count + cell, y, 1.0)  # Y <= b W
-    add(c_count + cell, w, -cells.level)
-    add(2 * c_count + cell, h, 1.0)  # H <= N cap
-    add(2 * c_count + cell, n, -cells.cap)
-    add(3 * c_count + cell, y, coupled / s_out)  # rho Y <= Z
-    add(3 * c_count + cell, z, -1.0)
-    base = 4 * c_count
-    add(base + cells.cls, n, 1.0)  # devices of each class
-    base += g_count
-    add(base, h, -1.0)  # one replica stored
-    add(base + 1, y, -1.0)  # every layer of every token decoded
-    add(base + 1, [t_col], layers)
-    add(base + 2, z, -1.0)  # ... and prefilled
-    add(base + 2, [t_col], layers * s_in / s_out)
-    add(base + 3, y, cells.latency[:, 0])  # latency of the met requests <= D x their number
-    add(base + 3, z, cells.latency[:, 1])
-    add(base + 3, [t_col], -deadline_s / s_out)
-    b_ub = np.concatenate((np.zeros(4 * c_count), count, [-layers, 0.0, 0.0, 0.0]))
-    a_ub = coo_matrix(
-        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(len(b_ub), t_col + 1)
-    ).tocsr()
-    objective = np.zeros(t_col + 1)
-    objective[t_col] = -1.0
-    return {"c": objective, "A_ub": a_ub, "b_ub": b_ub, "bounds": (0, None)}
-
-
-def _summarise(x: np.ndarray, cells: _Cells, devices: float, s_out: int, solve_s: float) -> UpperBound:
-    tok_s = float(x[-1])
-    v = x[:-1].reshape(len(cells.cls), _VARS)
-    flop = cells.busy[:, 0]  # includes the all-reduce bytes; shares are indicative only
-    scans = float((v[:, 3] * cells.busy[:, 2]).sum())
-    scan_count = float(v[:, 3].sum())
-    mean_batch = float(v[:, 1].sum()) / scan_count if scan_count > 0 else 0.0
-    return UpperBound(
-        tok_s,
-        tok_s / s_out,
-        float((v[:, 2] * cells.busy[:, 1]).sum()) / devices,
-        float((v[:, 1] * flop).sum()) / devices,
-        scans / devices,
-        mean_batch,
-        False,
-        solve_s,
-    )

@@ -21,6 +21,7 @@ each class is split over batch levels k (b_k in 1..max_batch). Variables, per (g
     W  weight scans/s, in layers (one decode step on x layer-equivalents is x scans)
     H  layer-equivalents of weights they hold
 and T, the generated tokens/s (T / s_out completed requests per second). Maximise T s.t.
+(`bound_lp.py` builds and solves the program, shared with `slo_bound.py`)
     sum_k N_gk <= n_g                                    devices of each class
     (Y + Z) * 2P / c_g + W * B_l / m_g <= N_gk           each device busy <= 1 s per second
     Y <= b_k * W                                         a scan serves at most b_k tokens
@@ -61,51 +62,20 @@ drained after the last arrival, divided by the arrival span alone, can exceed an
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import coo_matrix
 
+from routing.scheduler.bound_lp import (
+    DEFAULT_MAX_BATCH,
+    BoundCells,
+    UpperBound,
+    batch_levels,
+    level_caps,
+    solve_bound,
+)
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.model_spec import ModelSpec, Workload
 
-DEFAULT_MAX_BATCH = 16  # the serving model's default (decode steps a stage batches)
-_VARS = 5  # per (class, level): N, Y, Z, W, H
-
-
-@dataclass(frozen=True)
-class UpperBound:
-    """The bound and where the optimum spends device time (shares of all devices' seconds)."""
-
-    tok_s: float  # generated tokens per second
-    requests_s: float  # completed requests per second (tok_s / s_out)
-    prefill_share: float  # device time in prefill FLOPs / all device time
-    decode_flops_share: float  # ... in decode FLOPs
-    scan_share: float  # ... in decode weight scans (memory bandwidth)
-    mean_batch: float  # decode tokens per weight scan at the optimum
-    memory_binds: bool  # storing one replica (weights + KV of the batches) limits the bound
-    solve_s: float  # wall-clock time of building and solving the LP
-
-    @property
-    def binding(self) -> str:
-        """Which resource limits the bound, in words."""
-        if self.tok_s == 0.0:
-            return "memory: the cluster cannot hold one replica with KV for one sequence"
-        compute = self.prefill_share + self.decode_flops_share
-        kind = "compute (FLOPs)" if compute >= self.scan_share else "memory bandwidth (weight scans)"
-        return kind + (", with memory for weights and KV" if self.memory_binds else "")
-
-
-@dataclass(frozen=True)
-class _Classes:
-    """Identical devices grouped: counts and their (memory, bandwidth, flops)."""
-
-    count: np.ndarray  # (G,)
-    memory: np.ndarray  # (G,) bytes
-    bandwidth: np.ndarray  # (G,) bytes/s
-    flops: np.ndarray  # (G,) FLOP/s
+__all__ = ["DEFAULT_MAX_BATCH", "UpperBound", "batch_levels", "throughput_upper_bound"]
 
 
 def throughput_upper_bound(
@@ -123,115 +93,23 @@ def throughput_upper_bound(
     coupled = float(workload.s_in_min if coupled_prompt_tokens is None else coupled_prompt_tokens)
     if s_in < 0 or coupled < 0:
         raise ValueError("prompt_tokens and coupled_prompt_tokens must not be negative")
-    started = time.perf_counter()
-    classes = _device_classes(cluster)
-    levels = batch_levels(max_batch)
-    kv_tokens = workload.s_in_min + workload.s_out  # Eq. 7's t for the shortest request
-    problem = _build_lp(classes, levels, model, (s_in, coupled), kv_tokens, workload.s_out)
-    result = linprog(**problem, method="highs")
-    if result.status == 2:  # infeasible: not even one replica fits
-        return UpperBound(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, True, time.perf_counter() - started)
-    if result.status != 0:
-        raise RuntimeError(f"upper-bound LP failed: {result.message}")
-    return _summarise(result, classes, levels, model, workload.s_out, time.perf_counter() - started)
+    count, cells = _cells(cluster, model, workload, max_batch)
+    return solve_bound(count, cells, model.num_layers, workload.s_out, (s_in, coupled))
 
 
-def _device_classes(cluster: Cluster) -> _Classes:
+def _cells(
+    cluster: Cluster, model: ModelSpec, workload: Workload, max_batch: int
+) -> tuple[np.ndarray, BoundCells]:
+    """One cell per (class of identical devices, batch level), class-major."""
     figures = np.array([(d.memory_bytes, d.bandwidth, d.flops) for d in cluster.devices], dtype=float)
     if len(figures) == 0:
         raise ValueError("the cluster has no devices")
     unique, count = np.unique(figures, axis=0, return_counts=True)
-    return _Classes(count.astype(float), unique[:, 0], unique[:, 1], unique[:, 2])
-
-
-def batch_levels(max_batch: int) -> np.ndarray:
-    """Every batch size up to 32, then powers of two, and max_batch itself (few LP columns)."""
-    powers = [2**i for i in range(int(np.log2(max_batch)) + 1)]
-    return np.array(sorted(set(range(1, min(max_batch, 32) + 1)) | set(powers) | {max_batch}), dtype=float)
-
-
-def _build_lp(
-    classes: _Classes,
-    levels: np.ndarray,
-    model: ModelSpec,
-    prompts: tuple[float, float],
-    kv_tokens: int,
-    s_out: int,
-) -> dict:
-    """linprog arguments; columns are (g, k, v) for v in N, Y, Z, W, H, then T last.
-    `prompts`: (prompt charged per request, prompt of the per-device coupling rho * s_out)."""
-    s_in, coupled = prompts
-    g_count, k_count = len(classes.count), len(levels)
-    cells = g_count * k_count
-    t_col = cells * _VARS
-    flop_s = 2.0 * model.params_per_layer / classes.flops  # (G,) seconds per layer-token
-    scan_s = model.layer_bytes / classes.bandwidth  # (G,) seconds per layer scan
-    kv_bytes = 2.0 * model.kv_width * model.dtype_bytes * kv_tokens  # one sequence, one layer
-    previous = np.concatenate(([0.0], levels[:-1]))
-    # (G, K) layer-equivalents a device may hold at level k: weights + KV of b_{k-1} + 1 sequences
-    cap = classes.memory[:, None] / (model.layer_bytes + (previous[None, :] + 1.0) * kv_bytes)
-
-    def col(g: np.ndarray, k: np.ndarray, v: int) -> np.ndarray:
-        return (g * k_count + k) * _VARS + v
-
-    g_idx, k_idx = np.divmod(np.arange(cells), k_count)
-    n, y, z, w, h = (col(g_idx, k_idx, v) for v in range(_VARS))
-    rows, cols, vals = [], [], []
-
-    def add(row: np.ndarray, column: np.ndarray, value: np.ndarray | float) -> None:
-        rows.append(np.asarray(row))
-        cols.append(np.asarray(column))
-        vals.append(np.broadcast_to(np.asarray(value, dtype=float), np.shape(column)))
-
-    r = np.arange(cells)
-    for column, value in ((y, flop_s[g_idx]), (z, flop_s[g_idx]), (w, scan_s[g_idx]), (n, -1.0)):
-        add(r, column, value)  # (Y + Z) 2P/c + W B_l/m - N <= 0
-    add(cells + r, y, 1.0)  # Y - b_k W <= 0
-    add(cells + r, w, -levels[k_idx])
-    add(2 * cells + r, h, 1.0)  # H - N cap <= 0
-    add(2 * cells + r, n, -cap[g_idx, k_idx])
-    add(3 * cells + r, y, coupled / s_out)  # rho Y - Z <= 0
-    add(3 * cells + r, z, -1.0)
-    base = 4 * cells
-    add(base + g_idx, n, 1.0)  # sum_k N <= n_g
-    base += g_count
-    replica, decode, prefill = np.full(cells, base), np.full(cells, base + 1), np.full(cells, base + 2)
-    add(replica, h, -1.0)  # -sum H <= -L
-    add(decode, y, -1.0)  # L T - sum Y <= 0
-    add([base + 1], [t_col], float(model.num_layers))
-    add(prefill, z, -1.0)  # L T s_in / s_out - sum Z <= 0
-    add([base + 2], [t_col], model.num_layers * s_in / s_out)
-    b_ub = np.concatenate((np.zeros(4 * cells), classes.count, [-float(model.num_layers), 0.0, 0.0]))
-    a_ub = coo_matrix(
-        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-        shape=(len(b_ub), t_col + 1),
-    ).tocsr()
-    objective = np.zeros(t_col + 1)
-    objective[t_col] = -1.0  # maximise T
-    return {"c": objective, "A_ub": a_ub, "b_ub": b_ub, "bounds": (0, None)}
-
-
-def _summarise(
-    result, classes: _Classes, levels: np.ndarray, model: ModelSpec, s_out: int, solve_s: float
-) -> UpperBound:
-    x = result.x[:-1].reshape(len(classes.count), len(levels), _VARS)
-    tok_s = float(result.x[-1])
-    flop_s = (2.0 * model.params_per_layer / classes.flops)[:, None]
-    scan_s = (model.layer_bytes / classes.bandwidth)[:, None]
-    prefill = float((x[..., 2] * flop_s).sum())
-    decode = float((x[..., 1] * flop_s).sum())
-    scans = float((x[..., 3] * scan_s).sum())
-    total = float(classes.count.sum())
-    scan_count = float(x[..., 3].sum())
-    mean_batch = float(x[..., 1].sum()) / scan_count if scan_count > 0 else 0.0
-    memory_dual = abs(float(result.ineqlin.marginals[-3]))  # the "one replica" row
-    return UpperBound(
-        tok_s,
-        tok_s / s_out,
-        prefill / total,
-        decode / total,
-        scans / total,
-        mean_batch,
-        memory_dual > 1e-9,
-        solve_s,
-    )
+    memory, bandwidth, flops = unique.T
+    levels = batch_levels(max_batch)
+    caps = level_caps(memory, levels, model, workload.s_in_min + workload.s_out)  # Eq. 7, shortest request
+    g, k = np.divmod(np.arange(len(unique) * len(levels)), len(levels))
+    flop_s = 2.0 * model.params_per_layer / flops[g]  # seconds per layer-token
+    scan_s = model.layer_bytes / bandwidth[g]  # seconds per layer scan
+    busy = np.column_stack((flop_s, flop_s, scan_s))
+    return count.astype(float), BoundCells(g, levels[k], caps[g, k], busy)
