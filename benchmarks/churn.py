@@ -57,8 +57,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regions", type=int, default=6)
     parser.add_argument("--load", type=float, default=0.3, help="offered rate, x the initial swarm's bound")
     parser.add_argument("--load-gbps", type=float, default=8.0, help="peers read new layers at this (Gbit/s)")
-    parser.add_argument("--replan-budget-s", type=float, default=2.0)
-    parser.add_argument("--initial-budget-s", type=float, default=20.0)
+    parser.add_argument(
+        "--generations", type=int, default=12, help="GA generations per re-plan search (per region group)"
+    )
+    parser.add_argument("--initial-generations", type=int, default=60, help="GA generations of the first plan")
+    parser.add_argument(
+        "--replan-budget-s", type=float, default=60.0, help="wall-clock cap per re-plan (the generations bind first)"
+    )
+    parser.add_argument("--initial-budget-s", type=float, default=300.0)
+    parser.add_argument("--margin", type=float, default=0.02, help="publish a plan that moves peers past this")
+    parser.add_argument("--horizon-s", type=float, default=600.0, help="plans are valued over this long")
+    parser.add_argument("--debounce-s", type=float, default=20.0, help="re-plan this long after a join or leave")
+    parser.add_argument("--period-s", type=float, default=60.0, help="periodic re-plan")
+    parser.add_argument(
+        "--break-before-make", action="store_true", help="value moves as if a moving peer served nothing"
+    )
+    parser.add_argument("--no-moves", action="store_true", help="re-plans only place new or idle peers")
+    parser.add_argument("--after-leave-s", type=float, default=60.0, help="a sample this soon after a leave")
     parser.add_argument("--sample-s", type=float, default=30.0)
     parser.add_argument("--window-s", type=float, default=8.0)
     parser.add_argument("--policies", nargs="*", default=["coordinator", "petals", "no-replan"])
@@ -72,18 +87,30 @@ def main(argv: list[str] | None = None) -> int:
     trace = make_trace(
         MODEL, replace(workload, num_requests=int(workload.rate * churn.duration_s * 1.05) + 10)
     )
-    config = replace(REPLAN_CONFIG, time_budget_s=args.replan_budget_s, seed=args.seed)
-    # the coordinator's first plan: the search, then pipelines of the machines it left idle
-    initial = replan(
-        first, MODEL, workload, None, replace(config, time_budget_s=args.initial_budget_s, stall_generations=20)
+    config = replace(
+        REPLAN_CONFIG, time_budget_s=args.replan_budget_s, seed=args.seed, max_generations=args.generations
     )
-    costs = MoveCosts(load_bandwidth=args.load_gbps * 1e9 / 8)
+    # the coordinator's first plan: the search, then pipelines of the machines it left idle
+    first_config = replace(
+        config, time_budget_s=args.initial_budget_s, stall_generations=20, max_generations=args.initial_generations
+    )
+    initial = replan(first, MODEL, workload, None, first_config)
+    costs = MoveCosts(
+        load_bandwidth=args.load_gbps * 1e9 / 8,
+        horizon_s=args.horizon_s,
+        margin=args.margin,
+        make_before_break=not args.break_before_make,
+        move_placed=not args.no_moves,
+    )
     sampling = Sampling(sample_s=args.sample_s, window_s=args.window_s, load_bandwidth=costs.load_bandwidth)
     policies = {
-        "coordinator": lambda: CoordinatorPolicy(MODEL, workload, initial.plan, costs, config),
+        "coordinator": lambda: CoordinatorPolicy(
+            MODEL, workload, initial.plan, costs, config, debounce_s=args.debounce_s, period_s=args.period_s
+        ),
         "petals": lambda: PetalsPolicy(MODEL, workload, seed=args.seed),
         "no-replan": lambda: StaticPolicy(MODEL, workload, initial.plan, seed=args.seed),
     }
+    leaves = [e.time_s for e in churn.events if e.kind == "leave"]
     rows = {}
     for name in args.policies:
         t0 = time.perf_counter()
@@ -92,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = {
             "attainment": round(result.attainment(), 4),
             "throughput_tok_s": round(result.throughput(), 1),
+            "attainment_split": result.split_attainment(leaves, args.after_leave_s),
             "attainment_per_period": [round(a, 3) for a in att],
             "throughput_per_period": [round(t, 1) for t in tok],
             "moves": result.moves,
@@ -131,6 +159,16 @@ def main(argv: list[str] | None = None) -> int:
         "initial_plan_s": round(initial.elapsed_s, 2),
         "initial_pipelines": len(initial.plan.pipelines),
         "load_gbps": args.load_gbps,
+        "coordinator_flags": {
+            "generations": args.generations,
+            "initial_generations": args.initial_generations,
+            "margin": args.margin,
+            "horizon_s": args.horizon_s,
+            "debounce_s": args.debounce_s,
+            "period_s": args.period_s,
+            "break_before_make": args.break_before_make,
+            "no_moves": args.no_moves,
+        },
         "policies": rows,
     }
     if "petals" in rows and rows["petals"]["attainment"] > 0:

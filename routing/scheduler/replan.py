@@ -52,6 +52,8 @@ from routing.scheduler.moves import (
     horizon_attainment,
     layout_assignments,
     machine_of,
+    make_before_break_loads,
+    old_pipeline_ends,
     ready_times,
 )
 from routing.scheduler.patch import patch_pipelines, survivors
@@ -80,6 +82,10 @@ class MoveCosts:
     horizon_s: float = 600.0  # H: the plan is valued over this long after publication
     margin: float = 0.02  # publish only if A_H beats the current plan's by this much
     tie: float = 0.005  # candidates within this of the best A_H are equally good
+    # a moved peer keeps serving its old range while it loads the new one when both fit
+    # (`moves.py`); False values every move as if the peer served nothing meanwhile
+    make_before_break: bool = True
+    move_placed: bool = True  # False: a re-plan only places new or idle peers (an ablation)
 
     def __post_init__(self) -> None:
         if self.load_bandwidth <= 0 or self.horizon_s < 0 or self.margin < 0 or self.tie < 0:
@@ -149,7 +155,8 @@ def replan(
     planned = {machine_of(cluster, d) for d in previous.device_ids if d in cluster._positions}
     planned |= {machine_of(cluster, d) for d in known or () if d in cluster._positions}
     open_set = set(open_devices)
-    candidates = [_candidate("keep", cluster, model, workload, kept, current, costs, deadline)]
+    valuer = _Valuer(cluster, model, workload, current, costs, deadline, kept)
+    candidates = [valuer.candidate("keep", kept)]
     patched = _patched(cluster, model, workload, previous, open_devices, whole, deadline)
     if patched:
         layouts = (
@@ -157,7 +164,7 @@ def replan(
             + patched
             + (_idle_filled(cluster, model, workload, fixed + patched, free, deadline) if whole else [])
         )
-        candidates.append(_candidate("patch", cluster, model, workload, layouts, current, costs, deadline))
+        candidates.append(valuer.candidate("patch", layouts))
     order = sorted(free)  # `subset` keeps the cluster's order: position p of it is order[p]
     groups = [
         [order[p] for p in g] for g in region_groups(cluster.subset(_ids(cluster, free)), model.weight_bytes)
@@ -180,7 +187,9 @@ def replan(
             layouts += _search_pool(cluster, model, workload, budget, previous, pool, free, layout_cache)
         if whole:
             layouts += _idle_filled(cluster, model, workload, layouts, free, deadline)
-        candidates.append(_candidate(name, cluster, model, workload, layouts, current, costs, deadline))
+        candidates.append(valuer.candidate(name, layouts))
+    if not costs.move_placed:
+        candidates = [c for c in candidates if all(m.old is None for m in c.moves)]
     best = max(c.value for c in candidates)
     chosen = min(
         (c for c in candidates if c.value >= best - costs.tie), key=lambda c: (len(c.moves), -c.value)
@@ -271,12 +280,32 @@ def _patched(cluster, model, workload, previous, open_devices, whole: bool, dead
     return patch_pipelines(cluster, model, workload, broken, pool, deadline) if broken else []
 
 
-def _candidate(name, cluster, model, workload, layouts, current, costs: MoveCosts, deadline) -> Candidate:
-    moves, load = diff(model, current, layout_assignments(cluster, layouts), costs.load_bandwidth)
-    capacities = [pipeline_capacity(cluster, lay, model, workload, deadline) for lay in layouts]
-    ready = ready_times(cluster, layouts, load)
-    value = horizon_attainment(capacities, ready, workload.rate, costs.horizon_s)
-    return Candidate(name, value, tuple(moves), tuple(layouts))
+class _Valuer:
+    """Values candidates by A_H against the current plan's whole pipelines (`kept`)."""
+
+    def __init__(self, cluster, model, workload, current, costs: MoveCosts, deadline, kept) -> None:
+        self.cluster, self.model, self.workload, self.current = cluster, model, workload, current
+        self.costs, self.deadline, self.kept = costs, deadline, kept
+        self.kept_capacities = [self._capacity(lay) for lay in kept]
+
+    def _capacity(self, layout):
+        return pipeline_capacity(self.cluster, layout, self.model, self.workload, self.deadline)
+
+    def candidate(self, name: str, layouts) -> Candidate:
+        cluster, model, costs = self.cluster, self.model, self.costs
+        new = layout_assignments(cluster, layouts)
+        moves, load = diff(model, self.current, new, costs.load_bandwidth)
+        old = []
+        if costs.make_before_break:
+            load, keeps_old = make_before_break_loads(
+                cluster, model, self.workload, self.current, new, load, costs.load_bandwidth
+            )
+            ends = old_pipeline_ends(cluster, self.kept, layouts, load, keeps_old)
+            old = list(zip(self.kept_capacities, ends, strict=True))
+        capacities = [self._capacity(lay) for lay in layouts]
+        ready = ready_times(cluster, layouts, load)
+        value = horizon_attainment(capacities, ready, self.workload.rate, costs.horizon_s, old)
+        return Candidate(name, value, tuple(moves), tuple(layouts))
 
 
 def _idle_filled(cluster, model, workload, layouts, free, deadline) -> list[PipelineLayout]:
