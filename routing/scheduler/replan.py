@@ -6,8 +6,9 @@ with the swarm's constraints (`SearchConfig.one_stage_per_machine`: a peer is on
 group on one machine; pinned peers are planned around, `pinned_stages.py`). HexGen plans once,
 offline; a swarm changes while it serves, so a re-plan must weigh what a better plan gains
 against what moving peers costs: a moved peer reads its new layers (layer bytes / load
-bandwidth, `moves.py`) and serves nothing meanwhile, and a pipeline serves only once all its
-peers have loaded.
+bandwidth, `moves.py`), serving its old range meanwhile where both fit (make-before-break, as a
+live peer moves; `MoveCosts.make_before_break=False` values it as serving nothing), and a new
+pipeline serves only once all its peers have loaded.
 
 Up to four candidates are built and valued by their attainment over a horizon H after
 publication, A_H (`moves.horizon_attainment`: the analytic attainment of the pipelines ready at
