@@ -66,14 +66,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--generations", type=int, default=12, help="GA generations per re-plan search (per region group)"
     )
-    parser.add_argument("--initial-generations", type=int, default=60, help="GA generations of the first plan")
     parser.add_argument(
-        "--replan-budget-s", type=float, default=60.0, help="wall-clock cap per re-plan (the generations bind first)"
+        "--initial-generations", type=int, default=60, help="GA generations of the first plan"
+    )
+    parser.add_argument(
+        "--replan-budget-s",
+        type=float,
+        default=60.0,
+        help="wall-clock cap per re-plan (the generations bind first)",
     )
     parser.add_argument("--initial-budget-s", type=float, default=300.0)
-    parser.add_argument("--margin", type=float, default=0.02, help="publish a plan that moves peers past this")
+    parser.add_argument(
+        "--margin", type=float, default=0.02, help="publish a plan that moves peers past this"
+    )
     parser.add_argument("--horizon-s", type=float, default=600.0, help="plans are valued over this long")
-    parser.add_argument("--debounce-s", type=float, default=20.0, help="re-plan this long after a join or leave")
+    parser.add_argument(
+        "--debounce-s", type=float, default=20.0, help="re-plan this long after a join or leave"
+    )
     parser.add_argument("--period-s", type=float, default=60.0, help="periodic re-plan")
     parser.add_argument("--reopen-regions", type=int, default=1, help="regions a periodic re-plan re-opens")
     parser.add_argument(
@@ -105,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     # the coordinator's first plan: the search, then pipelines of the machines it left idle
     first_config = replace(
-        config, time_budget_s=args.initial_budget_s, stall_generations=20, max_generations=args.initial_generations
+        config,
+        time_budget_s=args.initial_budget_s,
+        stall_generations=20,
+        max_generations=args.initial_generations,
     )
     planned = replace(workload, rate=workload.rate * args.plan_headroom)
     initial = replan(first, MODEL, planned, None, first_config)
@@ -119,7 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     sampling = Sampling(sample_s=args.sample_s, window_s=args.window_s, load_bandwidth=costs.load_bandwidth)
     policies = {
         "coordinator": lambda: CoordinatorPolicy(
-            MODEL, planned, initial.plan, costs, config, debounce_s=args.debounce_s,
+            MODEL,
+            planned,
+            initial.plan,
+            costs,
+            config,
+            debounce_s=args.debounce_s,
             period_s=args.period_s,
             reopen_regions=args.reopen_regions,
         ),

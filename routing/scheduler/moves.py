@@ -118,7 +118,9 @@ def ready_times(
     ]
 
 
-def both_fit(cluster: Cluster, model: ModelSpec, workload: Workload, old: Assignment, new: Assignment) -> bool:
+def both_fit(
+    cluster: Cluster, model: ModelSpec, workload: Workload, old: Assignment, new: Assignment
+) -> bool:
     """Whether a peer can hold its old range and its new one at once (peer/range_move.py loads
     the new range as a second stack while the old one serves): same TP group, memory for both."""
     if old.device_ids != new.device_ids:
@@ -204,7 +206,9 @@ def horizon_attainment(
     if horizon_s <= 0:
         return estimate(list(capacities), rate).attainment
     old = [(c, e) for c, e in old if e > 0]
-    times = sorted({0.0} | {min(r, horizon_s) for r in ready} | {min(e, horizon_s) for _, e in old} | {horizon_s})
+    times = sorted(
+        {0.0} | {min(r, horizon_s) for r in ready} | {min(e, horizon_s) for _, e in old} | {horizon_s}
+    )
     total = 0.0
     for a, b in zip(times, times[1:], strict=False):
         live = [c for c, r in zip(capacities, ready, strict=True) if r <= a] + [c for c, e in old if e > a]

@@ -59,9 +59,7 @@ def test_old_pipeline_ends_when_its_peers_switch():
     assert old_pipeline_ends(cluster, [old], new, {"a": 30.0, "c": 60.0}, frozenset()) == [0.0]
     # kept unchanged: the new plan counts it; peers left out keep serving it
     assert old_pipeline_ends(cluster, [old], [old], {}, frozenset()) == [0.0]
-    assert old_pipeline_ends(cluster, [old], [_layout((2, 0, 80))], {"c": 5.0}, frozenset()) == [
-        float("inf")
-    ]
+    assert old_pipeline_ends(cluster, [old], [_layout((2, 0, 80))], {"c": 5.0}, frozenset()) == [float("inf")]
 
 
 def test_no_moves_never_moves_a_placed_peer():
