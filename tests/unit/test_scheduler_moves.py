@@ -17,7 +17,6 @@ from routing.scheduler.moves import (
     old_pipeline_ends,
 )
 from routing.scheduler.pipeline_dp import PipelineLayout, StageLayout
-from routing.scheduler.replan import MoveCosts, replan
 
 MODEL = preset("Llama-2-70B")
 WORKLOAD = Workload(max_batch=8)
@@ -60,18 +59,6 @@ def test_old_pipeline_ends_when_its_peers_switch():
     # kept unchanged: the new plan counts it; peers left out keep serving it
     assert old_pipeline_ends(cluster, [old], [old], {}, frozenset()) == [0.0]
     assert old_pipeline_ends(cluster, [old], [_layout((2, 0, 80))], {"c": 5.0}, frozenset()) == [float("inf")]
-
-
-def test_no_moves_never_moves_a_placed_peer():
-    from tests.unit.test_scheduler_replan import MODEL as OPT, SWARM, WORKLOAD as W, _swarm
-    from routing.scheduler.genetic import search
-
-    swarm = _swarm()
-    first = search(swarm, OPT, W, SWARM).plan
-    gone = swarm.devices[swarm.index(first.pipelines[0].stages[0].device_ids[0])].machine
-    smaller = swarm.without({d.id for d in swarm.devices if d.machine == gone})
-    result = replan(smaller, OPT, W, first, SWARM, MoveCosts(move_placed=False), known=frozenset(swarm.ids))
-    assert all(m.old is None for m in result.moves)
 
 
 def test_split_attainment_after_a_leave_and_steady():

@@ -214,3 +214,25 @@ def test_replan_patches_a_broken_pipeline_without_moving_anyone(swarm):
     if all(m.old is None for m in result.moves):  # no placed peer moved: a0 kept [0, 24)
         stages = [s for p in result.plan.pipelines for s in p.stages]
         assert StagePlan(("a0-g0", "a0-g1"), 0, 24) in stages
+
+
+def test_no_moves_never_moves_a_placed_peer(swarm, planned):
+    gone = swarm.devices[swarm.index(planned.plan.pipelines[0].stages[0].device_ids[0])].machine
+    smaller = swarm.without({d.id for d in swarm.devices if d.machine == gone})
+    costs = MoveCosts(move_placed=False)
+    result = replan(smaller, MODEL, WORKLOAD, planned.plan, SWARM, costs, known=frozenset(swarm.ids))
+    assert all(m.old is None for m in result.moves)
+    assert all(moves == 0 for _, _, moves in result.candidates)
+
+
+def test_the_valuation_of_moves_changes_values_not_candidates(swarm, planned):
+    gone = swarm.devices[swarm.index(planned.plan.pipelines[0].stages[0].device_ids[0])].machine
+    smaller = swarm.without({d.id for d in swarm.devices if d.machine == gone})
+    rows = {}
+    for mbb in (True, False):
+        costs = MoveCosts(make_before_break=mbb)
+        result = replan(smaller, MODEL, WORKLOAD, planned.plan, SWARM, costs, known=frozenset(swarm.ids))
+        rows[mbb] = {name: (value, moves) for name, value, moves in result.candidates}
+    assert rows[True]["keep"] == rows[False]["keep"]  # no move: the same value either way
+    # the seeded searches do not depend on the valuation: the same candidates, the same moves
+    assert {n: m for n, (_, m) in rows[True].items()} == {n: m for n, (_, m) in rows[False].items()}
