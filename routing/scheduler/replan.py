@@ -190,7 +190,8 @@ def replan(
             layouts += _idle_filled(cluster, model, workload, layouts, free, deadline)
         candidates.append(valuer.candidate(name, layouts))
     if not costs.move_placed:
-        candidates = [c for c in candidates if all(m.old is None for m in c.moves)]
+        # keep stays a candidate: the current plan is followed as it is, whatever it moved
+        candidates = [c for c in candidates if c.name == "keep" or all(m.old is None for m in c.moves)]
     best = max(c.value for c in candidates)
     chosen = min(
         (c for c in candidates if c.value >= best - costs.tie), key=lambda c: (len(c.moves), -c.value)
