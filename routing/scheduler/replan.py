@@ -279,7 +279,7 @@ def _patched(cluster, model, workload, previous, open_devices, whole: bool, dead
     broken = [st for st in broken if st]
     held = _taken(cluster, {d for st in broken for s in st for d in s.devices}, whole)
     pool = [i for i in open_devices if i not in held]
-    return patch_pipelines(cluster, model, workload, broken, pool, deadline) if broken else []
+    return patch_pipelines(cluster, model, workload, broken, pool, deadline, whole) if broken else []
 
 
 class _Valuer:
