@@ -236,3 +236,24 @@ def test_the_valuation_of_moves_changes_values_not_candidates(swarm, planned):
     assert rows[True]["keep"] == rows[False]["keep"]  # no move: the same value either way
     # the seeded searches do not depend on the valuation: the same candidates, the same moves
     assert {n: m for n, (_, m) in rows[True].items()} == {n: m for n, (_, m) in rows[False].items()}
+
+
+def test_patch_uses_a_filler_machine_for_one_hole_only():
+    from routing.scheduler.patch import patch_pipelines
+    from routing.scheduler.pipeline_dp import StageLayout
+
+    devices = []
+    for n in range(4):
+        devices += _machine(f"a{n}", "RTX3090", 2, "east")
+    devices += _machine("m6", "RTX3090", 6, "east")  # a TP-4 group and two devices to spare
+    cluster = build_cluster(devices, Network())
+    survivor = lambda m: [StageLayout((cluster.index(f"{m}-g0"), cluster.index(f"{m}-g1")), 0, 24)]  # noqa: E731
+    broken = [survivor("a0"), survivor("a2")]  # a1 and a3, their [24, 48), have left
+    pool = [i for i, d in enumerate(cluster.devices) if d.machine == "m6"]
+    machines = lambda layouts: [  # noqa: E731
+        {cluster.devices[s.devices[0]].machine for s in lay.stages} for lay in layouts
+    ]
+    patched = patch_pipelines(cluster, MODEL, WORKLOAD, broken, pool, deadline_s=60.0)
+    assert len(patched) == 1 and "m6" in machines(patched)[0]
+    split = patch_pipelines(cluster, MODEL, WORKLOAD, broken, pool, deadline_s=60.0, whole_machines=False)
+    assert len(split) == 2 and all("m6" in m for m in machines(split))  # without the swarm's rule
