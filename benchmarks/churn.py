@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--horizon-s", type=float, default=600.0, help="plans are valued over this long")
     parser.add_argument(
+        "--tie", type=float, default=0.005, help="candidates this close count as equal (fewest moves wins)"
+    )
+    parser.add_argument(
         "--debounce-s", type=float, default=20.0, help="re-plan this long after a join or leave"
     )
     parser.add_argument("--period-s", type=float, default=60.0, help="periodic re-plan")
@@ -125,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         load_bandwidth=args.load_gbps * 1e9 / 8,
         horizon_s=args.horizon_s,
         margin=args.margin,
+        tie=args.tie,
         make_before_break=not args.break_before_make,
         move_placed=not args.no_moves,
     )
@@ -196,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             "generations": args.generations,
             "initial_generations": args.initial_generations,
             "margin": args.margin,
+            "tie": args.tie,
             "horizon_s": args.horizon_s,
             "debounce_s": args.debounce_s,
             "period_s": args.period_s,
