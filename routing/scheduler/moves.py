@@ -165,9 +165,10 @@ def old_pipeline_ends(
     break-before-make; else the first moment one of its peers stops serving it: a
     make-before-break mover switches once loaded, a peer that stays but joins another pipeline
     serves that one once it is ready. Peers the plan leaves out keep their range (inf)."""
-    new_ready = dict(zip(map(_stage_key, layouts), ready_times(cluster, layouts, load), strict=True))
+    ready_at = ready_times(cluster, layouts, load)
+    new_ready = dict(zip(map(_stage_key, layouts), ready_at, strict=True))
     pipeline_of = {}
-    for layout, ready in zip(layouts, ready_times(cluster, layouts, load), strict=True):
+    for layout, ready in zip(layouts, ready_at, strict=True):
         for stage in layout.stages:
             pipeline_of[cluster.devices[stage.devices[0]].machine] = (_stage_key(layout), ready)
     ends = []
