@@ -14,7 +14,8 @@ initial swarm's upper bound in requests/s) is served under each policy
                generations per region group, the first plan `--initial-generations` (60), so a
                run is deterministic per seed (the wall-clock budgets are only caps).
                Ablations: `--break-before-make` (value a moving peer as serving nothing while it
-               loads), `--no-moves` (re-plans only place new or idle peers)
+               loads), `--no-moves` (re-plans only place new or idle peers); knobs measured
+               and not adopted: `--tie`, `--reopen-regions`, `--plan-headroom` (README)
   petals       Petals' rule as Petals 2.2.0 runs it (`petals_rule.py`): join on the weakest
                blocks, a rebalance check per peer after a uniform wait (mean 120 s)
   no-replan    the initial plan (the coordinator's), leavers vanish, joiners take Petals' join
