@@ -7,9 +7,15 @@ trace (Llama-2-70B, prompts 64-192 tokens, 32 output tokens, SLO scale 5, `--loa
 initial swarm's upper bound in requests/s) is served under each policy
 (`routing/scheduler/churn_policies.py`):
 
-  coordinator  hexswarm's: re-plan (`replan.py`: the genetic search warm-started, moves costed)
-               20 s after a join or leave, and every 2 min re-opening one region in turn;
-               published past a 2% margin (0.5% when no placed peer moves)
+  coordinator  hexswarm's: re-plan (`replan.py`: the genetic search warm-started, moves costed
+               make-before-break) `--debounce-s` (20) after a join or leave, and every
+               `--period-s` (60) re-opening one region in turn; published past `--margin`
+               (2%; 0.5% when no placed peer moves); each search runs `--generations` (12)
+               generations per region group, the first plan `--initial-generations` (60), so a
+               run is deterministic per seed (the wall-clock budgets are only caps).
+               Ablations: `--break-before-make` (value a moving peer as serving nothing while it
+               loads), `--no-moves` (re-plans only place new or idle peers); knobs measured
+               and not adopted: `--tie`, `--reopen-regions`, `--plan-headroom` (README)
   petals       Petals' rule as Petals 2.2.0 runs it (`petals_rule.py`): join on the weakest
                blocks, a rebalance check per peer after a uniform wait (mean 120 s)
   no-replan    the initial plan (the coordinator's), leavers vanish, joiners take Petals' join
@@ -19,7 +25,8 @@ Joiners serve once loaded (layer bytes / `--load-gbps`); a Petals server that mo
 a coordinator's peer moves make-before-break when its memory holds both ranges. Every 30 s the
 loaded peers' spans become disjoint chains and serve the next 8 s of the trace in the event
 simulation (`routing/scheduler/churn_sim.py`). One JSON line: per policy the SLO attainment and tokens/s
-per period (5 min) and over the run, moves, ranges loaded; the coordinator's re-plan times
+per period (5 min) and over the run, split into samples within `--after-leave-s` (60) of a
+leave and the others, moves, ranges loaded; the coordinator's re-plan times
 (wall clock, noisy on a shared machine) p50 / p99; ratios to Petals' rule.
 
     python benchmarks/churn.py [--seed 0] [--gpus 200] [--minutes 60]
@@ -57,8 +64,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regions", type=int, default=6)
     parser.add_argument("--load", type=float, default=0.3, help="offered rate, x the initial swarm's bound")
     parser.add_argument("--load-gbps", type=float, default=8.0, help="peers read new layers at this (Gbit/s)")
-    parser.add_argument("--replan-budget-s", type=float, default=2.0)
-    parser.add_argument("--initial-budget-s", type=float, default=20.0)
+    parser.add_argument(
+        "--generations", type=int, default=12, help="GA generations per re-plan search (per region group)"
+    )
+    parser.add_argument(
+        "--initial-generations", type=int, default=60, help="GA generations of the first plan"
+    )
+    parser.add_argument(
+        "--replan-budget-s",
+        type=float,
+        default=60.0,
+        help="wall-clock cap per re-plan (the generations bind first)",
+    )
+    parser.add_argument("--initial-budget-s", type=float, default=300.0)
+    parser.add_argument(
+        "--margin", type=float, default=0.02, help="publish a plan that moves peers past this"
+    )
+    parser.add_argument("--horizon-s", type=float, default=600.0, help="plans are valued over this long")
+    parser.add_argument(
+        "--tie", type=float, default=0.005, help="candidates this close count as equal (fewest moves wins)"
+    )
+    parser.add_argument(
+        "--debounce-s", type=float, default=20.0, help="re-plan this long after a join or leave"
+    )
+    parser.add_argument("--period-s", type=float, default=60.0, help="periodic re-plan")
+    parser.add_argument("--reopen-regions", type=int, default=1, help="regions a periodic re-plan re-opens")
+    parser.add_argument(
+        "--break-before-make", action="store_true", help="value moves as if a moving peer served nothing"
+    )
+    parser.add_argument("--no-moves", action="store_true", help="re-plans only place new or idle peers")
+    parser.add_argument(
+        "--plan-headroom",
+        type=float,
+        default=1.0,
+        help="the coordinator plans for this x the offered rate (its estimate saturates at the rate)",
+    )
+    parser.add_argument("--after-leave-s", type=float, default=60.0, help="a sample this soon after a leave")
     parser.add_argument("--sample-s", type=float, default=30.0)
     parser.add_argument("--window-s", type=float, default=8.0)
     parser.add_argument("--policies", nargs="*", default=["coordinator", "petals", "no-replan"])
@@ -72,18 +113,42 @@ def main(argv: list[str] | None = None) -> int:
     trace = make_trace(
         MODEL, replace(workload, num_requests=int(workload.rate * churn.duration_s * 1.05) + 10)
     )
-    config = replace(REPLAN_CONFIG, time_budget_s=args.replan_budget_s, seed=args.seed)
-    # the coordinator's first plan: the search, then pipelines of the machines it left idle
-    initial = replan(
-        first, MODEL, workload, None, replace(config, time_budget_s=args.initial_budget_s, stall_generations=20)
+    config = replace(
+        REPLAN_CONFIG, time_budget_s=args.replan_budget_s, seed=args.seed, max_generations=args.generations
     )
-    costs = MoveCosts(load_bandwidth=args.load_gbps * 1e9 / 8)
+    # the coordinator's first plan: the search, then pipelines of the machines it left idle
+    first_config = replace(
+        config,
+        time_budget_s=args.initial_budget_s,
+        stall_generations=20,
+        max_generations=args.initial_generations,
+    )
+    planned = replace(workload, rate=workload.rate * args.plan_headroom)
+    initial = replan(first, MODEL, planned, None, first_config)
+    costs = MoveCosts(
+        load_bandwidth=args.load_gbps * 1e9 / 8,
+        horizon_s=args.horizon_s,
+        margin=args.margin,
+        tie=args.tie,
+        make_before_break=not args.break_before_make,
+        move_placed=not args.no_moves,
+    )
     sampling = Sampling(sample_s=args.sample_s, window_s=args.window_s, load_bandwidth=costs.load_bandwidth)
     policies = {
-        "coordinator": lambda: CoordinatorPolicy(MODEL, workload, initial.plan, costs, config),
+        "coordinator": lambda: CoordinatorPolicy(
+            MODEL,
+            planned,
+            initial.plan,
+            costs,
+            config,
+            debounce_s=args.debounce_s,
+            period_s=args.period_s,
+            reopen_regions=args.reopen_regions,
+        ),
         "petals": lambda: PetalsPolicy(MODEL, workload, seed=args.seed),
         "no-replan": lambda: StaticPolicy(MODEL, workload, initial.plan, seed=args.seed),
     }
+    leaves = [e.time_s for e in churn.events if e.kind == "leave"]
     rows = {}
     for name in args.policies:
         t0 = time.perf_counter()
@@ -92,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = {
             "attainment": round(result.attainment(), 4),
             "throughput_tok_s": round(result.throughput(), 1),
+            "attainment_split": result.split_attainment(leaves, args.after_leave_s),
             "attainment_per_period": [round(a, 3) for a in att],
             "throughput_per_period": [round(t, 1) for t in tok],
             "moves": result.moves,
@@ -131,6 +197,19 @@ def main(argv: list[str] | None = None) -> int:
         "initial_plan_s": round(initial.elapsed_s, 2),
         "initial_pipelines": len(initial.plan.pipelines),
         "load_gbps": args.load_gbps,
+        "coordinator_flags": {
+            "generations": args.generations,
+            "initial_generations": args.initial_generations,
+            "margin": args.margin,
+            "tie": args.tie,
+            "horizon_s": args.horizon_s,
+            "debounce_s": args.debounce_s,
+            "period_s": args.period_s,
+            "reopen_regions": args.reopen_regions,
+            "break_before_make": args.break_before_make,
+            "no_moves": args.no_moves,
+            "plan_headroom": args.plan_headroom,
+        },
         "policies": rows,
     }
     if "petals" in rows and rows["petals"]["attainment"] > 0:

@@ -95,6 +95,7 @@ class CoordinatorPolicy:
         config=REPLAN_CONFIG,
         debounce_s: float = 20.0,
         period_s: float = 120.0,
+        reopen_regions: int = 1,
     ):
         self.model, self.workload, self.costs, self.config = model, workload, costs or MoveCosts(), config
         self.plan, self.debounce_s, self.period_s = initial, debounce_s, period_s
@@ -104,6 +105,7 @@ class CoordinatorPolicy:
         self.cache: dict = {}
         self.started = False
         self.turn = 0  # the region a periodic re-plan re-opens next
+        self.reopen_regions = reopen_regions  # how many regions a periodic re-plan re-opens
 
     def decide(self, view: SwarmView) -> Decision:
         if not self.started:  # t = 0: the initial plan, searched before the run
@@ -118,8 +120,9 @@ class CoordinatorPolicy:
         reopen = ()
         if periodic and not due:  # re-open one region in turn (`replan.replan`)
             regions = sorted({d.region for d in view.cluster.devices})
-            reopen = (regions[self.turn % len(regions)],)
-            self.turn += 1
+            count = min(self.reopen_regions, len(regions))
+            reopen = tuple(regions[(self.turn + k) % len(regions)] for k in range(count))
+            self.turn += count
         current = {m: Assignment(s.device_ids, s.start, s.end) for m, s in view.spans.items()}
         result = replan(
             view.cluster,

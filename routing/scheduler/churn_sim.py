@@ -25,9 +25,8 @@ import numpy as np
 
 from routing.scheduler.churn_policies import Policy, SwarmView
 from routing.scheduler.churn_process import Churn
-from routing.scheduler.cost_model import max_layers
 from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.moves import DEFAULT_LOAD_BANDWIDTH, Assignment, load_seconds
+from routing.scheduler.moves import DEFAULT_LOAD_BANDWIDTH, Assignment, both_fit, load_seconds
 from routing.scheduler.pipeline_dp import PipelineDP
 from routing.scheduler.serving import simulate_serving
 from routing.scheduler.simulator import Trace
@@ -65,6 +64,26 @@ class PolicyRun:
 
     def throughput(self) -> float:
         return float(np.mean([s[3] for s in self.samples])) if self.samples else 0.0
+
+    def split_attainment(self, leave_times: list[float], after_s: float) -> dict[str, float | int]:
+        """Attainment of the samples within `after_s` after a leave vs the others (steady)."""
+        leaves = np.sort(np.asarray(leave_times, dtype=float))
+        after, steady = [], []
+        for sample in self.samples:
+            k = int(np.searchsorted(leaves, sample[0], side="right"))
+            recent = k > 0 and sample[0] - leaves[k - 1] <= after_s
+            (after if recent else steady).append(sample)
+
+        def share(rows):
+            requests = sum(r[2] for r in rows)
+            return round(sum(r[1] for r in rows) / requests, 4) if requests else 0.0
+
+        return {
+            "after_leave": share(after),
+            "steady": share(steady),
+            "after_leave_samples": len(after),
+            "steady_samples": len(steady),
+        }
 
     def per_period(self, period_s: float) -> tuple[list[float], list[float]]:
         """Attainment and mean tokens/s per period of `period_s`."""
@@ -131,7 +150,7 @@ def run(
                 continue
             was = _live(spans, ready, before, now, machine)
             restart = old is None or machine in decision.full_reload
-            keep = not restart and was is not None and _both_fit(cluster, model, workload, was, span)
+            keep = not restart and was is not None and both_fit(cluster, model, workload, was, span)
             held = None if restart or keep else Assignment(old.device_ids, old.start, old.end)
             after = Assignment(span.device_ids, span.start, span.end)
             # the layout at t = 0 was loaded before the run: the swarm starts serving
@@ -163,17 +182,6 @@ def _live(spans, ready, before, now: float, machine: str | None = None):
     if machine is not None:
         return served(machine) if machine in spans else None
     return [s for s in map(served, spans) if s is not None]
-
-
-def _both_fit(cluster, model: ModelSpec, workload: Workload, old: PeerSpan, new: PeerSpan) -> bool:
-    """Whether a peer can hold its old range and its new one at once (peer/range_move.py loads
-    the new range as a second stack while the old one serves): same TP group, memory for both."""
-    if old.device_ids != new.device_ids:
-        return False
-    memory = min(cluster.devices[cluster.index(d)].memory_bytes for d in new.device_ids)
-    tokens = workload.s_in_max + workload.s_out
-    cap = max_layers(model, len(new.device_ids), memory, tokens, workload.max_batch)
-    return old.layers + new.layers <= cap
 
 
 def _serving(cluster, live, num_layers: int) -> set[str]:

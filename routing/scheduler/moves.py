@@ -6,9 +6,17 @@ that move
 
     load_s(peer) = layer_bytes x (layers of the new range the peer does not hold yet) / load_bandwidth
 
-(all of the new range when its TP group changes: every shard differs), and assume, pessimistically,
-that the peer serves nothing meanwhile. A peer that had no range (it just joined, or was idle)
-loads its range the same way but is not counted as a move: it served nothing before.
+(all of the new range when its TP group changes: every shard differs). A peer that had no range
+(it just joined, or was idle) loads its range the same way but is not counted as a move: it
+served nothing before.
+
+How a moved peer is valued while it loads depends on how it moves. A live peer moves
+make-before-break (`peer/range_move.py`): when its memory holds both ranges (`both_fit`) it loads
+the whole new range as a second stack while its old range keeps serving, then switches; so the
+move delays only the new range's capacity, and the current pipeline it served goes on until it
+switches (`old_pipeline_ends`). When both ranges do not fit (or its TP group changes) it drops
+what it will not keep, loads the missing layers, and serves nothing meanwhile
+(break-before-make, the old rule of this module, still available for comparison).
 
 `horizon_attainment` values a plan over the `horizon_s` after it is published: a pipeline serves
 only once every peer in it has loaded, so with t_0 = 0 < t_1 < ... the distinct ready times
@@ -17,7 +25,9 @@ their SLO capacities sharing the offered rate),
 
     A_H(plan) = (1 / H) sum_k (t_{k+1} - t_k) A({pipelines ready at t_k}).
 
-A plan that moves no peer has A_H = A. The re-planner (`replan.py`) compares plans by A_H.
+Pipelines of the current plan that keep serving until some time e (a make-before-break move not
+yet switched) count in A(...) while t_k < e; their e are among the t_k. A plan that moves no
+peer has A_H = A. The re-planner (`replan.py`) compares plans by A_H.
 """
 
 from __future__ import annotations
@@ -26,8 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from routing.scheduler.cluster import Cluster
+from routing.scheduler.cost_model import max_layers
 from routing.scheduler.fitness import PipelineCapacity, estimate
-from routing.scheduler.model_spec import ModelSpec
+from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import PipelineLayout
 from routing.scheduler.plan import StagePlan
 
@@ -107,15 +118,100 @@ def ready_times(
     ]
 
 
+def both_fit(
+    cluster: Cluster, model: ModelSpec, workload: Workload, old: Assignment, new: Assignment
+) -> bool:
+    """Whether a peer can hold its old range and its new one at once (peer/range_move.py loads
+    the new range as a second stack while the old one serves): same TP group, memory for both."""
+    if old.device_ids != new.device_ids:
+        return False
+    memory = min(cluster.devices[cluster.index(d)].memory_bytes for d in new.device_ids)
+    tokens = workload.s_in_max + workload.s_out
+    cap = max_layers(model, len(new.device_ids), memory, tokens, workload.max_batch)
+    return old.layers + new.layers <= cap
+
+
+def make_before_break_loads(
+    cluster: Cluster,
+    model: ModelSpec,
+    workload: Workload,
+    current: Mapping[str, Assignment],
+    new: Mapping[str, Assignment],
+    load: Mapping[str, float],
+    load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH,
+) -> tuple[dict[str, float], frozenset[str]]:
+    """Load times when moved peers move make-before-break where both ranges fit, and those peers
+    (they load the whole new range as a second stack, so their load is all of it)."""
+    out, keep = dict(load), set()
+    for machine, assignment in new.items():
+        old = current.get(machine)
+        if old is None or old == assignment or not both_fit(cluster, model, workload, old, assignment):
+            continue
+        keep.add(machine)
+        out[machine] = load_seconds(model, None, assignment, load_bandwidth)
+    return out, frozenset(keep)
+
+
+def old_pipeline_ends(
+    cluster: Cluster,
+    kept: Sequence[PipelineLayout],
+    layouts: Sequence[PipelineLayout],
+    load: Mapping[str, float],
+    keeps_old: frozenset[str],
+) -> list[float]:
+    """Per current pipeline (`kept`, whole now): until when it keeps serving under the new plan.
+
+    0 when it is in the new plan unchanged (the new plan counts it) or a peer of it moves
+    break-before-make; else the first moment one of its peers stops serving it: a
+    make-before-break mover switches once loaded, a peer that stays but joins another pipeline
+    serves that one once it is ready. Peers the plan leaves out keep their range (inf)."""
+    ready_at = ready_times(cluster, layouts, load)
+    new_ready = dict(zip(map(_stage_key, layouts), ready_at, strict=True))
+    pipeline_of = {}
+    for layout, ready in zip(layouts, ready_at, strict=True):
+        for stage in layout.stages:
+            pipeline_of[cluster.devices[stage.devices[0]].machine] = (_stage_key(layout), ready)
+    ends = []
+    for layout in kept:
+        key = _stage_key(layout)
+        if key in new_ready:
+            ends.append(0.0)
+            continue
+        end = float("inf")
+        for stage in layout.stages:
+            machine = cluster.devices[stage.devices[0]].machine
+            if machine not in pipeline_of:
+                continue
+            if load.get(machine, 0.0) > 0 and machine not in keeps_old:
+                end = 0.0  # break-before-make: it stops serving at once
+            elif machine in keeps_old:
+                end = min(end, load[machine])
+            else:
+                end = min(end, pipeline_of[machine][1])
+        ends.append(end)
+    return ends
+
+
+def _stage_key(layout: PipelineLayout) -> tuple:
+    return tuple((tuple(s.devices), s.start, s.end) for s in layout.stages)
+
+
 def horizon_attainment(
-    capacities: Sequence[PipelineCapacity], ready: Sequence[float], rate: float, horizon_s: float
+    capacities: Sequence[PipelineCapacity],
+    ready: Sequence[float],
+    rate: float,
+    horizon_s: float,
+    old: Sequence[tuple[PipelineCapacity, float]] = (),
 ) -> float:
-    """A_H of the module docstring."""
+    """A_H of the module docstring; `old`: current pipelines serving until their end time."""
     if horizon_s <= 0:
         return estimate(list(capacities), rate).attainment
-    times = sorted({0.0} | {min(r, horizon_s) for r in ready} | {horizon_s})
+    old = [(c, e) for c, e in old if e > 0]
+    times = sorted(
+        {0.0} | {min(r, horizon_s) for r in ready} | {min(e, horizon_s) for _, e in old} | {horizon_s}
+    )
     total = 0.0
     for a, b in zip(times, times[1:], strict=False):
-        live = [c for c, r in zip(capacities, ready, strict=True) if r <= a]
+        live = [c for c, r in zip(capacities, ready, strict=True) if r <= a] + [c for c, e in old if e > a]
         total += (b - a) * (estimate(live, rate).attainment if live else 0.0)
     return total / horizon_s

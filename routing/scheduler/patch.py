@@ -44,29 +44,34 @@ def patch_pipelines(
     broken: Sequence[list[StageLayout]],
     pool: Sequence[int],
     deadline_s: float,
+    whole_machines: bool = True,
 ) -> list[PipelineLayout]:
     """The broken pipelines whose holes free machines of `pool` (device indices) can fill and
-    that then serve within the SLO (module docstring)."""
+    that then serve within the SLO (module docstring). `whole_machines`: a filler's machine
+    fills no other hole (a swarm's peer serves one stage)."""
     dp = PipelineDP(cluster, model, workload)
     pool = list(pool)
     out = []
     for stages in sorted(broken, key=lambda st: (-sum(len(s.devices) for s in st), st[0].devices)):
         region = cluster.devices[stages[0].devices[0]].region
-        patched = list(stages)
+        patched, removed = list(stages), set()
         for start, end in _holes(stages, model.num_layers):
             filler = _fill(cluster, model, workload, dp, patched, pool, region, start, end, deadline_s)
             if filler is None:
                 break
             patched = sorted(patched + filler, key=lambda s: s.start)
             taken = {d for s in filler for d in s.devices}
+            if whole_machines:  # a peer is one machine serving one stage: its idle devices too
+                machines = {cluster.devices[d].machine for d in taken}
+                taken = {i for i in pool if cluster.devices[i].machine in machines}
+            removed |= taken
             pool = [i for i in pool if i not in taken]
         else:
             layout = dp.evaluate(patched)
             if pipeline_capacity(cluster, layout, model, workload, deadline_s).slo_rps > 0:
                 out.append(layout)
                 continue
-        used = {d for s in patched for d in s.devices} - {d for s in stages for d in s.devices}
-        pool = sorted(set(pool) | used)  # this pipeline stays broken: its fillers go back
+        pool = sorted(set(pool) | removed)  # this pipeline stays broken: its fillers go back
     return out
 
 

@@ -6,8 +6,9 @@ with the swarm's constraints (`SearchConfig.one_stage_per_machine`: a peer is on
 group on one machine; pinned peers are planned around, `pinned_stages.py`). HexGen plans once,
 offline; a swarm changes while it serves, so a re-plan must weigh what a better plan gains
 against what moving peers costs: a moved peer reads its new layers (layer bytes / load
-bandwidth, `moves.py`) and serves nothing meanwhile, and a pipeline serves only once all its
-peers have loaded.
+bandwidth, `moves.py`), serving its old range meanwhile where both fit (make-before-break, as a
+live peer moves; `MoveCosts.make_before_break=False` values it as serving nothing), and a new
+pipeline serves only once all its peers have loaded.
 
 Up to four candidates are built and valued by their attainment over a horizon H after
 publication, A_H (`moves.horizon_attainment`: the analytic attainment of the pipelines ready at
@@ -52,6 +53,8 @@ from routing.scheduler.moves import (
     horizon_attainment,
     layout_assignments,
     machine_of,
+    make_before_break_loads,
+    old_pipeline_ends,
     ready_times,
 )
 from routing.scheduler.patch import patch_pipelines, survivors
@@ -80,6 +83,10 @@ class MoveCosts:
     horizon_s: float = 600.0  # H: the plan is valued over this long after publication
     margin: float = 0.02  # publish only if A_H beats the current plan's by this much
     tie: float = 0.005  # candidates within this of the best A_H are equally good
+    # a moved peer keeps serving its old range while it loads the new one when both fit
+    # (`moves.py`); False values every move as if the peer served nothing meanwhile
+    make_before_break: bool = True
+    move_placed: bool = True  # False: a re-plan only places new or idle peers (an ablation)
 
     def __post_init__(self) -> None:
         if self.load_bandwidth <= 0 or self.horizon_s < 0 or self.margin < 0 or self.tie < 0:
@@ -149,7 +156,8 @@ def replan(
     planned = {machine_of(cluster, d) for d in previous.device_ids if d in cluster._positions}
     planned |= {machine_of(cluster, d) for d in known or () if d in cluster._positions}
     open_set = set(open_devices)
-    candidates = [_candidate("keep", cluster, model, workload, kept, current, costs, deadline)]
+    valuer = _Valuer(cluster, model, workload, current, costs, deadline, kept)
+    candidates = [valuer.candidate("keep", kept)]
     patched = _patched(cluster, model, workload, previous, open_devices, whole, deadline)
     if patched:
         layouts = (
@@ -157,7 +165,7 @@ def replan(
             + patched
             + (_idle_filled(cluster, model, workload, fixed + patched, free, deadline) if whole else [])
         )
-        candidates.append(_candidate("patch", cluster, model, workload, layouts, current, costs, deadline))
+        candidates.append(valuer.candidate("patch", layouts))
     order = sorted(free)  # `subset` keeps the cluster's order: position p of it is order[p]
     groups = [
         [order[p] for p in g] for g in region_groups(cluster.subset(_ids(cluster, free)), model.weight_bytes)
@@ -180,7 +188,10 @@ def replan(
             layouts += _search_pool(cluster, model, workload, budget, previous, pool, free, layout_cache)
         if whole:
             layouts += _idle_filled(cluster, model, workload, layouts, free, deadline)
-        candidates.append(_candidate(name, cluster, model, workload, layouts, current, costs, deadline))
+        candidates.append(valuer.candidate(name, layouts))
+    if not costs.move_placed:
+        # keep stays a candidate: the current plan is followed as it is, whatever it moved
+        candidates = [c for c in candidates if c.name == "keep" or all(m.old is None for m in c.moves)]
     best = max(c.value for c in candidates)
     chosen = min(
         (c for c in candidates if c.value >= best - costs.tie), key=lambda c: (len(c.moves), -c.value)
@@ -268,15 +279,35 @@ def _patched(cluster, model, workload, previous, open_devices, whole: bool, dead
     broken = [st for st in broken if st]
     held = _taken(cluster, {d for st in broken for s in st for d in s.devices}, whole)
     pool = [i for i in open_devices if i not in held]
-    return patch_pipelines(cluster, model, workload, broken, pool, deadline) if broken else []
+    return patch_pipelines(cluster, model, workload, broken, pool, deadline, whole) if broken else []
 
 
-def _candidate(name, cluster, model, workload, layouts, current, costs: MoveCosts, deadline) -> Candidate:
-    moves, load = diff(model, current, layout_assignments(cluster, layouts), costs.load_bandwidth)
-    capacities = [pipeline_capacity(cluster, lay, model, workload, deadline) for lay in layouts]
-    ready = ready_times(cluster, layouts, load)
-    value = horizon_attainment(capacities, ready, workload.rate, costs.horizon_s)
-    return Candidate(name, value, tuple(moves), tuple(layouts))
+class _Valuer:
+    """Values candidates by A_H against the current plan's whole pipelines (`kept`)."""
+
+    def __init__(self, cluster, model, workload, current, costs: MoveCosts, deadline, kept) -> None:
+        self.cluster, self.model, self.workload, self.current = cluster, model, workload, current
+        self.costs, self.deadline, self.kept = costs, deadline, kept
+        self.kept_capacities = [self._capacity(lay) for lay in kept]
+
+    def _capacity(self, layout):
+        return pipeline_capacity(self.cluster, layout, self.model, self.workload, self.deadline)
+
+    def candidate(self, name: str, layouts) -> Candidate:
+        cluster, model, costs = self.cluster, self.model, self.costs
+        new = layout_assignments(cluster, layouts)
+        moves, load = diff(model, self.current, new, costs.load_bandwidth)
+        old = []
+        if costs.make_before_break:
+            load, keeps_old = make_before_break_loads(
+                cluster, model, self.workload, self.current, new, load, costs.load_bandwidth
+            )
+            ends = old_pipeline_ends(cluster, self.kept, layouts, load, keeps_old)
+            old = list(zip(self.kept_capacities, ends, strict=True))
+        capacities = [self._capacity(lay) for lay in layouts]
+        ready = ready_times(cluster, layouts, load)
+        value = horizon_attainment(capacities, ready, self.workload.rate, costs.horizon_s, old)
+        return Candidate(name, value, tuple(moves), tuple(layouts))
 
 
 def _idle_filled(cluster, model, workload, layouts, free, deadline) -> list[PipelineLayout]:

@@ -133,10 +133,16 @@ def coordinated(make_model, tmp_path_factory):
             dht.shutdown()
 
 
-def test_plan_covers_the_model_and_one_candidate_holds_the_lease(coordinated):
-    plan = wait_until(
+def first_plan(coordinated):
+    """The plan every auto peer follows: each test waits for it, so none depends on running after
+    another (the fixture's swarm is shared; a later test sees the same or a newer plan)."""
+    return wait_until(
         coordinated.followed_plan, PLAN_BOUND_S, "a plan that every auto peer follows and covers the model"
     )
+
+
+def test_plan_covers_the_model_and_one_candidate_holds_the_lease(coordinated):
+    plan = first_plan(coordinated)
     holders = [
         name for name, proc in coordinated.coordinators.items() if "took the coordinator lease" in proc.log()
     ]
@@ -149,6 +155,7 @@ def test_status_shows_the_plan_as_text_and_json(coordinated):
     import json
     import subprocess
 
+    first_plan(coordinated)
     args = [sys.executable, "-m", "swarm.cli", "status", "--initial-peers", *coordinated.local.initial_peers]
     plan = coordinated.coordination().plan
     text = subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
@@ -161,6 +168,7 @@ def test_status_shows_the_plan_as_text_and_json(coordinated):
 
 
 def test_fixed_peer_is_never_moved(coordinated):
+    first_plan(coordinated)
     fixed = [r for r in coordinated.records() if r.name == "fixed"]
     assert fixed and (fixed[0].start, fixed[0].end) == (0, 2) and not fixed[0].auto
     assert coordinated.coordination().plan.assignment_of(fixed[0].peer_id) is None
@@ -170,6 +178,7 @@ def test_fixed_peer_is_never_moved(coordinated):
 def test_forged_plans_and_leases_are_ignored(coordinated):
     from hivemind.utils import get_dht_time
 
+    first_plan(coordinated)
     c = coordinated.coordination()
     me = coordinated.identity.peer_id.to_base58()
     ranges = {r.peer_id: (r.start, r.end) for r in coordinated.records()}
@@ -206,8 +215,8 @@ def test_killed_peer_is_replaced_and_generation_finishes(coordinated):
 
     from client import DistributedModelForCausalLM
 
+    version = first_plan(coordinated).version
     records = coordinated.records()
-    version = coordinated.coordination().plan.version
     # The auto peer that alone serves some block (fixed covers 0:2 only), else any auto peer.
     counts = online_peers_per_block(records, BLOCKS)
     auto = sorted((r for r in records if r.auto), key=lambda r: min(counts[r.start : r.end]))
@@ -253,6 +262,7 @@ def test_killed_peer_is_replaced_and_generation_finishes(coordinated):
 
 @pytest.mark.slow
 def test_second_candidate_takes_the_lease_and_plans_continue(coordinated):
+    first_plan(coordinated)
     before = coordinated.coordination()
     holder = next(n for n, p in coordinated.coordinators.items() if "took the coordinator lease" in p.log())
     standby = next(n for n in coordinated.coordinators if n != holder)

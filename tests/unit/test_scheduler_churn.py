@@ -100,7 +100,8 @@ def test_static_policy_follows_the_plan_then_places_joiners(small_run):
 
 
 def test_a_moving_peer_serves_its_old_range_until_the_new_one_is_loaded():
-    from routing.scheduler.churn_sim import _both_fit, _live
+    from routing.scheduler.churn_sim import _live
+    from routing.scheduler.moves import both_fit as _both_fit
 
     old, new = PeerSpan("a", ("a-g0",), 0, 10), PeerSpan("a", ("a-g0",), 10, 20)
     spans, ready, before = {"a": new, "b": PeerSpan("b", ("b-g0",), 0, 80)}, {"a": 50.0}, {"a": old}

@@ -214,3 +214,46 @@ def test_replan_patches_a_broken_pipeline_without_moving_anyone(swarm):
     if all(m.old is None for m in result.moves):  # no placed peer moved: a0 kept [0, 24)
         stages = [s for p in result.plan.pipelines for s in p.stages]
         assert StagePlan(("a0-g0", "a0-g1"), 0, 24) in stages
+
+
+def test_no_moves_never_moves_a_placed_peer(swarm, planned):
+    gone = swarm.devices[swarm.index(planned.plan.pipelines[0].stages[0].device_ids[0])].machine
+    smaller = swarm.without({d.id for d in swarm.devices if d.machine == gone})
+    costs = MoveCosts(move_placed=False)
+    result = replan(smaller, MODEL, WORKLOAD, planned.plan, SWARM, costs, known=frozenset(swarm.ids))
+    assert all(m.old is None for m in result.moves)
+    assert all(moves == 0 for _, _, moves in result.candidates)
+
+
+def test_the_valuation_of_moves_changes_values_not_candidates(swarm, planned):
+    gone = swarm.devices[swarm.index(planned.plan.pipelines[0].stages[0].device_ids[0])].machine
+    smaller = swarm.without({d.id for d in swarm.devices if d.machine == gone})
+    rows = {}
+    for mbb in (True, False):
+        costs = MoveCosts(make_before_break=mbb)
+        result = replan(smaller, MODEL, WORKLOAD, planned.plan, SWARM, costs, known=frozenset(swarm.ids))
+        rows[mbb] = {name: (value, moves) for name, value, moves in result.candidates}
+    assert rows[True]["keep"] == rows[False]["keep"]  # no move: the same value either way
+    # the seeded searches do not depend on the valuation: the same candidates, the same moves
+    assert {n: m for n, (_, m) in rows[True].items()} == {n: m for n, (_, m) in rows[False].items()}
+
+
+def test_patch_uses_a_filler_machine_for_one_hole_only():
+    from routing.scheduler.patch import patch_pipelines
+    from routing.scheduler.pipeline_dp import StageLayout
+
+    devices = []
+    for n in range(4):
+        devices += _machine(f"a{n}", "RTX3090", 2, "east")
+    devices += _machine("m6", "RTX3090", 6, "east")  # a TP-4 group and two devices to spare
+    cluster = build_cluster(devices, Network())
+    survivor = lambda m: [StageLayout((cluster.index(f"{m}-g0"), cluster.index(f"{m}-g1")), 0, 24)]  # noqa: E731
+    broken = [survivor("a0"), survivor("a2")]  # a1 and a3, their [24, 48), have left
+    pool = [i for i, d in enumerate(cluster.devices) if d.machine == "m6"]
+    machines = lambda layouts: [  # noqa: E731
+        {cluster.devices[s.devices[0]].machine for s in lay.stages} for lay in layouts
+    ]
+    patched = patch_pipelines(cluster, MODEL, WORKLOAD, broken, pool, deadline_s=60.0)
+    assert len(patched) == 1 and "m6" in machines(patched)[0]
+    split = patch_pipelines(cluster, MODEL, WORKLOAD, broken, pool, deadline_s=60.0, whole_machines=False)
+    assert len(split) == 2 and all("m6" in m for m in machines(split))  # without the swarm's rule
