@@ -35,6 +35,7 @@ class SamplingSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    ignore_eos: bool = False  # run to max_tokens past end-of-sequence tokens (vLLM's extension)
 
     @property
     def greedy(self) -> bool:
@@ -69,7 +70,8 @@ def generation_kwargs(model, settings: SamplingSettings) -> dict:
     config = GenerationConfig(
         max_new_tokens=settings.max_tokens,
         do_sample=False,
-        eos_token_id=base.eos_token_id,
+        # An empty list, not None: generate() fills None in from the model's own config.
+        eos_token_id=[] if settings.ignore_eos else base.eos_token_id,
         bos_token_id=base.bos_token_id,
         pad_token_id=base.pad_token_id if base.pad_token_id is not None else base.eos_token_id,
     )

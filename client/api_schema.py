@@ -56,6 +56,9 @@ class _Common(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict | None = None
+    # vLLM's extension (`extra_body={"ignore_eos": True}` in the openai package): generate
+    # max_tokens tokens whatever the model says; benchmarks use it for fixed-length answers.
+    ignore_eos: bool = False
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -95,9 +95,10 @@ class ApiService:
     async def serve(self, body: CompletionRequest | ChatRequest, ids: list[int], chat: bool):
         """The whole answer, or a stream of server-sent events; ApiError for anything refused."""
         max_tokens, stop = self._check(body, ids, chat)
-        settings = SamplingSettings(max_tokens, body.temperature, body.top_p, body.seed)
+        settings = SamplingSettings(max_tokens, body.temperature, body.top_p, body.seed, body.ignore_eos)
         stream = start_generation(self.model, self.executor, torch.tensor([ids]), settings)
-        pieces = text_deltas(stream, TextAssembler(self.tokenizer, stop), max_tokens, self.eos_ids)
+        eos_ids = set() if body.ignore_eos else self.eos_ids
+        pieces = text_deltas(stream, TextAssembler(self.tokenizer, stop), max_tokens, eos_ids)
         shape = ResponseShape(chat, self.config.name)
         try:
             first = await _next_piece(pieces)  # errors before the first token get their HTTP status

@@ -128,6 +128,17 @@ def test_chat_greedy_equals_generate_with_the_chat_template(api, model, tokenize
     assert got.usage.prompt_tokens == len(ids)
 
 
+def test_ignore_eos_runs_past_the_models_end_to_max_tokens(api, served_name):
+    client, _, _ = api
+    ended = client.completions.create(model=served_name, prompt=PROMPTS[1], max_tokens=40, temperature=0)
+    assert ended.choices[0].finish_reason == "stop" and ended.usage.completion_tokens < 40
+    full = client.completions.create(
+        model=served_name, prompt=PROMPTS[1], max_tokens=40, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 40
+    assert full.choices[0].text.startswith(ended.choices[0].text)
+
+
 def test_streaming_sends_the_same_text_with_usage(api, model, tokenizer, served_name):
     client, _, _ = api
     whole = client.completions.create(model=served_name, prompt=PROMPTS[2], max_tokens=24, temperature=0)
@@ -240,8 +251,15 @@ def wait_for(condition, timeout: float) -> bool:
 def test_disconnect_mid_stream_frees_the_session_on_every_peer(api, model, served_name):
     client, proc, _ = api
     assert wait_for(lambda: not any(open_sessions(model).values()), 15), open_sessions(model)
+    # ignore_eos: the random model's own answer to this prompt ends after ~170 tokens, ~1.5 s,
+    # which a slow machine's record updates can miss; 1900 tokens last long enough to be seen.
     stream = client.completions.create(
-        model=served_name, prompt=PROMPTS[3], max_tokens=1900, temperature=0, stream=True
+        model=served_name,
+        prompt=PROMPTS[3],
+        max_tokens=1900,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
     )
     chunks = iter(stream)
     for _ in range(5):
