@@ -28,6 +28,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from swarm import architectures
+
 
 class GatheredCache:
     """What the decoder layers see as their cache during a batched decode step.
@@ -90,13 +92,14 @@ def decode_batch(
     mask = padding_mask(rows, key_lengths, device)
     cache = GatheredCache(caches, rows, key_lengths)
     position_embeddings = rotary_emb(hidden, position_ids)
+    cache_kwarg = architectures.cache_argument(type(layers[first]).forward)
     for i in range(first, last):
         hidden = layers[i](
             hidden,
             attention_mask=mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
             position_embeddings=position_embeddings,
+            **{cache_kwarg: cache},
         )
     return list(torch.split(hidden, rows, dim=0))

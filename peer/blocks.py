@@ -152,14 +152,15 @@ class BlockStack(nn.Module):
         positions = architectures.position_embeddings(
             self.rotary_emb, hidden, position_ids, self.layer_types[first:last]
         )
+        cache_kwarg = architectures.cache_argument(type(self.layers[first]).forward)
         for i in range(first, last):
             hidden = self.layers[i](
                 hidden,
                 attention_mask=masks[i - first],
                 position_ids=position_ids,
-                past_key_values=cache,
                 use_cache=True,
                 position_embeddings=positions[i - first],
+                **{cache_kwarg: cache},
             )
         return hidden
 
@@ -202,9 +203,9 @@ class BlockStack(nn.Module):
             config=self.config,
             inputs_embeds=hidden,
             attention_mask=None,
-            past_key_values=cache,
             position_ids=position_ids,
         )
+        kwargs[architectures.cache_argument(create_causal_mask)] = cache
         layer_types = self.layer_types[first:last]
         makers = {
             "full_attention": create_causal_mask,

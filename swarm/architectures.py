@@ -25,6 +25,7 @@ ordinary parameters of the families' own layer classes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import re
@@ -159,11 +160,24 @@ def position_embeddings(
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(cos, sin) for each layer of `kinds`; computed once per attention kind where the family
     has one rotary base per kind (Gemma 3), else once for all."""
-    if "layer_type" not in inspect.signature(rotary.forward).parameters:
+    if not takes_argument(type(rotary).forward, "layer_type"):
         shared = rotary(hidden, position_ids)
         return [shared] * len(kinds)
     by_kind = {kind: rotary(hidden, position_ids, kind) for kind in set(kinds)}
     return [by_kind[kind] for kind in kinds]
+
+
+@functools.cache
+def takes_argument(function, name: str) -> bool:
+    """Whether `function` declares a parameter `name` (looked up once: a decode step calls it)."""
+    return name in inspect.signature(function).parameters
+
+
+@functools.cache
+def cache_argument(function) -> str:
+    """The name under which `function` (a decoder layer's forward, a mask maker) takes the KV
+    cache: transformers 5 renamed `past_key_values` to `cache` (the old name goes in 5.40)."""
+    return "cache" if takes_argument(function, "cache") else "past_key_values"
 
 
 def final_logits(config: PretrainedConfig, logits: torch.Tensor) -> torch.Tensor:
