@@ -17,7 +17,12 @@ initial swarm's upper bound in requests/s) is served under each policy
                loads), `--no-moves` (re-plans only place new or idle peers); knobs measured
                and not adopted: `--tie`, `--reopen-regions`, `--plan-headroom` (README)
   petals       Petals' rule as Petals 2.2.0 runs it (`petals_rule.py`): join on the weakest
-               blocks, a rebalance check per peer after a uniform wait (mean 120 s)
+               blocks, a rebalance check per server after a uniform wait (mean 120 s); one
+               server per machine over its largest power-of-two TP group (as if Petals' TP,
+               tested on BLOOM only, worked for Llama)
+  petals-gpu   the same rule with one server per GPU: Petals' default (a server gets one
+               device unless given `--tensor_parallel_devices`) and its maintainers' advice
+               for several GPUs
   no-replan    the initial plan (the coordinator's), leavers vanish, joiners take Petals' join
                placement
 
@@ -27,7 +32,8 @@ loaded peers' spans become disjoint chains and serve the next 8 s of the trace i
 simulation (`routing/scheduler/churn_sim.py`). One JSON line: per policy the SLO attainment and tokens/s
 per period (5 min) and over the run, split into samples within `--after-leave-s` (60) of a
 leave and the others, moves, ranges loaded; the coordinator's re-plan times
-(wall clock, noisy on a shared machine) p50 / p99; ratios to Petals' rule.
+(wall clock, noisy on a shared machine) p50 / p99; weights loaded (GB, all peers and by
+moving ones); ratios to both forms of Petals' rule.
 
     python benchmarks/churn.py [--seed 0] [--gpus 200] [--minutes 60]
 """
@@ -102,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after-leave-s", type=float, default=60.0, help="a sample this soon after a leave")
     parser.add_argument("--sample-s", type=float, default=30.0)
     parser.add_argument("--window-s", type=float, default=8.0)
-    parser.add_argument("--policies", nargs="*", default=["coordinator", "petals", "no-replan"])
+    parser.add_argument(
+        "--policies",
+        nargs="*",
+        default=["coordinator", "petals", "petals-gpu", "no-replan"],
+        choices=["coordinator", "petals", "petals-gpu", "no-replan"],
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     churn = draw_churn(args.gpus, args.regions, args.minutes, seed=args.seed)
@@ -146,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             reopen_regions=args.reopen_regions,
         ),
         "petals": lambda: PetalsPolicy(MODEL, workload, seed=args.seed),
+        "petals-gpu": lambda: PetalsPolicy(MODEL, workload, seed=args.seed, servers="gpu"),
         "no-replan": lambda: StaticPolicy(MODEL, workload, initial.plan, seed=args.seed),
     }
     leaves = [e.time_s for e in churn.events if e.kind == "leave"]
@@ -163,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             "moves": result.moves,
             "moves_of_serving_peers": result.moves_serving,
             "ranges_loaded": result.loads,
+            "loaded_gb": round(result.loaded_gb, 1),
+            "moved_gb": round(result.moved_gb, 1),
             "replans": len(result.replan_s),
             "replan_p50_s": _pct(result.replan_s, 50),
             "replan_p99_s": _pct(result.replan_s, 99),
@@ -212,11 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         },
         "policies": rows,
     }
-    if "petals" in rows and rows["petals"]["attainment"] > 0:
-        for name in rows:
-            rows[name]["attainment_vs_petals"] = round(
-                rows[name]["attainment"] / rows["petals"]["attainment"], 3
-            )
+    for baseline in ("petals", "petals-gpu"):
+        if baseline in rows and rows[baseline]["attainment"] > 0:
+            for name in rows:
+                rows[name][f"attainment_vs_{baseline.replace('-', '_')}"] = round(
+                    rows[name]["attainment"] / rows[baseline]["attainment"], 3
+                )
     out["wall_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(out))
     return 0

@@ -11,10 +11,15 @@ plugged in later.
   one region in turn; each re-plan is `replan.replan` (the genetic search warm-started, moves
   costed), published only when its estimate beats the current plan's by the margin. Peers the
   plan leaves out keep their range.
-* `PetalsPolicy` — Petals' rule (`petals_rule.py`, Petals 2.2.0): a joining peer takes the
+* `PetalsPolicy` — Petals' rule (`petals_rule.py`, Petals 2.2.0): a joining server takes the
   blocks with the least announced throughput, as many as its memory holds; once loaded, each
-  peer checks after a uniform wait (mean `period_s`, 120 s) whether moving would raise the
-  swarm's weakest block enough, and a peer that moves restarts and loads all its new blocks.
+  server checks after a uniform wait (mean `period_s`, 120 s) whether moving would raise the
+  swarm's weakest block enough, and a server that moves restarts and loads all its new blocks.
+  `servers="gpu"` runs one server per GPU, as Petals does by default (`tensor_parallel_devices`
+  defaults to the one device; its TP is tested on BLOOM only, and its maintainers advise one
+  server per GPU); `servers="machine"` grants each machine one server over its largest
+  power-of-two TP group, as if Petals' TP worked for the model. A server is named by its
+  first device, so every server of a machine leaves with it.
 * `StaticPolicy` — no re-planning: the initial plan stays; leaving peers just vanish; joining
   peers take Petals' join placement (they are not left idle) but nobody ever moves.
 """
@@ -145,8 +150,17 @@ class CoordinatorPolicy:
         return Decision(changes, result.elapsed_s, result.cpu_s)
 
 
+def petals_servers(machine: str, devices: tuple[str, ...], servers: str) -> dict[str, tuple[str, ...]]:
+    """The Petals servers a machine runs: server name -> the devices it is given."""
+    if servers == "machine":
+        return {machine: devices}
+    if servers == "gpu":
+        return {device: (device,) for device in devices}
+    raise ValueError(f"servers must be 'machine' or 'gpu', not {servers!r}")
+
+
 def petals_span(model: ModelSpec, workload: Workload, cluster: Cluster, devices: tuple[str, ...]) -> tuple:
-    """A Petals server on this machine: its TP group (largest power of two of its devices), the
+    """A Petals server over these devices: its TP group (largest power of two of them), the
     blocks it fills its memory with, and the throughput it announces (`petals_rule.py`: the
     forward rate of one block, compute bound as Petals measures it with 1024-token batches,
     over (blocks + 1) / 2, capped by its region link's rate). `workload` is unused: Petals sizes
@@ -174,7 +188,8 @@ def petals_span(model: ModelSpec, workload: Workload, cluster: Cluster, devices:
 
 
 class PetalsPolicy:
-    """Petals' rule (module docstring); `rebalance=False` keeps only its join placement."""
+    """Petals' rule (module docstring); `rebalance=False` keeps only its join placement;
+    `servers` is "machine" (one TP server per machine) or "gpu" (one server per GPU)."""
 
     name = "petals"
 
@@ -186,7 +201,12 @@ class PetalsPolicy:
         balance_quality: float = DEFAULT_BALANCE_QUALITY,
         seed: int = 0,
         rebalance: bool = True,
+        servers: str = "machine",
     ):
+        petals_servers("", (), servers)  # checks the value
+        if servers == "gpu":
+            self.name = "petals-gpu"
+        self.servers = servers
         self.model, self.workload, self.period_s = model, workload, period_s
         self.balance_quality, self.rebalance = balance_quality, rebalance
         self.rng = random.Random(seed)
@@ -197,18 +217,21 @@ class PetalsPolicy:
     def decide(self, view: SwarmView) -> Decision:
         spans = dict(view.spans)
         changes: dict[str, PeerSpan] = {}
-        newcomers = [m for m in view.machines if m not in spans and m not in self.seen]
+        offered = {
+            server: devices
+            for machine, machine_devices in view.machines.items()
+            for server, devices in petals_servers(machine, machine_devices, self.servers).items()
+        }
+        newcomers = [s for s in offered if s not in spans and s not in self.seen]
         self.rng.shuffle(newcomers)
-        for machine in newcomers:
-            self.seen.add(machine)
-            group, length, throughput = petals_span(
-                self.model, self.workload, view.cluster, view.machines[machine]
-            )
+        for server in newcomers:
+            self.seen.add(server)
+            group, length, throughput = petals_span(self.model, self.workload, view.cluster, offered[server])
             if length < 1:
-                continue  # too small to hold one block: this peer cannot serve
-            self.throughput[machine] = throughput
+                continue  # too small to hold one block: this server cannot serve
+            self.throughput[server] = throughput
             start = choose_start(self.model.num_layers, self._spans(spans), length)
-            spans[machine] = changes[machine] = PeerSpan(machine, group, start, start + length)
+            spans[server] = changes[server] = PeerSpan(server, group, start, start + length)
         if self.rebalance:
             for machine in sorted(spans):
                 if self._check_due(machine, view) and (start := self._check(spans, machine)) is not None:

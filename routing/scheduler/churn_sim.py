@@ -54,6 +54,8 @@ class PolicyRun:
     moves: int = 0
     moves_serving: int = 0  # of which peers that were in a complete chain (the others idled)
     loads: int = 0  # ranges loaded by peers that had none (joiners, idle peers)
+    loaded_gb: float = 0.0  # weights loaded after t = 0, by every peer
+    moved_gb: float = 0.0  # of which by peers that had a range (moves)
     replan_s: list[float] = field(default_factory=list)  # wall clock
     replan_cpu_s: list[float] = field(default_factory=list)
     serving_gpus: list[int] = field(default_factory=list)  # per sample: GPUs in complete chains
@@ -128,8 +130,9 @@ def run(
                 joined.append(event.machine)
             else:
                 present.discard(event.machine)
-                spans.pop(event.machine, None)
-                before.pop(event.machine, None)
+                for peer in _peers_of(spans, churn.devices[event.machine]):
+                    spans.pop(peer)
+                    before.pop(peer, None)
                 left.append(event.machine)
         cluster = churn.cluster(present)
         machines = {m: churn.devices[m] for m in sorted(present)}
@@ -144,10 +147,11 @@ def run(
         serving = (
             _serving(cluster, _live(spans, ready, before, now), model.num_layers) if decision.spans else set()
         )
+        present_devices = set(cluster.ids)
         for machine, span in decision.spans.items():
             old = spans.get(machine)
-            if old == span or machine not in present:
-                continue
+            if old == span or not set(span.device_ids) <= present_devices:
+                continue  # unchanged, or its machine has left
             was = _live(spans, ready, before, now, machine)
             restart = old is None or machine in decision.full_reload
             keep = not restart and was is not None and both_fit(cluster, model, workload, was, span)
@@ -156,13 +160,15 @@ def run(
             # the layout at t = 0 was loaded before the run: the swarm starts serving
             load = load_seconds(model, held, after, sampling.load_bandwidth) if now > 0 else 0.0
             ready[machine] = now + delay + load
+            out.loaded_gb += load * sampling.load_bandwidth / 1e9
+            out.moved_gb += load * sampling.load_bandwidth / 1e9 if old is not None else 0.0
             spans[machine] = span
             if keep:
                 before[machine] = was
             else:
                 before.pop(machine, None)
             out.moves += old is not None
-            out.moves_serving += old is not None and machine in serving
+            out.moves_serving += old is not None and old.device_ids[0] in serving
             out.loads += old is None
         if now in samples:
             live = _live(spans, ready, before, now)
@@ -184,13 +190,16 @@ def _live(spans, ready, before, now: float, machine: str | None = None):
     return [s for s in map(served, spans) if s is not None]
 
 
+def _peers_of(spans, devices) -> list[str]:
+    """The peers (one per machine, or Petals' one per GPU) that run on these devices."""
+    owned = set(devices)
+    return [peer for peer, span in spans.items() if span.device_ids[0] in owned]
+
+
 def _serving(cluster, live, num_layers: int) -> set[str]:
-    """Peers in a complete chain of the spans served now."""
-    return {
-        cluster.devices[st.devices[0]].machine
-        for chain in decompose(cluster, live, num_layers)
-        for st in chain
-    }
+    """The devices of the peers in a complete chain of the spans served now."""
+    ids = cluster.ids
+    return {ids[d] for chain in decompose(cluster, live, num_layers) for st in chain for d in st.devices}
 
 
 def _score(cluster, live, model, workload, trace: Trace, now: float, window_s: float):

@@ -114,3 +114,28 @@ def test_a_moving_peer_serves_its_old_range_until_the_new_one_is_loaded():
     assert not _both_fit(
         _cluster(), MODEL, workload, PeerSpan("a", ("a-g0",), 0, 40), PeerSpan("a", ("a-g0",), 40, 80)
     )
+
+
+def test_petals_runs_one_server_per_gpu_by_default_flag_and_they_leave_with_their_machine(small_run):
+    churn, workload, trace = small_run
+    first = churn.cluster(set(churn.initial))
+    machines = {m: churn.devices[m] for m in churn.initial}
+    per_gpu = PetalsPolicy(MODEL, workload, seed=2, servers="gpu")
+    assert per_gpu.name == "petals-gpu" and PetalsPolicy(MODEL, workload).name == "petals"
+    spans = per_gpu.decide(SwarmView(0.0, first, machines, {}, tuple(churn.initial))).spans
+    assert all(len(span.device_ids) == 1 and span.machine == span.device_ids[0] for span in spans.values())
+    assert len(spans) == sum(len(d) for d in machines.values())  # every GPU of the mix holds a block
+    per_machine = PetalsPolicy(MODEL, workload, seed=2).decide(
+        SwarmView(0.0, first, machines, {}, tuple(churn.initial))
+    )
+    assert set(per_machine.spans) == set(machines)
+    with pytest.raises(ValueError):
+        PetalsPolicy(MODEL, workload, servers="rack")
+    # A leaving machine takes all its servers with it.
+    from routing.scheduler.churn_sim import _peers_of
+
+    machine = max(machines, key=lambda m: len(machines[m]))
+    assert sorted(_peers_of(spans, machines[machine])) == sorted(machines[machine])
+    sampling = Sampling(sample_s=60, window_s=4, tick_s=10)
+    result = run(churn, PetalsPolicy(MODEL, workload, seed=2, servers="gpu"), MODEL, workload, trace, sampling)
+    assert result.loads >= len(spans) and len(result.samples) == 4
