@@ -69,13 +69,19 @@ def block_throughputs(num_blocks: int, spans: Sequence[Span]) -> list[float]:
 
 
 def best_start(throughputs: Sequence[float], length: int) -> int:
-    """The start of the window of `length` blocks whose sorted throughputs are smallest."""
-    if not 1 <= length <= len(throughputs):
-        raise ValueError(f"a span of {length} blocks does not fit a model of {len(throughputs)} blocks")
-    windows = (
-        (sorted(throughputs[start : start + length]), start) for start in range(len(throughputs) - length + 1)
-    )
-    return min(windows)[1]
+    """The start of the window of `length` blocks whose sorted throughputs are smallest.
+
+    Petals compares every window (min over (sorted window, start)); the best window's smallest
+    block is the weakest block of all, so only windows holding a weakest block are compared."""
+    count = len(throughputs)
+    if not 1 <= length <= count:
+        raise ValueError(f"a span of {length} blocks does not fit a model of {count} blocks")
+    weakest = min(throughputs)
+    starts: set[int] = set()
+    for block, throughput in enumerate(throughputs):
+        if throughput == weakest:
+            starts.update(range(max(0, block - length + 1), min(block, count - length) + 1))
+    return min((sorted(throughputs[start : start + length]), start) for start in starts)[1]
 
 
 def choose_start(num_blocks: int, spans: Sequence[Span], length: int) -> int:
@@ -138,8 +144,8 @@ def _settle(totals: list[float], placed: list[Span], rng: random.Random) -> None
 
 
 def _add(totals: list[float], span: Span, factor: float) -> None:
-    for block in range(span.start, span.end):
-        totals[block] += factor * span.throughput
+    delta = factor * span.throughput
+    totals[span.start : span.end] = [total + delta for total in totals[span.start : span.end]]
 
 
 def announced_throughput(forward_rps: float, num_blocks: int, network_rps: float) -> float:

@@ -31,6 +31,21 @@ def test_ties_go_to_the_weaker_second_block():
     assert best_start([1.0, 5.0, 1.0, 2.0], 2) == 2
 
 
+def test_best_start_is_petals_lexicographic_min_over_sorted_windows():
+    # Petals' own form: min over (sorted window, start), ties to the first start.
+    def reference(throughputs, length):
+        windows = ((sorted(throughputs[s : s + length]), s) for s in range(len(throughputs) - length + 1))
+        return min(windows)[1]
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        blocks = rng.randint(1, 30)
+        length = rng.randint(1, blocks)
+        levels = rng.choice([2, 4, 1000])  # few levels: many ties between windows
+        throughputs = [float(rng.randrange(levels)) * 0.5 for _ in range(blocks)]
+        assert best_start(throughputs, length) == reference(throughputs, length)
+
+
 def test_a_span_longer_than_the_model_is_refused():
     with pytest.raises(ValueError):
         best_start([1.0, 1.0], 3)
