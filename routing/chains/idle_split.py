@@ -64,7 +64,7 @@ def keep_idle_split(
 ) -> Route:
     """`idle`'s hops, scored on the load-aware costs of `loaded`, when it runs on `pick`'s peers; else `pick`.
 
-    step_ms: the snapshot's idle step (routing.chains.load_costs.idle_step_ms); None: idle's own.
+    step_ms: the snapshot's session step (routing.chains.load_costs.session_step_ms); None: idle's own step.
     """
     if idle is None or idle.hops == pick.hops or peers_of(idle) != peers_of(pick):
         return pick

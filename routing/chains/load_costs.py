@@ -29,9 +29,16 @@ iter_i = span_i * max(d_i, 1000 min(open_i, batch_i) / dec_i) (one session's ste
 peer that does not batch, the whole batch's on one that does), and rho_i comes from the
 announced open sessions, assuming they are like this request: each runs about the peer's
 whole range, its prompt at the prefill rate and its new tokens at the decode rate, over a
-session lasting (new + 1) idle steps of the exact min-latency chain,
+session lasting (new + 1) steps S of the exact min-latency chain,
 
-    rho_i = open_i * batch * (prompt / thr_i + new / dec_i) * span_i / session_s.
+    rho_i = open_i * batch * (prompt / thr_i + new / dec_i) * span_i / session_s,
+    session_s = (new + 1) * S.
+
+S is the chain's step under the very load these costs price (`session_step_ms`: the fixed
+point S = step of the idle chain at the costs of S, found by bisection). Taking S as the idle
+step instead, as the first version did, counts the open sessions as if they ran unslowed, so
+it overstates every busy peer's utilisation, most of all on peers that step their sessions
+one at a time.
 
 So k sessions on a batching peer cost about one batched step each round, not k steps,
 while on a peer that does not batch they cost k steps (rho_i grows k times faster).
@@ -53,6 +60,7 @@ from routing.chains.swarm_view import RouteRequest, SwarmView
 # Utilisation is clipped here (inflation <= 20x): a snapshot's load is an estimate, and a
 # finite cost keeps a busy peer usable when it is the only one serving some blocks.
 RHO_MAX = 0.95
+SESSION_BISECTIONS = 30  # halvings of the session step's bracket at most (it stops at 0.01% of the idle step)
 WAIT_FACTOR = 1.5  # half an iteration of waiting + one whole-range iteration, in units of d_i * span_i
 
 
@@ -79,13 +87,19 @@ def load_aware_candidates(
 ) -> Candidates:
     """`candidates(...)` with per-hop and per-block costs replaced by the load-aware ones above.
 
-    step_ms: the idle step the open sessions are assumed to take (None: solve for it here;
-    a caller scoring many loads on one snapshot passes `idle_step_ms` once). need: as in
+    step_ms: the step the open sessions are assumed to take (None: solve for it here,
+    `session_step_ms`; a caller scoring many loads on one snapshot passes it once). need: as in
     routing.chains.cost.candidates.
     """
     cands = candidates(view, request, exclude, need)
     if cands.size == 0:
         return cands
+    if step_ms is None:
+        step_ms = _session_step_ms(view, request, candidates(view, request))
+    return _loaded(cands, view, request, step_ms)
+
+
+def _loaded(cands: Candidates, view: SwarmView, request: RouteRequest, step_ms: float) -> Candidates:
     steps = request.new_tokens + 1
     transfer = (
         transfer_ms(view, request, request.prompt_tokens) + request.new_tokens * transfer_ms(view, request)
@@ -94,16 +108,42 @@ def load_aware_candidates(
     throughput = np.array([p.throughput for p in cands.peers], dtype=float)
     prefill_ms = np.maximum(cands.decode_ms, 1e3 * request.batch_size * request.prompt_tokens / throughput)
     per_block = (request.new_tokens * cands.decode_ms + prefill_ms) / steps
-    if step_ms is None:
-        step_ms = _idle_step_ms(cands)
     rho = np.minimum(utilisation(cands, request, steps * step_ms / 1e3), RHO_MAX)
     wait = WAIT_FACTOR * busy_share(cands, step_ms) * iteration_ms(cands)
     return replace(cands, overhead_ms=rtt + transfer + wait, decode_ms=per_block / (1 - rho))
 
 
 def idle_step_ms(view: SwarmView, request: RouteRequest) -> float:
-    """ms per step of the exact min-latency chain on idle costs: how long a session's steps take."""
+    """ms per step of the exact min-latency chain on idle costs."""
     return _idle_step_ms(candidates(view, request))
+
+
+def session_step_ms(view: SwarmView, request: RouteRequest) -> float:
+    """ms per step that the open sessions take, as the load-aware costs see them: the step S of
+    the idle min-latency chain priced at the load the open sessions make when each lasts
+    (new + 1) steps of S. The price falls as S grows (the same sessions over a longer time are
+    a lighter load), so the fixed point is unique; it lies between the idle step and the price
+    at the idle step, and bisection finds it. Taking the idle step instead (the earlier rule)
+    overstates the utilisation of a peer that steps its sessions one at a time: its sessions
+    last several idle steps (README: "Peers that do not batch")."""
+    return _session_step_ms(view, request, candidates(view, request))
+
+
+def _session_step_ms(view: SwarmView, request: RouteRequest, cands: Candidates) -> float:
+    idle = shortest_chain(cands)
+    if idle is None:
+        return float(cands.overhead_ms.sum())
+    low = make_route(cands, idle).latency_ms
+    high = make_route(_loaded(cands, view, request, low), idle).latency_ms
+    for _ in range(SESSION_BISECTIONS):
+        if high - low <= 1e-4 * low:
+            break
+        middle = (low + high) / 2
+        if make_route(_loaded(cands, view, request, middle), idle).latency_ms > middle:
+            low = middle
+        else:
+            high = middle
+    return high
 
 
 def _idle_step_ms(cands: Candidates) -> float:

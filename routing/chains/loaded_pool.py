@@ -30,7 +30,7 @@ class Pool:
     """Chains worth re-scoring on one snapshot for one request, and the lower bound."""
 
     routes: list[Route]
-    step_ms: float  # the snapshot's idle step (routing.chains.load_costs.idle_step_ms)
+    step_ms: float  # the snapshot's session step (routing.chains.load_costs.session_step_ms)
     bound_ms: float = 0.0  # least latency of the last exact solve without exclusions
     solves: int = field(default=0)
 

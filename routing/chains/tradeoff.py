@@ -37,7 +37,7 @@ import numpy as np
 from routing.chains.cost import candidates, make_route, no_route_error, request_cache_tokens
 from routing.chains.front import Front, neighbours, pick_index
 from routing.chains.idle_split import IdleChains, keep_idle_split
-from routing.chains.load_costs import idle_step_ms, load_aware_candidates
+from routing.chains.load_costs import load_aware_candidates, session_step_ms
 from routing.chains.loaded_pool import Pool, loaded_front
 from routing.chains.max_throughput import floor_route
 from routing.chains.nsga import NsgaConfig, nsga_front
@@ -58,7 +58,7 @@ class CachedFront:
     peer_sets: tuple[frozenset[str], ...]  # peers of each route, to honour `exclude`
     room: np.ndarray  # least cache tokens left among each route's peers, to honour a request's need
     choices: np.ndarray  # indices a decision with no exclusions draws from
-    step_ms: float  # the snapshot's idle step (routing.chains.load_costs.idle_step_ms)
+    step_ms: float  # the snapshot's session step (routing.chains.load_costs.session_step_ms)
 
 
 # Chosen by benchmarks/router.py: under the simulated load the latency end of the load-aware
@@ -204,7 +204,7 @@ class TradeoffRouter:
 
     def _refresh(self, key: CacheKey, view: SwarmView) -> CachedFront | None:
         request, need = class_request(key[1]), class_cache_floor(key[1])
-        step_ms = idle_step_ms(view, request)
+        step_ms = session_step_ms(view, request)
         cands = (
             load_aware_candidates(view, request, step_ms=step_ms, need=need)
             if self.load_aware

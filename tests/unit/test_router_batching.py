@@ -8,10 +8,16 @@ from dataclasses import replace
 import pytest
 
 from client.peer_views import peer_view
-from routing.chains.cost import candidates
-from routing.chains.load_costs import iteration_ms, load_aware_candidates, utilisation
+from routing.chains.cost import candidates, make_route
+from routing.chains.load_costs import (
+    idle_step_ms,
+    iteration_ms,
+    load_aware_candidates,
+    session_step_ms,
+    utilisation,
+)
 from routing.chains.load_sim import LoadSpec, simulate_load
-from routing.chains.min_latency import MinLatencyRouter
+from routing.chains.min_latency import MinLatencyRouter, shortest_chain
 from routing.chains.swarm_view import PeerView, RouteRequest, SwarmView
 from routing.chains.synthetic_swarm import SwarmSpec, generate_swarm
 from tests.unit.record_cases import make_record
@@ -44,6 +50,26 @@ def test_an_idle_peer_costs_the_same_batching_or_not() -> None:
     view = SwarmView(4, (replace(SERIAL, open_sessions=0), replace(BATCHED, open_sessions=0)))
     loaded = load_aware_candidates(view, REQ, step_ms=100.0)
     assert loaded.decode_ms[0] == loaded.decode_ms[1] and loaded.overhead_ms[0] == loaded.overhead_ms[1]
+
+
+def test_the_open_sessions_step_at_the_fixed_point_of_their_own_load() -> None:
+    # One serial peer serves every block: its six sessions slow every step down, so they last
+    # longer than six idle steps, and the load they make is lighter than the idle step implies.
+    view = SwarmView(4, (replace(SERIAL, open_sessions=6),), client_rtt_ms={"s": 10.0})
+    idle = idle_step_ms(view, REQ)
+    step = session_step_ms(view, REQ)
+    chain = shortest_chain(candidates(view, REQ))
+
+    def priced(step_ms: float) -> float:  # the idle chain's step at the load a step of step_ms makes
+        return make_route(load_aware_candidates(view, REQ, step_ms=step_ms), chain).latency_ms
+
+    assert idle < step < priced(idle)
+    assert priced(step) == pytest.approx(step, rel=2e-3)  # a fixed point
+    assert load_aware_candidates(view, REQ).decode_ms == pytest.approx(
+        load_aware_candidates(view, REQ, step_ms=step).decode_ms
+    )
+    idle_view = SwarmView(4, (replace(SERIAL, open_sessions=0),), client_rtt_ms={"s": 10.0})
+    assert session_step_ms(idle_view, REQ) == pytest.approx(idle_step_ms(idle_view, REQ))
 
 
 def test_the_simulator_runs_a_peer_that_does_not_batch_one_step_at_a_time() -> None:
