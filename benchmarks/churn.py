@@ -60,6 +60,7 @@ from routing.scheduler.simulator import make_trace  # noqa: E402
 from routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
 
 MODEL = preset("Llama-2-70B")
+POLICIES = ("coordinator", "petals", "petals-gpu", "no-replan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--policies",
         nargs="*",
-        default=["coordinator", "petals", "petals-gpu", "no-replan"],
-        choices=["coordinator", "petals", "petals-gpu", "no-replan"],
+        default=list(POLICIES),
+        choices=POLICIES,
     )
     args = parser.parse_args(argv)
     started = time.perf_counter()

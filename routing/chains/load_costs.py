@@ -94,8 +94,9 @@ def load_aware_candidates(
     cands = candidates(view, request, exclude, need)
     if cands.size == 0:
         return cands
-    if step_ms is None:
-        step_ms = _session_step_ms(view, request, candidates(view, request))
+    if step_ms is None:  # the open sessions run on the whole swarm, not only the peers left here
+        whole = cands if not exclude and need is None else candidates(view, request)
+        step_ms = _session_step_ms(view, request, whole)
     return _loaded(cands, view, request, step_ms)
 
 

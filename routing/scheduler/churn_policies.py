@@ -150,13 +150,14 @@ class CoordinatorPolicy:
         return Decision(changes, result.elapsed_s, result.cpu_s)
 
 
+SERVER_LAYOUTS = ("machine", "gpu")  # how many Petals servers a machine runs (PetalsPolicy)
+
+
 def petals_servers(machine: str, devices: tuple[str, ...], servers: str) -> dict[str, tuple[str, ...]]:
-    """The Petals servers a machine runs: server name -> the devices it is given."""
-    if servers == "machine":
-        return {machine: devices}
+    """The Petals servers a machine runs (`servers` in SERVER_LAYOUTS): name -> its devices."""
     if servers == "gpu":
         return {device: (device,) for device in devices}
-    raise ValueError(f"servers must be 'machine' or 'gpu', not {servers!r}")
+    return {machine: devices}
 
 
 def petals_span(model: ModelSpec, workload: Workload, cluster: Cluster, devices: tuple[str, ...]) -> tuple:
@@ -203,7 +204,8 @@ class PetalsPolicy:
         rebalance: bool = True,
         servers: str = "machine",
     ):
-        petals_servers("", (), servers)  # checks the value
+        if servers not in SERVER_LAYOUTS:
+            raise ValueError(f"servers must be one of {SERVER_LAYOUTS}, not {servers!r}")
         if servers == "gpu":
             self.name = "petals-gpu"
         self.servers = servers

@@ -148,25 +148,26 @@ def run(
             _serving(cluster, _live(spans, ready, before, now), model.num_layers) if decision.spans else set()
         )
         present_devices = set(cluster.ids)
-        for machine, span in decision.spans.items():
-            old = spans.get(machine)
+        for peer, span in decision.spans.items():
+            old = spans.get(peer)
             if old == span or not set(span.device_ids) <= present_devices:
                 continue  # unchanged, or its machine has left
-            was = _live(spans, ready, before, now, machine)
-            restart = old is None or machine in decision.full_reload
+            was = _live(spans, ready, before, now, peer)
+            restart = old is None or peer in decision.full_reload
             keep = not restart and was is not None and both_fit(cluster, model, workload, was, span)
             held = None if restart or keep else Assignment(old.device_ids, old.start, old.end)
             after = Assignment(span.device_ids, span.start, span.end)
             # the layout at t = 0 was loaded before the run: the swarm starts serving
             load = load_seconds(model, held, after, sampling.load_bandwidth) if now > 0 else 0.0
-            ready[machine] = now + delay + load
-            out.loaded_gb += load * sampling.load_bandwidth / 1e9
-            out.moved_gb += load * sampling.load_bandwidth / 1e9 if old is not None else 0.0
-            spans[machine] = span
+            ready[peer] = now + delay + load
+            loaded_gb = load * sampling.load_bandwidth / 1e9
+            out.loaded_gb += loaded_gb
+            out.moved_gb += loaded_gb if old is not None else 0.0
+            spans[peer] = span
             if keep:
-                before[machine] = was
+                before[peer] = was
             else:
-                before.pop(machine, None)
+                before.pop(peer, None)
             out.moves += old is not None
             out.moves_serving += old is not None and old.device_ids[0] in serving
             out.loads += old is None
