@@ -23,8 +23,15 @@ initial swarm's upper bound in requests/s) is served under each policy
   petals-gpu   the same rule with one server per GPU: Petals' default (a server gets one
                device unless given `--tensor_parallel_devices`) and its maintainers' advice
                for several GPUs
+  petals-peers the same rule with one TP server per `--peer-gpus` GPUs: Petals deployed as
+               the coordinator's peers are (named petals-<k>gpu; skipped when k is 0 or 1)
   no-replan    the initial plan (the coordinator's), leavers vanish, joiners take Petals' join
                placement
+
+`--peer-gpus k` is how volunteers deploy hexswarm: one `run-peer --layers auto` per k GPUs of a
+machine (the last peer takes the rest), 0 for one peer per machine. The scheduler plans one stage
+per peer at a TP degree of at most its GPUs; two peers of one machine still talk over its bus
+(`churn_process.split_machines`), and a machine leaves with all its peers.
 
 Joiners serve once loaded (layer bytes / `--load-gbps`); a Petals server that moves restarts,
 a coordinator's peer moves make-before-break when its memory holds both ranges. Every 30 s the
@@ -35,7 +42,7 @@ leave and the others, moves, ranges loaded; the coordinator's re-plan times
 (wall clock, noisy on a shared machine) p50 / p99; weights loaded (GB, all peers and by
 moving ones); ratios to both forms of Petals' rule.
 
-    python benchmarks/churn.py [--seed 0] [--gpus 200] [--minutes 60]
+    python benchmarks/churn.py [--seed 0] [--gpus 200] [--minutes 60] [--peer-gpus 4]
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from routing.scheduler.churn_policies import CoordinatorPolicy, PetalsPolicy, StaticPolicy  # noqa: E402
-from routing.scheduler.churn_process import draw_churn  # noqa: E402
+from routing.scheduler.churn_process import draw_churn, split_machines  # noqa: E402
 from routing.scheduler.churn_sim import Sampling, run  # noqa: E402
 from routing.scheduler.model_spec import Workload, preset  # noqa: E402
 from routing.scheduler.replan import REPLAN_CONFIG, MoveCosts, replan  # noqa: E402
@@ -60,7 +67,7 @@ from routing.scheduler.simulator import make_trace  # noqa: E402
 from routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
 
 MODEL = preset("Llama-2-70B")
-POLICIES = ("coordinator", "petals", "petals-gpu", "no-replan")
+POLICIES = ("coordinator", "petals", "petals-gpu", "petals-peers", "no-replan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="the coordinator plans for this x the offered rate (its estimate saturates at the rate)",
     )
+    parser.add_argument(
+        "--peer-gpus",
+        type=int,
+        default=4,
+        help="the coordinator's machines run one peer per this many GPUs (0: one peer per machine)",
+    )
     parser.add_argument("--after-leave-s", type=float, default=60.0, help="a sample this soon after a leave")
     parser.add_argument("--sample-s", type=float, default=30.0)
     parser.add_argument("--window-s", type=float, default=8.0)
@@ -119,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     churn = draw_churn(args.gpus, args.regions, args.minutes, seed=args.seed)
     first = churn.cluster(set(churn.initial))
+    planned_churn = split_machines(churn, args.peer_gpus) if args.peer_gpus else churn
     base = Workload(s_in=128, s_out=32, slo_scale=5.0, max_batch=16, seed=args.seed, num_requests=300)
     bound = throughput_upper_bound(first, MODEL, base, max_batch=16, prompt_tokens=128).requests_s
     workload = replace(base, rate=round(args.load * bound, 1))
@@ -136,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         max_generations=args.initial_generations,
     )
     planned = replace(workload, rate=workload.rate * args.plan_headroom)
-    initial = replan(first, MODEL, planned, None, first_config)
+    initial = replan(planned_churn.cluster(set(churn.initial)), MODEL, planned, None, first_config)
     costs = MoveCosts(
         load_bandwidth=args.load_gbps * 1e9 / 8,
         horizon_s=args.horizon_s,
@@ -158,15 +172,22 @@ def main(argv: list[str] | None = None) -> int:
             reopen_regions=args.reopen_regions,
         ),
         "petals": lambda: PetalsPolicy(MODEL, workload, seed=args.seed),
-        "petals-gpu": lambda: PetalsPolicy(MODEL, workload, seed=args.seed, servers="gpu"),
-        "no-replan": lambda: StaticPolicy(MODEL, workload, initial.plan, seed=args.seed),
+        "petals-gpu": lambda: PetalsPolicy(MODEL, workload, seed=args.seed, server_gpus=1),
+        "petals-peers": lambda: PetalsPolicy(MODEL, workload, seed=args.seed, server_gpus=args.peer_gpus),
+        "no-replan": lambda: StaticPolicy(
+            MODEL, workload, initial.plan, seed=args.seed, server_gpus=args.peer_gpus
+        ),
     }
     leaves = [e.time_s for e in churn.events if e.kind == "leave"]
     rows = {}
     for name in args.policies:
+        if name == "petals-peers" and args.peer_gpus in (0, 1):
+            continue  # the same as petals / petals-gpu
         t0 = time.perf_counter()
-        result = run(churn, policies[name](), MODEL, workload, trace, sampling)
+        swarm = planned_churn if name in ("coordinator", "no-replan") else churn
+        result = run(swarm, policies[name](), MODEL, workload, trace, sampling)
         att, tok = result.per_period(sampling.period_s)
+        name = result.name if name == "petals-peers" else name
         rows[name] = {
             "attainment": round(result.attainment(), 4),
             "throughput_tok_s": round(result.throughput(), 1),
@@ -227,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "policies": rows,
     }
-    for baseline in ("petals", "petals-gpu"):
+    for baseline in [n for n in rows if n.startswith("petals")]:
         if baseline in rows and rows[baseline]["attainment"] > 0:
             for name in rows:
                 rows[name][f"attainment_vs_{baseline.replace('-', '_')}"] = round(

@@ -15,11 +15,11 @@ plugged in later.
   blocks with the least announced throughput, as many as its memory holds; once loaded, each
   server checks after a uniform wait (mean `period_s`, 120 s) whether moving would raise the
   swarm's weakest block enough, and a server that moves restarts and loads all its new blocks.
-  `servers="gpu"` runs one server per GPU, as Petals does by default (`tensor_parallel_devices`
+  `server_gpus=1` runs one server per GPU, as Petals does by default (`tensor_parallel_devices`
   defaults to the one device; its TP is tested on BLOOM only, and its maintainers advise one
-  server per GPU); `servers="machine"` grants each machine one server over its largest
-  power-of-two TP group, as if Petals' TP worked for the model. A server is named by its
-  first device, so every server of a machine leaves with it.
+  server per GPU); `server_gpus=0` grants each machine one server over its largest
+  power-of-two TP group, as if Petals' TP worked for the model; `server_gpus=k` one such server
+  per k GPUs. A server is named by its first device, so every server of a machine leaves with it.
 * `StaticPolicy` — no re-planning: the initial plan stays; leaving peers just vanish; joining
   peers take Petals' join placement (they are not left idle) but nobody ever moves.
 """
@@ -150,14 +150,16 @@ class CoordinatorPolicy:
         return Decision(changes, result.elapsed_s, result.cpu_s)
 
 
-SERVER_LAYOUTS = ("machine", "gpu")  # how many Petals servers a machine runs (PetalsPolicy)
-
-
-def petals_servers(machine: str, devices: tuple[str, ...], servers: str) -> dict[str, tuple[str, ...]]:
-    """The Petals servers a machine runs (`servers` in SERVER_LAYOUTS): name -> its devices."""
-    if servers == "gpu":
-        return {device: (device,) for device in devices}
-    return {machine: devices}
+def petals_servers(
+    machine: str, devices: tuple[str, ...], server_gpus: int = 0
+) -> dict[str, tuple[str, ...]]:
+    """The Petals servers a machine runs: name -> its devices. `server_gpus` 0: one server over
+    the whole machine; k: one server per k GPUs (the last takes the rest; 1 is Petals' default).
+    A server is named by its first device, so the names stay unique across machines."""
+    if server_gpus == 0:
+        return {machine: devices}
+    groups = [devices[k : k + server_gpus] for k in range(0, len(devices), server_gpus)]
+    return {group[0]: group for group in groups}
 
 
 def petals_span(model: ModelSpec, workload: Workload, cluster: Cluster, devices: tuple[str, ...]) -> tuple:
@@ -190,7 +192,8 @@ def petals_span(model: ModelSpec, workload: Workload, cluster: Cluster, devices:
 
 class PetalsPolicy:
     """Petals' rule (module docstring); `rebalance=False` keeps only its join placement;
-    `servers` is "machine" (one TP server per machine) or "gpu" (one server per GPU)."""
+    `server_gpus` is 0 (one TP server per machine), 1 (one server per GPU, Petals' default) or
+    k (one TP server per k GPUs of a machine)."""
 
     name = "petals"
 
@@ -202,13 +205,13 @@ class PetalsPolicy:
         balance_quality: float = DEFAULT_BALANCE_QUALITY,
         seed: int = 0,
         rebalance: bool = True,
-        servers: str = "machine",
+        server_gpus: int = 0,
     ):
-        if servers not in SERVER_LAYOUTS:
-            raise ValueError(f"servers must be one of {SERVER_LAYOUTS}, not {servers!r}")
-        if servers == "gpu":
-            self.name = "petals-gpu"
-        self.servers = servers
+        if isinstance(server_gpus, bool) or not isinstance(server_gpus, int) or server_gpus < 0:
+            raise ValueError(f"server_gpus must be an integer >= 0, not {server_gpus!r}")
+        if server_gpus:
+            self.name = "petals-gpu" if server_gpus == 1 else f"petals-{server_gpus}gpu"
+        self.server_gpus = server_gpus
         self.model, self.workload, self.period_s = model, workload, period_s
         self.balance_quality, self.rebalance = balance_quality, rebalance
         self.rng = random.Random(seed)
@@ -222,7 +225,7 @@ class PetalsPolicy:
         offered = {
             server: devices
             for machine, machine_devices in view.machines.items()
-            for server, devices in petals_servers(machine, machine_devices, self.servers).items()
+            for server, devices in petals_servers(machine, machine_devices, self.server_gpus).items()
         }
         newcomers = [s for s in offered if s not in spans and s not in self.seen]
         self.rng.shuffle(newcomers)
@@ -271,12 +274,16 @@ class PetalsPolicy:
 
 
 class StaticPolicy(PetalsPolicy):
-    """No re-planning (module docstring): the initial plan, then Petals' join placement only."""
+    """No re-planning (module docstring): the initial plan, then Petals' join placement only
+    (joiners run servers of `server_gpus` GPUs, as the plan's peers do)."""
 
     name = "no-replan"
 
-    def __init__(self, model: ModelSpec, workload: Workload, initial: Plan, seed: int = 0):
-        super().__init__(model, workload, seed=seed, rebalance=False)
+    def __init__(
+        self, model: ModelSpec, workload: Workload, initial: Plan, seed: int = 0, server_gpus: int = 0
+    ):
+        super().__init__(model, workload, seed=seed, rebalance=False, server_gpus=server_gpus)
+        self.name = StaticPolicy.name
         self.initial, self.started = initial, False
 
     def decide(self, view: SwarmView) -> Decision:
@@ -284,9 +291,10 @@ class StaticPolicy(PetalsPolicy):
             return super().decide(view)
         self.started = True
         spans = plan_spans(view.cluster, self.initial)
-        for machine in spans:  # announced as Petals would, so that joiners weigh them alike
-            _, _, self.throughput[machine] = petals_span(
-                self.model, self.workload, view.cluster, view.machines[machine]
-            )
-        self.seen.update(view.machines)  # peers the plan left idle stay idle, as in the plan
+        for peer in spans:  # announced as Petals would, so that joiners weigh them alike
+            devices = tuple(d.id for d in view.cluster.devices if d.machine == peer)
+            _, _, self.throughput[peer] = petals_span(self.model, self.workload, view.cluster, devices)
+        # peers the plan left idle stay idle, as in the plan
+        for machine, devices in view.machines.items():
+            self.seen.update(petals_servers(machine, devices, self.server_gpus))
         return Decision(spans)

@@ -12,7 +12,7 @@ exponential too, as the law has no memory).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -79,3 +79,20 @@ def draw_churn(
         t += float(rng.exponential(1.0 / arrival_rate))
     kept = sorted((e for e in events if e.time_s < duration), key=lambda e: (e.time_s, e.kind, e.machine))
     return Churn(pool, devices, tuple(initial), tuple(kept), duration)
+
+
+def split_machines(churn: Churn, gpus_per_peer: int) -> Churn:
+    """The same churn where each machine runs one peer per `gpus_per_peer` of its GPUs (the
+    last peer takes the remainder): the devices' `machine` label becomes the peer's, so the
+    scheduler plans one stage per peer, while links keep their measured classes (two peers of
+    one machine still talk over its bus) and machines still join and leave whole."""
+    if gpus_per_peer < 1:
+        raise ValueError(f"gpus_per_peer must be at least 1, not {gpus_per_peer}")
+    peer_of = {
+        device: f"{machine}.p{k // gpus_per_peer}"
+        for machine, ids in churn.devices.items()
+        for k, device in enumerate(ids)
+    }
+    devices = tuple(replace(d, machine=peer_of[d.id]) for d in churn.pool.devices)
+    pool = Cluster(devices, churn.pool.latency, churn.pool.bandwidth, churn.pool.network)
+    return replace(churn, pool=pool)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from routing.scheduler.churn_policies import PetalsPolicy, StaticPolicy, SwarmView
-from routing.scheduler.churn_process import draw_churn
+from routing.scheduler.churn_process import draw_churn, split_machines
 from routing.scheduler.churn_sim import Sampling, run
 from routing.scheduler.cluster import Device, Network, build_cluster
 from routing.scheduler.genetic import SearchConfig, search
@@ -116,11 +116,34 @@ def test_a_moving_peer_serves_its_old_range_until_the_new_one_is_loaded():
     )
 
 
+def test_split_machines_runs_a_peer_per_k_gpus_that_the_plan_places_separately(small_run):
+    churn, workload, _ = small_run
+    split = split_machines(churn, 2)
+    assert split.events == churn.events and split.devices == churn.devices  # machines come and go whole
+    np.testing.assert_array_equal(split.pool.latency, churn.pool.latency)  # a machine's bus stays its bus
+    for ids in churn.devices.values():
+        peers = [split.pool.devices[split.pool.index(d)].machine for d in ids]
+        assert len(set(peers)) == (len(ids) + 1) // 2
+    with pytest.raises(ValueError):
+        split_machines(churn, 0)
+    first = split.cluster(set(churn.initial))
+    config = SearchConfig(max_generations=5, time_budget_s=30, capacity=False, one_stage_per_machine=True)
+    plan = search(first, MODEL, workload, config).plan
+    stages = [st for p in plan.pipelines for st in p.stages]
+    peer = {d.id: d.machine for d in first.devices}
+    assert all(len(st.device_ids) <= 2 and len({peer[d] for d in st.device_ids}) == 1 for st in stages)
+    assert len({peer[st.device_ids[0]] for st in stages}) == len(stages)  # one stage per peer
+    machines = {m: churn.devices[m] for m in churn.initial}
+    policy = StaticPolicy(MODEL, workload, plan, server_gpus=2)
+    start = policy.decide(SwarmView(0.0, first, machines, {}, tuple(churn.initial)))
+    assert set(start.spans) == {peer[st.device_ids[0]] for st in stages}
+
+
 def test_petals_runs_one_server_per_gpu_by_default_flag_and_they_leave_with_their_machine(small_run):
     churn, workload, trace = small_run
     first = churn.cluster(set(churn.initial))
     machines = {m: churn.devices[m] for m in churn.initial}
-    per_gpu = PetalsPolicy(MODEL, workload, seed=2, servers="gpu")
+    per_gpu = PetalsPolicy(MODEL, workload, seed=2, server_gpus=1)
     assert per_gpu.name == "petals-gpu" and PetalsPolicy(MODEL, workload).name == "petals"
     spans = per_gpu.decide(SwarmView(0.0, first, machines, {}, tuple(churn.initial))).spans
     assert all(len(span.device_ids) == 1 and span.machine == span.device_ids[0] for span in spans.values())
@@ -129,13 +152,43 @@ def test_petals_runs_one_server_per_gpu_by_default_flag_and_they_leave_with_thei
         SwarmView(0.0, first, machines, {}, tuple(churn.initial))
     )
     assert set(per_machine.spans) == set(machines)
-    with pytest.raises(ValueError):
-        PetalsPolicy(MODEL, workload, servers="rack")
+    per_pair = PetalsPolicy(MODEL, workload, seed=2, server_gpus=2)
+    assert per_pair.name == "petals-2gpu"
+    pairs = per_pair.decide(SwarmView(0.0, first, machines, {}, tuple(churn.initial))).spans
+    assert all(len(span.device_ids) <= 2 for span in pairs.values())
+    assert len(pairs) == sum((len(d) + 1) // 2 for d in machines.values())
+    for bad in (-1, "rack", 1.5, True):
+        with pytest.raises(ValueError):
+            PetalsPolicy(MODEL, workload, server_gpus=bad)
     # A leaving machine takes all its servers with it.
     from routing.scheduler.churn_sim import _peers_of
 
     machine = max(machines, key=lambda m: len(machines[m]))
     assert sorted(_peers_of(spans, machines[machine])) == sorted(machines[machine])
     sampling = Sampling(sample_s=60, window_s=4, tick_s=10)
-    result = run(churn, PetalsPolicy(MODEL, workload, seed=2, servers="gpu"), MODEL, workload, trace, sampling)
+    result = run(
+        churn, PetalsPolicy(MODEL, workload, seed=2, server_gpus=1), MODEL, workload, trace, sampling
+    )
     assert result.loads >= len(spans) and len(result.samples) == 4
+
+
+def test_churn_benchmark_prints_one_json_line_with_the_peer_split_policies():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    args = "--gpus 24 --regions 2 --minutes 2 --initial-generations 5 --generations 3 --peer-gpus 2"
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "churn.py"), *args.split()],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout.splitlines()
+    assert len(out) == 1
+    rows = json.loads(out[0])["policies"]
+    assert set(rows) == {"coordinator", "petals", "petals-gpu", "petals-2gpu", "no-replan"}
+    assert all(0.0 <= row["attainment"] <= 1.0 for row in rows.values())
+    assert "attainment_vs_petals_2gpu" in rows["coordinator"]
