@@ -7,7 +7,9 @@ wait until every block of the old range is served by another online peer or by t
 then switch: new streams reach the new range, streams already open stay on the old one,
 whose sessions finish (at most `drain_timeout`) before its blocks are freed.
 
-Tensor-parallel groups are not moved yet (their ranks would have to reload too).
+A tensor-parallel peer moves the same way: every rank loads its shard of the new range as a
+second stack beside the old one (`TPGroup.load_stack`), sessions run on the stack they opened
+on, and the old stack is freed on every rank once its sessions have drained.
 """
 
 from __future__ import annotations
@@ -41,9 +43,6 @@ class RangeMover:
 
     async def request(self, start: int, end: int) -> None:
         """Starts moving to [start, end) in the background; ignored while a move runs."""
-        if self.peer.group is not None:
-            logger.warning("not moving to [%d:%d): tensor-parallel groups are not moved yet", start, end)
-            return
         if self.task is None:
             self.task = asyncio.create_task(self._move(start, end), name="move")
             self.task.add_done_callback(self._done)
@@ -64,7 +63,10 @@ class RangeMover:
         logger.info("moving: loading [%d:%d) while serving [%d:%d)", start, end, *old)
         peer.next_range = new
         await peer.announcer.announce(PeerState.ONLINE)
-        blocks = await asyncio.to_thread(BlockStack.load, c.spec, start, end, c.dtype, c.devices[0])
+        if peer.group is not None:
+            blocks = await asyncio.to_thread(peer.group.load_stack, start, end)
+        else:
+            blocks = await asyncio.to_thread(BlockStack.load, c.spec, start, end, c.dtype, c.devices[0])
         await self._wait_until_covered(old, new)
         old_core, old_server = peer.core, peer.server
         peer.core = PeerCore(blocks, c.spec.model_id, c.limits)
@@ -99,4 +101,6 @@ class RangeMover:
             await asyncio.sleep(0.2)
             core.expire_idle()
         server.close()
+        if self.peer.group is not None:
+            self.peer.group.drop_stack(core.blocks)
         logger.info("dropped the old range [%d:%d)", core.blocks.start, core.blocks.end)

@@ -31,10 +31,13 @@ from peer.blocks import BlockStack
 from peer.devices import describe, threads_per_rank
 from peer.tp_rank import (
     HEARTBEAT_S,
+    DropStack,
     Failed,
     FreeCache,
     Heartbeat,
     Joining,
+    Loaded,
+    LoadStack,
     OpenCache,
     RankSetup,
     Ready,
@@ -84,6 +87,8 @@ class TPGroup:
         self._conns: dict[int, object] = {}
         self._joining: set[int] = set()
         self._ready: dict[int, Ready] = {}
+        self._loaded: set[tuple[int, int]] = set()  # (rank, stack id) of finished LoadStacks
+        self._stack_ids = 0  # the last stack id handed out (0: the stack the group started with)
         self._last_seen: dict[int, float] = {}
         self._send_lock = threading.Lock()
         self._fail_lock = threading.Lock()
@@ -107,7 +112,9 @@ class TPGroup:
         for rank in range(1, self.tp):
             parent_end, child_end = context.Pipe()
             setup = self._setup(rank, init_method, threads)
-            proc = context.Process(target=rank_main, args=(setup, child_end), name=f"tp-rank-{rank}", daemon=True)
+            proc = context.Process(
+                target=rank_main, args=(setup, child_end), name=f"tp-rank-{rank}", daemon=True
+            )
             proc.start()
             child_end.close()
             self._procs[rank], self._conns[rank] = proc, parent_end
@@ -121,7 +128,9 @@ class TPGroup:
             join_group(self._setup(0, init_method, threads))
             self._joined = True
             plan = ShardPlan(self.spec.config, 0, self.tp)
-            local = BlockStack.load(self.spec, self.start, self.end, self.dtype, self.devices[0], plan, all_reduce)
+            local = BlockStack.load(
+                self.spec, self.start, self.end, self.dtype, self.devices[0], plan, all_reduce
+            )
             self._wait_for(lambda: len(self._ready) == self.tp - 1, "load their shards")
         except Exception as e:
             self.fail(f"the group failed to start: {type(e).__name__}: {e}")
@@ -131,6 +140,23 @@ class TPGroup:
         )
         logger.info("tensor-parallel group of %d ready on %s", self.tp, ",".join(map(str, self.devices)))
         return TPBlocks(self, local)
+
+    def load_stack(self, start: int, end: int) -> TPBlocks:
+        """Loads blocks [start, end) on every rank beside the stacks serving now, which keep
+        serving meanwhile (a move: peer/range_move.py). Blocking: run it in a thread. Raises
+        TPGroupError if the group fails, a rank's load included."""
+        self._stack_ids += 1
+        stack_id = self._stack_ids
+        self.send_all(LoadStack(stack_id, start, end))
+        plan = ShardPlan(self.spec.config, 0, self.tp)
+        local = BlockStack.load(self.spec, start, end, self.dtype, self.devices[0], plan, all_reduce)
+        self._wait_for(lambda: all((r, stack_id) in self._loaded for r in range(1, self.tp)), "load a range")
+        logger.info("tensor-parallel group loaded [%d:%d) as stack %d", start, end, stack_id)
+        return TPBlocks(self, local, stack_id)
+
+    def drop_stack(self, blocks: TPBlocks) -> None:
+        """Frees a stack on every rank once no session runs on it (after a move's drain)."""
+        self.send_all(DropStack(blocks.stack_id), quiet=True)
 
     def _setup(self, rank: int, init_method: str, threads: int | None) -> RankSetup:
         return RankSetup(
@@ -178,6 +204,8 @@ class TPGroup:
                         self._joining.add(rank)
                     case Ready():
                         self._ready[rank] = message
+                    case Loaded(stack_id=stack_id):
+                        self._loaded.add((rank, stack_id))
                     case Failed(reason=reason):
                         self.fail(f"tensor-parallel rank {rank} failed: {reason}")
                     case Heartbeat():
@@ -251,14 +279,14 @@ class GroupCache:
 class TPBlocks:
     """The group's blocks as PeerCore sees them: one BlockStack's interface, run on all ranks."""
 
-    def __init__(self, group: TPGroup, local: BlockStack):
-        self.group, self.local = group, local
+    def __init__(self, group: TPGroup, local: BlockStack, stack_id: int = 0):
+        self.group, self.local, self.stack_id = group, local, stack_id
         self.spec, self.start, self.end = local.spec, local.start, local.end
         self.dtype, self.device, self.config = local.dtype, local.device, local.config
         self.tp = group.tp
 
     def new_cache(self, session_id: str) -> GroupCache:
-        self.group.send_all(OpenCache(session_id))
+        self.group.send_all(OpenCache(session_id, self.stack_id))
         return GroupCache(session_id, self.local.new_cache(session_id))
 
     def release(self, session_id: str) -> None:

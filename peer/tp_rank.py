@@ -37,6 +37,7 @@ HEARTBEAT_S = 1.0
 @dataclass(frozen=True)
 class OpenCache:
     session_id: str
+    stack_id: int = 0  # which of the rank's stacks the session runs on (0: the one it started with)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,20 @@ class RunStep:
     start: int
     end: int
     shape: tuple[int, int, int]  # (batch, new tokens, hidden)
+
+
+@dataclass(frozen=True)
+class LoadStack:
+    """Load blocks [start, end) as stack `stack_id` beside the ones serving (a move of the peer)."""
+
+    stack_id: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class DropStack:
+    stack_id: int
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,14 @@ class Ready:
     rank: int
     pid: int
     device: DeviceInfo
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A `LoadStack` is done on this rank."""
+
+    rank: int
+    stack_id: int
 
 
 @dataclass(frozen=True)
@@ -155,8 +178,12 @@ def rank_main(setup: RankSetup, conn) -> None:
         sys.exit(1)
     send_lock = threading.Lock()
     threading.Thread(target=_heartbeats, args=(conn, setup.rank, send_lock), daemon=True).start()
+
+    def load(command: LoadStack):
+        return BlockStack.load(spec, command.start, command.end, setup.dtype, device, plan, all_reduce)
+
     try:
-        _serve(stack, conn)
+        _serve(_Stacks(stack, load, conn, setup.rank, send_lock), conn)
     except Exception as e:  # a failed collective, or the leader gone: the leader tears the group down
         logger.error("rank %d stops: %s: %s", setup.rank, type(e).__name__, e)
         with send_lock:
@@ -165,10 +192,52 @@ def rank_main(setup: RankSetup, conn) -> None:
     dist.destroy_process_group()
 
 
-def _serve(stack, conn) -> None:
+class _Stacks:
+    """A rank's block stacks by id (one, or two while the peer moves) and its sessions' caches."""
+
+    def __init__(self, first, load, conn, rank: int, send_lock: threading.Lock):
+        self.stacks = {0: first}
+        self.caches: dict[str, tuple] = {}  # session id -> (its stack, its cache)
+        self._load, self._conn, self._rank, self._send_lock = load, conn, rank, send_lock
+
+    def open(self, command: OpenCache) -> None:
+        stack = self.stacks[command.stack_id]
+        self.caches[command.session_id] = (stack, stack.new_cache(command.session_id))
+
+    def load_in_background(self, command: LoadStack) -> None:
+        """Loads while the current stacks keep serving (the leader's steps must not wait)."""
+        threading.Thread(target=self._load_stack, args=(command,), name="load-stack", daemon=True).start()
+
+    def _load_stack(self, command: LoadStack) -> None:
+        try:
+            self.stacks[command.stack_id] = self._load(command)
+            reply = Loaded(self._rank, command.stack_id)
+        except Exception as e:  # the leader fails the group: its ranks no longer hold the same blocks
+            logger.exception("rank %d failed to load [%d:%d)", self._rank, command.start, command.end)
+            reply = Failed(self._rank, f"loading [{command.start}:{command.end}): {type(e).__name__}: {e}")
+        with self._send_lock:
+            _try_send(self._conn, reply)
+
+    def step(self, step: RunStep) -> None:
+        stack, cache = self.caches.get(step.session_id, (None, None))
+        if stack is None:
+            # A session freed while its step was queued at the leader still runs there: join the
+            # collectives with a throwaway cache on any stack holding those blocks (a copy of the
+            # values: a background load may add a stack meanwhile).
+            holding = [s for s in list(self.stacks.values()) if s.start <= step.start and step.end <= s.end]
+            if not holding:
+                raise RuntimeError(f"no stack holds blocks [{step.start}:{step.end})")
+            stack = holding[0]
+        hidden = torch.empty(step.shape, dtype=stack.dtype, device=stack.device)
+        broadcast_from_leader(hidden)
+        if cache is None:  # (not `or`: an empty DynamicCache is falsy)
+            cache = stack.new_cache(step.session_id)
+        stack(hidden, cache, step.position, step.start, step.end)
+
+
+def _serve(stacks: _Stacks, conn) -> None:
     """Runs the leader's commands in order until Stop."""
     parent = os.getppid()
-    caches = {}
     while True:
         if not conn.poll(HEARTBEAT_S):
             if os.getppid() != parent:
@@ -176,27 +245,20 @@ def _serve(stack, conn) -> None:
             continue
         message = conn.recv()  # EOFError when the leader closed its end
         match message:
-            case OpenCache(session_id):
-                caches[session_id] = stack.new_cache(session_id)
+            case OpenCache():
+                stacks.open(message)
             case FreeCache(session_id):
-                caches.pop(session_id, None)
+                stacks.caches.pop(session_id, None)
             case RunStep():
-                _step(stack, caches, message)
+                stacks.step(message)
+            case LoadStack():
+                stacks.load_in_background(message)
+            case DropStack(stack_id):
+                stacks.stacks.pop(stack_id, None)
             case Stop():
                 return
             case _:
                 raise TypeError(f"unexpected command {message!r}")
-
-
-def _step(stack, caches: dict, step: RunStep) -> None:
-    hidden = torch.empty(step.shape, dtype=stack.dtype, device=stack.device)
-    broadcast_from_leader(hidden)
-    # A session freed while its step was queued at the leader still runs there: join the
-    # collectives with a throwaway cache (nobody reads that step's output).
-    cache = caches.get(step.session_id)
-    if cache is None:  # (not `or`: an empty DynamicCache is falsy)
-        cache = stack.new_cache(step.session_id)
-    stack(hidden, cache, step.position, step.start, step.end)
 
 
 def _heartbeats(conn, rank: int, lock: threading.Lock) -> None:
