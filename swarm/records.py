@@ -95,6 +95,10 @@ class PeerRecord:
     # (an older peer): read it as 1000 / decode_ms_per_block, one session at a time.
     decode_batch_size: int = 1
     decode_batch_tokens_per_s: float = 0.0
+    # `--layers auto --tp auto`: the tensor-parallel degrees this peer can serve at over the
+    # devices it offers (each divides the model's heads and MLP width; `tp` is one of them), so
+    # the plan chooses the degree too. () = the degree is fixed at `tp`.
+    tp_choices: tuple[int, ...] = ()
     schema: int = RECORD_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
@@ -103,6 +107,7 @@ class PeerRecord:
         body["addrs"] = list(self.addrs)
         body["devices"] = [asdict(d) for d in self.devices]
         body["rtt_ms"] = [[peer, ms] for peer, ms in self.rtt_ms]
+        body["tp_choices"] = list(self.tp_choices)
         return msgpack.packb(body, use_bin_type=True)
 
     @classmethod
@@ -117,6 +122,7 @@ class PeerRecord:
             known["addrs"] = tuple(str(a) for a in known.get("addrs", ()))
             known["devices"] = tuple(DeviceInfo.from_dict(d) for d in known.get("devices", ()))
             known["rtt_ms"] = _parse_rtts(known.get("rtt_ms", ()))
+            known["tp_choices"] = _parse_tp_choices(known.get("tp_choices", ()))
             record = cls(**known)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed peer record: {e}") from None
@@ -215,6 +221,19 @@ def _parse_rtts(raw: Any) -> tuple[tuple[str, float], ...]:
     return tuple(pairs)
 
 
+MAX_TP_DEGREE = 64
+
+
+def _parse_tp_choices(raw: Any) -> tuple[int, ...]:
+    if not isinstance(raw, list | tuple) or len(raw) > MAX_TP_DEGREE:
+        raise ValueError(f"tp_choices must be a list of at most {MAX_TP_DEGREE} degrees")
+    if any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_TP_DEGREE for k in raw):
+        raise ValueError(f"a tp choice is not a degree in 1..{MAX_TP_DEGREE}")
+    if list(raw) != sorted(set(raw)):
+        raise ValueError("tp_choices must be sorted and distinct")
+    return tuple(raw)
+
+
 def unpack_map(data: Any, max_bytes: int = 64 * 1024) -> dict:
     """A DHT value (remote input) as a msgpack map; ValueError if it is not one or is too long."""
     if not isinstance(data, bytes | bytearray) or len(data) > max_bytes:
@@ -264,3 +283,5 @@ def _check_types(record: PeerRecord) -> None:
         raise ValueError("decode batch figures must be positive")
     if record.tp < 1 or (record.devices and len(record.devices) != record.tp):
         raise ValueError(f"tp {record.tp} does not match its {len(record.devices)} devices")
+    if record.tp_choices and record.tp not in record.tp_choices:
+        raise ValueError(f"tp {record.tp} is not one of its tp_choices {record.tp_choices}")

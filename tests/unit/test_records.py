@@ -23,6 +23,14 @@ def test_tensor_parallel_fields_round_trip():
     assert PeerRecord.from_bytes(record.to_bytes()) == record
 
 
+def test_tp_choices_round_trip_and_default_to_a_fixed_degree():
+    record = make_record(tp=2, devices=(GPU, GPU), tp_choices=(1, 2, 4))
+    assert PeerRecord.from_bytes(record.to_bytes()) == record
+    body = msgpack.unpackb(record.to_bytes())
+    del body["tp_choices"]  # a peer from before the plan chose degrees
+    assert PeerRecord.from_bytes(msgpack.packb(body)).tp_choices == ()
+
+
 def test_record_without_tp_fields_reads_as_one_device():
     """A record from before tensor parallelism (no tp, no devices) still parses, at degree 1."""
     body = msgpack.unpackb(make_record().to_bytes())
@@ -51,6 +59,14 @@ def test_decode_batch_fields_round_trip_and_default_for_older_records():
         {"tp": 3, "devices": [GPU.__dict__, GPU.__dict__]},
         {"tp": 1, "devices": [{"type": "cuda", "name": "x"}]},
         {"tp": 1, "devices": ["cuda"]},
+        {"tp_choices": [2, 1]},
+        {"tp_choices": [1, 1]},
+        {"tp_choices": [0, 1]},
+        {"tp_choices": [1, 65]},
+        {"tp_choices": [True]},
+        {"tp_choices": "1,2"},
+        {"tp_choices": list(range(1, 66))},
+        {"tp": 1, "tp_choices": [2, 4]},
     ],
 )
 def test_malformed_tp_fields_are_rejected(change):
