@@ -1,11 +1,17 @@
 """A peer served by a tensor-parallel group: the leader's side (rank 0).
 
 The leader owns the network; its `PeerCore` runs sessions on `TPBlocks`, which has the same
-interface as a one-process `BlockStack`. Each step is sent to every rank (a `RunStep` over
+interface as a one-process `BlockStack`. Each step is sent to every rank of its stack (a `RunStep` over
 its pipe), the hidden states are broadcast from rank 0, every rank runs its shard of the
 layers (all-reducing after each row-parallel module, peer/tp_shard.py) and the leader returns
 its copy of the result. Opening and freeing a session's cache reach every rank the same way,
 so no rank keeps a cache its leader has freed (close, disconnect, idle expiry).
+
+Degrees: with `degrees` (a peer whose plan chooses its degree) the group keeps one rank per
+offered device, and each stack of blocks runs at its own degree k on ranks 0..k-1 over a
+sub-group built at start (peer/tp_rank.py); `load_stack(start, end, tp)` loads a stack at
+another degree beside the serving one, so a plan that changes the degree moves the peer
+make-before-break like a plan that changes its range.
 
 Failure: a rank that exits, stops sending heartbeats for `timeout_s`, or breaks a collective
 (each one times out after `timeout_s`) fails the whole group at once: the leader kills the
@@ -43,12 +49,12 @@ from peer.tp_rank import (
     Ready,
     RunStep,
     Stop,
-    all_reduce,
     broadcast_from_leader,
     join_group,
+    load_shard,
     rank_main,
+    subgroups,
 )
-from peer.tp_shard import ShardPlan
 from swarm import log_setup
 from swarm.launcher import free_port
 from swarm.model_spec import ModelSpec
@@ -77,10 +83,13 @@ class TPGroup:
         devices: tuple[torch.device, ...],
         timeout_s: float,
         on_failure: Callable[[str], None],
+        degrees: tuple[int, ...] = (),
     ):
         self.spec, self.start, self.end, self.dtype = spec, start, end, dtype
-        self.devices, self.tp, self.timeout_s = devices, len(devices), timeout_s
+        self.devices, self.tp, self.timeout_s = devices, len(devices), timeout_s  # tp: ranks in the group
+        self.degrees = degrees  # other degrees its stacks may run at (sub-groups of ranks 0..k-1)
         self.on_failure = on_failure
+        self._groups: dict[int, object] = {}  # degree -> its process group (None: the whole group)
         self.failure: str | None = None
         self.device_info: tuple[DeviceInfo, ...] = ()
         self._procs: dict[int, multiprocessing.Process] = {}
@@ -127,10 +136,8 @@ class TPGroup:
             self._wait_for(lambda: len(self._joining) == self.tp - 1, "start")
             join_group(self._setup(0, init_method, threads))
             self._joined = True
-            plan = ShardPlan(self.spec.config, 0, self.tp)
-            local = BlockStack.load(
-                self.spec, self.start, self.end, self.dtype, self.devices[0], plan, all_reduce
-            )
+            self._groups = subgroups(self.tp, self.degrees)
+            local = load_shard(self.spec, self.start, self.end, self.dtype, self.devices[0], 0, self.tp, None)
             self._wait_for(lambda: len(self._ready) == self.tp - 1, "load their shards")
         except Exception as e:
             self.fail(f"the group failed to start: {type(e).__name__}: {e}")
@@ -139,24 +146,30 @@ class TPGroup:
             self._ready[r].device for r in range(1, self.tp)
         )
         logger.info("tensor-parallel group of %d ready on %s", self.tp, ",".join(map(str, self.devices)))
-        return TPBlocks(self, local)
+        return TPBlocks(self, local, 0, self.tp)
 
-    def load_stack(self, start: int, end: int) -> TPBlocks:
-        """Loads blocks [start, end) on every rank beside the stacks serving now, which keep
-        serving meanwhile (a move: peer/range_move.py). Blocking: run it in a thread. Raises
-        TPGroupError if the group fails, a rank's load included."""
+    def load_stack(self, start: int, end: int, tp: int | None = None) -> TPBlocks:
+        """Loads blocks [start, end) at degree `tp` (default: every rank) beside the stacks serving
+        now, which keep serving meanwhile (a move: peer/range_move.py). Blocking: run it in a
+        thread. Raises TPGroupError if the group fails, a rank's load included."""
+        tp = tp or self.tp
+        if tp not in self._groups and tp != 1:
+            raise ValueError(f"degree {tp} is not one this group was started for ({sorted(self._groups)})")
         self._stack_ids += 1
-        stack_id = self._stack_ids
-        self.send_all(LoadStack(stack_id, start, end))
-        plan = ShardPlan(self.spec.config, 0, self.tp)
-        local = BlockStack.load(self.spec, start, end, self.dtype, self.devices[0], plan, all_reduce)
-        self._wait_for(lambda: all((r, stack_id) in self._loaded for r in range(1, self.tp)), "load a range")
-        logger.info("tensor-parallel group loaded [%d:%d) as stack %d", start, end, stack_id)
-        return TPBlocks(self, local, stack_id)
+        stack_id, ranks = self._stack_ids, range(1, tp)
+        self.send_to(ranks, LoadStack(stack_id, start, end, tp))
+        local = load_shard(self.spec, start, end, self.dtype, self.devices[0], 0, tp, self.process_group(tp))
+        self._wait_for(lambda: all((r, stack_id) in self._loaded for r in ranks), "load a range")
+        logger.info("tensor-parallel group loaded [%d:%d) at degree %d as stack %d", start, end, tp, stack_id)
+        return TPBlocks(self, local, stack_id, tp)
+
+    def process_group(self, tp: int):
+        """The process group a stack of degree `tp` runs its collectives over (None: all ranks)."""
+        return self._groups.get(tp)
 
     def drop_stack(self, blocks: TPBlocks) -> None:
-        """Frees a stack on every rank once no session runs on it (after a move's drain)."""
-        self.send_all(DropStack(blocks.stack_id), quiet=True)
+        """Frees a stack on its ranks once no session runs on it (after a move's drain)."""
+        self.send_to(blocks.ranks, DropStack(blocks.stack_id), quiet=True)
 
     def _setup(self, rank: int, init_method: str, threads: int | None) -> RankSetup:
         return RankSetup(
@@ -170,6 +183,7 @@ class TPGroup:
             init_method=init_method,
             timeout_s=self.timeout_s,
             threads=threads,
+            degrees=self.degrees,
             log_format=f"%(asctime)s %(levelname)s {log_setup.context()} tp rank {rank}: %(message)s",
             log_level=logging.getLogger().getEffectiveLevel(),
         )
@@ -226,14 +240,18 @@ class TPGroup:
 
     def send_all(self, message, *, quiet: bool = False) -> None:
         """Sends a command to every rank; with `quiet`, a failed group is not an error."""
+        self.send_to(self._conns, message, quiet=quiet)
+
+    def send_to(self, ranks, message, *, quiet: bool = False) -> None:
+        """Sends a command to `ranks` (1..K-1), in the order of every other command."""
         if self.failure is not None:
             if quiet:
                 return
             raise ProtocolError(ErrorCode.PEER_FAILED, self.failure)
         try:
             with self._send_lock:
-                for conn in self._conns.values():
-                    conn.send(message)
+                for rank in ranks:
+                    self._conns[rank].send(message)
         except (OSError, ValueError) as e:
             self.fail(self.dead_rank() or f"cannot reach a tensor-parallel rank: {type(e).__name__}: {e}")
             if not quiet:
@@ -277,29 +295,36 @@ class GroupCache:
 
 
 class TPBlocks:
-    """The group's blocks as PeerCore sees them: one BlockStack's interface, run on all ranks."""
+    """A stack of the group's blocks as PeerCore sees it: one BlockStack's interface, run on
+    ranks 0..tp-1 (at degree 1, on the leader alone)."""
 
-    def __init__(self, group: TPGroup, local: BlockStack, stack_id: int = 0):
-        self.group, self.local, self.stack_id = group, local, stack_id
+    def __init__(self, group: TPGroup, local: BlockStack, stack_id: int, tp: int):
+        self.group, self.local, self.stack_id, self.tp = group, local, stack_id, tp
         self.spec, self.start, self.end = local.spec, local.start, local.end
         self.dtype, self.device, self.config = local.dtype, local.device, local.config
-        self.tp = group.tp
+        self.ranks = range(1, tp)  # the other ranks that hold a shard of this stack
+        self.process_group = group.process_group(tp)
 
     def new_cache(self, session_id: str) -> GroupCache:
-        self.group.send_all(OpenCache(session_id, self.stack_id))
+        self.group.send_to(self.ranks, OpenCache(session_id, self.stack_id))
         return GroupCache(session_id, self.local.new_cache(session_id))
 
     def release(self, session_id: str) -> None:
-        self.group.send_all(FreeCache(session_id), quiet=True)
+        self.group.send_to(self.ranks, FreeCache(session_id), quiet=True)
 
     def __call__(
         self, hidden: torch.Tensor, cache: GroupCache, position: int, start: int, end: int
     ) -> torch.Tensor:
+        if self.group.failure is not None:  # (a stack of degree 1 sends nothing that would tell)
+            raise ProtocolError(ErrorCode.PEER_FAILED, self.group.failure)
+        if self.tp == 1:
+            return self.local(hidden, cache.local, position, start, end)
         batch, tokens, width = hidden.shape
-        self.group.send_all(RunStep(cache.session_id, position, start, end, (batch, tokens, width)))
+        step = RunStep(cache.session_id, position, start, end, (batch, tokens, width), self.stack_id)
+        self.group.send_to(self.ranks, step)
         try:
             hidden = hidden.contiguous()
-            broadcast_from_leader(hidden)
+            broadcast_from_leader(hidden, self.process_group)
             return self.local(hidden, cache.local, position, start, end)
         except (RuntimeError, OSError) as e:  # torch.distributed raises RuntimeError subclasses
             self.group.fail(self.group.dead_rank() or f"a collective failed: {type(e).__name__}: {e}")

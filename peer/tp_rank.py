@@ -6,6 +6,12 @@ on CUDA, gloo on CPU): a step's hidden states are broadcast from rank 0, and eve
 all-reduces its row-parallel outputs. Commands go through the pipe rather than a collective
 so that an idle group waits in `poll`, not in a collective that would time out.
 
+A peer whose plan chooses its degree (`--layers auto --tp auto`) starts one rank per offered
+device and serves at degree k on ranks 0..k-1: every rank builds the same sub-groups at start
+(`subgroups`), each stack of blocks runs on the sub-group of its degree, and a rank outside a
+stack's degree gets none of its commands. So a change of degree is a move like any other: the
+new stack loads beside the old one on the ranks it needs.
+
 Liveness, both ways: a rank sends a heartbeat every HEARTBEAT_S (the leader declares it hung
 after `timeout_s` of silence), and exits when the leader's end of the pipe closes or the
 leader process dies (PR_SET_PDEATHSIG on Linux, and a parent-pid check as a fallback).
@@ -19,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -54,15 +61,18 @@ class RunStep:
     start: int
     end: int
     shape: tuple[int, int, int]  # (batch, new tokens, hidden)
+    stack_id: int = 0
 
 
 @dataclass(frozen=True)
 class LoadStack:
-    """Load blocks [start, end) as stack `stack_id` beside the ones serving (a move of the peer)."""
+    """Load blocks [start, end) at degree `tp` as stack `stack_id` beside the ones serving (a
+    move of the peer); sent to ranks 1..tp-1 only."""
 
     stack_id: int
     start: int
     end: int
+    tp: int
 
 
 @dataclass(frozen=True)
@@ -114,7 +124,7 @@ class RankSetup:
     """Everything a rank process needs to join its group and load its shard."""
 
     rank: int
-    tp: int
+    tp: int  # ranks in the group (the first stack's degree)
     device: str
     model_dir: str
     start: int
@@ -123,6 +133,7 @@ class RankSetup:
     init_method: str  # tcp://127.0.0.1:PORT, where rank 0 hosts the rendezvous
     timeout_s: float  # bound on every collective
     threads: int | None  # CPU threads of this rank (None: torch's default)
+    degrees: tuple[int, ...]  # degrees the group may serve at (sub-groups built at start)
     log_format: str
     log_level: int
 
@@ -142,13 +153,41 @@ def join_group(setup: RankSetup) -> None:
     )
 
 
-def all_reduce(tensor: torch.Tensor) -> None:
-    """Sums `tensor` in place over the group (the row-parallel layers' partial outputs)."""
-    dist.all_reduce(tensor)
+def subgroups(size: int, degrees: tuple[int, ...]) -> dict[int, object]:
+    """Degree -> its process group (ranks 0..k-1; None: the whole group). Every rank calls this
+    once after joining, with the same arguments: creating a group is collective."""
+    groups: dict[int, object] = {size: None}
+    for k in sorted(set(degrees)):
+        if 1 < k < size:
+            groups[k] = dist.new_group(list(range(k)))
+    return groups
 
 
-def broadcast_from_leader(tensor: torch.Tensor) -> None:
-    dist.broadcast(tensor, src=0)
+def all_reduce_over(group) -> Callable[[torch.Tensor], None]:
+    """Sums a tensor in place over `group` (the row-parallel layers' partial outputs)."""
+
+    def all_reduce(tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor, group=group)
+
+    return all_reduce
+
+
+all_reduce = all_reduce_over(None)  # over the whole group
+
+
+def broadcast_from_leader(tensor: torch.Tensor, group=None) -> None:
+    dist.broadcast(tensor, src=0, group=group)
+
+
+def load_shard(spec, start: int, end: int, dtype: torch.dtype, device, rank: int, tp: int, group):
+    """This rank's share of blocks [start, end) at degree `tp` (whole blocks at degree 1)."""
+    from peer.blocks import BlockStack
+    from peer.tp_shard import ShardPlan
+
+    if tp == 1:
+        return BlockStack.load(spec, start, end, dtype, device)
+    plan = ShardPlan(spec.config, rank, tp)
+    return BlockStack.load(spec, start, end, dtype, device, plan, all_reduce_over(group))
 
 
 def rank_main(setup: RankSetup, conn) -> None:
@@ -159,18 +198,16 @@ def rank_main(setup: RankSetup, conn) -> None:
     log_setup.disable_progress()  # the leader draws the group's progress bars
     if setup.threads is not None:
         torch.set_num_threads(setup.threads)
-    from peer.blocks import BlockStack  # heavy imports after the process is set up
-    from peer.devices import describe
-    from peer.tp_shard import ShardPlan
+    from peer.devices import describe  # heavy imports after the process is set up
     from swarm.model_spec import load_model_spec
 
     device = torch.device(setup.device)
     conn.send(Joining(setup.rank))
     try:
         join_group(setup)
+        groups = subgroups(setup.tp, setup.degrees)
         spec = load_model_spec(setup.model_dir)
-        plan = ShardPlan(spec.config, setup.rank, setup.tp)
-        stack = BlockStack.load(spec, setup.start, setup.end, setup.dtype, device, plan, all_reduce)
+        stack = load_shard(spec, setup.start, setup.end, setup.dtype, device, setup.rank, setup.tp, None)
         conn.send(Ready(setup.rank, os.getpid(), describe(device, setup.threads)))
     except Exception as e:
         logger.exception("rank %d failed to start", setup.rank)
@@ -179,11 +216,15 @@ def rank_main(setup: RankSetup, conn) -> None:
     send_lock = threading.Lock()
     threading.Thread(target=_heartbeats, args=(conn, setup.rank, send_lock), daemon=True).start()
 
-    def load(command: LoadStack):
-        return BlockStack.load(spec, command.start, command.end, setup.dtype, device, plan, all_reduce)
+    def load(command: LoadStack) -> _Stack:
+        group = groups[command.tp]
+        blocks = load_shard(
+            spec, command.start, command.end, setup.dtype, device, setup.rank, command.tp, group
+        )
+        return _Stack(blocks, group)
 
     try:
-        _serve(_Stacks(stack, load, conn, setup.rank, send_lock), conn)
+        _serve(_Stacks(_Stack(stack, None), load, conn, setup.rank, send_lock), conn)
     except Exception as e:  # a failed collective, or the leader gone: the leader tears the group down
         logger.error("rank %d stops: %s: %s", setup.rank, type(e).__name__, e)
         with send_lock:
@@ -192,17 +233,23 @@ def rank_main(setup: RankSetup, conn) -> None:
     dist.destroy_process_group()
 
 
+@dataclass(frozen=True)
+class _Stack:
+    blocks: object  # this rank's BlockStack of the stack
+    group: object  # the process group of its degree (None: the whole group)
+
+
 class _Stacks:
     """A rank's block stacks by id (one, or two while the peer moves) and its sessions' caches."""
 
-    def __init__(self, first, load, conn, rank: int, send_lock: threading.Lock):
+    def __init__(self, first: _Stack, load, conn, rank: int, send_lock: threading.Lock):
         self.stacks = {0: first}
-        self.caches: dict[str, tuple] = {}  # session id -> (its stack, its cache)
+        self.caches: dict[str, object] = {}  # session id -> its cache
         self._load, self._conn, self._rank, self._send_lock = load, conn, rank, send_lock
 
     def open(self, command: OpenCache) -> None:
-        stack = self.stacks[command.stack_id]
-        self.caches[command.session_id] = (stack, stack.new_cache(command.session_id))
+        blocks = self.stacks[command.stack_id].blocks
+        self.caches[command.session_id] = blocks.new_cache(command.session_id)
 
     def load_in_background(self, command: LoadStack) -> None:
         """Loads while the current stacks keep serving (the leader's steps must not wait)."""
@@ -219,20 +266,15 @@ class _Stacks:
             _try_send(self._conn, reply)
 
     def step(self, step: RunStep) -> None:
-        stack, cache = self.caches.get(step.session_id, (None, None))
-        if stack is None:
-            # A session freed while its step was queued at the leader still runs there: join the
-            # collectives with a throwaway cache on any stack holding those blocks (a copy of the
-            # values: a background load may add a stack meanwhile).
-            holding = [s for s in list(self.stacks.values()) if s.start <= step.start and step.end <= s.end]
-            if not holding:
-                raise RuntimeError(f"no stack holds blocks [{step.start}:{step.end})")
-            stack = holding[0]
-        hidden = torch.empty(step.shape, dtype=stack.dtype, device=stack.device)
-        broadcast_from_leader(hidden)
+        stack = self.stacks[step.stack_id]
+        hidden = torch.empty(step.shape, dtype=stack.blocks.dtype, device=stack.blocks.device)
+        broadcast_from_leader(hidden, stack.group)
+        # A session freed while its step was queued at the leader still runs there: join the
+        # collectives with a throwaway cache (nobody reads that step's output).
+        cache = self.caches.get(step.session_id)
         if cache is None:  # (not `or`: an empty DynamicCache is falsy)
-            cache = stack.new_cache(step.session_id)
-        stack(hidden, cache, step.position, step.start, step.end)
+            cache = stack.blocks.new_cache(step.session_id)
+        stack.blocks(hidden, cache, step.position, step.start, step.end)
 
 
 def _serve(stacks: _Stacks, conn) -> None:

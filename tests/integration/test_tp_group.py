@@ -21,40 +21,53 @@ CPU = torch.device("cpu")
 TIMEOUT_S = 5.0
 
 
-def test_a_second_range_loads_beside_the_first_which_keeps_serving_until_dropped(make_model):
-    """A move of a TP peer (peer/range_move.py): the group loads [2, 4) on every rank while
-    [0, 2) serves; sessions on either range match one process; the old range is then dropped
-    and the group stays healthy.
+def test_stacks_of_other_ranges_and_degrees_load_beside_the_serving_one(make_model):
+    """Moves of a TP peer (peer/range_move.py) on a group of 4 CPU ranks started for degrees
+    1, 2 and 4: a stack of another range at the same degree, then at degree 2 (a sub-group of
+    ranks 0-1), then at degree 1 (the leader alone) load while the older ones serve; sessions on
+    every stack match one process; old stacks are dropped and the group stays healthy.
 
     First in this file: a group that failed, as the next test's does, leaves this process's
     default process group behind, and a process holds one."""
-    spec = load_model_spec(make_model(arch="qwen2", layers=4, hidden=128, heads=4, kv_heads=2))
+    spec = load_model_spec(make_model(arch="qwen2", layers=4, hidden=128, heads=4, kv_heads=4))
     reference = BlockStack.load(spec, 0, 4, torch.float32, CPU)
     failures: list[str] = []
-    group = TPGroup(spec, 0, 2, torch.float32, (CPU, CPU), TIMEOUT_S, failures.append)
-    hidden = torch.randn(1, 6, 128, generator=torch.Generator().manual_seed(1))
+    group = TPGroup(spec, 0, 2, torch.float32, (CPU,) * 4, TIMEOUT_S, failures.append, degrees=(1, 2, 4))
+    hidden = torch.randn(1, 8, 128, generator=torch.Generator().manual_seed(1))
+    sessions = {}
 
-    def check(blocks, cache, ref_cache, a, b, start, end):
-        expected = reference(hidden[:, a:b], ref_cache, a, start, end)
+    def check(blocks, name, a, b):
+        if name not in sessions:
+            sessions[name] = (blocks.new_cache(name), reference.new_cache(name))
+        cache, ref_cache = sessions[name]
+        expected = reference(hidden[:, a:b], ref_cache, a, blocks.start, blocks.end)
         torch.testing.assert_close(
-            blocks(hidden[:, a:b], cache, a, start, end), expected, atol=1e-4, rtol=1e-4
+            blocks(hidden[:, a:b], cache, a, blocks.start, blocks.end), expected, atol=1e-4, rtol=1e-4
         )
 
     try:
         old = group.launch()
-        old_cache, old_ref = old.new_cache("old"), reference.new_cache("old")
-        check(old, old_cache, old_ref, 0, 3, 0, 2)
+        check(old, "old", 0, 3)
         with ThreadPoolExecutor(1) as pool:
             loading = pool.submit(group.load_stack, 2, 4)
-            check(old, old_cache, old_ref, 3, 4, 0, 2)  # the old range serves meanwhile
-            new = loading.result(timeout=120)
-        assert (new.start, new.end, new.tp) == (2, 4, 2) and new.stack_id != old.stack_id
-        new_cache, new_ref = new.new_cache("new"), reference.new_cache("new")
-        check(new, new_cache, new_ref, 0, 5, 2, 4)
-        check(old, old_cache, old_ref, 4, 6, 0, 2)  # its open session finishes on the old range
-        old.release("old")
-        group.drop_stack(old)
-        check(new, new_cache, new_ref, 5, 6, 2, 4)
+            check(old, "old", 3, 4)  # the old range serves meanwhile
+            same_degree = loading.result(timeout=120)
+        assert (same_degree.start, same_degree.end, same_degree.tp) == (2, 4, 4)
+        half = group.load_stack(2, 4, tp=2)
+        one = group.load_stack(0, 4, tp=1)
+        assert (half.tp, one.tp) == (2, 1) and len(
+            {old.stack_id, same_degree.stack_id, half.stack_id, one.stack_id}
+        ) == 4
+        for blocks, name in [(same_degree, "same"), (half, "half"), (one, "one")]:
+            check(blocks, name, 0, 5)
+        check(old, "old", 4, 6)  # its open session finishes on the old range
+        check(half, "half", 5, 6)
+        for blocks, name in [(old, "old"), (same_degree, "same"), (one, "one")]:
+            blocks.release(name)
+            group.drop_stack(blocks)
+        check(half, "half", 6, 8)  # the stack on a sub-group still serves
+        with pytest.raises(ValueError):
+            group.load_stack(0, 4, tp=3)  # not a degree the group was started for
         assert not failures and group.failure is None
     finally:
         group.stop()
