@@ -69,14 +69,14 @@ def print_model(model_id: str, num_blocks: int, records: list[PeerRecord]) -> bo
     """Prints the peer table and coverage line of one model; True if every block has an online peer."""
     print(f"model {model_id}: {num_blocks} blocks")
     print(
-        f"  {'peer id':<14} {'name':<16} {'layers':<9} {'state':<8} {'tp':>3} {'devices':<14} {'tok/s/blk':>9} {'ms/blk':>7} "
+        f"  {'peer id':<14} {'name':<16} {'layers':<9} {'state':<8} {'tp':>9} {'devices':<14} {'tok/s/blk':>9} {'ms/blk':>7} "
         f"{'sessions':>8} {'cache left':>10}  address"
     )
     for r in sorted(records, key=lambda r: (r.start, r.end, r.name)):
         address = r.addrs[0] if r.addrs else "-"
         print(
             f"  ...{r.peer_id[-11:]:<11} {r.name[:16]:<16} {f'{r.start}:{r.end}':<9} {r.state.value:<8} "
-            f"{r.tp:>3} {describe_devices(r)[:14]:<14} {r.throughput:>9.0f} {r.decode_ms_per_block:>7.2f} {r.open_sessions:>8} {r.cache_tokens_left:>10}  "
+            f"{describe_tp(r):>9} {describe_devices(r)[:14]:<14} {r.throughput:>9.0f} {r.decode_ms_per_block:>7.2f} {r.open_sessions:>8} {r.cache_tokens_left:>10}  "
             f"{address}"
         )
     online = online_peers_per_block(records, num_blocks)
@@ -100,6 +100,13 @@ def print_reports(reports: list[Report], names: dict[str, str]) -> None:
             f"  REPORTED: ...{peer_id[-11:]} {names.get(peer_id, '?')} by {len(reporters)} client(s) "
             f"for wrong outputs on blocks {', '.join(blocks)}{tie}"
         )
+
+
+def describe_tp(record: PeerRecord) -> str:
+    """'2', or '2/1,2,4' for a peer whose degree the plan chooses: its degree now / those it offers."""
+    if not record.tp_choices:
+        return str(record.tp)
+    return f"{record.tp}/{','.join(map(str, record.tp_choices))}"
 
 
 def describe_devices(record: PeerRecord) -> str:

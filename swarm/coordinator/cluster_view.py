@@ -1,18 +1,34 @@
 """Peer records -> the scheduler's cluster (HexGen §4.1: devices D with M_d, m_d, c_d; links A, B).
 
-Each planned peer becomes one scheduler device, id and machine = its peer id: a swarm peer is
-one process, one tensor-parallel group, so the scheduler must never split it into several stages
-or put two peers in one stage (`planner.py` repairs plans that do). Its figures:
+A swarm peer is one process, one tensor-parallel group on one machine of one GPU type (HexGen
+§4.2's rule for TP groups), so its devices form one scheduler *machine* (machine = peer id), and
+the scheduler runs with `one_stage_per_machine`: a machine serves at most one stage, at a TP
+degree in {1, 2, 4, 8} of its devices, the rest idle (`algorithm1.dp(whole_buckets=True)`).
 
-- memory M_d: `max_blocks` layers' worth (with their KV cache, Eq. 7) when the peer states it,
-  else its devices' memory (GPU) or half its RAM (CPU);
+- A peer whose degree is fixed (no `tp_choices`, or `--layers A:B`, or an older peer) is ONE
+  scheduler device standing for its whole group (id = its peer id), so its stage has degree 1 in
+  the scheduler's eyes and keeps its own `tp`.
+- A `--layers auto --tp auto` peer offers degrees (`tp_choices`); it becomes K devices
+  f"{peer_id}#{i}", K the largest power of two such that every power of two up to K is offered
+  (at most 8, the scheduler's largest degree), so the degree of its stage is the plan's choice.
+
+Figures, from what the peer measured at its current degree `tp` (not from a catalog row):
+
 - memory bandwidth m_d: one block's weights over the measured decode time of one block;
-- compute c_d: the FLOPs of one token through one block times the measured prefill tokens/s.
+- compute c_d: the FLOPs of one token through one block times the measured prefill tokens/s;
+- memory M_d: `max_blocks` layers' worth (with their KV cache, Eq. 7) when the peer states it,
+  else its devices' memory (GPU, 0.9x) or half its RAM (CPU).
 
-So the cost model sees what the peer measured, not a catalog row. Links start from the cluster
-file's defaults (`routing/scheduler/cluster.py`); a measured round trip replaces the latency of
-its pair (half the round trip, one way). Regions: the operator's `--region`, else peers whose
-measured round trips are below REGION_RTT_MS form one region (connected components).
+A K-device peer gets one rank's share: m_d and c_d over `tp`; M_d its GPU's memory (0.9x). Where
+the ranks do not have memories of their own (CPU ranks share the machine's RAM) or the peer
+states `max_blocks` (counted at its current degree), M_d is the group's memory above split
+evenly over the K devices: a simplification (activations and a degree's own overheads are
+not re-measured) that keeps the total what the peer stated.
+
+Links start from the cluster file's defaults (`routing/scheduler/cluster.py`); a measured round
+trip replaces the latency of its pair of peers (half the round trip, one way). Regions: the
+operator's `--region`, else peers whose measured round trips are below REGION_RTT_MS form one
+region (connected components).
 """
 
 from __future__ import annotations
@@ -21,6 +37,7 @@ from collections.abc import Sequence
 
 import networkx as nx
 
+from routing.scheduler.algorithm1 import TP_DEGREES
 from routing.scheduler.cluster import Cluster, Device, Network, build_cluster
 from routing.scheduler.cost_model import stage_memory
 from routing.scheduler.model_spec import ModelSpec, Workload
@@ -28,23 +45,84 @@ from swarm.records import PeerRecord
 
 REGION_RTT_MS = 20.0  # peers closer than this are in one region (same city / cloud zone)
 DEFAULT_REGION = "default"
+RANK_SEPARATOR = "#"  # in f"{peer_id}#{rank}"; base58 peer ids never contain it
 
 
-def device_of(record: PeerRecord, model: ModelSpec, workload: Workload, region: str) -> Device:
-    """The scheduler device standing for one peer (its whole TP group)."""
-    tokens = workload.s_in_max + workload.s_out
+def degree_choices(record: PeerRecord) -> tuple[int, ...]:
+    """The TP degrees the plan may give `record`: (1, 2, .., K) (module docstring), or () when
+    its degree is fixed at `tp`. Records are remote input: a list that is not downward closed
+    is read up to its first gap."""
+    if not record.auto:
+        return ()
+    degrees = []
+    for t in TP_DEGREES:
+        if t not in record.tp_choices:
+            break
+        degrees.append(t)
+    return tuple(degrees) if len(degrees) > 1 else ()
+
+
+def device_ids(record: PeerRecord) -> tuple[str, ...]:
+    """The scheduler device ids standing for a peer: its K ranks, or its peer id alone."""
+    choices = degree_choices(record)
+    return _rank_ids(record.peer_id, choices[-1]) if choices else (record.peer_id,)
+
+
+def serving_ids(record: PeerRecord) -> tuple[str, ...]:
+    """The device ids of the group a peer serves with now (its first `tp` ranks). A current
+    degree the scheduler cannot plan (not a power of two, or above K) names ranks the cluster
+    lacks: every plan then differs from it, a full reload, as it is for the peer."""
+    return _rank_ids(record.peer_id, record.tp) if degree_choices(record) else (record.peer_id,)
+
+
+def _rank_ids(peer_id: str, ranks: int) -> tuple[str, ...]:
+    return tuple(f"{peer_id}{RANK_SEPARATOR}{i}" for i in range(ranks))
+
+
+def peer_of(device_id: str) -> str:
+    """The peer id of a scheduler device id (the inverse of `device_ids`)."""
+    return device_id.split(RANK_SEPARATOR, 1)[0]
+
+
+def stage_degree(record: PeerRecord, stage_devices: int) -> int:
+    """The TP degree a peer serves a stage of `stage_devices` scheduler devices at."""
+    return stage_devices if degree_choices(record) else record.tp
+
+
+def group_memory(record: PeerRecord, model: ModelSpec, workload: Workload) -> float:
+    """M_d of the peer's whole group at its current degree (module docstring)."""
     if record.max_blocks > 0:
         # Exactly max_blocks layers fit (Eq. 7 with the layers' KV cache), plus a byte of slack.
-        memory = stage_memory(model, 1, record.max_blocks, tokens) + 1.0
-    else:
-        on_gpu = [d.memory_bytes for d in record.devices if d.type != "cpu"]
-        ram = record.devices[0].memory_bytes / 2 if record.devices else 16 * 2**30
-        memory = 0.9 * sum(on_gpu) if on_gpu else ram
+        tokens = workload.s_in_max + workload.s_out
+        return stage_memory(model, 1, record.max_blocks, tokens) + 1.0
+    on_gpu = [d.memory_bytes for d in record.devices if d.type != "cpu"]
+    ram = record.devices[0].memory_bytes / 2 if record.devices else 16 * 2**30
+    return 0.9 * sum(on_gpu) if on_gpu else ram
+
+
+def rank_memory(record: PeerRecord, model: ModelSpec, workload: Workload, k: int) -> float:
+    """M_d of one of a K-device peer's ranks: its GPU's memory, else a K-th of the group's."""
+    on_gpu = [d.memory_bytes for d in record.devices if d.type != "cpu"]
+    if on_gpu and record.max_blocks <= 0:
+        return 0.9 * min(on_gpu)
+    return group_memory(record, model, workload) / k
+
+
+def devices_of(record: PeerRecord, model: ModelSpec, workload: Workload, region: str) -> list[Device]:
+    """The scheduler devices standing for one peer: one for its whole group, or its K ranks."""
     decode_s = max(record.decode_ms_per_block, 1e-3) / 1000.0
     bandwidth = model.layer_bytes / decode_s
     flops = 2.0 * model.params_per_layer * max(record.throughput, 1e-3)
     name = record.devices[0].name if record.devices else record.device
-    return Device(record.peer_id, name, record.peer_id, region, float(memory), bandwidth, flops)
+    ids = device_ids(record)
+    if len(ids) == 1:
+        memory = group_memory(record, model, workload)
+        return [Device(ids[0], name, record.peer_id, region, float(memory), bandwidth, flops)]
+    memory = rank_memory(record, model, workload, len(ids))
+    share = max(record.tp, 1)  # the measured figures are the group's at its current degree
+    return [
+        Device(i, name, record.peer_id, region, float(memory), bandwidth / share, flops / share) for i in ids
+    ]
 
 
 def regions_of(records: Sequence[PeerRecord]) -> dict[str, str]:
@@ -80,12 +158,16 @@ def measured_rtts(records: Sequence[PeerRecord]) -> dict[tuple[str, str], float]
 def build_view(
     records: Sequence[PeerRecord], model: ModelSpec, workload: Workload, network: Network | None = None
 ) -> Cluster:
-    """The cluster of `records` (one device per peer), links from defaults and measurements."""
+    """The cluster of `records` (one device per peer, or K per peer that offers degrees), links
+    from defaults and measurements (a measured round trip applies to every pair of their devices)."""
     regions = regions_of(records)
-    devices = [device_of(r, model, workload, regions[r.peer_id]) for r in records]
+    devices = [d for r in records for d in devices_of(r, model, workload, regions[r.peer_id])]
     cluster = build_cluster(devices, network or Network())
+    positions: dict[str, list[int]] = {}
+    for i, d in enumerate(cluster.devices):
+        positions.setdefault(d.machine, []).append(i)
     for (a, b), ms in measured_rtts(records).items():
-        if a in cluster._positions and b in cluster._positions:
-            i, j = cluster.index(a), cluster.index(b)
-            cluster.latency[i, j] = cluster.latency[j, i] = ms / 2000.0  # one way, seconds
+        for i in positions.get(a, ()):
+            for j in positions.get(b, ()):
+                cluster.latency[i, j] = cluster.latency[j, i] = ms / 2000.0  # one way, seconds
     return cluster

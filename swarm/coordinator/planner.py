@@ -1,32 +1,43 @@
-"""One call into the scheduler: peer records in, per-peer assignments and an estimate out.
+"""One call into the scheduler: peer records in, per-peer placements and an estimate out.
 
 This is the single place where the coordinator calls the scheduler: `routing.scheduler.replan`,
 HexGen's genetic search (§4.3) warm-started from the previous plan, with the swarm's rules:
 
-- one scheduler device per peer (`cluster_view.py`) and `one_stage_per_machine`, so a stage is
-  one peer (one process, one TP group);
+- a peer is one machine of the scheduler's cluster (`cluster_view.py`) and the search runs with
+  `one_stage_per_machine`, so a stage is one peer (one process, one TP group on one machine of
+  one GPU type, HexGen §4.2); a peer that offers TP degrees is several devices there, and the
+  degree of its stage (how many of them it uses) is the degree the plan gives it;
 - fixed (`--layers A:B`) peers are pinned stages: planned around (the search may complete
-  pipelines through them), never moved;
-- each peer that a candidate plan moves is charged the time to load its new layers, and the
-  plan is valued by its attainment over a horizon with those loads (`replan.py`), so among
-  equally good plans the one with the fewest moves wins;
+  pipelines through them), never moved; an auto peer that offers no degrees keeps its `tp`;
+- each peer that a candidate plan moves is charged the time to load its new layers (all of them
+  when its degree changes), and the plan is valued by its attainment over a horizon with those
+  loads (`replan.py`), so among equally good plans the one with the fewest moves wins;
 - when the peers cannot hold a replica, Petals' rule places the auto peers one by one around
-  the fixed ones (`routing/scheduler/petals_rule.py`), with no estimate (0).
+  the fixed ones (`routing/scheduler/petals_rule.py`) at their current degrees, with no
+  estimate (0).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 
+from routing.scheduler.cluster import Cluster
 from routing.scheduler.genetic import NoFeasiblePlanError, SearchConfig
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.moves import Assignment
 from routing.scheduler.petals_rule import Span, choose_start
 from routing.scheduler.plan import Plan, StagePlan
 from routing.scheduler.replan import MoveCosts, replan
-from swarm.coordinator.cluster_view import build_view
-from swarm.coordinator.moves import Range, rematch
+from swarm.coordinator.cluster_view import (
+    build_view,
+    degree_choices,
+    device_ids,
+    peer_of,
+    serving_ids,
+    stage_degree,
+)
+from swarm.coordinator.moves import Placement, kind_of, rematch
 from swarm.records import PeerRecord
 
 
@@ -34,7 +45,7 @@ from swarm.records import PeerRecord
 class Planned:
     """What a re-plan produced."""
 
-    assignments: dict[str, Range]  # auto peer id -> its range
+    assignments: dict[str, Placement]  # auto peer id -> its range and TP degree
     attainment: float
     throughput_tok_s: float
     plan: Plan | None  # the scheduler's plan (to warm-start the next search); None from the fallback
@@ -56,27 +67,45 @@ def compute_plan(
     fixed = [r for r in records if not r.auto]
     cluster = build_view(records, model, workload)
     pinned = [StagePlan((r.peer_id,), r.start, r.end) for r in fixed]
-    current = {r.peer_id: Assignment((r.peer_id,), r.start, r.end) for r in auto}
+    current = {r.peer_id: Assignment(serving_ids(r), r.start, r.end) for r in auto}
     swarm_config = replace(config, one_stage_per_machine=True)
     try:
-        result = replan(cluster, model, workload, previous, swarm_config, costs or MoveCosts(), pinned, current)
+        result = replan(
+            cluster, model, workload, previous, swarm_config, costs or MoveCosts(), pinned, current
+        )
     except NoFeasiblePlanError:
         return Planned(petals_placement(auto, fixed, model.num_layers), 0.0, 0.0, None)
-    auto_ids = {r.peer_id for r in auto}
-    placed = {
-        stage.device_ids[0]: (stage.start, stage.end)
-        for pipeline in result.plan.pipelines
-        for stage in pipeline.stages
-        if stage.device_ids[0] in auto_ids
-    }
-    ranges = {peer: (a.start, a.end) for peer, a in current.items()}
     estimate = result.plan.estimate
+    serving = {r.peer_id: Placement.of(r) for r in auto}
     return Planned(
-        rematch(placed, ranges, [d for d in cluster.devices if d.id in auto_ids]),
+        rematch(placements(result.plan, auto), serving, kinds(cluster, auto)),
         estimate.attainment if estimate else 0.0,
         estimate.throughput_tok_s if estimate else 0.0,
         result.plan,
     )
+
+
+def placements(plan: Plan, auto: Sequence[PeerRecord]) -> dict[str, Placement]:
+    """Auto peer -> the range of its stage in `plan` and its degree (the stage's devices)."""
+    by_id = {r.peer_id: r for r in auto}
+    out = {}
+    for pipeline in plan.pipelines:
+        for stage in pipeline.stages:
+            record = by_id.get(peer_of(stage.device_ids[0]))
+            if record is not None:
+                tp = stage_degree(record, len(stage.device_ids))
+                out[record.peer_id] = Placement(stage.start, stage.end, tp)
+    return out
+
+
+def kinds(cluster: Cluster, auto: Sequence[PeerRecord]) -> dict[str, Hashable]:
+    """Auto peer -> its kind (`moves.kind_of`): its first device's figures and its offered degrees."""
+    out: dict[str, Hashable] = {}
+    for r in auto:
+        representative = cluster.devices[cluster.index(device_ids(r)[0])]
+        offered = r.tp_choices if degree_choices(r) else (r.tp,)
+        out[r.peer_id] = kind_of(representative, offered)
+    return out
 
 
 def block_capacity(record: PeerRecord, num_blocks: int) -> int:
@@ -86,13 +115,14 @@ def block_capacity(record: PeerRecord, num_blocks: int) -> int:
 
 def petals_placement(
     auto: Sequence[PeerRecord], fixed: Sequence[PeerRecord], num_blocks: int
-) -> dict[str, Range]:
-    """Petals' join rule applied to the auto peers one by one, strongest first, around the fixed ones."""
+) -> dict[str, Placement]:
+    """Petals' join rule applied to the auto peers one by one, strongest first, around the fixed
+    ones; each keeps its current degree."""
     spans = [Span(r.start, r.end - r.start, r.throughput) for r in fixed]
-    placed: dict[str, Range] = {}
+    placed: dict[str, Placement] = {}
     for r in sorted(auto, key=lambda r: (-r.throughput, r.peer_id)):
         length = block_capacity(r, num_blocks)
         start = choose_start(num_blocks, spans, length)
         spans.append(Span(start, length, max(r.throughput, 1e-3)))
-        placed[r.peer_id] = (start, start + length)
+        placed[r.peer_id] = Placement(start, start + length, r.tp)
     return placed

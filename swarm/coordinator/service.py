@@ -19,7 +19,7 @@ from routing.scheduler.genetic import NoFeasiblePlanError, SearchConfig
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.plan import Plan
 from swarm.coordinator.lease import LeaseKeeper
-from swarm.coordinator.moves import diff
+from swarm.coordinator.moves import Placement, diff
 from swarm.coordinator.planner import Planned, compute_plan
 from swarm.coordinator.records import (
     Assignment,
@@ -141,8 +141,8 @@ class Coordinator:
             logger.info("re-plan (%s): lost the lease while searching; not publishing", reason)
             return
         version = max(coordination.newest_version, current.version if current else 0) + 1
-        record = self._record(records, planned, version)
-        moves = diff({r.peer_id: (r.start, r.end) for r in records if r.auto}, planned.assignments)
+        record = plan_record(self.config.model_id, self.me, records, planned, version)
+        moves = diff({r.peer_id: Placement.of(r) for r in records if r.auto}, planned.assignments)
         await self._store(record)
         self.published, self.scheduler_plan = record, planned.plan or self.scheduler_plan
         logger.info(
@@ -154,23 +154,6 @@ class Coordinator:
             100 * planned.attainment,
             planned.throughput_tok_s,
             self.replan_seconds[-1],
-        )
-
-    def _record(self, records: list[PeerRecord], planned: Planned, version: int) -> PlanRecord:
-        tp = {r.peer_id: r.tp for r in records}
-        inputs = sorted([r.peer_id, r.auto, r.start, r.end, round(r.throughput, 3)] for r in records)
-        return PlanRecord(
-            model_id=self.config.model_id,
-            version=version,
-            coordinator=self.me,
-            inputs_hash=inputs_hash(inputs),
-            attainment=planned.attainment,
-            throughput_tok_s=planned.throughput_tok_s,
-            assignments=tuple(
-                Assignment(peer, a, b, tp.get(peer, 1))
-                for peer, (a, b) in sorted(planned.assignments.items())
-            ),
-            created=get_dht_time(),
         )
 
     async def _store(self, record: PlanRecord) -> None:
@@ -185,6 +168,27 @@ class Coordinator:
             await asyncio.wait_for(asyncio.wrap_future(future), 10.0)
         except (TimeoutError, RuntimeError, OSError) as e:
             logger.warning("storing plan v%d failed: %s", record.version, type(e).__name__)
+
+
+def plan_record(
+    model_id: str, coordinator: str, records: list[PeerRecord], planned: Planned, version: int
+) -> PlanRecord:
+    """The record that publishes `planned`: each auto peer's range at its planned TP degree."""
+    inputs = sorted(
+        [r.peer_id, r.auto, r.start, r.end, r.tp, list(r.tp_choices), round(r.throughput, 3)] for r in records
+    )
+    return PlanRecord(
+        model_id=model_id,
+        version=version,
+        coordinator=coordinator,
+        inputs_hash=inputs_hash(inputs),
+        attainment=planned.attainment,
+        throughput_tok_s=planned.throughput_tok_s,
+        assignments=tuple(
+            Assignment(peer, p.start, p.end, p.tp) for peer, p in sorted(planned.assignments.items())
+        ),
+        created=get_dht_time(),
+    )
 
 
 def _view(records: list[PeerRecord]) -> dict[str, tuple[float, bool]]:

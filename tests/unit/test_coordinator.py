@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from routing.scheduler.cluster import Device
 from routing.scheduler.genetic import SearchConfig
 from routing.scheduler.model_spec import ModelSpec, Workload
-from swarm.coordinator.cluster_view import build_view, regions_of
-from swarm.coordinator.moves import diff, layers_to_load, rematch
-from swarm.coordinator.planner import compute_plan, petals_placement
+from swarm.coordinator.cluster_view import build_view, device_ids, peer_of, regions_of
+from swarm.coordinator.moves import Move, Placement, diff, kind_of, layers_to_load, rematch
+from swarm.coordinator.planner import Planned, compute_plan, petals_placement
 from swarm.coordinator.records import (
     Assignment,
     CoordinationRecordError,
@@ -154,32 +156,57 @@ def device(peer: str, flops: float = 1e12) -> Device:
     return Device(peer, "cpu", peer, "r", 1e9, 1e10, flops)
 
 
+def kinds(*devices: Device) -> dict[str, tuple]:
+    return {d.id: kind_of(d) for d in devices}
+
+
+def placements(ranges: dict[str, tuple[int, int]], tp: int = 1) -> dict[str, Placement]:
+    return {peer: Placement(a, b, tp) for peer, (a, b) in ranges.items()}
+
+
 def test_interchangeable_peers_are_rematched_so_nobody_moves_needlessly():
-    current = {"a": (0, 4), "b": (4, 8), "c": (0, 4), "d": (4, 8)}
+    current = placements({"a": (0, 4), "b": (4, 8), "c": (0, 4), "d": (4, 8)})
     # The search swapped a with b and c with d: same kinds, so the re-match keeps everyone.
-    placed = {"a": (4, 8), "b": (0, 4), "c": (4, 8), "d": (0, 4)}
-    assigned = rematch(placed, current, [device(p) for p in "abcd"])
+    placed = placements({"a": (4, 8), "b": (0, 4), "c": (4, 8), "d": (0, 4)})
+    assigned = rematch(placed, current, kinds(*map(device, "abcd")))
     assert assigned == current and diff(current, assigned) == []
 
 
 def test_rematch_moves_the_peer_with_the_least_to_load():
-    current = {"a": (0, 4), "b": (0, 4), "c": (4, 8)}
-    placed = {"a": (0, 4), "b": (4, 8), "c": (2, 6)}  # one peer must go to 2:6
-    assigned = rematch(placed, current, [device(p) for p in "abc"])
+    current = placements({"a": (0, 4), "b": (0, 4), "c": (4, 8)})
+    placed = placements({"a": (0, 4), "b": (4, 8), "c": (2, 6)})  # one peer must go to 2:6
+    assigned = rematch(placed, current, kinds(*map(device, "abc")))
     moves = diff(current, assigned)
     assert sorted(assigned.values()) == sorted(placed.values())
     assert sum(layers_to_load(current[m.peer_id], m.new) for m in moves) == 2
 
 
 def test_different_kinds_are_not_swapped_and_idle_peers_keep_their_range():
-    current = {"fast": (0, 4), "slow": (4, 8), "spare": (0, 4)}
-    placed = {"fast": (4, 8), "slow": (0, 4)}
-    devices = [device("fast", 1e13), device("slow", 1e11), device("spare", 1e13)]
-    assigned = rematch(placed, current, devices)
+    current = placements({"fast": (0, 4), "slow": (4, 8), "spare": (0, 4)})
+    placed = placements({"fast": (4, 8), "slow": (0, 4)})
+    assigned = rematch(
+        placed, current, kinds(device("fast", 1e13), device("slow", 1e11), device("spare", 1e13))
+    )
     # slow keeps the only slot of its kind; fast's slot goes to fast or to spare (same kind, same
     # cost), and whichever of them gets none keeps its range.
-    assert assigned["slow"] == (0, 4) and assigned["spare"] in ((0, 4), (4, 8))
+    assert assigned["slow"] == (0, 4, 1) and assigned["spare"] in ((0, 4, 1), (4, 8, 1))
     assert len(assigned) == 3
+
+
+def test_a_degree_change_reloads_the_whole_range_and_counts_as_a_move():
+    assert layers_to_load(Placement(0, 4, 1), Placement(2, 6, 1)) == 2
+    assert layers_to_load(Placement(0, 4, 1), Placement(0, 4, 2)) == 4  # every shard differs
+    # a keeping 0:4 would change its degree (4 layers to load); b taking 0:4 at its own degree
+    # loads nothing, and a loads 4:8 at its degree: 4 layers in all instead of 8.
+    current = {"a": Placement(0, 4, 1), "b": Placement(0, 4, 2)}
+    placed = {"a": Placement(0, 4, 2), "b": Placement(4, 8, 1)}
+    assigned = rematch(placed, current, kinds(device("a"), device("b")))
+    assert assigned == {"a": Placement(4, 8, 1), "b": Placement(0, 4, 2)}
+    assert diff({"a": Placement(0, 4, 1)}, {"a": Placement(0, 4, 2)}) == [
+        Move("a", Placement(0, 4, 1), Placement(0, 4, 2))
+    ]
+    # peers offering other degrees are not interchangeable
+    assert kind_of(device("a"), (1, 2)) != kind_of(device("a"), (1, 2, 4))
 
 
 # Cluster view and planner ---------------------------------------------------------------------
@@ -217,17 +244,102 @@ def test_compute_plan_covers_the_model_and_leaves_fixed_peers_alone():
     )
     assert "fixed" not in planned.assignments and len(planned.assignments) == 4
     served = [0] * 8
-    for a, b in planned.assignments.values():
-        assert b - a <= 4
+    for a, b, tp in planned.assignments.values():
+        assert b - a <= 4 and tp == 1
         for block in range(a, b):
             served[block] += 1
     assert all(served) and planned.attainment > 0 and planned.plan is not None
 
 
+GIB = 2**30
+
+
+def tp_record(peer: str, tp: int, choices: tuple[int, ...], memory: float = 24 * GIB, **kw) -> PeerRecord:
+    """A `--tp auto` GPU peer at degree `tp` (its record lists only the ranks serving now)."""
+    gpus = tuple(DeviceInfo("cuda", "NVIDIA L4", int(memory), 58) for _ in range(tp))
+    base = record(peer, kw.pop("start", 0), kw.pop("end", 4), max_blocks=kw.pop("max_blocks", 0))
+    return replace(base, tp=tp, tp_choices=choices, devices=gpus, device="cuda", **kw)
+
+
+def test_a_tp_auto_peer_is_a_machine_of_k_devices_with_one_ranks_share():
+    workload = Workload(slo_scale=100)
+    gpu = tp_record("g", 2, (1, 2, 4, 6))
+    cpu = replace(record("c", 0, 4, max_blocks=8), tp_choices=(1, 2, 3))
+    fixed_degree = replace(record("f", 0, 4), tp=2)
+    pinned = replace(tp_record("p", 2, (1, 2)), auto=False)
+    gappy = tp_record("x", 2, (2, 4))  # not downward closed (remote input): its degree stays
+    cluster = build_view([gpu, cpu, fixed_degree, pinned, gappy], MODEL, workload)
+    by_machine: dict[str, list[Device]] = {}
+    for d in cluster.devices:
+        by_machine.setdefault(d.machine, []).append(d)
+    assert [d.id for d in by_machine["g"]] == ["g#0", "g#1", "g#2", "g#3"] == list(device_ids(gpu))
+    assert [d.id for d in by_machine["c"]] == ["c#0", "c#1"]
+    assert [d.id for d in by_machine["f"]] == ["f"] and [d.id for d in by_machine["p"]] == ["p"]
+    assert [d.id for d in by_machine["x"]] == ["x"]
+    assert peer_of("g#3") == "g" and peer_of("f") == "f"
+    group = build_view([replace(gpu, tp_choices=())], MODEL, workload).devices[0]  # as one device
+    rank = by_machine["g"][0]
+    assert rank.bandwidth == pytest.approx(group.bandwidth / 2) and rank.flops == pytest.approx(
+        group.flops / 2
+    )
+    assert rank.memory_bytes == pytest.approx(0.9 * 24 * GIB)  # its own GPU's
+    assert {d.region for d in by_machine["g"]} == {group.region} and len(
+        {d.type for d in by_machine["g"]}
+    ) == 1
+    # CPU ranks share the machine's memory: the group's (max_blocks' worth) split over K = 2
+    whole = build_view([replace(cpu, tp_choices=())], MODEL, workload).devices[0]
+    assert by_machine["c"][0].memory_bytes == pytest.approx(whole.memory_bytes / 2)
+    assert by_machine["c"][0].flops == pytest.approx(whole.flops)  # measured at tp 1
+
+
+def test_compute_plan_chooses_the_degree_the_model_needs():
+    from routing.scheduler.cost_model import max_layers, stage_memory
+
+    workload = Workload(slo_scale=100)
+    tokens = workload.s_in_max + workload.s_out
+    memory = (stage_memory(MODEL, 1, 5, tokens) + 1) / 0.9  # one GPU holds 5 of the 8 layers
+    assert max_layers(MODEL, 1, 0.9 * memory, tokens) == 5 and max_layers(MODEL, 2, 0.9 * memory, tokens) >= 8
+    peer = tp_record("g", 1, (1, 2), memory)  # serves at tp 1 now: only tp 2 holds the model
+    planned = compute_plan([peer], MODEL, workload, SearchConfig(time_budget_s=1, capacity=False))
+    assert planned.assignments == {"g": Placement(0, 8, 2)} and planned.plan is not None
+    assert [s.device_ids for p in planned.plan.pipelines for s in p.stages] == [("g#0", "g#1")]
+
+
+def test_compute_plan_keeps_the_degree_and_range_of_fixed_peers():
+    fixed = replace(record("fixed", 0, 4, auto=False), tp=2, tp_choices=(1, 2))
+    fixed_degree = replace(record("a", 0, 4), tp=2)  # auto range, degree fixed at 2
+    chooser = replace(record("b", 4, 8, max_blocks=8), tp_choices=(1, 2))
+    planned = compute_plan(
+        [fixed, fixed_degree, chooser],
+        MODEL,
+        Workload(slo_scale=100),
+        SearchConfig(time_budget_s=1, capacity=False),
+    )
+    assert set(planned.assignments) == {"a", "b"} and planned.assignments["a"].tp == 2
+    assert planned.assignments["b"].tp in (1, 2)
+    stages = [s for p in planned.plan.pipelines for s in p.stages if "fixed" in s.device_ids]
+    assert stages and all((s.device_ids, s.start, s.end) == (("fixed",), 0, 4) for s in stages)
+
+
+def test_the_published_plan_carries_the_planned_degrees():
+    from swarm.coordinator.service import plan_record
+
+    records = [tp_record("a", 1, (1, 2)), tp_record("b", 2, (1, 2), start=4, end=8)]
+    planned = Planned({"b": Placement(4, 8, 1), "a": Placement(0, 4, 2)}, 0.9, 100.0, None)
+    published = plan_record("tiny", "C", records, planned, 3)
+    assert published.assignments == (Assignment("a", 0, 4, 2), Assignment("b", 4, 8, 1))
+    assert PlanRecord.from_bytes(published.to_bytes()).assignments == published.assignments
+    # the inputs hash tells records apart by their degree and by the degrees they offer
+    other = plan_record("tiny", "C", [replace(records[0], tp_choices=(1,)), records[1]], planned, 3)
+    assert other.inputs_hash != published.inputs_hash
+
+
 def test_petals_fallback_places_auto_peers_around_fixed_ones():
     fixed = [record("f", 0, 4, auto=False)]
     placed = petals_placement([record("a", 0, 4)], fixed, 8)
-    assert placed == {"a": (4, 8)}
+    assert placed == {"a": Placement(4, 8, 1)}
+    # each keeps its current degree
+    assert petals_placement([replace(record("a", 0, 4), tp=2)], fixed, 8) == {"a": Placement(4, 8, 2)}
 
 
 # Peer side: joining, Petals' fallback, safe moves ---------------------------------------------------
@@ -256,7 +368,7 @@ def test_follower_takes_only_newer_plans_of_the_holder():
 
     moves = []
 
-    async def move(start: int, end: int) -> None:
+    async def move(start: int, end: int, tp: int | None = None) -> None:  # tp: the peer side's newer call
         moves.append((start, end))
 
     follower = PlanFollower(None, "p1", "m", 8, move, rebalance_period=60)
