@@ -23,7 +23,7 @@ from peer.core import PeerLimits
 from peer.devices import DeviceError, default_cpu_threads, parse_devices
 from peer.runtime import PeerConfig, serve
 from peer.scheduler import BatchPolicy
-from peer.tp_shard import TPDegreeError, check_degree
+from peer.tp_shard import TPDegreeError, check_degree, valid_degrees
 from swarm import log_setup
 from swarm.coordinator.command import add_coordination_arguments, coordinator_config
 from swarm.dht import DEFAULT_HOST_MADDRS, public_initial_peers
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="auto|K",
         help="tensor-parallel degree: split every layer over K ranks, one process per device "
-        "(auto: one rank per device of --devices)",
+        "(auto: one rank per device of --devices; with --layers auto the plan chooses the degree)",
     )
     p.add_argument(
         "--devices",
@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     auto = args.layers == "auto"
     start, end = (0, spec.num_blocks) if auto else parse_layers(args.layers, spec.num_blocks)
-    if args.tp is None:  # auto: one rank per offered device
+    tp_auto = args.tp is None
+    if tp_auto:  # one rank per offered device
         args.tp = len(args.devices.split(",")) if args.devices else 1
     if args.max_blocks < 0:
         print("run-peer: --max-blocks must not be negative", file=sys.stderr)
@@ -242,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     except (DeviceError, TPDegreeError) as e:
         print(f"run-peer: {e}", file=sys.stderr)
         return 2
+    # --layers auto --tp auto: the plan chooses the degree too, among those that split the model.
+    tp_choices = valid_degrees(spec.config, args.tp) if auto and tp_auto else ()
     if args.threads is not None:
         if args.threads < 1:
             print("run-peer: --threads must be at least 1", file=sys.stderr)
@@ -264,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         identity_path=args.identity,
         name=args.name,
         devices=devices,
+        tp_choices=tp_choices if len(tp_choices) > 1 else (),
         dtype=choose_dtype(args.dtype, device, getattr(spec.config, "dtype", None)),
         limits=PeerLimits(
             max_sessions=max_sessions,

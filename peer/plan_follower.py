@@ -68,8 +68,20 @@ def old_range_covered(
     return True
 
 
+def planned_degree(planned: int, me: PeerRecord) -> int:
+    """The degree to serve at: the plan's if this peer offers it (`--tp auto`), else its own."""
+    if planned != me.tp and planned not in me.tp_choices:
+        if me.tp_choices:
+            logger.warning(
+                "the plan's tp %d is not one of this peer's %s; keeping tp %d", planned, me.tp_choices, me.tp
+            )
+        return me.tp
+    return planned
+
+
 class PlanFollower:
-    """Decides this auto peer's moves; `move(start, end)` carries one out."""
+    """Decides this auto peer's moves; `move(start, end, tp)` carries one out (tp None: keep
+    the degree)."""
 
     def __init__(
         self,
@@ -77,7 +89,7 @@ class PlanFollower:
         peer_id: str,
         model_id: str,
         num_blocks: int,
-        move: Callable[[int, int], Awaitable[None]],
+        move: Callable[[int, int, int | None], Awaitable[None]],
         rebalance_period: float,
         seed: int | None = None,
     ):
@@ -99,7 +111,7 @@ class PlanFollower:
             target = fallback_target(records, me, self.num_blocks, self.rng)
             if target is not None:
                 logger.info("no live coordinator: Petals' rule moves this peer to [%d:%d)", *target)
-                await self.move(*target)
+                await self.move(*target, None)
 
     async def _follow(self, coordination: Coordination, me: PeerRecord) -> None:
         plan = coordination.plan
@@ -115,8 +127,11 @@ class PlanFollower:
         assignment = plan.assignment_of(self.peer_id)
         logger.info("following plan v%d of coordinator %s", plan.version, plan.coordinator[-8:])
         self.followed = plan.version
-        if assignment is not None and (assignment.start, assignment.end) != (me.start, me.end):
-            await self.move(assignment.start, assignment.end)
+        if assignment is None:
+            return
+        tp = planned_degree(assignment.tp, me)
+        if (assignment.start, assignment.end, tp) != (me.start, me.end, me.tp):
+            await self.move(assignment.start, assignment.end, tp)
 
     def _log_ignored(self, coordination: Coordination) -> None:
         for plan in coordination.others:

@@ -9,7 +9,10 @@ whose sessions finish (at most `drain_timeout`) before its blocks are freed.
 
 A tensor-parallel peer moves the same way: every rank loads its shard of the new range as a
 second stack beside the old one (`TPGroup.load_stack`), sessions run on the stack they opened
-on, and the old stack is freed on every rank once its sessions have drained.
+on, and the old stack is freed on every rank once its sessions have drained. A change of
+degree (`--tp auto`, chosen by the plan) is such a move too, over the ranks of the new degree;
+the new stack's speed is measured (or read from the cache) before the switch, so the peer
+announces the figures of the degree it serves at.
 """
 
 from __future__ import annotations
@@ -41,10 +44,11 @@ class RangeMover:
     def busy(self) -> bool:
         return self.task is not None
 
-    async def request(self, start: int, end: int) -> None:
-        """Starts moving to [start, end) in the background; ignored while a move runs."""
+    async def request(self, start: int, end: int, tp: int | None = None) -> None:
+        """Starts moving to [start, end) at degree `tp` (None: the current one) in the background;
+        ignored while a move runs."""
         if self.task is None:
-            self.task = asyncio.create_task(self._move(start, end), name="move")
+            self.task = asyncio.create_task(self._move(start, end, tp or self.peer.tp), name="move")
             self.task.add_done_callback(self._done)
 
     def cancel(self) -> None:
@@ -57,25 +61,35 @@ class RangeMover:
         if not task.cancelled() and task.exception() is not None:
             logger.error("move failed: %r", task.exception())
 
-    async def _move(self, start: int, end: int) -> None:
+    async def _move(self, start: int, end: int, tp: int) -> None:
         peer, c = self.peer, self.peer.config
-        old, new = (peer.start, peer.end), (start, end)
-        logger.info("moving: loading [%d:%d) while serving [%d:%d)", start, end, *old)
+        old, new, old_tp = (peer.start, peer.end), (start, end), peer.tp
+        logger.info("moving: loading [%d:%d) at tp %d while serving [%d:%d) at tp %d", *new, tp, *old, old_tp)
         peer.next_range = new
         await peer.announcer.announce(PeerState.ONLINE)
         if peer.group is not None:
-            blocks = await asyncio.to_thread(peer.group.load_stack, start, end)
+            blocks = await asyncio.to_thread(peer.group.load_stack, start, end, tp)
         else:
             blocks = await asyncio.to_thread(BlockStack.load, c.spec, start, end, c.dtype, c.devices[0])
+        speed = await peer.speed_of(blocks) if tp != old_tp else None
         await self._wait_until_covered(old, new)
         old_core, old_server = peer.core, peer.server
         peer.core = PeerCore(blocks, c.spec.model_id, c.limits)
         peer.server = PeerServer(peer.core, c.max_frame_bytes, c.max_streams, c.batch, Admission(c.admission))
         peer.server.pusher = old_server.pusher  # links to next peers outlive the move
-        peer.start, peer.end, peer.next_range = start, end, None
+        peer.start, peer.end, peer.tp, peer.next_range = start, end, tp, None
+        if speed is not None:
+            peer.throughput, peer.decode_batch = speed
         log_setup.set_context(f"peer {peer.name} {c.spec.model_id}[{start}:{end})")
         await peer.announcer.announce(PeerState.ONLINE)
-        logger.info("moved: serving %s blocks [%d:%d) (was [%d:%d))", c.spec.model_id, start, end, *old)
+        logger.info(
+            "moved: serving %s blocks [%d:%d) at tp %d (was [%d:%d) at tp %d)",
+            c.spec.model_id,
+            *new,
+            tp,
+            *old,
+            old_tp,
+        )
         old_core.leaving = True
         drain = asyncio.create_task(self._drain(old_core, old_server), name="drain")
         self.draining.add(drain)

@@ -83,6 +83,9 @@ class PeerConfig:
     # The coordinator (peer/plan_follower.py, swarm/coordinator/): an auto peer's range is chosen
     # on join and moved by the plan or by Petals' rule; a fixed peer is never moved.
     auto: bool = False
+    # --layers auto --tp auto: the degrees the plan may choose among (peer/tp_group.py serves a
+    # stack at degree k on the first k devices); () = always all of `devices`.
+    tp_choices: tuple[int, ...] = ()
     max_blocks: int = 0  # most blocks an auto peer takes (0: as many as --layers auto allows)
     region: str = ""
     rebalance_period: float = 60.0  # Petals' rule check, when no coordinator is live
@@ -95,6 +98,7 @@ class PeerConfig:
 
     @property
     def tp(self) -> int:
+        """Ranks in the group (the degree the peer starts at)."""
         return len(self.devices)
 
 
@@ -165,7 +169,7 @@ class _Peer:
         self.decode_batch = (1, 0.0)  # (sessions, tokens/s per block) of batched decode; 0: not measured
         self.p2p = None
         self.server: PeerServer | None = None
-        self.start, self.end = config.start, config.end
+        self.start, self.end, self.tp = config.start, config.end, config.tp
         self.next_range: tuple[int, int] | None = None  # loading it to move there
         self.mover = RangeMover(self)
         self.addrs = tuple(str(a) for a in dht.get_visible_maddrs())
@@ -207,8 +211,9 @@ class _Peer:
             device=",".join(str(d) for d in c.devices),
             version=swarm.__version__,
             addrs=self.addrs,
-            tp=c.tp,
-            devices=self.device_info,
+            tp=self.tp,
+            devices=self.device_info[: self.tp],
+            tp_choices=c.tp_choices,
             region=c.region,
             rtt_ms=self.probe.published(),
             auto=c.auto,
@@ -218,40 +223,42 @@ class _Peer:
             next_end=self.next_range[1] if self.next_range else 0,
         )
 
-    async def start_serving(self, stop: asyncio.Event) -> bool:
+    async def speed_of(self, blocks: Blocks) -> tuple[tuple[float, float], tuple[int, float]]:
+        """What to announce for `blocks`: (prefill tokens/s, decode ms) per block and (sessions,
+        tokens/s per block) of batched decode; measured once per shape and degree (cached)."""
         c = self.config
-        blocks = await self._load_blocks()
-        if c.throughput is not None and c.decode_ms is not None:
-            self.throughput = (c.throughput, c.decode_ms)
-        else:
+        throughput, decode_batch = (c.throughput or 0.0, c.decode_ms or 0.0), (1, 0.0)
+        if c.throughput is None or c.decode_ms is None:
             try:  # through every rank of a group, collectives included
                 figures = await asyncio.to_thread(measure_or_load, blocks)
             except ProtocolError as e:
                 raise TPGroupError(e.message) from None
-            self.throughput = (
-                c.throughput or figures.tokens_per_s,
-                c.decode_ms or figures.decode_ms_per_block,
-            )
+            throughput = (c.throughput or figures.tokens_per_s, c.decode_ms or figures.decode_ms_per_block)
             if c.batch.batching:
-                self.decode_batch = (figures.decode_batch_size, figures.decode_batch_tokens_per_s)
-        if not (c.batch.batching and self.decode_batch[1]):  # one step at a time
-            self.decode_batch = (1, 1000 / self.throughput[1])
+                decode_batch = (figures.decode_batch_size, figures.decode_batch_tokens_per_s)
+        if not (c.batch.batching and decode_batch[1]):  # one step at a time
+            decode_batch = (1, 1000 / throughput[1])
         logger.info(
             "throughput %.0f tokens/s per block (prefill), %.2f ms per block (decode), "
-            "%.0f tokens/s per block decoding %d sessions at once",
-            *self.throughput,
-            self.decode_batch[1],
-            self.decode_batch[0],
+            "%.0f tokens/s per block decoding %d sessions at once (tp %d)",
+            *throughput,
+            decode_batch[1],
+            decode_batch[0],
+            blocks.tp,
         )
+        return throughput, decode_batch
+
+    async def start_serving(self, stop: asyncio.Event) -> bool:
+        c = self.config
+        blocks = await self._load_blocks()
+        self.throughput, self.decode_batch = await self.speed_of(blocks)
         if stop.is_set():
             return False
         if c.debug_corrupt_outputs:
             logger.warning("--debug-corrupt-outputs: every output of this peer is WRONG on purpose")
             blocks = CorruptOutputs(blocks)
         self.core = PeerCore(blocks, c.spec.model_id, c.limits)
-        self.server = PeerServer(
-            self.core, c.max_frame_bytes, c.max_streams, c.batch, Admission(c.admission)
-        )
+        self.server = PeerServer(self.core, c.max_frame_bytes, c.max_streams, c.batch, Admission(c.admission))
         if c.faults is not None:
             self.server.faults = FaultInjector(self.core, c.faults)
             self.server.faults.install_signals(self.loop)
@@ -281,7 +288,9 @@ class _Peer:
             threads = torch.get_num_threads() if device.type == "cpu" else None
             self.device_info = (describe(device, threads),)
             return await asyncio.to_thread(BlockStack.load, c.spec, c.start, c.end, c.dtype, device)
-        self.group = TPGroup(c.spec, c.start, c.end, c.dtype, c.devices, c.tp_timeout, self._on_group_failure)
+        self.group = TPGroup(
+            c.spec, c.start, c.end, c.dtype, c.devices, c.tp_timeout, self._on_group_failure, c.tp_choices
+        )
         blocks = await asyncio.to_thread(self.group.launch)
         self.device_info = self.group.device_info
         return blocks

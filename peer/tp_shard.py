@@ -50,13 +50,27 @@ def check_degree(config: PretrainedConfig, tp: int) -> None:
     _layer_plan(config)  # fails on a plan we do not know how to apply
 
 
+def valid_degrees(config: PretrainedConfig, most: int) -> tuple[int, ...]:
+    """The degrees up to `most` that split this model (what `--tp auto` offers the plan)."""
+    degrees = []
+    for tp in range(1, most + 1):
+        try:
+            check_degree(config, tp)
+        except TPDegreeError:
+            continue
+        degrees.append(tp)
+    return tuple(degrees)
+
+
 def shard_config(config: PretrainedConfig, tp: int) -> PretrainedConfig:
     """A copy of `config` whose layers have 1/tp of the heads and of the MLP width."""
     local = copy.deepcopy(config)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     local.head_dim = head_dim  # keep it: hidden_size // (heads / tp) would be wrong
     local.num_attention_heads = config.num_attention_heads // tp
-    local.num_key_value_heads = (getattr(config, "num_key_value_heads", None) or config.num_attention_heads) // tp
+    local.num_key_value_heads = (
+        getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    ) // tp
     local.intermediate_size = config.intermediate_size // tp
     return local
 
