@@ -385,3 +385,31 @@ def test_follower_takes_only_newer_plans_of_the_holder():
     assert moves == [(4, 8)]
     follow(plan(3, assignments=(("p1", 0, 4),)))  # newer, and p1 already serves 0:4: no move
     assert moves == [(4, 8)] and follower.followed == 3
+
+
+def test_follower_takes_the_planned_degree_only_from_the_choices_it_offers():
+    import asyncio
+    from dataclasses import replace
+
+    from peer.plan_follower import PlanFollower
+    from swarm.coordinator.records import Coordination
+
+    moves = []
+
+    async def move(start: int, end: int, tp: int | None = None) -> None:
+        moves.append((start, end, tp))
+
+    follower = PlanFollower(None, "p1", "m", 8, move, rebalance_period=60)
+    holder = Lease("m", "A", 1.0)
+    gpu = DeviceInfo("cuda", "NVIDIA A100", 80 << 30, 108)
+    offers = replace(record("p1", 0, 4), tp=2, devices=(gpu, gpu), tp_choices=(1, 2, 4))
+    fixed_degree = replace(offers, tp_choices=())
+
+    def follow(p: PlanRecord, me: PeerRecord) -> None:
+        asyncio.run(follower._follow(Coordination(holder, p, p.version), me))
+
+    follow(plan(1, assignments=(("p1", 0, 4, 4),)), offers)  # same range, another degree: a move
+    follow(plan(2, assignments=(("p1", 0, 4, 2),)), offers)  # what it serves: no move
+    follow(plan(3, assignments=(("p1", 4, 8, 8),)), offers)  # a degree it does not offer: keeps 2
+    follow(plan(4, assignments=(("p1", 0, 4, 1),)), fixed_degree)  # it offers none: nothing to do
+    assert moves == [(0, 4, 4), (4, 8, 2)]
