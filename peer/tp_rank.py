@@ -172,9 +172,6 @@ def all_reduce_over(group) -> Callable[[torch.Tensor], None]:
     return all_reduce
 
 
-all_reduce = all_reduce_over(None)  # over the whole group
-
-
 def broadcast_from_leader(tensor: torch.Tensor, group=None) -> None:
     dist.broadcast(tensor, src=0, group=group)
 
