@@ -80,6 +80,8 @@ class RangeMover:
         peer.start, peer.end, peer.tp, peer.next_range = start, end, tp, None
         if speed is not None:
             peer.throughput, peer.decode_batch = speed
+            if peer.speeds:  # (announced by `--tp auto` peers only)
+                peer.speeds[tp] = peer.throughput
         log_setup.set_context(f"peer {peer.name} {c.spec.model_id}[{start}:{end})")
         await peer.announcer.announce(PeerState.ONLINE)
         logger.info(

@@ -167,6 +167,7 @@ class _Peer:
         self.device_info = ()
         self.throughput = (0.0, 0.0)
         self.decode_batch = (1, 0.0)  # (sessions, tokens/s per block) of batched decode; 0: not measured
+        self.speeds: dict[int, tuple[float, float]] = {}  # degree -> its measured (throughput, decode ms)
         self.p2p = None
         self.server: PeerServer | None = None
         self.start, self.end, self.tp = config.start, config.end, config.tp
@@ -214,6 +215,7 @@ class _Peer:
             tp=self.tp,
             devices=self.device_info[: self.tp],
             tp_choices=c.tp_choices,
+            tp_speeds=tuple((tp, *speed) for tp, speed in sorted(self.speeds.items())),
             region=c.region,
             rtt_ms=self.probe.published(),
             auto=c.auto,
@@ -252,6 +254,7 @@ class _Peer:
         c = self.config
         blocks = await self._load_blocks()
         self.throughput, self.decode_batch = await self.speed_of(blocks)
+        await self._measure_degrees()
         if stop.is_set():
             return False
         if c.debug_corrupt_outputs:
@@ -268,6 +271,22 @@ class _Peer:
         await self.announcer.announce(PeerState.ONLINE)
         logger.info("online: serving %s blocks [%d:%d)", c.spec.model_id, c.start, c.end)
         return True
+
+    async def _measure_degrees(self) -> None:
+        """`--tp auto` peers announce what they measured at each degree (`tp_speeds`): the full
+        group's figures and, on a one-block stack loaded and freed for it, the leader's alone,
+        so the coordinator knows a rank's speed and what the group's all-reduce costs (its
+        figures are announced as given when --throughput and --decode-ms override them)."""
+        c = self.config
+        if not c.tp_choices or (c.throughput is not None and c.decode_ms is not None):
+            return
+        self.speeds[self.tp] = self.throughput
+        if 1 in c.tp_choices and self.tp > 1:
+            stack = await asyncio.to_thread(self.group.load_stack, self.start, self.start + 1, 1)
+            try:
+                self.speeds[1], _ = await self.speed_of(stack)
+            finally:
+                self.group.drop_stack(stack)
 
     async def _handle_stream(self, *args) -> None:
         # Through the current server, so that a move (peer/plan_follower.py) can switch new

@@ -99,6 +99,10 @@ class PeerRecord:
     # devices it offers (each divides the model's heads and MLP width; `tp` is one of them), so
     # the plan chooses the degree too. () = the degree is fixed at `tp`.
     tp_choices: tuple[int, ...] = ()
+    # ... and what it measured at each degree it has run: (degree, prefill tokens/s per block,
+    # decode ms per block); its full degree and degree 1 at start, others once it serves at them.
+    # The coordinator reads a rank's speed and the cost of its all-reduce from them.
+    tp_speeds: tuple[tuple[int, float, float], ...] = ()
     schema: int = RECORD_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
@@ -108,6 +112,7 @@ class PeerRecord:
         body["devices"] = [asdict(d) for d in self.devices]
         body["rtt_ms"] = [[peer, ms] for peer, ms in self.rtt_ms]
         body["tp_choices"] = list(self.tp_choices)
+        body["tp_speeds"] = [list(entry) for entry in self.tp_speeds]
         return msgpack.packb(body, use_bin_type=True)
 
     @classmethod
@@ -123,6 +128,7 @@ class PeerRecord:
             known["devices"] = tuple(DeviceInfo.from_dict(d) for d in known.get("devices", ()))
             known["rtt_ms"] = _parse_rtts(known.get("rtt_ms", ()))
             known["tp_choices"] = _parse_tp_choices(known.get("tp_choices", ()))
+            known["tp_speeds"] = _parse_tp_speeds(known.get("tp_speeds", ()))
             record = cls(**known)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed peer record: {e}") from None
@@ -152,7 +158,9 @@ class ModelEntry:
         return cls(model_id=model_id, num_blocks=num_blocks)
 
 
-def parse_signed_entries(dict_value: Any, parse, owner_marker: Callable[[bytes], bytes] = lambda subkey: subkey):
+def parse_signed_entries(
+    dict_value: Any, parse, owner_marker: Callable[[bytes], bytes] = lambda subkey: subkey
+):
     """Turns a hivemind dictionary value {subkey: ValueWithExpiration} into [(peer_id, parsed)],
     keeping only entries that parse and whose subkey is an owner marker (or, with `owner_marker`,
     holds one that it extracts: subkeys that also name what the entry is about)."""
@@ -232,6 +240,28 @@ def _parse_tp_choices(raw: Any) -> tuple[int, ...]:
     if list(raw) != sorted(set(raw)):
         raise ValueError("tp_choices must be sorted and distinct")
     return tuple(raw)
+
+
+def _parse_tp_speeds(raw: Any) -> tuple[tuple[int, float, float], ...]:
+    if not isinstance(raw, list | tuple) or len(raw) > MAX_TP_DEGREE:
+        raise ValueError(f"tp_speeds must be a list of at most {MAX_TP_DEGREE} entries")
+    entries = []
+    for item in raw:
+        if not isinstance(item, list | tuple) or len(item) != 3:
+            raise ValueError("a tp_speeds entry is not [degree, tokens/s, ms]")
+        degree, tokens_per_s, decode_ms = item
+        if isinstance(degree, bool) or not isinstance(degree, int) or not 1 <= degree <= MAX_TP_DEGREE:
+            raise ValueError(f"a tp_speeds degree is not in 1..{MAX_TP_DEGREE}")
+        if not all(_positive(x) for x in (tokens_per_s, decode_ms)):
+            raise ValueError("tp_speeds figures must be positive numbers")
+        entries.append((degree, float(tokens_per_s), float(decode_ms)))
+    if [e[0] for e in entries] != sorted({e[0] for e in entries}):
+        raise ValueError("tp_speeds must be sorted by degree, one entry each")
+    return tuple(entries)
+
+
+def _positive(x: Any) -> bool:
+    return not isinstance(x, bool) and isinstance(x, int | float) and 0 < x < 1e12
 
 
 def unpack_map(data: Any, max_bytes: int = 64 * 1024) -> dict:

@@ -19,7 +19,16 @@ Figures, from what the peer measured at its current degree `tp` (not from a cata
 - memory M_d: `max_blocks` layers' worth (with their KV cache, Eq. 7) when the peer states it,
   else its devices' memory (GPU, 0.9x) or half its RAM (CPU).
 
-A K-device peer gets one rank's share: m_d and c_d over `tp`; M_d its GPU's memory (0.9x). Where
+A K-device peer gets one rank's figures: m_d and c_d from what it measured at degree 1 (its
+`tp_speeds`, a one-block stack on its leader at start), else the group's over `tp`; M_d its
+GPU's memory (0.9x). The links between its ranks take the latency a of HexGen Eq. 5 that makes
+the cost model's decode step at its widest measured degree n equal the measured one,
+
+    t_n = t_1 / n + 1 / (n x_1) + 4 (n - 1) a    (per token and layer; t_1, x_1: decode seconds
+                                                   and prefill tokens/s per block at degree 1),
+
+so a group whose all-reduce is slow (gloo ranks sharing a CPU) is not planned as if its ranks
+added up. Where
 the ranks do not have memories of their own (CPU ranks share the machine's RAM) or the peer
 states `max_blocks` (counted at its current degree), M_d is the group's memory above split
 evenly over the K devices: a simplification (activations and a degree's own overheads are
@@ -36,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import networkx as nx
+import numpy as np
 
 from routing.scheduler.algorithm1 import TP_DEGREES
 from routing.scheduler.cluster import Cluster, Device, Network, build_cluster
@@ -108,18 +118,44 @@ def rank_memory(record: PeerRecord, model: ModelSpec, workload: Workload, k: int
     return group_memory(record, model, workload) / k
 
 
+def speed_figures(model: ModelSpec, tokens_per_s: float, decode_ms: float) -> tuple[float, float]:
+    """(m_d, c_d) of a measured (prefill tokens/s, decode ms) per block (module docstring)."""
+    bandwidth = model.layer_bytes / (max(decode_ms, 1e-3) / 1000.0)
+    return bandwidth, 2.0 * model.params_per_layer * max(tokens_per_s, 1e-3)
+
+
+def rank_speed(record: PeerRecord) -> tuple[float, float, int]:
+    """(prefill tokens/s, decode ms) per block to divide into one rank's figures, and by how much:
+    its degree-1 measurement, else the group's figures at its current degree."""
+    measured = {tp: (tokens_per_s, ms) for tp, tokens_per_s, ms in record.tp_speeds}
+    if 1 in measured:
+        return (*measured[1], 1)
+    return record.throughput, record.decode_ms_per_block, max(record.tp, 1)
+
+
+def rank_link_latency(record: PeerRecord) -> float | None:
+    """One-way seconds `a` between two ranks of a peer, fitted to its measured degrees (module
+    docstring); None without a degree-1 and a wider measurement."""
+    measured = {tp: (tokens_per_s, ms / 1000.0) for tp, tokens_per_s, ms in record.tp_speeds}
+    wider = [tp for tp in measured if tp > 1]
+    if 1 not in measured or not wider:
+        return None
+    n = max(wider)
+    (x_1, t_1), (_, t_n) = measured[1], measured[n]
+    return max(t_n - t_1 / n - 1.0 / (n * x_1), 0.0) / (4 * (n - 1))
+
+
 def devices_of(record: PeerRecord, model: ModelSpec, workload: Workload, region: str) -> list[Device]:
     """The scheduler devices standing for one peer: one for its whole group, or its K ranks."""
-    decode_s = max(record.decode_ms_per_block, 1e-3) / 1000.0
-    bandwidth = model.layer_bytes / decode_s
-    flops = 2.0 * model.params_per_layer * max(record.throughput, 1e-3)
     name = record.devices[0].name if record.devices else record.device
     ids = device_ids(record)
     if len(ids) == 1:
+        bandwidth, flops = speed_figures(model, record.throughput, record.decode_ms_per_block)
         memory = group_memory(record, model, workload)
         return [Device(ids[0], name, record.peer_id, region, float(memory), bandwidth, flops)]
     memory = rank_memory(record, model, workload, len(ids))
-    share = max(record.tp, 1)  # the measured figures are the group's at its current degree
+    tokens_per_s, decode_ms, share = rank_speed(record)
+    bandwidth, flops = speed_figures(model, tokens_per_s, decode_ms)
     return [
         Device(i, name, record.peer_id, region, float(memory), bandwidth / share, flops / share) for i in ids
     ]
@@ -170,4 +206,10 @@ def build_view(
         for i in positions.get(a, ()):
             for j in positions.get(b, ()):
                 cluster.latency[i, j] = cluster.latency[j, i] = ms / 2000.0  # one way, seconds
+    for r in records:
+        latency = rank_link_latency(r) if len(positions.get(r.peer_id, ())) > 1 else None
+        if latency is not None:
+            ranks = positions[r.peer_id]
+            cluster.latency[np.ix_(ranks, ranks)] = latency
+            cluster.latency[ranks, ranks] = 0.0
     return cluster

@@ -52,6 +52,7 @@ def test_a_tp_peer_moves_to_its_planned_range_and_serves_it_exactly(make_model, 
             me = identity.peer_id.to_base58()
             (record,) = [r for r in read_peer_records(dht, model_id) if r.auto]
             assert (record.tp, record.tp_choices, len(record.devices)) == (2, (1, 2), 2)
+            assert [degree for degree, *_ in record.tp_speeds] == [1, 2]  # measured at start
             target = (4, 8) if record.start < 4 else (0, 4)
             expiration = get_dht_time() + 300
             lease = Lease(model_id, me, since=get_dht_time())

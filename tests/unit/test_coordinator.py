@@ -292,6 +292,32 @@ def test_a_tp_auto_peer_is_a_machine_of_k_devices_with_one_ranks_share():
     assert by_machine["c"][0].flops == pytest.approx(whole.flops)  # measured at tp 1
 
 
+def test_measured_degrees_give_a_ranks_speed_and_the_all_reduce_it_pays():
+    """Two gloo ranks on a CPU: one alone decodes a block in 3.4 ms, both together in 5.6 ms.
+    From those figures TP 1 is the faster stage in the cost model (Eq. 4 + Eq. 5); from the
+    group's figures alone (one rank = half the group) TP 2 would be."""
+    from routing.scheduler.cost_model import comp_cost, tp_comm_cost
+
+    workload = Workload(slo_scale=100)
+    measured = ((1, 4000.0, 3.4), (2, 6000.0, 5.6))
+    peer = replace(tp_record("g", 2, (1, 2), 64 * GIB, throughput=6000.0), decode_ms_per_block=5.6)
+
+    def decode_s(record: PeerRecord, devices: list[int]) -> float:
+        cluster = build_view([record], MODEL, workload)
+        args = (cluster, devices, MODEL, 1, 64, 1)
+        return comp_cost(*args).decode + tp_comm_cost(*args).decode
+
+    fitted = replace(peer, tp_speeds=measured)
+    cluster = build_view([fitted], MODEL, workload)
+    assert cluster.latency[0, 1] == pytest.approx((5.6e-3 - 3.4e-3 / 2 - 1 / (2 * 4000)) / 4)
+    assert cluster.latency[0, 0] == 0.0
+    assert cluster.devices[0].bandwidth == pytest.approx(MODEL.layer_bytes / 3.4e-3)
+    assert decode_s(fitted, [0, 1]) == pytest.approx(5.6e-3, rel=0.05)  # the measured TP 2 step
+    assert decode_s(fitted, [0]) < decode_s(fitted, [0, 1])
+    assert decode_s(peer, [0]) > decode_s(peer, [0, 1])  # unmeasured: ranks add up
+    assert build_view([replace(peer, tp_speeds=measured[1:])], MODEL, workload).latency[0, 1] < 1e-4
+
+
 def test_compute_plan_chooses_the_degree_the_model_needs():
     from routing.scheduler.cost_model import max_layers, stage_memory
 

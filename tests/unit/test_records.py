@@ -24,11 +24,14 @@ def test_tensor_parallel_fields_round_trip():
 
 
 def test_tp_choices_round_trip_and_default_to_a_fixed_degree():
-    record = make_record(tp=2, devices=(GPU, GPU), tp_choices=(1, 2, 4))
+    record = make_record(
+        tp=2, devices=(GPU, GPU), tp_choices=(1, 2, 4), tp_speeds=((1, 900.0, 3.5), (2, 1500.0, 2.25))
+    )
     assert PeerRecord.from_bytes(record.to_bytes()) == record
     body = msgpack.unpackb(record.to_bytes())
-    del body["tp_choices"]  # a peer from before the plan chose degrees
-    assert PeerRecord.from_bytes(msgpack.packb(body)).tp_choices == ()
+    del body["tp_choices"], body["tp_speeds"]  # a peer from before the plan chose degrees
+    older = PeerRecord.from_bytes(msgpack.packb(body))
+    assert older.tp_choices == () and older.tp_speeds == ()
 
 
 def test_record_without_tp_fields_reads_as_one_device():
@@ -67,6 +70,14 @@ def test_decode_batch_fields_round_trip_and_default_for_older_records():
         {"tp_choices": "1,2"},
         {"tp_choices": list(range(1, 66))},
         {"tp": 1, "tp_choices": [2, 4]},
+        {"tp_speeds": [[1, 900.0]]},
+        {"tp_speeds": [[0, 900.0, 3.5]]},
+        {"tp_speeds": [[1, 0, 3.5]]},
+        {"tp_speeds": [[1, 900.0, -1.0]]},
+        {"tp_speeds": [[1, 900.0, True]]},
+        {"tp_speeds": [[2, 900.0, 3.5], [1, 900.0, 3.5]]},
+        {"tp_speeds": [[1, 900.0, 3.5], [1, 900.0, 3.5]]},
+        {"tp_speeds": "fast"},
     ],
 )
 def test_malformed_tp_fields_are_rejected(change):
