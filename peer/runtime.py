@@ -275,8 +275,8 @@ class _Peer:
     async def _measure_degrees(self) -> None:
         """`--tp auto` peers announce what they measured at each degree (`tp_speeds`): the full
         group's figures and, on a one-block stack loaded and freed for it, the leader's alone,
-        so the coordinator knows a rank's speed and what the group's all-reduce costs (its
-        figures are announced as given when --throughput and --decode-ms override them)."""
+        so the coordinator knows a rank's speed and what the group's all-reduce costs. With
+        --throughput and --decode-ms given, the peer announces those figures and no tp_speeds."""
         c = self.config
         if not c.tp_choices or (c.throughput is not None and c.decode_ms is not None):
             return

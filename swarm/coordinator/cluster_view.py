@@ -28,10 +28,9 @@ the cost model's decode step at its widest measured degree n equal the measured 
                                                    and prefill tokens/s per block at degree 1),
 
 so a group whose all-reduce is slow (gloo ranks sharing a CPU) is not planned as if its ranks
-added up. Where
-the ranks do not have memories of their own (CPU ranks share the machine's RAM) or the peer
-states `max_blocks` (counted at its current degree), M_d is the group's memory above split
-evenly over the K devices: a simplification (activations and a degree's own overheads are
+added up. Where the ranks do not have memories of their own (CPU ranks share the machine's RAM)
+or the peer states `max_blocks` (counted at its current degree), M_d is the group's memory above
+split evenly over the K devices: a simplification (activations and a degree's own overheads are
 not re-measured) that keeps the total what the peer stated.
 
 Links start from the cluster file's defaults (`routing/scheduler/cluster.py`); a measured round
@@ -124,10 +123,15 @@ def speed_figures(model: ModelSpec, tokens_per_s: float, decode_ms: float) -> tu
     return bandwidth, 2.0 * model.params_per_layer * max(tokens_per_s, 1e-3)
 
 
+def measured_speeds(record: PeerRecord) -> dict[int, tuple[float, float]]:
+    """Degree -> (prefill tokens/s, decode ms) per block, as the peer measured them (`tp_speeds`)."""
+    return {tp: (tokens_per_s, ms) for tp, tokens_per_s, ms in record.tp_speeds}
+
+
 def rank_speed(record: PeerRecord) -> tuple[float, float, int]:
     """(prefill tokens/s, decode ms) per block to divide into one rank's figures, and by how much:
     its degree-1 measurement, else the group's figures at its current degree."""
-    measured = {tp: (tokens_per_s, ms) for tp, tokens_per_s, ms in record.tp_speeds}
+    measured = measured_speeds(record)
     if 1 in measured:
         return (*measured[1], 1)
     return record.throughput, record.decode_ms_per_block, max(record.tp, 1)
@@ -136,12 +140,13 @@ def rank_speed(record: PeerRecord) -> tuple[float, float, int]:
 def rank_link_latency(record: PeerRecord) -> float | None:
     """One-way seconds `a` between two ranks of a peer, fitted to its measured degrees (module
     docstring); None without a degree-1 and a wider measurement."""
-    measured = {tp: (tokens_per_s, ms / 1000.0) for tp, tokens_per_s, ms in record.tp_speeds}
+    measured = measured_speeds(record)
     wider = [tp for tp in measured if tp > 1]
     if 1 not in measured or not wider:
         return None
     n = max(wider)
-    (x_1, t_1), (_, t_n) = measured[1], measured[n]
+    (x_1, ms_1), (_, ms_n) = measured[1], measured[n]
+    t_1, t_n = ms_1 / 1000.0, ms_n / 1000.0
     return max(t_n - t_1 / n - 1.0 / (n * x_1), 0.0) / (4 * (n - 1))
 
 
