@@ -27,7 +27,12 @@ arrivals. Rates are loaded ones: `--loads` x the cluster's upper bound in reques
   schedule_cpu_s, replan_cpu_s      the same searches' CPU time (wall-clock figures swing with
                                     the machine's load; CPU time much less)
 
+`--objective throughput` plans for tokens/s with no deadline (`Workload.objective`): one row per
+scenario, the searches offered SATURATION x the bound; attainment is then 1 by definition and
+the figures that matter are capacity_tok_s and bound_ratio.
+
     python benchmarks/scheduler.py --json [--budget-s 15] [--loads 0.5 1.0] [--slo-scale 5]
+                                          [--objective slo|throughput]
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scipy.stats import spearmanr  # noqa: E402
 
-from routing.scheduler.capacity import allreduce_share, plan_capacity  # noqa: E402
+from routing.scheduler.capacity import SATURATION, allreduce_share, plan_capacity  # noqa: E402
 from routing.scheduler.genetic import SearchConfig, SearchResult, search  # noqa: E402
 from routing.scheduler.model_spec import Workload, preset  # noqa: E402
 from routing.scheduler.plan import PipelinePlan, Plan, StagePlan  # noqa: E402
@@ -70,7 +75,9 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
     """One scenario, serving model and load: our search, the baselines, a re-plan after a leave."""
     cluster = cluster_of(name)
     big = name == SYNTHETIC
-    base = Workload(s_in=128, s_out=32, slo_scale=args.slo_scale, seed=args.seed, max_batch=16)
+    base = Workload(
+        s_in=128, s_out=32, slo_scale=args.slo_scale, seed=args.seed, max_batch=16, objective=args.objective
+    )
     bound_rps = throughput_upper_bound(cluster, MODEL, base, max_batch=16, prompt_tokens=128).requests_s
     rate = round(load * bound_rps, 1)
     requests = max(1000, round(rate * (args.trace_1000_s if big else args.trace_s)))
@@ -85,13 +92,15 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
     layouts: dict = {}  # layout cache shared by our search and the re-plan (same network)
     ours = search(cluster, MODEL, workload, config(), layout_cache=layouts)
     symmetric = search(cluster, MODEL, workload, config(symmetric=True, time_budget_s=budget / 2))
-    pairs = _pairs(ours) + _pairs(symmetric)
+    pairs = _pairs(ours, workload) + _pairs(symmetric, workload)
     table4 = None
     if name == "heterogeneous-full-price":
         plan = table4_plan(cluster, MODEL)
         table4 = evaluate_plan(cluster, MODEL, workload, plan)
         if serving != "sequential":
-            pairs.append((estimate_plan(cluster, MODEL, workload, plan).attainment, table4.attainment))
+            guess = estimate_plan(cluster, MODEL, workload, plan)
+            guessed = guess.attainment if workload.has_deadline else guess.goodput_rps
+            pairs.append((guessed, _simulated_score(table4, workload)))
 
     leaving = _leaving(ours, cluster, big, args.seed)
     smaller = cluster.without(leaving)
@@ -123,8 +132,9 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         "load": load,
         "rate": rate,
         "requests": requests,
-        "slo_scale": args.slo_scale,
-        "slo_s": round(est.slo_s, 3),
+        "objective": args.objective,
+        "slo_scale": args.slo_scale if workload.has_deadline else None,
+        "slo_s": round(est.slo_s, 3) if workload.has_deadline else None,
         "devices": len(cluster),
         "devices_used": len(ours.plan.device_ids),
         "schedule_s": round(ours.elapsed_s, 2),
@@ -150,7 +160,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         "throughput_symmetric": round(symmetric.result.throughput_tok_s, 1),
         "attainment_table4": None if table4 is None else round(table4.attainment, 4),
         "goodput_table4": None if table4 is None else round(table4.goodput_rps, 2),
-        "fitness_vs_sim": _agreement(pairs, serving),
+        "fitness_vs_sim": _agreement(pairs, serving, relative=not workload.has_deadline),
         "replan_s": round(replan.elapsed_s, 2),
         "replan_cpu_s": round(replan.cpu_s, 2),
         "left": len(leaving),
@@ -215,9 +225,14 @@ def hand_plan(cluster, layouts: dict[str, list[int]]) -> Plan:
     return Plan(MODEL.name, MODEL.num_layers, tuple(pipelines))
 
 
-def _pairs(result: SearchResult) -> list[tuple[float, float]]:
-    """(analytic attainment, simulated attainment) of a search's finalists."""
-    return [(fitness[0], sim.attainment) for fitness, sim in result.finalists]
+def _pairs(result: SearchResult, workload: Workload) -> list[tuple[float, float]]:
+    """(analytic, simulated) attainment of a search's finalists; without a deadline, the
+    requests/s they serve (the fitness is then the estimated rate)."""
+    return [(fitness[0], _simulated_score(sim, workload)) for fitness, sim in result.finalists]
+
+
+def _simulated_score(sim, workload: Workload) -> float:
+    return sim.attainment if workload.has_deadline else sim.throughput_tok_s / workload.s_out
 
 
 def _leaving(ours: SearchResult, cluster, big: bool, seed: int) -> set[str]:
@@ -228,8 +243,9 @@ def _leaving(ours: SearchResult, cluster, big: bool, seed: int) -> set[str]:
     return set(random.Random(seed).sample(used, min(len(used), len(cluster) // 20)))
 
 
-def _agreement(pairs: list[tuple[float, float]], serving: str) -> dict:
-    """Spearman rank correlation and mean |error| between estimated and simulated attainment."""
+def _agreement(pairs: list[tuple[float, float]], serving: str, relative: bool = False) -> dict:
+    """Spearman rank correlation and mean |error| between estimated and simulated attainment
+    (`relative`: mean |error| / simulated, for requests/s)."""
     if serving == "sequential":
         return {"note": "the fitness is the simulation itself", "spearman": 1.0, "mean_abs_error": 0.0}
     unique = sorted(set(pairs))
@@ -237,6 +253,8 @@ def _agreement(pairs: list[tuple[float, float]], serving: str) -> dict:
     sim = [b for _, b in unique]
     rho = spearmanr(est, sim).statistic if len(unique) >= 3 else float("nan")
     error = sum(abs(a - b) for a, b in unique) / max(1, len(unique))
+    if relative:  # requests/s: the error as a share of the simulated rate
+        error = sum(abs(a - b) / b for a, b in unique if b > 0) / max(1, len(unique))
     return {
         "plans": len(unique),
         "spearman": None if rho != rho else round(float(rho), 3),
@@ -259,6 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity-s", type=float, default=20.0, help="seconds of saturating arrivals")
     parser.add_argument("--capacity-1000-s", type=float, default=10.0, help="the same on 1,000 GPUs")
     parser.add_argument("--slo-scale", type=float, default=5.0, help="deadline, x the A100 latency (§5.1: 5)")
+    parser.add_argument(
+        "--objective",
+        choices=("slo", "throughput"),
+        default="slo",
+        help="what the searches maximize; throughput: no deadline, one row per scenario at a saturating rate",
+    )
     parser.add_argument("--seed", type=int, default=0)
     names = (*SCENARIOS, SYNTHETIC)
     parser.add_argument("--scenarios", nargs="*", default=list(names), choices=names)
@@ -274,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.scenarios:
         for serving in args.serving:
             loads = args.loads[:1] if name == SYNTHETIC else args.loads  # one row each at 1,000 GPUs
+            if args.objective == "throughput":
+                loads = [SATURATION]  # the searches offer this rate whatever --loads says
             if name == SYNTHETIC and serving == "sequential":
                 continue  # sequential serving on 1,000 GPUs adds minutes and nothing new
             for load in loads:

@@ -1,7 +1,8 @@
 """`hexswarm plan`: plan a swarm over a cluster file with the HexGen scheduler (routing/scheduler/).
 
 Reads the cluster file (format in routing/scheduler/cluster.py and the README), searches for
-the plan with the best SLO attainment on the given workload under the chosen serving model
+the plan with the best SLO attainment on the given workload (or, with `--objective throughput`,
+the most tokens/s with no deadline) under the chosen serving model
 (pipelined and batched by default, `--serving sequential` for one request per pipeline at a
 time), shows its progress on stderr (a bar on a terminal, else log lines) and the plan on stdout: a table by default, the plan's JSON
 with --json. Both give the plan's saturated capacity as a share of the cluster's upper bound.
@@ -31,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--s-out", type=int, default=32, help="generated tokens per request (default 32)")
     parser.add_argument("--rate", type=float, default=1.0, help="requests per second to plan for (default 1)")
     parser.add_argument("--slo-scale", type=float, default=5.0, help="deadline in units of the A100 latency")
+    parser.add_argument(
+        "--objective",
+        choices=("slo", "throughput"),
+        default="slo",
+        help="slo (default): most requests within the deadline at --rate; throughput: most tokens/s, "
+        "no deadline (batch work; --rate and --slo-scale are not used)",
+    )
     parser.add_argument(
         "--budget-s", type=float, default=20.0, help="search time budget in seconds (default 20)"
     )
@@ -72,25 +80,28 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
         serving=args.serving,
         max_batch=args.max_batch,
+        objective=args.objective,
     )
     if args.budget_s <= 0:
         raise ValueError("--budget-s must be positive")
 
     logger.info(
-        "planning %s on %d devices (budget %g s, serving %s, max batch %d)",
-        model.name, len(cluster), args.budget_s, args.serving, args.max_batch,
+        "planning %s on %d devices for %s (budget %g s, serving %s, max batch %d)",
+        model.name, len(cluster), args.objective, args.budget_s, args.serving, args.max_batch,
     )  # fmt: skip
+    measure = "attainment" if workload.has_deadline else "req/s"
     config = SearchConfig(time_budget_s=args.budget_s, seed=args.seed, stall_generations=100)
     with log_setup.progress(total=100, desc="planning", unit="%") as bar:  # share of the time budget
 
         def report(p: Progress) -> None:
             """Per generation: a bar over the time budget on a terminal, else a log line every 10."""
-            bar.set_postfix_str(f"generation {p.generation}, attainment {p.best_attainment:.1%}", refresh=False)
+            best = f"{p.best_attainment:.1%}" if workload.has_deadline else f"{p.best_attainment:.2f}"
+            bar.set_postfix_str(f"generation {p.generation}, {measure} {best}", refresh=False)
             bar.update(min(100, int(100 * p.elapsed_s / args.budget_s)) - bar.n)
             if not log_setup.progress_enabled() and p.generation % 10 == 0:
                 logger.info(
-                    "generation %4d  attainment %6.1f%%  mean latency %7.2f s  (%.1f s)",
-                    p.generation, 100 * p.best_attainment, p.best_mean_latency_s, p.elapsed_s,
+                    "generation %4d  %s %s  mean latency %7.2f s  (%.1f s)",
+                    p.generation, measure, best, p.best_mean_latency_s, p.elapsed_s,
                 )  # fmt: skip
 
         result = search(cluster, model, workload, config, progress=report)
@@ -140,18 +151,26 @@ def format_plan(plan) -> str:
             span = f"[{stage.start}, {stage.end})"
             lines.append(f"    layers {span:>10}  tp={stage.tp_degree}  {', '.join(stage.device_ids)}")
     est = plan.estimate
-    if est is not None:
+    if est is not None and est.objective == "throughput":
+        lines.append(
+            f"estimate ({est.serving}, max batch {est.max_batch}, no deadline): offered {est.rate:.3g} req/s, "
+            f"more than any placement serves; mean latency {est.mean_latency_s:.2f} s, "
+            f"p99 {est.p99_latency_s:.2f} s under that load, s_in {est.s_in}, s_out {est.s_out}"
+        )
+    elif est is not None:
         lines.append(
             f"estimate ({est.serving}, max batch {est.max_batch}): {est.attainment:.1%} of requests within "
             f"the {est.slo_s:.2f} s SLO at {est.rate:g} req/s (goodput {est.goodput_rps:.2f} req/s, "
             f"mean latency {est.mean_latency_s:.2f} s, p99 {est.p99_latency_s:.2f} s, s_in {est.s_in}, "
             f"s_out {est.s_out})"
         )
-        lines.append(f"throughput {est.throughput_tok_s:.0f} tokens/s at {est.rate:g} req/s")
+    if est is not None:
+        lines.append(f"throughput {est.throughput_tok_s:.0f} tokens/s at {est.rate:.4g} req/s")
         if est.capacity_tok_s > 0:
+            within = f"; {est.slo_capacity_tok_s:.0f} tokens/s within the SLO ({est.slo_bound_ratio:.1%})"
             lines.append(
                 f"capacity {est.capacity_tok_s:.0f} tokens/s saturated = {est.bound_ratio:.1%} of the upper bound "
-                f"({est.upper_bound_tok_s:.0f} tokens/s for any placement of this cluster); "
-                f"{est.slo_capacity_tok_s:.0f} tokens/s within the SLO ({est.slo_bound_ratio:.1%})"
+                f"({est.upper_bound_tok_s:.0f} tokens/s for any placement of this cluster)"
+                + (within if est.objective == "slo" else "")
             )
     return "\n".join(lines)

@@ -78,6 +78,16 @@ def bound_max_batch(workload: Workload) -> int:
     return 1 if workload.serving == "sequential" else workload.max_batch
 
 
+def saturating_workload(cluster: Cluster, model: ModelSpec, workload: Workload) -> Workload:
+    """The workload at `SATURATION` x the cluster's bound in requests/s: what the search offers
+    under the throughput objective, so that a plan's served tokens/s is its capacity."""
+    max_batch = bound_max_batch(workload)
+    bound_rps = throughput_upper_bound(cluster, model, workload, max_batch, float(workload.s_in)).requests_s
+    if bound_rps <= 0:
+        return workload
+    return replace(workload, rate=SATURATION * bound_rps)
+
+
 def plan_capacity(
     cluster: Cluster,
     layouts: Sequence[PipelineLayout],

@@ -10,7 +10,8 @@ Algorithm 1 (`PipelineDP`) and then scored under the workload's serving model:
   pick among its finalists and which the plan reports.
 
 Fitness is (attainment, -mean latency): the share of requests within the SLO first, latency
-to break ties.
+to break ties. Under the throughput objective (`Workload.objective`, no deadline, a saturating
+rate) the first term is the requests/s the plan serves instead, i.e. its capacity.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from routing.scheduler.pipeline_dp import MAX_DP_STATES, PipelineDP, PipelineLay
 from routing.scheduler.serving import evaluate_layouts
 from routing.scheduler.simulator import SimResult, make_trace, pipeline_latencies, simulate
 
-Fitness = tuple[float, float]  # (attainment, -mean latency)
+Fitness = tuple[float, float]  # (attainment, or requests/s without a deadline; -mean latency)
 
 
 class Evaluator:
@@ -93,11 +94,14 @@ class Evaluator:
                 matrix = np.vstack(rows) if rows else np.empty((0, len(self.trace.arrivals)))
                 result = simulate(matrix, self.trace)
                 self._simulated[key] = result
-                attainment, latency = result.attainment, result.mean_latency_s
+                score, latency = result.attainment, result.mean_latency_s
+                if not self.workload.has_deadline:  # requests/s served
+                    score = result.throughput_tok_s / self.workload.s_out
             else:
                 est = estimate(rows, self.workload.rate)
-                attainment, latency = est.attainment, est.mean_latency_s
-            self._fitness[key] = (attainment, -latency if np.isfinite(latency) else -np.inf)
+                score = est.attainment if self.workload.has_deadline else est.goodput_rps
+                latency = est.mean_latency_s
+            self._fitness[key] = (score, -latency if np.isfinite(latency) else -np.inf)
         return self._fitness[key]
 
     def simulate(self, ind: Individual) -> SimResult:

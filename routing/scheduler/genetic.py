@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from routing.scheduler.capacity import plan_capacity
+from routing.scheduler.capacity import plan_capacity, saturating_workload
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.ga_fitness import Evaluator, Fitness
 from routing.scheduler.ga_operators import Individual, Mutator, canonical, kmeans_init
@@ -113,6 +113,8 @@ def search(
     """
     from routing.scheduler import hierarchical, pinned_stages  # imported here: they call this function
 
+    if workload.objective == "throughput":  # offer more than any plan serves: fitness ~ capacity
+        workload = saturating_workload(cluster, model, workload)
     if pinned:
         return pinned_stages.search_around(cluster, model, workload, config, previous, layout_cache, pinned)
     if config.one_stage_per_machine:
@@ -296,5 +298,6 @@ def make_plan(
         bound,
         0.0 if measured is None else measured.capacity_tok_s,
         0.0 if measured is None else measured.slo_capacity_tok_s,
+        workload.objective,
     )
     return Plan(model.name, model.num_layers, tuple(pipelines), estimate)

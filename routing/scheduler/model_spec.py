@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 SERVING_MODES = ("pipelined-batched", "sequential")
+# What the search maximizes: "slo", the share of requests within the deadline at `rate` (HexGen
+# §4); "throughput", tokens/s with every request admitted and no deadline (HexGen-2's objective,
+# for offline and batch work): the search offers a saturating rate and ranks plans by what they serve.
+OBJECTIVES = ("slo", "throughput")
 _DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float": 4, "half": 2, "int8": 1, "float8": 1}
 # Model types whose MLP is fc1 -> act -> fc2 (two matrices); the others use gate/up/down (three).
 _PLAIN_MLP = {"opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon", "phi"}
@@ -127,6 +131,7 @@ class Workload:
     # "sequential" (one request per pipeline at a time, the first version's model, an ablation).
     serving: str = "pipelined-batched"
     max_batch: int = 16  # decode steps a stage runs as one; 1 gives pipelining alone
+    objective: str = "slo"  # one of OBJECTIVES
 
     def __post_init__(self) -> None:
         if self.rate <= 0 or self.slo_scale <= 0:
@@ -137,6 +142,13 @@ class Workload:
             raise ValueError(f"serving must be one of {SERVING_MODES} and max_batch >= 1")
         if not 0 <= self.s_in_spread < 1:
             raise ValueError("s_in_spread must be in [0, 1)")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+
+    @property
+    def has_deadline(self) -> bool:
+        """False under the throughput objective: no request is late, none is turned away."""
+        return self.objective == "slo"
 
     @property
     def s_in_max(self) -> int:

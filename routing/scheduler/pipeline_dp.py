@@ -42,6 +42,7 @@ MAX_DP_STATES = 800  # tau vectors; bigger groups are rejected before the DP (§
 EVEN_DP_STATES = 100  # the per-S "even" DPs run only for groups this small (they cost S times more)
 MAX_EVEN_STAGES = 8
 THROUGHPUT_DEGREES = ((2,), (1, 2), (2, 4), (4,))  # DP runs when the score is throughput
+# (and (1,), all TP 1, when there is no deadline: the layout that pays no all-reduce at all)
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,8 @@ class PipelineDP:
             return [("even", s, (t,)) for t in TP_DEGREES for s in range(1, top + 1)]
         searches = [("proportional", 0, TP_DEGREES)]
         if self.score is not None:  # narrower TP groups in more stages: less all-reduce per step
-            return searches + [("proportional", 0, degrees) for degrees in THROUGHPUT_DEGREES]
+            degrees = THROUGHPUT_DEGREES if self.workload.has_deadline else ((1,),) + THROUGHPUT_DEGREES
+            return searches + [("proportional", 0, d) for d in degrees]
         if states <= EVEN_DP_STATES:
             searches += [("even", s, TP_DEGREES) for s in range(1, min(top, MAX_EVEN_STAGES) + 1)]
         return searches

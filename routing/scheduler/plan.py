@@ -9,8 +9,11 @@ dict values, so the same dict goes through JSON here and through msgpack in `swa
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
+
+from routing.scheduler.model_spec import OBJECTIVES
 
 SCHEMA_VERSION = 1
 
@@ -75,6 +78,7 @@ class PlanEstimate:
     # Tokens/s under a saturating offered rate (`capacity.py`); 0 when not measured.
     capacity_tok_s: float = 0.0  # every request admitted, no deadline
     slo_capacity_tok_s: float = 0.0  # the SLO dispatcher turns requests away
+    objective: str = "slo"  # what the search maximized (`model_spec.OBJECTIVES`); "throughput": slo_s is inf
 
     @property
     def bound_ratio(self) -> float:
@@ -130,6 +134,7 @@ class Plan:
             if self.estimate is None
             else {
                 **vars(self.estimate),
+                "slo_s": None if math.isinf(self.estimate.slo_s) else self.estimate.slo_s,  # JSON has no inf
                 "bound_ratio": self.estimate.bound_ratio,
                 "slo_bound_ratio": self.estimate.slo_bound_ratio,
             },
@@ -224,11 +229,14 @@ def _estimate(raw: Any) -> PlanEstimate | None:
     serving = raw.get("serving", "sequential")
     if not isinstance(serving, str):
         raise PlanError(f"estimate.serving must be a string, got {serving!r}")
+    objective = raw.get("objective", "slo")
+    if objective not in OBJECTIVES:
+        raise PlanError(f"estimate.objective must be one of {OBJECTIVES}, got {objective!r}")
     return PlanEstimate(
         _float(raw, "attainment"),
         _float(raw, "goodput_rps"),
         _float(raw, "mean_latency_s"),
-        _float(raw, "slo_s"),
+        math.inf if raw.get("slo_s", 0.0) is None else _float(raw, "slo_s"),
         _float(raw, "rate"),
         _int(raw, "s_in"),
         _int(raw, "s_out"),
@@ -239,4 +247,5 @@ def _estimate(raw: Any) -> PlanEstimate | None:
         _float(raw, "upper_bound_tok_s"),
         _float(raw, "capacity_tok_s"),
         _float(raw, "slo_capacity_tok_s"),
+        objective,
     )

@@ -40,6 +40,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from routing.scheduler.capacity import saturating_workload
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.fitness import pipeline_capacity
 from routing.scheduler.genetic import NoFeasiblePlanError, SearchConfig, make_plan, search
@@ -138,6 +139,8 @@ def replan(
     group at a time, so that a plan repaired many times is searched afresh within a bounded time).
     """
     start, cpu = time.perf_counter(), time.process_time()
+    if workload.objective == "throughput":  # as `genetic.search`: A_H then grows with capacity
+        workload = saturating_workload(cluster, model, workload)
     if previous is None:
         return _cold(cluster, model, workload, config, costs, pinned, layout_cache, start, current or {})
     current = dict(current) if current is not None else plan_assignments(cluster, previous)

@@ -16,6 +16,7 @@ The same trace (seeded) is replayed for every candidate so comparisons are paire
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,12 +57,14 @@ class SimResult:
 
 
 def make_trace(model: ModelSpec, workload: Workload) -> Trace:
-    """A seeded Poisson trace of `workload.num_requests` requests (HexGen §5.1)."""
+    """A seeded Poisson trace of `workload.num_requests` requests (HexGen §5.1); its deadline is
+    infinite under the throughput objective."""
     rng = np.random.default_rng(workload.seed)
     gaps = rng.exponential(1.0 / workload.rate, size=workload.num_requests)
     lengths = rng.integers(workload.s_in_min, workload.s_in_max + 1, size=workload.num_requests)
     unit = reference_latency(model, float(workload.s_in), workload.s_out, workload.batch_size)
-    return Trace(np.cumsum(gaps), lengths.astype(float), workload.s_out, workload.slo_scale * unit)
+    deadline = workload.slo_scale * unit if workload.has_deadline else math.inf
+    return Trace(np.cumsum(gaps), lengths.astype(float), workload.s_out, deadline)
 
 
 def pipeline_latencies(

@@ -34,6 +34,8 @@ memory) and leaving it out does not lower the bound.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from routing.scheduler.bound_lp import (
@@ -47,6 +49,7 @@ from routing.scheduler.bound_lp import (
 )
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.model_spec import ModelSpec, Workload
+from routing.scheduler.upper_bound import throughput_upper_bound
 
 MAX_DEGREE = 64  # TP degrees tried per class at most (the convexity stop comes far earlier)
 
@@ -70,6 +73,8 @@ def slo_upper_bound(
     coupled = float(workload.s_in_min if coupled_prompt_tokens is None else coupled_prompt_tokens)
     if s_in < 0 or coupled < 0:
         raise ValueError("prompt_tokens and coupled_prompt_tokens must not be negative")
+    if math.isinf(deadline_s):  # no deadline: every token counts, the plain bound
+        return throughput_upper_bound(cluster, model, workload, max_batch, s_in, coupled)
     count, cells = _cells(cluster, model, workload, max_batch)
     return solve_bound(count, cells, model.num_layers, workload.s_out, (s_in, coupled), Deadline(deadline_s))
 

@@ -12,6 +12,7 @@ from routing.scheduler.genetic import SearchConfig, search
 from routing.scheduler.gpu_catalog import lookup
 from routing.scheduler.model_spec import Workload, preset
 from routing.scheduler.pipeline_dp import PipelineDP
+from routing.scheduler.plan import Plan
 from routing.scheduler.plan_eval import plan_layouts
 from routing.scheduler.serving import evaluate_layouts
 from routing.scheduler.simulator import make_trace
@@ -81,3 +82,40 @@ def test_allreduce_share_is_zero_at_tp_1_and_grows_with_the_degree():
     assert share((0,), (1,)) == 0.0
     assert 0 < share((0, 1)) < share((0, 1, 2, 3)) < 1
     assert share((0,), (2, 3)) < share((2, 3))  # a TP-1 pipeline dilutes it by its rate
+
+
+def _mixed_cluster():
+    """Two A6000 and two RTX 3090 machines of 4 GPUs: Llama-2-70B at SLO scale 5 needs TP 4 there."""
+    devices = [
+        Device.from_spec(f"m{m}-g{i}", lookup(kind), f"m{m}", "r")
+        for m, kind in enumerate(["A6000", "A6000", "RTX3090", "RTX3090"])
+        for i in range(4)
+    ]
+    return build_cluster(devices, Network())
+
+
+def test_throughput_objective_plans_for_capacity_without_a_deadline():
+    cluster, model = _mixed_cluster(), preset("Llama-2-70B")
+    config = SearchConfig(max_generations=40, time_budget_s=30, seed=0, stall_generations=20)
+    slo = search(cluster, model, Workload(rate=2.0, num_requests=200), config).plan.estimate
+    most = search(cluster, model, Workload(rate=2.0, num_requests=200, objective="throughput"), config)
+    est = most.plan.estimate
+    assert est.objective == "throughput" and est.slo_s == float("inf")
+    assert est.rate > 2.0  # the search offered a saturating rate, not --rate
+    assert est.capacity_tok_s > 1.2 * slo.capacity_tok_s  # no deadline forcing wide TP groups
+    assert est.bound_ratio > slo.bound_ratio and est.bound_ratio <= 1
+    assert Plan.from_json(most.plan.to_json()) == most.plan  # inf travels as null
+
+
+def test_throughput_objective_under_sequential_serving_ranks_by_served_rate():
+    cluster, model = _mixed_cluster(), preset("Llama-2-70B")
+    workload = Workload(num_requests=100, serving="sequential", objective="throughput")
+    found = search(cluster, model, workload, SearchConfig(max_generations=10, time_budget_s=20, seed=0))
+    est = found.plan.estimate
+    assert est.attainment == 1.0 and est.throughput_tok_s > 0  # nothing is late without a deadline
+    assert found.history[-1] == pytest.approx(est.throughput_tok_s / workload.s_out, rel=1e-6)
+
+
+def test_unknown_objective_is_refused():
+    with pytest.raises(ValueError, match="objective"):
+        Workload(objective="latency")

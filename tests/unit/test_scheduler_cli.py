@@ -94,3 +94,15 @@ def test_malformed_and_missing_files(tmp_path, capsys):
     assert main(["plan", "--cluster", str(tmp_path / "missing.json"), "--model", "Llama-2-7B"]) == 2
     _, err = capsys.readouterr()
     assert "not valid JSON" in err and "missing.json" in err and "Traceback" not in err
+
+
+def test_plan_for_throughput_has_no_deadline(tmp_path, capsys):
+    cluster = write_cluster(tmp_path, a6000s(4) + a6000s(4, "m2"))
+    argv = ["plan", "--cluster", cluster, "--model", "Llama-2-70B", "--budget-s", "2"] + ["--objective", "throughput"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "no deadline" in out and "of the upper bound" in out and "within the SLO" not in out
+    assert "for throughput" in err and "req/s" in err
+    assert main(argv + ["--json"]) == 0
+    estimate = json.loads(capsys.readouterr().out)["estimate"]
+    assert estimate["objective"] == "throughput" and estimate["slo_s"] is None and estimate["bound_ratio"] > 0

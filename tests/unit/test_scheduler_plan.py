@@ -48,6 +48,18 @@ def test_invalid_plans_are_rejected(mutate, message):
         Plan.from_dict(raw)
 
 
+def test_a_throughput_plan_has_no_deadline_and_round_trips():
+    plan = sample_plan()
+    raw = plan.to_dict()
+    raw["estimate"].update(objective="throughput", slo_s=None)
+    read = Plan.from_dict(msgpack.unpackb(msgpack.packb(raw)))
+    assert read.estimate.objective == "throughput" and read.estimate.slo_s == float("inf")
+    assert Plan.from_json(read.to_json()) == read and '"slo_s": null' in read.to_json()
+    raw["estimate"]["objective"] = "fastest"
+    with pytest.raises(PlanError, match="objective"):
+        Plan.from_dict(raw)
+
+
 def test_bad_json_is_a_plan_error():
     with pytest.raises(PlanError):
         Plan.from_json("{")

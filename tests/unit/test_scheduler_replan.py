@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -257,3 +258,16 @@ def test_patch_uses_a_filler_machine_for_one_hole_only():
     assert len(patched) == 1 and "m6" in machines(patched)[0]
     split = patch_pipelines(cluster, MODEL, WORKLOAD, broken, pool, deadline_s=60.0, whole_machines=False)
     assert len(split) == 2 and all("m6" in m for m in machines(split))  # without the swarm's rule
+
+
+def test_replan_for_throughput_values_plans_by_capacity(swarm):
+    tput = replace(WORKLOAD, objective="throughput")
+    first = search(swarm, MODEL, tput, SWARM).plan
+    assert first.estimate.objective == "throughput" and first.estimate.rate > WORKLOAD.rate
+    gone = swarm.devices[swarm.index(first.pipelines[0].stages[0].device_ids[0])].machine
+    smaller = swarm.without({d.id for d in swarm.devices if d.machine == gone})
+    result = replan(smaller, MODEL, tput, first, SWARM, MoveCosts(), known=frozenset(swarm.ids))
+    validate(result.plan)
+    # at a saturating rate the values are capacities, below 1: a bigger plan is worth more
+    assert 0 < result.current_value < 1 and result.value <= 1
+    assert result.plan.estimate.objective == "throughput"
