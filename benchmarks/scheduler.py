@@ -160,6 +160,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         "throughput_symmetric": round(symmetric.result.throughput_tok_s, 1),
         "attainment_table4": None if table4 is None else round(table4.attainment, 4),
         "goodput_table4": None if table4 is None else round(table4.goodput_rps, 2),
+        "throughput_table4": None if table4 is None else round(table4.throughput_tok_s, 1),
         "fitness_vs_sim": _agreement(pairs, serving, relative=not workload.has_deadline),
         "replan_s": round(replan.elapsed_s, 2),
         "replan_cpu_s": round(replan.cpu_s, 2),
