@@ -138,9 +138,13 @@ def print_plan(coordination: Coordination, records: list[PeerRecord]) -> None:
         return
     names = [r.name for r in followers(coordination, records)]
     auto = sum(r.auto for r in records)
+    estimate = (
+        f"planned for throughput (no deadline), {plan.throughput_tok_s:.0f} tokens/s saturated"
+        if plan.objective == "throughput"
+        else f"estimated attainment {plan.attainment:.1%}, {plan.throughput_tok_s:.0f} tokens/s"
+    )
     print(
-        f"  plan v{plan.version} (inputs {plan.inputs_hash}): estimated attainment {plan.attainment:.1%}, "
-        f"{plan.throughput_tok_s:.0f} tokens/s; followed by {len(names)}/{auto} auto peers"
+        f"  plan v{plan.version} (inputs {plan.inputs_hash}): {estimate}; followed by {len(names)}/{auto} auto peers"
         + (f": {', '.join(sorted(names))}" if names else "")
     )
 

@@ -29,6 +29,12 @@ def add_coordination_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--s-in", type=int, default=128, help="mean prompt tokens to plan for")
     g.add_argument("--s-out", type=int, default=32, help="generated tokens per request to plan for")
     g.add_argument("--slo-scale", type=float, default=5.0, help="deadline in units of the A100 latency")
+    g.add_argument(
+        "--objective",
+        choices=("slo", "throughput"),
+        default="slo",
+        help="slo (default): most requests within the deadline at --rate; throughput: most tokens/s, no deadline",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +62,9 @@ def coordinator_config(args: argparse.Namespace, model_dir: str):
     return CoordinatorConfig(
         model_id=load_model_spec(model_dir).model_id,
         model=load_model(model_dir),
-        workload=Workload(rate=args.rate, s_in=args.s_in, s_out=args.s_out, slo_scale=args.slo_scale),
+        workload=Workload(
+            rate=args.rate, s_in=args.s_in, s_out=args.s_out, slo_scale=args.slo_scale, objective=args.objective
+        ),
         search=SearchConfig(time_budget_s=args.budget_s, stall_generations=30, capacity=False),
         policy=ReplanPolicy(
             debounce_s=args.debounce,

@@ -21,6 +21,7 @@ from typing import Any
 
 import msgpack
 
+from routing.scheduler.model_spec import OBJECTIVES
 from swarm.records import parse_signed_entries, unpack_map
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,9 @@ class PlanRecord:
     assignments: tuple[Assignment, ...]
     created: float = 0.0  # DHT time
     schema: int = COORDINATION_SCHEMA_VERSION
+    # "slo" (attainment is the share within the deadline) or "throughput" (planned with no
+    # deadline for the most tokens/s; attainment is then the share of a saturating rate served)
+    objective: str = "slo"
 
     def assignment_of(self, peer_id: str) -> Assignment | None:
         return next((a for a in self.assignments if a.peer_id == peer_id), None)
@@ -107,6 +111,7 @@ class PlanRecord:
             "assignments": [[a.peer_id, a.start, a.end, a.tp] for a in self.assignments],
             "created": self.created,
             "schema": self.schema,
+            "objective": self.objective,
         }
 
     def to_bytes(self) -> bytes:
@@ -122,6 +127,9 @@ class PlanRecord:
             raise CoordinationRecordError("malformed plan")
         if not _is_int(version) or version < 1 or not isinstance(raw, list) or len(raw) > MAX_ASSIGNMENTS:
             raise CoordinationRecordError("plan version or assignments malformed")
+        objective = body.get("objective", "slo")  # records of earlier versions have none
+        if objective not in OBJECTIVES:
+            raise CoordinationRecordError("unknown plan objective")
         assignments = tuple(_assignment(item) for item in raw)
         if len({a.peer_id for a in assignments}) != len(assignments):
             raise CoordinationRecordError("a peer appears twice in a plan")
@@ -133,6 +141,7 @@ class PlanRecord:
             *map(float, numbers[:2]),
             assignments,
             float(numbers[2]),
+            objective=objective,
         )
 
 

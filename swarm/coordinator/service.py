@@ -141,17 +141,18 @@ class Coordinator:
             logger.info("re-plan (%s): lost the lease while searching; not publishing", reason)
             return
         version = max(coordination.newest_version, current.version if current else 0) + 1
-        record = plan_record(self.config.model_id, self.me, records, planned, version)
+        record = plan_record(self.config.model_id, self.me, records, planned, version, c.workload.objective)
         moves = diff({r.peer_id: Placement.of(r) for r in records if r.auto}, planned.assignments)
         await self._store(record)
         self.published, self.scheduler_plan = record, planned.plan or self.scheduler_plan
         logger.info(
-            "published plan v%d (%s): %d peers, %d moves, estimate %.1f%% attainment, %.0f tok/s, searched in %.1f s",
+            "published plan v%d (%s): %d peers, %d moves, estimate %.1f%% %s, %.0f tok/s, searched in %.1f s",
             version,
             reason,
             len(record.assignments),
             len(moves),
             100 * planned.attainment,
+            "attainment" if c.workload.has_deadline else "of a saturating rate served",
             planned.throughput_tok_s,
             self.replan_seconds[-1],
         )
@@ -171,7 +172,12 @@ class Coordinator:
 
 
 def plan_record(
-    model_id: str, coordinator: str, records: list[PeerRecord], planned: Planned, version: int
+    model_id: str,
+    coordinator: str,
+    records: list[PeerRecord],
+    planned: Planned,
+    version: int,
+    objective: str = "slo",
 ) -> PlanRecord:
     """The record that publishes `planned`: each auto peer's range at its planned TP degree."""
     inputs = sorted(
@@ -188,6 +194,7 @@ def plan_record(
             Assignment(peer, p.start, p.end, p.tp) for peer, p in sorted(planned.assignments.items())
         ),
         created=get_dht_time(),
+        objective=objective,
     )
 
 

@@ -439,3 +439,48 @@ def test_follower_takes_the_planned_degree_only_from_the_choices_it_offers():
     follow(plan(3, assignments=(("p1", 4, 8, 8),)), offers)  # a degree it does not offer: keeps 2
     follow(plan(4, assignments=(("p1", 0, 4, 1),)), fixed_degree)  # it offers none: nothing to do
     assert moves == [(0, 4, 4), (4, 8, 2)]
+
+
+def test_a_plan_for_throughput_says_so_and_old_records_read_as_slo():
+    import msgpack
+
+    from swarm.coordinator.service import plan_record
+
+    records = [record(f"p{i}", 0, 4) for i in range(4)]
+    workload = Workload(slo_scale=100, objective="throughput")
+    planned = compute_plan(records, MODEL, workload, SearchConfig(time_budget_s=1, capacity=False))
+    # no request is late without a deadline: plans are told apart by tokens/s (`beats`)
+    assert planned.plan.estimate.objective == "throughput" and planned.attainment == 1.0
+    assert planned.throughput_tok_s > 0
+    published = plan_record("tiny", "C", records, planned, 1, workload.objective)
+    assert PlanRecord.from_bytes(published.to_bytes()).objective == "throughput"
+    old = published.to_dict()
+    del old["objective"]  # a record of an earlier version
+    assert PlanRecord.from_bytes(msgpack.packb(old)).objective == "slo"
+    old["objective"] = "fastest"
+    with pytest.raises(CoordinationRecordError):
+        PlanRecord.from_bytes(msgpack.packb(old))
+
+
+def test_coordinator_flags_choose_the_objective(make_model):
+    import argparse
+
+    from swarm.coordinator.command import add_arguments, coordinator_config
+
+    model_dir = make_model()
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    base = ["--initial-peers", "/ip4/127.0.0.1/tcp/1", "--model", str(model_dir)]
+    assert coordinator_config(parser.parse_args(base), str(model_dir)).workload.objective == "slo"
+    args = parser.parse_args(base + ["--objective", "throughput"])
+    assert not coordinator_config(args, str(model_dir)).workload.has_deadline
+
+
+def test_status_names_the_objective(capsys):
+    from swarm.coordinator.records import Coordination
+    from swarm.status import print_plan
+
+    for objective, words in (("slo", "estimated attainment 90.0%"), ("throughput", "planned for throughput")):
+        record_ = replace(plan(2), objective=objective)
+        print_plan(Coordination(Lease("m", "A", 1.0), record_, 2), [record("p1", 0, 4)])
+        assert words in capsys.readouterr().out
