@@ -94,7 +94,7 @@ class PlanRecord:
     created: float = 0.0  # DHT time
     schema: int = COORDINATION_SCHEMA_VERSION
     # "slo" (attainment is the share within the deadline) or "throughput" (planned with no
-    # deadline for the most tokens/s; attainment is then the share of a saturating rate served)
+    # deadline for the most tokens/s at a saturating rate; attainment is then 1, nobody is late)
     objective: str = "slo"
 
     def assignment_of(self, peer_id: str) -> Assignment | None:

@@ -146,13 +146,12 @@ class Coordinator:
         await self._store(record)
         self.published, self.scheduler_plan = record, planned.plan or self.scheduler_plan
         logger.info(
-            "published plan v%d (%s): %d peers, %d moves, estimate %.1f%% %s, %.0f tok/s, searched in %.1f s",
+            "published plan v%d (%s): %d peers, %d moves, estimate %s, %.0f tok/s, searched in %.1f s",
             version,
             reason,
             len(record.assignments),
             len(moves),
-            100 * planned.attainment,
-            "attainment" if c.workload.has_deadline else "of a saturating rate served",
+            f"{100 * planned.attainment:.1f}% attainment" if c.workload.has_deadline else "(no deadline)",
             planned.throughput_tok_s,
             self.replan_seconds[-1],
         )
