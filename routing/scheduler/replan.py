@@ -42,8 +42,7 @@ from dataclasses import dataclass, replace
 
 from routing.scheduler.capacity import saturating_workload
 from routing.scheduler.cluster import Cluster
-from routing.scheduler.fitness import pipeline_capacity
-from routing.scheduler.genetic import NoFeasiblePlanError, SearchConfig, make_plan, search
+from routing.scheduler.genetic import SearchConfig, make_plan, search
 from routing.scheduler.hierarchical import region_groups
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.moves import (
@@ -51,18 +50,21 @@ from routing.scheduler.moves import (
     Assignment,
     Move,
     diff,
-    horizon_attainment,
     layout_assignments,
     machine_of,
-    make_before_break_loads,
-    old_pipeline_ends,
-    ready_times,
 )
-from routing.scheduler.patch import patch_pipelines, survivors
-from routing.scheduler.pinned_stages import free_devices, idle_pipelines, pinned_pipelines
-from routing.scheduler.pipeline_dp import PipelineLayout
+from routing.scheduler.pinned_stages import free_devices, pinned_pipelines
 from routing.scheduler.plan import Plan, StagePlan
 from routing.scheduler.plan_eval import plan_layouts
+from routing.scheduler.replan_candidates import (
+    Valuer,
+    device_ids_of,
+    idle_filled,
+    is_dirty,
+    patched_pipelines,
+    search_pool,
+    taken,
+)
 from routing.scheduler.serving import evaluate_layouts
 from routing.scheduler.simulator import make_trace
 
@@ -92,14 +94,6 @@ class MoveCosts:
     def __post_init__(self) -> None:
         if self.load_bandwidth <= 0 or self.horizon_s < 0 or self.margin < 0 or self.tie < 0:
             raise ValueError("load_bandwidth must be positive; horizon, margin and tie not negative")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    name: str
-    value: float  # A_H
-    moves: tuple[Move, ...]
-    layouts: tuple[PipelineLayout, ...]
 
 
 @dataclass(frozen=True)
@@ -149,34 +143,33 @@ def replan(
     kept = plan_layouts(cluster, model, workload, replace(previous, pipelines=tuple(intact)))
     whole = config.one_stage_per_machine
     free = free_devices(cluster, pinned, whole)
-    kept_devices = _taken(cluster, {d for lay in kept for d in lay.devices}, whole)
+    kept_devices = taken(cluster, {d for lay in kept for d in lay.devices}, whole)
     pinned_layouts, filled = pinned_pipelines(
         cluster, model, workload, pinned, [i for i in free if i not in kept_devices], previous
     )
     fixed = kept + pinned_layouts
-    filled = _taken(cluster, filled, whole)
+    filled = taken(cluster, filled, whole)
     open_devices = [i for i in free if i not in kept_devices and i not in filled]
     planned = {machine_of(cluster, d) for d in previous.device_ids if d in cluster._positions}
     planned |= {machine_of(cluster, d) for d in known or () if d in cluster._positions}
     open_set = set(open_devices)
-    valuer = _Valuer(cluster, model, workload, current, costs, deadline, kept)
+    valuer = Valuer(cluster, model, workload, current, costs, deadline, kept)
     candidates = [valuer.candidate("keep", kept)]
-    patched = _patched(cluster, model, workload, previous, open_devices, whole, deadline)
+    patched = patched_pipelines(cluster, model, workload, previous, open_devices, whole, deadline)
     if patched:
         layouts = (
             fixed
             + patched
-            + (_idle_filled(cluster, model, workload, fixed + patched, free, deadline) if whole else [])
+            + (idle_filled(cluster, model, workload, fixed + patched, free, deadline) if whole else [])
         )
         candidates.append(valuer.candidate("patch", layouts))
     order = sorted(free)  # `subset` keeps the cluster's order: position p of it is order[p]
-    groups = [
-        [order[p] for p in g] for g in region_groups(cluster.subset(_ids(cluster, free)), model.weight_bytes)
-    ]
+    regions = region_groups(cluster.subset(device_ids_of(cluster, free)), model.weight_bytes)
+    groups = [[order[p] for p in g] for g in regions]
     dirty = [
         g
         for g in groups
-        if _is_dirty(cluster, g, open_devices, planned, previous)
+        if is_dirty(cluster, g, open_devices, planned, previous)
         or any(cluster.devices[i].region in reopen for i in g)
     ]
     budget = replace(
@@ -188,9 +181,9 @@ def replan(
             layouts += [lay for lay in kept if not any(set(lay.devices) & set(g) for g in dirty)]
         for group in dirty:
             pool = [i for i in group if i in open_set or (name == "full" and i in kept_devices)]
-            layouts += _search_pool(cluster, model, workload, budget, previous, pool, free, layout_cache)
+            layouts += search_pool(cluster, model, workload, budget, previous, pool, free, layout_cache)
         if whole:
-            layouts += _idle_filled(cluster, model, workload, layouts, free, deadline)
+            layouts += idle_filled(cluster, model, workload, layouts, free, deadline)
         candidates.append(valuer.candidate(name, layouts))
     if not costs.move_placed:
         # keep stays a candidate: the current plan is followed as it is, whatever it moved
@@ -234,92 +227,6 @@ def plan_assignments(cluster: Cluster, plan: Plan) -> dict[str, Assignment]:
     return out
 
 
-def _ids(cluster: Cluster, indices: Sequence[int]) -> frozenset[str]:
-    return frozenset(cluster.devices[i].id for i in indices)
-
-
-def _taken(cluster: Cluster, devices: set[int], whole_machines: bool) -> set[int]:
-    """`devices`, and with whole machines every device of their machines (one stage per machine)."""
-    if not whole_machines:
-        return devices
-    machines = {cluster.devices[i].machine for i in devices}
-    return {i for i, d in enumerate(cluster.devices) if d.machine in machines}
-
-
-def _is_dirty(cluster: Cluster, group: list[int], open_devices: list[int], planned, previous: Plan) -> bool:
-    """A group changed when a peer (machine) in it joined or a pipeline with a peer in it broke."""
-    members = set(group)
-    if any(i in members and cluster.devices[i].machine not in planned for i in open_devices):
-        return True
-    ids = {cluster.devices[i].id for i in group}
-    return any(
-        ids & set(p.device_ids) and not all(d in cluster._positions for d in p.device_ids)
-        for p in previous.pipelines
-    )
-
-
-def _search_pool(cluster, model, workload, config, previous, pool, free, cache) -> list[PipelineLayout]:
-    """The genetic search over `pool`, warm-started, at the pool's share of the offered rate."""
-    if not pool:
-        return []
-    bandwidth = sum(cluster.devices[i].bandwidth for i in free)
-    share = sum(cluster.devices[i].bandwidth for i in pool) / bandwidth
-    sub_workload = replace(
-        workload, rate=workload.rate * share, num_requests=max(50, round(workload.num_requests * share))
-    )
-    sub = cluster.subset(_ids(cluster, pool))
-    try:
-        found = search(sub, model, sub_workload, config, previous=previous, layout_cache=cache)
-    except NoFeasiblePlanError:
-        return []  # these peers cannot hold a replica together: they stay idle
-    return plan_layouts(cluster, model, workload, found.plan)
-
-
-def _patched(cluster, model, workload, previous, open_devices, whole: bool, deadline) -> list[PipelineLayout]:
-    """Broken pipelines patched around their survivors with open machines (`patch.py`)."""
-    open_set = set(open_devices)
-    broken = [[s for s in st if set(s.devices) <= open_set] for st in survivors(cluster, previous)]
-    broken = [st for st in broken if st]
-    held = _taken(cluster, {d for st in broken for s in st for d in s.devices}, whole)
-    pool = [i for i in open_devices if i not in held]
-    return patch_pipelines(cluster, model, workload, broken, pool, deadline, whole) if broken else []
-
-
-class _Valuer:
-    """Values candidates by A_H against the current plan's whole pipelines (`kept`)."""
-
-    def __init__(self, cluster, model, workload, current, costs: MoveCosts, deadline, kept) -> None:
-        self.cluster, self.model, self.workload, self.current = cluster, model, workload, current
-        self.costs, self.deadline, self.kept = costs, deadline, kept
-        self.kept_capacities = [self._capacity(lay) for lay in kept]
-
-    def _capacity(self, layout):
-        return pipeline_capacity(self.cluster, layout, self.model, self.workload, self.deadline)
-
-    def candidate(self, name: str, layouts) -> Candidate:
-        cluster, model, costs = self.cluster, self.model, self.costs
-        new = layout_assignments(cluster, layouts)
-        moves, load = diff(model, self.current, new, costs.load_bandwidth)
-        old = []
-        if costs.make_before_break:
-            load, keeps_old = make_before_break_loads(
-                cluster, model, self.workload, self.current, new, load, costs.load_bandwidth
-            )
-            ends = old_pipeline_ends(cluster, self.kept, layouts, load, keeps_old)
-            old = list(zip(self.kept_capacities, ends, strict=True))
-        capacities = [self._capacity(lay) for lay in layouts]
-        ready = ready_times(cluster, layouts, load)
-        value = horizon_attainment(capacities, ready, self.workload.rate, costs.horizon_s, old)
-        return Candidate(name, value, tuple(moves), tuple(layouts))
-
-
-def _idle_filled(cluster, model, workload, layouts, free, deadline) -> list[PipelineLayout]:
-    """Pipelines of the machines no layout uses (`pinned_stages.idle_pipelines`)."""
-    busy = {cluster.devices[d].machine for lay in layouts for d in lay.devices}
-    idle = [i for i in free if cluster.devices[i].machine not in busy]
-    return idle_pipelines(cluster, model, workload, idle, deadline)
-
-
 def _cold(cluster, model, workload, config, costs, pinned, cache, start, current) -> ReplanResult:
     """No previous plan: the search, then (in a swarm) pipelines of the machines it left idle."""
     plan = search(cluster, model, workload, config, pinned=pinned, layout_cache=cache).plan
@@ -327,7 +234,7 @@ def _cold(cluster, model, workload, config, costs, pinned, cache, start, current
         layouts = plan_layouts(cluster, model, workload, plan)
         trace = make_trace(model, workload)
         free = free_devices(cluster, pinned, True)
-        layouts += _idle_filled(cluster, model, workload, layouts, free, trace.deadline_s)
+        layouts += idle_filled(cluster, model, workload, layouts, free, trace.deadline_s)
         result = evaluate_layouts(cluster, layouts, model, trace, workload)
         plan = make_plan(cluster, model, workload, layouts, result, trace.deadline_s, capacity=False)
     return _result(cluster, model, workload, plan, costs, start, current)
