@@ -1,11 +1,12 @@
 """The candidates a re-plan weighs (`replan.py`), and how each is valued.
 
 A candidate is a set of pipeline layouts: the current plan's whole pipelines, broken ones
-patched around their survivors (`patched_pipelines`), region groups searched again (`search_pool`), and
-machines left idle formed into pipelines of their own (`idle_filled`). `Valuer` values each by
-its attainment over the horizon after publication, A_H (`moves.horizon_attainment`), charging
-the moves it needs: a moved peer loads its new layers, serving its old range meanwhile where
-both fit (make-before-break), and a new pipeline serves once all its peers have loaded.
+patched around their survivors (`patched_pipelines`), region groups searched again
+(`search_pool`), and machines left idle formed into pipelines of their own (`idle_filled`).
+`Valuer` values each by its attainment over the horizon after publication, A_H
+(`moves.horizon_attainment`), charging the moves it needs: a moved peer loads its new layers,
+serving its old range meanwhile where both fit (make-before-break), and a new pipeline serves
+once all its peers have loaded.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ if TYPE_CHECKING:  # replan.py imports this module
 
 @dataclass(frozen=True)
 class Candidate:
+    """One way to go on: its layouts, the moves they need, and its value A_H."""
+
     name: str
     value: float  # A_H
     moves: tuple[Move, ...]
