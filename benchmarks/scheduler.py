@@ -253,9 +253,10 @@ def _agreement(pairs: list[tuple[float, float]], serving: str, relative: bool = 
     est = [a for a, _ in unique]
     sim = [b for _, b in unique]
     rho = spearmanr(est, sim).statistic if len(unique) >= 3 else float("nan")
-    error = sum(abs(a - b) for a, b in unique) / max(1, len(unique))
     if relative:  # requests/s: the error as a share of the simulated rate
         error = sum(abs(a - b) / b for a, b in unique if b > 0) / max(1, len(unique))
+    else:
+        error = sum(abs(a - b) for a, b in unique) / max(1, len(unique))
     return {
         "plans": len(unique),
         "spearman": None if rho != rho else round(float(rho), 3),

@@ -235,7 +235,7 @@ MAX_TP_DEGREE = 64
 def _parse_tp_choices(raw: Any) -> tuple[int, ...]:
     if not isinstance(raw, list | tuple) or len(raw) > MAX_TP_DEGREE:
         raise ValueError(f"tp_choices must be a list of at most {MAX_TP_DEGREE} degrees")
-    if any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_TP_DEGREE for k in raw):
+    if not all(_is_degree(k) for k in raw):
         raise ValueError(f"a tp choice is not a degree in 1..{MAX_TP_DEGREE}")
     if list(raw) != sorted(set(raw)):
         raise ValueError("tp_choices must be sorted and distinct")
@@ -250,7 +250,7 @@ def _parse_tp_speeds(raw: Any) -> tuple[tuple[int, float, float], ...]:
         if not isinstance(item, list | tuple) or len(item) != 3:
             raise ValueError("a tp_speeds entry is not [degree, tokens/s, ms]")
         degree, tokens_per_s, decode_ms = item
-        if isinstance(degree, bool) or not isinstance(degree, int) or not 1 <= degree <= MAX_TP_DEGREE:
+        if not _is_degree(degree):
             raise ValueError(f"a tp_speeds degree is not in 1..{MAX_TP_DEGREE}")
         if not all(_positive(x) for x in (tokens_per_s, decode_ms)):
             raise ValueError("tp_speeds figures must be positive numbers")
@@ -258,6 +258,10 @@ def _parse_tp_speeds(raw: Any) -> tuple[tuple[int, float, float], ...]:
     if [e[0] for e in entries] != sorted({e[0] for e in entries}):
         raise ValueError("tp_speeds must be sorted by degree, one entry each")
     return tuple(entries)
+
+
+def _is_degree(x: Any) -> bool:
+    return not isinstance(x, bool) and isinstance(x, int) and 1 <= x <= MAX_TP_DEGREE
 
 
 def _positive(x: Any) -> bool:

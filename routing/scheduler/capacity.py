@@ -78,14 +78,17 @@ def bound_max_batch(workload: Workload) -> int:
     return 1 if workload.serving == "sequential" else workload.max_batch
 
 
-def saturating_workload(cluster: Cluster, model: ModelSpec, workload: Workload) -> Workload:
-    """The workload at `SATURATION` x the cluster's bound in requests/s: what the search offers
-    under the throughput objective, so that a plan's served tokens/s is its capacity."""
+def saturating_rate(cluster: Cluster, model: ModelSpec, workload: Workload) -> float:
+    """`SATURATION` x the cluster's bound in requests/s (0 when nothing fits): more than any plan serves."""
     max_batch = bound_max_batch(workload)
-    bound_rps = throughput_upper_bound(cluster, model, workload, max_batch, float(workload.s_in)).requests_s
-    if bound_rps <= 0:
-        return workload
-    return replace(workload, rate=SATURATION * bound_rps)
+    return SATURATION * throughput_upper_bound(cluster, model, workload, max_batch, float(workload.s_in)).requests_s
+
+
+def saturating_workload(cluster: Cluster, model: ModelSpec, workload: Workload) -> Workload:
+    """The workload at the saturating rate: what the search offers under the throughput
+    objective, so that a plan's served tokens/s is its capacity."""
+    rate = saturating_rate(cluster, model, workload)
+    return replace(workload, rate=rate) if rate > 0 else workload
 
 
 def plan_capacity(
@@ -97,10 +100,9 @@ def plan_capacity(
 ) -> Capacity:
     """Capacity of the pipelines `layouts` and the bound it is compared with (module docstring)."""
     max_batch = bound_max_batch(workload)
-    bound_rps = throughput_upper_bound(cluster, model, workload, max_batch, float(workload.s_in)).requests_s
-    if bound_rps <= 0 or not layouts:
+    rate = saturating_rate(cluster, model, workload)
+    if rate <= 0 or not layouts:
         return Capacity(0.0, 0.0, 0.0, 0.0)
-    rate = SATURATION * bound_rps
     count = max(200, min(MAX_REQUESTS, round(rate * seconds)))
     saturated = replace(workload, rate=rate, num_requests=count)
     trace = make_trace(model, saturated)
@@ -152,11 +154,10 @@ def _admit_all(
     most the cluster's bound (the LP's solutions for disjoint device sets add up to one for
     their union), so the ratio stays <= 1 whenever each pipeline stays under its own bound."""
     tokens, prompts, served = 0.0, [], 0
-    max_batch = bound_max_batch(workload)
     for layout in layouts:
         devices = cluster.subset(frozenset(cluster.devices[d].id for d in layout.devices))
         own = [PipelineDP(devices, model, workload).evaluate(_moved(devices, cluster, layout))]
-        rate = SATURATION * throughput_upper_bound(devices, model, workload, max_batch, float(workload.s_in)).requests_s
+        rate = saturating_rate(devices, model, workload)
         alone = replace(workload, rate=rate, num_requests=max(100, min(MAX_REQUESTS, round(rate * seconds))))
         trace = make_trace(model, alone)
         result = evaluate_layouts(devices, own, model, replace(trace, deadline_s=math.inf), alone)

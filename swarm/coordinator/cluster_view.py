@@ -104,17 +104,21 @@ def group_memory(record: PeerRecord, model: ModelSpec, workload: Workload) -> fl
         # Exactly max_blocks layers fit (Eq. 7 with the layers' KV cache), plus a byte of slack.
         tokens = workload.s_in_max + workload.s_out
         return stage_memory(model, 1, record.max_blocks, tokens) + 1.0
-    on_gpu = [d.memory_bytes for d in record.devices if d.type != "cpu"]
+    on_gpu = _gpu_memories(record)
     ram = record.devices[0].memory_bytes / 2 if record.devices else 16 * 2**30
     return 0.9 * sum(on_gpu) if on_gpu else ram
 
 
 def rank_memory(record: PeerRecord, model: ModelSpec, workload: Workload, k: int) -> float:
     """M_d of one of a K-device peer's ranks: its GPU's memory, else a K-th of the group's."""
-    on_gpu = [d.memory_bytes for d in record.devices if d.type != "cpu"]
+    on_gpu = _gpu_memories(record)
     if on_gpu and record.max_blocks <= 0:
         return 0.9 * min(on_gpu)
     return group_memory(record, model, workload) / k
+
+
+def _gpu_memories(record: PeerRecord) -> list[int]:
+    return [d.memory_bytes for d in record.devices if d.type != "cpu"]
 
 
 def speed_figures(model: ModelSpec, tokens_per_s: float, decode_ms: float) -> tuple[float, float]:
