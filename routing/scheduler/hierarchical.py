@@ -172,7 +172,10 @@ def _lay_out(pool: tuple[int, ...], evaluator: Evaluator, mutator: Mutator, dept
 
 
 def _estimated_fitness(cluster, layouts, model, workload, deadline_s) -> tuple[float, float]:
+    """The assembled plan's fitness as `ga_fitness.Evaluator` scores one: attainment, or the
+    requests/s carried when there is no deadline."""
     if workload.serving == "sequential":
         return (float("nan"), float("nan"))
     est = estimate_layouts(cluster, layouts, model, workload, deadline_s)
-    return (est.attainment, -est.mean_latency_s)
+    score = est.attainment if workload.has_deadline else est.goodput_rps
+    return (score, -est.mean_latency_s)
