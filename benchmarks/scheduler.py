@@ -93,7 +93,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
     layouts: dict = {}  # layout cache shared by our search and the re-plan (same network)
     ours = search(cluster, MODEL, workload, config(), layout_cache=layouts)
     # The baseline gets our whole budget and no early stop: stopped after 30 flat generations at
-    # half the budget it settled, on some rows, on plans 4-10% worse than it finds by running on.
+    # half the budget it settled, on some rows, on plans 3-10% worse than it finds by running on.
     symmetric = search(cluster, MODEL, workload, config(symmetric=True, stall_generations=0))
     pairs = _pairs(ours, workload) + _pairs(symmetric, workload)
     table4 = None
