@@ -63,7 +63,7 @@ def test_throughput_objective_reports_the_carried_rate_as_fitness(cluster):
     region-by-region search reports the same kind of figure, not an attainment."""
     workload = Workload(rate=50.0, s_out=16, num_requests=4000, objective="throughput")
     found = search(cluster, MODEL, workload, SearchConfig(time_budget_s=4, stall_generations=3, capacity=False))
-    (fitness, simulated), = found.finalists
+    [(fitness, simulated)] = found.finalists
     served_rps = simulated.throughput_tok_s / workload.s_out
     assert fitness[0] > 1.0  # requests/s, not a share
     assert 0.5 < fitness[0] / served_rps < 2.0  # a short trace: the simulation is not yet at steady state
