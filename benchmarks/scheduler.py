@@ -50,8 +50,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from scipy.stats import spearmanr  # noqa: E402
 
 from routing.scheduler.capacity import SATURATION, allreduce_share, plan_capacity  # noqa: E402
+from routing.scheduler.ga_fitness import estimated_score, simulated_score  # noqa: E402
 from routing.scheduler.genetic import SearchConfig, SearchResult, search  # noqa: E402
-from routing.scheduler.model_spec import Workload, preset  # noqa: E402
+from routing.scheduler.model_spec import OBJECTIVES, Workload, preset  # noqa: E402
 from routing.scheduler.plan import PipelinePlan, Plan, StagePlan  # noqa: E402
 from routing.scheduler.plan_eval import (  # noqa: E402
     estimate_plan,
@@ -102,8 +103,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
         table4 = evaluate_plan(cluster, MODEL, workload, plan)
         if serving != "sequential":
             guess = estimate_plan(cluster, MODEL, workload, plan)
-            guessed = guess.attainment if workload.has_deadline else guess.goodput_rps
-            pairs.append((guessed, _simulated_score(table4, workload)))
+            pairs.append((estimated_score(guess, workload), simulated_score(table4, workload)))
 
     leaving = _leaving(ours, cluster, big, args.seed)
     smaller = cluster.without(leaving)
@@ -232,11 +232,7 @@ def hand_plan(cluster, layouts: dict[str, list[int]]) -> Plan:
 def _pairs(result: SearchResult, workload: Workload) -> list[tuple[float, float]]:
     """(analytic, simulated) attainment of a search's finalists; without a deadline, the
     requests/s they serve (the fitness is then the estimated rate)."""
-    return [(fitness[0], _simulated_score(sim, workload)) for fitness, sim in result.finalists]
-
-
-def _simulated_score(sim, workload: Workload) -> float:
-    return sim.attainment if workload.has_deadline else sim.throughput_tok_s / workload.s_out
+    return [(fitness[0], simulated_score(sim, workload)) for fitness, sim in result.finalists]
 
 
 def _leaving(ours: SearchResult, cluster, big: bool, seed: int) -> set[str]:
@@ -284,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slo-scale", type=float, default=5.0, help="deadline, x the A100 latency (§5.1: 5)")
     parser.add_argument(
         "--objective",
-        choices=("slo", "throughput"),
+        choices=OBJECTIVES,
         default="slo",
         help="what the searches maximize; throughput: no deadline, one row per scenario at a saturating rate",
     )

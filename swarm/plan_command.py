@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 
+from routing.scheduler.model_spec import OBJECTIVES
 from swarm import log_setup
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slo-scale", type=float, default=5.0, help="deadline in units of the A100 latency")
     parser.add_argument(
         "--objective",
-        choices=("slo", "throughput"),
+        choices=OBJECTIVES,
         default="slo",
         help="slo (default): most requests within the deadline at --rate; throughput: most tokens/s, "
         "no deadline (batch work; --rate and --slo-scale are not used)",

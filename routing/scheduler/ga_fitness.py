@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from routing.scheduler.cluster import Cluster
-from routing.scheduler.fitness import PipelineCapacity, estimate, pipeline_capacity
+from routing.scheduler.fitness import Estimate, PipelineCapacity, estimate, pipeline_capacity
 from routing.scheduler.ga_operators import Individual
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import MAX_DP_STATES, PipelineDP, PipelineLayout, bucket_key, dp_states
@@ -29,6 +29,16 @@ from routing.scheduler.serving import evaluate_layouts
 from routing.scheduler.simulator import SimResult, make_trace, pipeline_latencies, simulate
 
 Fitness = tuple[float, float]  # (attainment, or requests/s without a deadline; -mean latency)
+
+
+def estimated_score(est: Estimate, workload: Workload) -> float:
+    """Fitness's first term from the analytic estimate: attainment, or requests/s carried."""
+    return est.attainment if workload.has_deadline else est.goodput_rps
+
+
+def simulated_score(result: SimResult, workload: Workload) -> float:
+    """The same term from a simulation: attainment, or the requests/s it served."""
+    return result.attainment if workload.has_deadline else result.throughput_tok_s / workload.s_out
 
 
 class Evaluator:
@@ -94,13 +104,10 @@ class Evaluator:
                 matrix = np.vstack(rows) if rows else np.empty((0, len(self.trace.arrivals)))
                 result = simulate(matrix, self.trace)
                 self._simulated[key] = result
-                score, latency = result.attainment, result.mean_latency_s
-                if not self.workload.has_deadline:  # requests/s served
-                    score = result.throughput_tok_s / self.workload.s_out
+                score, latency = simulated_score(result, self.workload), result.mean_latency_s
             else:
                 est = estimate(rows, self.workload.rate)
-                score = est.attainment if self.workload.has_deadline else est.goodput_rps
-                latency = est.mean_latency_s
+                score, latency = estimated_score(est, self.workload), est.mean_latency_s
             self._fitness[key] = (score, -latency if np.isfinite(latency) else -np.inf)
         return self._fitness[key]
 

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.fitness import estimate_layouts
-from routing.scheduler.ga_fitness import Evaluator
+from routing.scheduler.ga_fitness import Evaluator, estimated_score
 from routing.scheduler.ga_operators import Mutator
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import PipelineLayout
@@ -177,5 +177,4 @@ def _estimated_fitness(cluster, layouts, model, workload, deadline_s) -> tuple[f
     if workload.serving == "sequential":
         return (float("nan"), float("nan"))
     est = estimate_layouts(cluster, layouts, model, workload, deadline_s)
-    score = est.attainment if workload.has_deadline else est.goodput_rps
-    return (score, -est.mean_latency_s)
+    return (estimated_score(est, workload), -est.mean_latency_s)

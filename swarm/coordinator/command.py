@@ -12,6 +12,8 @@ import logging
 import signal
 import sys
 
+from routing.scheduler.model_spec import OBJECTIVES
+
 
 def add_coordination_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags shared by `hexswarm coordinator` and `run-peer --coordinator`."""
@@ -31,7 +33,7 @@ def add_coordination_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--slo-scale", type=float, default=5.0, help="deadline in units of the A100 latency")
     g.add_argument(
         "--objective",
-        choices=("slo", "throughput"),
+        choices=OBJECTIVES,
         default="slo",
         help="slo (default): most requests within the deadline at --rate; throughput: most tokens/s, no deadline",
     )
