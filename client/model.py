@@ -37,6 +37,8 @@ from swarm.threads import openmp_spins, torch_threads
 
 logger = logging.getLogger(__name__)
 
+# transformers 5 renamed the outputs' `past_key_values` to `cache` (the old name logs a deprecation)
+_OUTPUT_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 DEFAULT_COVERAGE_TIMEOUT_S = 60.0  # how long to wait for every block to have an online peer
 # The winner of the multi-client load benchmark (README "Routing requests through the swarm").
 DEFAULT_ROUTING = "tradeoff"
@@ -135,8 +137,9 @@ class DistributedMixin:
             )
         self._threads.verify = kwargs.pop("verify", None)
         try:
-            with torch_threads(self.threads), self.inference_session(
-                max_length=self._generation_length(inputs, kwargs)
+            with (
+                torch_threads(self.threads),
+                self.inference_session(max_length=self._generation_length(inputs, kwargs)),
             ):
                 return super().generate(inputs, *args, **kwargs)
         finally:
@@ -159,7 +162,7 @@ class DistributedMixin:
         input_ids=None,
         attention_mask=None,
         position_ids=None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds=None,
         labels=None,
         use_cache=None,
@@ -168,6 +171,7 @@ class DistributedMixin:
     ):
         if labels is not None:
             raise NotImplementedError("training through the swarm is not supported")
+        cache = kwargs.pop("past_key_values", cache)  # the name before transformers 5.x's rename
         if attention_mask is not None and attention_mask.ndim == 2 and not bool(attention_mask.all()):
             raise NotImplementedError("padded batches are not supported yet: pass sequences of equal length")
         with torch_threads(self.threads):
@@ -176,15 +180,15 @@ class DistributedMixin:
             start = int(position_ids[0, 0]) if position_ids is not None else None
             if self._threads.max_length is None:  # a bare forward() call: a one-shot session
                 with self.inference_session(max_length=inputs_embeds.shape[1]):
-                    return self._forward_in_session(inputs_embeds, start, logits_to_keep, past_key_values)
-            return self._forward_in_session(inputs_embeds, start, logits_to_keep, past_key_values)
+                    return self._forward_in_session(inputs_embeds, start, logits_to_keep, cache)
+            return self._forward_in_session(inputs_embeds, start, logits_to_keep, cache)
 
-    def _forward_in_session(self, inputs_embeds, start, logits_to_keep, past_key_values):
+    def _forward_in_session(self, inputs_embeds, start, logits_to_keep, cache):
         hidden = self._session_for(inputs_embeds, start).step(inputs_embeds)
         hidden = self.model.norm(hidden.to(self.model.norm.weight.dtype))
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = architectures.final_logits(self.config, self.lm_head(hidden[:, keep, :]))
-        return CausalLMOutputWithPast(logits=logits, past_key_values=past_key_values)
+        return CausalLMOutputWithPast(logits=logits, **{_OUTPUT_CACHE_FIELD: cache})
 
     def _session_for(self, embeds: torch.Tensor, start: int | None) -> InferenceSession:
         """The open session these tokens continue, opening (or restarting) one when needed."""

@@ -81,10 +81,8 @@ class BlockStack(nn.Module):
         stack = cls(spec, start, end, dtype, device, shard)
         prefixes = tuple(f"model.layers.{i}." for i in range(start, end))
 
-        def on_file(path, n_tensors):
-            logger.info(
-                "%s [%d:%d): reading %d tensors from %s", spec.model_id, start, end, n_tensors, path.name
-            )
+        def on_file(path, n_tensors):  # a GGUF file's folder has a file per block: not worth a line each
+            logger.debug("[%d:%d): reading %d tensors from %s", start, end, n_tensors, path.name)
 
         tensors = load_tensors(
             spec.path,

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from swarm import log_setup
+from swarm import gguf_checkpoint, log_setup
 
 
 class CheckpointError(ValueError):
@@ -48,10 +48,12 @@ def load_tensors(
     bytes are read from the file (safetensors `get_slice`).
     `progress` names a progress bar over the tensors read (shown on a terminal only).
     """
+    model_dir = Path(model_dir)
     by_file: dict[Path, list[str]] = {}
     for name, path in tensor_locations(model_dir).items():
         if wanted(name):
             by_file.setdefault(path, []).append(name)
+    gguf_checkpoint.materialize(model_dir, by_file)  # a GGUF file's folder: de-quantize what is read
     tensors: dict[str, torch.Tensor] = {}
     total = sum(len(names) for names in by_file.values())
     with log_setup.progress(total=total, desc=progress or "reading", unit="tensor") as bar:

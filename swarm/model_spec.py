@@ -1,8 +1,10 @@
 """What every role needs to know about a model checkpoint: its architecture, size and identity.
 
-A model is a Hugging Face checkpoint directory (config.json + safetensors). Peers and clients
-name it by a fingerprint of its config and weights, so two different checkpoints that happen
-to share a directory name never end up in one chain.
+A model is named by a built-in name (`smollm2-135m`, swarm/builtin_models.py), a GGUF file
+(read through a cached checkpoint folder, swarm/gguf_checkpoint.py) or a Hugging Face
+checkpoint directory (config.json + safetensors). Peers and clients name it by a fingerprint
+of its content, so two different checkpoints that happen to share a name never end up in
+one chain, and one file keeps its id wherever it lies.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from pathlib import Path
 
 from transformers import AutoConfig, PretrainedConfig
 
+from swarm import gguf_checkpoint
 from swarm.architectures import SUPPORTED_FAMILIES, check_supported, localize_layer_settings
+from swarm.builtin_models import BuiltinModelMissing, resolve_builtin
 
 # The model types peers and clients serve (their families: swarm/architectures.py).
 SUPPORTED_MODEL_TYPES = tuple(SUPPORTED_FAMILIES)
@@ -45,8 +49,23 @@ class ModelSpec:
             raise ModelSpecError(f"layer range {start}:{end} is not inside 0:{self.num_blocks}")
 
 
-def load_model_spec(model_dir: str | Path) -> ModelSpec:
-    path = Path(model_dir).expanduser().resolve()
+def resolve_checkpoint(model: str | Path) -> Path:
+    """The checkpoint folder for what a user names: a built-in name, a GGUF file or a folder."""
+    try:
+        builtin = resolve_builtin(str(model))
+        path = builtin or Path(model).expanduser().resolve()
+        if path.is_file():
+            return gguf_checkpoint.checkpoint_dir(path)
+    except (BuiltinModelMissing, ValueError) as e:  # GGUFError, UnsupportedArchitectureError
+        raise ModelSpecError(str(e)) from None
+    if path.suffix == ".gguf" and not path.exists():
+        raise ModelSpecError(f"{path}: no such GGUF file")
+    return path
+
+
+def load_model_spec(model: str | Path) -> ModelSpec:
+    """The spec of a built-in model name, a GGUF file or a checkpoint directory."""
+    path = resolve_checkpoint(model)
     if not (path / "config.json").is_file():
         raise ModelSpecError(f"{path} has no config.json: not a Hugging Face checkpoint directory")
     try:
@@ -57,12 +76,20 @@ def load_model_spec(model_dir: str | Path) -> ModelSpec:
     config = AutoConfig.from_pretrained(path)
     return ModelSpec(
         path=path,
-        model_id=f"{path.name}-{fingerprint(path)}",
+        model_id=_model_id(path),
         model_type=config.model_type,
         num_blocks=config.num_hidden_layers,
         hidden_size=config.hidden_size,
         config=config,
     )
+
+
+def _model_id(path: Path) -> str:
+    """`<name>-<fingerprint>`; a GGUF file's folder carries the id of the file it came from."""
+    manifest = gguf_checkpoint.manifest(path)
+    if manifest is not None:
+        return manifest["model_id"]
+    return f"{path.name}-{fingerprint(path)}"
 
 
 def fingerprint(model_dir: Path) -> str:
