@@ -34,7 +34,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="run-peer", description=__doc__)
-    p.add_argument("model_dir", help="Hugging Face checkpoint directory (config.json + safetensors)")
+    p.add_argument(
+        "model_dir",
+        metavar="MODEL",
+        help="a built-in model name (hexswarm models), a GGUF file or a checkpoint directory (config.json + safetensors)",
+    )
     p.add_argument(
         "--layers",
         required=True,
@@ -204,13 +208,19 @@ def _auto_or_positive(text: str) -> float | None:
 
 
 def parse_layers(text: str, num_blocks: int) -> tuple[int, int]:
+    """[A, B) from "A:B"; a usage error (exit status 2, one line) when it does not fit the model."""
     try:
         start, end = (int(x) for x in text.split(":"))
     except ValueError:
-        raise SystemExit(f"--layers must look like A:B, got {text!r}") from None
+        _usage_error(f"--layers must look like A:B, got {text!r}")
     if not 0 <= start < end <= num_blocks:
-        raise SystemExit(f"--layers {text} is not inside 0:{num_blocks} for this model")
+        _usage_error(f"--layers {text} is not inside 0:{num_blocks} for this model")
     return start, end
+
+
+def _usage_error(message: str) -> NoReturn:
+    print(f"run-peer: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def choose_dtype(name: str, device: torch.device, checkpoint_dtype) -> torch.dtype:

@@ -14,6 +14,7 @@ from swarm import log_setup
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "models": ("swarm.models_command", "list the built-in model names and the files they resolve to"),
     "make-tiny-model": ("swarm.tiny_model", "write a small random-initialized checkpoint with a tokenizer"),
     "bootstrap": ("swarm.bootstrap", "start a DHT node that a private swarm joins through"),
     "status": ("swarm.status", "print the peers of a swarm and the block coverage of each model"),

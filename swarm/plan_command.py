@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         required=True,
-        help="preset (Llama-2-70B, Llama-2-7B, OPT-30B) or a Hugging Face model directory",
+        help="preset (Llama-2-70B, Llama-2-7B, OPT-30B), a built-in model name, a GGUF file or a checkpoint directory",
     )
     parser.add_argument("--s-in", type=int, default=128, help="mean prompt tokens (default 128)")
     parser.add_argument("--s-out", type=int, default=32, help="generated tokens per request (default 32)")
@@ -50,7 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serving model to plan for (default pipelined-batched; sequential: one request per pipeline)",
     )
     parser.add_argument(
-        "--max-batch", type=int, default=16, help="decode steps a stage batches (default 16; 1: pipelining alone)"
+        "--max-batch",
+        type=int,
+        default=16,
+        help="decode steps a stage batches (default 16; 1: pipelining alone)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the search and of the simulated trace")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -124,9 +127,16 @@ def load_cluster(path: str):
 
 
 def load_model(name_or_dir: str):
-    """A preset by name, or the config.json of a Hugging Face model directory."""
+    """A preset by name, or the config.json of a built-in model, a GGUF file or a checkpoint directory."""
     from routing.scheduler.model_spec import ModelSpec, preset
+    from swarm.builtin_models import BUILTIN_MODELS
+    from swarm.model_spec import resolve_checkpoint
 
+    if name_or_dir in BUILTIN_MODELS or os.path.isfile(name_or_dir):
+        folder = resolve_checkpoint(name_or_dir)  # a GGUF file's converted config
+        return ModelSpec.from_hf_config(
+            json.loads((folder / "config.json").read_text()), os.path.basename(name_or_dir)
+        )
     if os.path.isdir(name_or_dir):
         config_path = os.path.join(name_or_dir, "config.json")
         with open(config_path, encoding="utf-8") as f:

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members")
     where.add_argument("--public", action="store_true", help="look at the public swarm")
-    parser.add_argument("--model", default=None, help="only this model (its checkpoint directory)")
+    parser.add_argument("--model", default=None, help="only this model: a built-in model name (hexswarm models), a GGUF file or a checkpoint directory")
     parser.add_argument("--json", action="store_true", help="print the same as JSON data")
 
 

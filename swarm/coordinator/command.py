@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members")
     where.add_argument("--public", action="store_true", help="join the public swarm")
-    parser.add_argument("--model", required=True, help="the model's checkpoint directory (config.json)")
+    parser.add_argument("--model", required=True, help="a built-in model name (hexswarm models), a GGUF file or a checkpoint directory")
     parser.add_argument("--identity", default=None, help="identity key file (created if missing)")
     parser.add_argument(
         "--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], help="multiaddrs to listen on"
