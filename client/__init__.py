@@ -9,6 +9,13 @@ configure_openmp()  # before torch loads, if it has not yet (see swarm/threads.p
 from client.model import DistributedModelForCausalLM
 from client.remote import PeerError
 from client.retry import FailoverError, RetryPolicy
-from client.swarm_client import MissingBlocksError
+from client.swarm_client import MissingBlocksError, ModelMismatchError
 
-__all__ = ["DistributedModelForCausalLM", "PeerError", "FailoverError", "RetryPolicy", "MissingBlocksError"]
+__all__ = [
+    "DistributedModelForCausalLM",
+    "PeerError",
+    "FailoverError",
+    "RetryPolicy",
+    "MissingBlocksError",
+    "ModelMismatchError",
+]

@@ -20,7 +20,7 @@ from client.worker import run_sync
 from routing.chains.swarm_view import SwarmView
 from swarm.dht import start_dht
 from swarm.dht_process import shutdown_dht
-from swarm.records import PeerRecord, PeerState, online_peers_per_block, read_peer_records
+from swarm.records import PeerRecord, PeerState, online_peers_per_block, read_models, read_peer_records
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,23 @@ class MissingBlocksError(RuntimeError):
         super().__init__(
             f"after waiting {waited_s:.0f} s, no online peer serves blocks {_ranges(missing)} of {model_id}"
         )
+
+
+class ModelMismatchError(MissingBlocksError):
+    """The swarm serves other models and none of this client's: its checkpoint differs from the peers'."""
+
+    def __init__(self, model_id: str, num_blocks: int, served: list[str], waited_s: float):
+        self.model_id, self.missing, self.served = model_id, list(range(num_blocks)), served
+        RuntimeError.__init__(
+            self,
+            f"this swarm serves {', '.join(served)}, not {model_id}: the client's checkpoint differs "
+            f"from the peers' (another file or version of the model?)",
+        )
+
+
+# A swarm that announces other models and none of ours for this long is serving another checkpoint
+# (a peer of ours that is starting would have announced by then; its model entry goes out first).
+MISMATCH_GRACE_S = 5.0
 
 
 @dataclass
@@ -85,6 +102,11 @@ class SwarmClient:
             missing = uncovered_blocks(records, num_blocks)
             if not missing:
                 return records
+            waited = time.monotonic() - began
+            if waited >= min(MISMATCH_GRACE_S, timeout) and not read_peer_records(self.dht, model_id):
+                served = sorted(set(read_models(self.dht)) - {model_id})
+                if served:
+                    raise ModelMismatchError(model_id, num_blocks, served, waited)
             if time.monotonic() - began >= timeout:
                 raise MissingBlocksError(model_id, missing, time.monotonic() - began)
             time.sleep(0.5)
@@ -160,4 +182,4 @@ def _ranges(blocks: list[int]) -> str:
     return ", ".join(out)
 
 
-__all__ = ["SwarmClient", "MissingBlocksError", "PeerError", "uncovered_blocks"]
+__all__ = ["SwarmClient", "MissingBlocksError", "ModelMismatchError", "PeerError", "uncovered_blocks"]

@@ -120,10 +120,13 @@ def _convert_metadata(gguf_path: Path, fingerprint: str, folder: Path) -> None:
     logger.info("%s: converting GGUF metadata (config, tokenizer) once into %s", gguf_path.name, folder)
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from swarm.architectures import check_supported
+    from swarm.architectures import UnsupportedArchitectureError, check_supported
 
     config = _read_with(AutoConfig, gguf_path)
-    check_supported(config.model_type, config.architectures)
+    try:
+        check_supported(config.model_type, config.architectures)
+    except UnsupportedArchitectureError as e:
+        raise GGUFError(f"{gguf_path}: {e}") from None
     tokenizer = _read_with(AutoTokenizer, gguf_path)
     reader = _reader(gguf_path)
     architecture = _architecture(reader)

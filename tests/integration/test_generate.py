@@ -48,16 +48,18 @@ def test_status_lists_peers_and_full_coverage(swarm):
     assert "coverage: 2 2 3 2 2 2" in result.stdout
 
 
-def test_missing_blocks_are_named(swarm, make_model):
-    from client import DistributedModelForCausalLM, MissingBlocksError
+def test_a_client_of_another_checkpoint_is_told_both_model_ids(swarm, model, make_model):
+    from client import DistributedModelForCausalLM, MissingBlocksError, ModelMismatchError
 
     unserved = make_model(arch="llama", seed=7)  # same shape, other weights: another model id
     other = DistributedModelForCausalLM.from_pretrained(
         unserved, initial_peers=swarm.initial_peers, coverage_timeout=2
     )
     try:
-        with pytest.raises(MissingBlocksError, match=r"blocks 0:6"):
+        with pytest.raises(ModelMismatchError) as caught:
             other.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2)
+        assert model.spec.model_id in str(caught.value) and other.spec.model_id in str(caught.value)
+        assert isinstance(caught.value, MissingBlocksError)  # callers that catch the old error still do
     finally:
         other.shutdown()
 

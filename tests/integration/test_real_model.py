@@ -1,0 +1,256 @@
+"""SmolLM2-135M-Instruct (the `smollm2-135m` built-in GGUF) served by real swarms on 127.0.0.1.
+
+Every figure is checked against the same GGUF file loaded locally by transformers' own GGUF
+reader (not through hexswarm's cached checkpoint), so the cache's de-quantization is checked too.
+Each layout is a class with its own swarm, stopped before the next one starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarm.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path
+from swarm.launcher import LocalSwarm, free_port
+
+pytestmark = pytest.mark.integration
+
+GGUF = builtin_path(BUILTIN_MODELS[DEFAULT_MODEL])
+if GGUF is None:
+    pytest.skip(
+        f"{BUILTIN_MODELS[DEFAULT_MODEL].install_command} to run these tests", allow_module_level=True
+    )
+
+PARAGRAPH = (
+    Path(__file__).parents[1] / "data" / "two_cities.txt"
+).read_text()  # Dickens, 1859: public domain
+UNREACHABLE = ("--initial-peers", "/ip4/127.0.0.1/tcp/9/p2p/QmUnreachable")  # never contacted
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The model and tokenizer as transformers itself reads the GGUF file."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
+    return model.eval(), AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
+
+
+def start_swarm(tmp_path_factory, layout: dict[str, tuple[str, tuple[str, ...]]]):
+    local = LocalSwarm(tmp_path_factory.mktemp("real-swarm"))
+    try:
+        local.start_bootstrap()
+        local.start_peers(DEFAULT_MODEL, layout, "--announce-period", "1", timeout=240)
+    except BaseException:
+        local.close()
+        raise
+    return local
+
+
+def client_of(local: LocalSwarm):
+    from client import DistributedModelForCausalLM
+
+    return DistributedModelForCausalLM.from_pretrained(DEFAULT_MODEL, initial_peers=local.initial_peers)
+
+
+def greedy_matches(model, reference, prompt: str, new_tokens: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    local, tokenizer = reference
+    input_ids = tokenizer(prompt, return_tensors="pt").input_ids
+    expected = local.generate(
+        input_ids, max_new_tokens=new_tokens, do_sample=False, min_new_tokens=new_tokens
+    )
+    got = model.generate(input_ids, max_new_tokens=new_tokens, do_sample=False, min_new_tokens=new_tokens)
+    return got, expected
+
+
+@pytest.fixture(scope="class")
+def two_peers(tmp_path_factory):
+    local = start_swarm(tmp_path_factory, {"left": ("0:11", ()), "right": ("11:30", ())})
+    yield local
+    local.close()
+
+
+@pytest.fixture(scope="class")
+def three_peers(tmp_path_factory):
+    local = start_swarm(tmp_path_factory, {"one": ("0:10", ()), "two": ("10:20", ()), "three": ("20:30", ())})
+    yield local
+    local.close()
+
+
+@pytest.fixture(scope="class")
+def tp3_peer(tmp_path_factory):
+    layout = {"tp3": ("0:30", ("--tp", "3", "--devices", "cpu,cpu,cpu", "--tp-timeout", "30"))}
+    local = start_swarm(tmp_path_factory, layout)
+    yield local
+    local.close()
+
+
+@pytest.fixture(scope="class")
+def two_peer_model(two_peers):
+    model = client_of(two_peers)
+    yield model
+    model.shutdown()
+
+
+class TestTwoUnevenPeers:
+    def test_greedy_32_tokens_equal_local_and_logits_match(self, two_peer_model, reference):
+        got, expected = greedy_matches(two_peer_model, reference, "The capital of France is")
+        assert torch.equal(got, expected)
+        assert "left[0:11)" in two_peer_model.last_route and "right[11:30)" in two_peer_model.last_route
+        with torch.no_grad():
+            torch.testing.assert_close(
+                two_peer_model(expected).logits, reference[0](expected).logits, atol=1e-4, rtol=1e-4
+            )
+
+    def test_perplexity_of_a_paragraph_equals_local(self, two_peer_model, reference):
+        local, tokenizer = reference
+        input_ids = tokenizer(PARAGRAPH, return_tensors="pt").input_ids
+        assert input_ids.shape[1] >= 300
+        with torch.no_grad():
+            swarm_ppl = perplexity(two_peer_model(input_ids).logits, input_ids)
+            local_ppl = perplexity(local(input_ids).logits, input_ids)
+        assert abs(swarm_ppl - local_ppl) <= 1e-4 * local_ppl, (swarm_ppl, local_ppl)
+        assert swarm_ppl < 100  # a trained model (35 here); random weights give ~49,000
+
+    def test_api_chat_answer_equals_local_chat_template(self, two_peers, reference):
+        local, tokenizer = reference
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")[
+            "input_ids"
+        ]
+        expected = local.generate(ids, max_new_tokens=32, do_sample=False)
+        expected_text = tokenizer.decode(expected[0, ids.shape[1] :], skip_special_tokens=True)
+        port = free_port()
+        api = two_peers.start_command(
+            "api",
+            [sys.executable, "-m", "swarm.cli", "api", "--model", DEFAULT_MODEL, "--port", str(port),
+             "--initial-peers", *two_peers.initial_peers],
+            ready="api: serving",
+            timeout=180,
+        )  # fmt: skip
+        try:
+            body = {"model": DEFAULT_MODEL, "messages": messages, "max_tokens": 32, "temperature": 0}
+            answer = post_json(f"http://127.0.0.1:{port}/v1/chat/completions", body)
+        finally:
+            two_peers.stop(api)
+        assert answer["choices"][0]["message"]["content"] == expected_text
+        assert "Paris" in expected_text
+
+    def test_a_client_of_another_gguf_is_told_both_model_ids(
+        self, two_peers, two_peer_model, tmp_path, monkeypatch
+    ):
+        from client import DistributedModelForCausalLM, ModelMismatchError
+
+        other = tmp_path / "SmolLM2-other.gguf"
+        data = bytearray(GGUF.read_bytes())
+        data[len(data) // 2] ^= 1  # one bit of one weight: another file, another model id
+        other.write_bytes(bytes(data))
+        monkeypatch.setenv("HEXSWARM_MODEL_CACHE", str(tmp_path / "cache"))
+        client = DistributedModelForCausalLM.from_pretrained(other, initial_peers=two_peers.initial_peers)
+        try:
+            with pytest.raises(ModelMismatchError) as caught:
+                client.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2)
+        finally:
+            client.shutdown()
+        assert two_peer_model.spec.model_id in str(caught.value) and client.spec.model_id in str(caught.value)
+        assert two_peer_model.spec.model_id != client.spec.model_id
+
+
+class TestThreePeers:
+    def test_greedy_32_tokens_equal_local(self, three_peers, reference):
+        model = client_of(three_peers)
+        try:
+            got, expected = greedy_matches(model, reference, "A swarm of volunteers")
+            assert torch.equal(got, expected)
+            assert all(f"{name}[" in model.last_route for name in ("one", "two", "three")), model.last_route
+        finally:
+            model.shutdown()
+
+
+@pytest.mark.slow
+class TestTensorParallel:
+    """A TP-3 peer splits SmolLM2's 3 KV heads one per rank (gloo on CPU)."""
+
+    def test_tp3_matches_tp1_within_float_tolerance(self, tp3_peer, reference):
+        model = client_of(tp3_peer)
+        try:
+            got, expected = greedy_matches(model, reference, "The capital of France is", new_tokens=16)
+            assert torch.equal(got, expected)
+            assert "tp3[0:30)" in model.last_route
+            with torch.no_grad():
+                logits = model(expected).logits
+            torch.testing.assert_close(logits, reference[0](expected).logits, atol=1e-3, rtol=1e-3)
+        finally:
+            model.shutdown()
+
+
+def perplexity(logits: torch.Tensor, input_ids: torch.Tensor) -> float:
+    loss = torch.nn.functional.cross_entropy(logits[0, :-1].double(), input_ids[0, 1:])
+    return float(torch.exp(loss))
+
+
+def post_json(url: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+# --- bad input: a one-line reason and exit status 2, before any network starts ---
+
+
+def run_peer(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "peer.cli", *args, *UNREACHABLE],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+
+
+def assert_usage_error(result: subprocess.CompletedProcess, message: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("run-peer:")]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_layers_past_the_models_30_exit_2():
+    assert_usage_error(run_peer(DEFAULT_MODEL, "--layers", "20:31"), "--layers 20:31 is not inside 0:30")
+
+
+def test_truncated_gguf_exits_2(tmp_path):
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(GGUF.read_bytes()[: GGUF.stat().st_size // 2])
+    env = {**os.environ, "HEXSWARM_MODEL_CACHE": str(tmp_path / "cache")}
+    assert_usage_error(run_peer(str(truncated), "--layers", "0:4", env=env), "cannot read it as a GGUF")
+
+
+def test_gguf_of_an_unsupported_architecture_exits_2(tmp_path):
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "tiny-gpt2.gguf"
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_name("tiny-gpt2")
+    for add, value in (
+        (writer.add_context_length, 64),
+        (writer.add_embedding_length, 8),
+        (writer.add_block_count, 1),
+        (writer.add_feed_forward_length, 16),
+        (writer.add_head_count, 2),
+    ):
+        add(value)  # fmt: skip
+    writer.add_layer_norm_eps(1e-5)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    env = {**os.environ, "HEXSWARM_MODEL_CACHE": str(tmp_path / "cache")}
+    assert_usage_error(run_peer(str(path), "--layers", "0:1", env=env), "model type 'gpt2'")
