@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -80,7 +81,7 @@ def checkpoint_dir(gguf_path: Path) -> Path:
     if not is_gguf(gguf_path):
         raise GGUFError(f"{gguf_path} is not a GGUF file (no GGUF magic bytes)")
     fingerprint = file_fingerprint(gguf_path)
-    folder = cache_root() / f"{_model_name(gguf_path)}-{fingerprint}-v{_FORMAT}"
+    folder = cache_root() / f"gguf-{fingerprint}-v{_FORMAT}"
     if not (folder / MANIFEST).is_file():
         with _locked(folder):
             if not (folder / MANIFEST).is_file():
@@ -110,8 +111,22 @@ def materialize(folder: Path, weight_files: Iterable[Path]) -> None:
             _write_weight_files(folder, missing)
 
 
-def _model_name(gguf_path: Path) -> str:
-    return gguf_path.name.removesuffix(".gguf")
+def _model_name(reader, gguf_path: Path) -> str:
+    """The model's name from the file's metadata (`smollm2-135M`), so renaming the file keeps its id;
+    the file's stem when the metadata has none."""
+    parts = [_string_field(reader, key) for key in ("general.basename", "general.size_label")]
+    name = "-".join(p for p in parts if p) or _string_field(reader, "general.name") or gguf_path.stem
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "gguf"
+
+
+def _string_field(reader, key: str) -> str | None:
+    field = reader.fields.get(key)
+    if field is None or not field.data:
+        return None
+    try:
+        return bytes(field.parts[field.data[0]]).decode()
+    except (UnicodeDecodeError, TypeError):
+        return None
 
 
 def _convert_metadata(gguf_path: Path, fingerprint: str, folder: Path) -> None:
@@ -146,7 +161,7 @@ def _convert_metadata(gguf_path: Path, fingerprint: str, folder: Path) -> None:
     staging.rmdir()
     record = {
         "format": _FORMAT,
-        "model_id": f"{_model_name(gguf_path)}-{fingerprint}",
+        "model_id": f"{_model_name(reader, gguf_path)}-{fingerprint}",
         "architecture": architecture,
         "files": files,
     }
@@ -164,8 +179,7 @@ def _read_with(auto_class, gguf_path: Path):
 
 
 def _architecture(reader) -> str:
-    field = reader.fields["general.architecture"]
-    return bytes(field.parts[field.data[0]]).decode()
+    return _string_field(reader, "general.architecture") or "unknown"
 
 
 def _reader(gguf_path: Path):
