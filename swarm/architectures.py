@@ -30,10 +30,13 @@ import importlib
 import inspect
 import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
+
+if TYPE_CHECKING:  # importing transformers costs ~0.7 s that `hexswarm status` need not pay
+    from transformers import PretrainedConfig
 
 # model_type -> family name, for families tested end to end through a 2-peer chain
 # (tests/integration/test_architectures.py). Others may build, but are refused until tested.
@@ -188,7 +191,9 @@ def final_logits(config: PretrainedConfig, logits: torch.Tensor) -> torch.Tensor
     return torch.tanh(logits / cap) * cap
 
 
-def convert_checkpoint_tensors(config: PretrainedConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def convert_checkpoint_tensors(
+    config: PretrainedConfig, tensors: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """Checkpoint tensors renamed and fused the way the family's modules hold them.
 
     Uses transformers' own conversion mapping for the model type (e.g. Mixtral's per-expert
@@ -202,7 +207,9 @@ def convert_checkpoint_tensors(config: PretrainedConfig, tensors: dict[str, torc
     renamings = [t for t in transforms if type(t) is WeightRenaming]
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     if len(renamings) + len(converters) != len(transforms):
-        raise UnsupportedArchitectureError(f"{config.model_type}: checkpoint conversions {transforms} are not supported")
+        raise UnsupportedArchitectureError(
+            f"{config.model_type}: checkpoint conversions {transforms} are not supported"
+        )
     out: dict[str, torch.Tensor] = {}
     groups: dict[str, tuple[WeightConverter, dict[str, list[torch.Tensor]]]] = {}
     for name in sorted(tensors, key=_natural_key):  # expert 2 before expert 10
@@ -220,7 +227,9 @@ def convert_checkpoint_tensors(config: PretrainedConfig, tensors: dict[str, torc
     for target, (converter, collected) in groups.items():
         for op in converter.operations:
             collected = op.convert(
-                collected, source_patterns=converter.source_patterns, target_patterns=converter.target_patterns
+                collected,
+                source_patterns=converter.source_patterns,
+                target_patterns=converter.target_patterns,
             )
         (tensor,) = collected.values()
         out[target] = tensor

@@ -14,12 +14,14 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
-from transformers import AutoConfig, PretrainedConfig
+from typing import TYPE_CHECKING
 
 from swarm import gguf_checkpoint
 from swarm.architectures import SUPPORTED_FAMILIES, check_supported, localize_layer_settings
 from swarm.builtin_models import BuiltinModelMissing, resolve_builtin
+
+if TYPE_CHECKING:  # transformers is imported where a config is parsed: `model_identity` needs none
+    from transformers import PretrainedConfig
 
 # The model types peers and clients serve (their families: swarm/architectures.py).
 SUPPORTED_MODEL_TYPES = tuple(SUPPORTED_FAMILIES)
@@ -65,14 +67,10 @@ def resolve_checkpoint(model: str | Path) -> Path:
 
 def load_model_spec(model: str | Path) -> ModelSpec:
     """The spec of a built-in model name, a GGUF file or a checkpoint directory."""
+    from transformers import AutoConfig
+
     path = resolve_checkpoint(model)
-    if not (path / "config.json").is_file():
-        raise ModelSpecError(f"{path} has no config.json: not a Hugging Face checkpoint directory")
-    try:
-        raw = json.loads((path / "config.json").read_text())
-        check_supported(raw.get("model_type"), raw.get("architectures"))
-    except (ValueError, AttributeError) as e:  # also JSON errors, and a config that is not an object
-        raise ModelSpecError(f"{path}/config.json: {e}") from None
+    _read_config(path)
     config = AutoConfig.from_pretrained(path)
     return ModelSpec(
         path=path,
@@ -82,6 +80,28 @@ def load_model_spec(model: str | Path) -> ModelSpec:
         hidden_size=config.hidden_size,
         config=config,
     )
+
+
+def model_identity(model: str | Path) -> tuple[str, int]:
+    """(model id, number of blocks) without parsing the config through transformers
+    (what `hexswarm status` needs: it saves a second of start-up)."""
+    path = resolve_checkpoint(model)
+    blocks = _read_config(path).get("num_hidden_layers")
+    if not isinstance(blocks, int) or blocks <= 0:
+        raise ModelSpecError(f"{path}/config.json: num_hidden_layers is {blocks!r}")
+    return _model_id(path), blocks
+
+
+def _read_config(path: Path) -> dict:
+    """config.json as a dict, once its model type is known to be supported."""
+    if not (path / "config.json").is_file():
+        raise ModelSpecError(f"{path} has no config.json: not a Hugging Face checkpoint directory")
+    try:
+        raw = json.loads((path / "config.json").read_text())
+        check_supported(raw.get("model_type"), raw.get("architectures"))
+    except (ValueError, AttributeError) as e:  # also JSON errors, and a config that is not an object
+        raise ModelSpecError(f"{path}/config.json: {e}") from None
+    return raw
 
 
 def _model_id(path: Path) -> str:

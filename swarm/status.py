@@ -20,7 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members")
     where.add_argument("--public", action="store_true", help="look at the public swarm")
-    parser.add_argument("--model", default=None, help="only this model: a built-in model name (hexswarm models), a GGUF file or a checkpoint directory")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="only this model: a built-in model name (hexswarm models), a GGUF file or a checkpoint directory",
+    )
     parser.add_argument("--json", action="store_true", help="print the same as JSON data")
 
 
@@ -59,10 +63,10 @@ def run(args: argparse.Namespace) -> int:
 def _models(dht, model_dir: str | None) -> dict[str, int]:
     if model_dir is None:
         return read_models(dht)
-    from swarm.model_spec import load_model_spec
+    from swarm.model_spec import model_identity
 
-    spec = load_model_spec(model_dir)
-    return {spec.model_id: spec.num_blocks}
+    model_id, num_blocks = model_identity(model_dir)
+    return {model_id: num_blocks}
 
 
 def print_model(model_id: str, num_blocks: int, records: list[PeerRecord]) -> bool:
