@@ -20,7 +20,7 @@ import torch
 from peer import faults
 from peer.admission import AdmissionLimits
 from peer.core import PeerLimits
-from peer.devices import DeviceError, default_cpu_threads, parse_devices
+from peer.devices import DeviceError, cpu_cores, default_cpu_threads, parse_devices
 from peer.runtime import PeerConfig, serve
 from peer.scheduler import BatchPolicy
 from peer.tp_shard import TPDegreeError, check_degree, valid_degrees
@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # --layers auto --tp auto: the plan chooses the degree too, among those that split the model.
     tp_choices = valid_degrees(spec.config, args.tp) if auto and tp_auto else ()
+    prefill_threads = None
     if args.threads is not None:
         if args.threads < 1:
             print("run-peer: --threads must be at least 1", file=sys.stderr)
@@ -262,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     elif devices[0].type == "cpu" and len(devices) == 1:
         torch.set_num_threads(default_cpu_threads(spec.config))
+        prefill_threads = cpu_cores()  # decode may run on one thread; a long prompt wants every core
     batch = _batch_policy(args)
     if batch is None:
         return 2
@@ -304,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             sessions_per_remote=args.max_sessions_per_peer, steps_per_second=args.max_steps_per_second
         ),
         debug_corrupt_outputs=args.debug_corrupt_outputs,
+        prefill_threads=prefill_threads,
     )
     _setup_logging(args, spec.model_id, "[auto]" if auto else f"[{start}:{end})")
     code = asyncio.run(serve(config))

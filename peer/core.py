@@ -26,7 +26,12 @@ from swarm.protocol import (
     Step,
     StepResult,
 )
+from swarm.threads import torch_threads
 from swarm.wire_tensors import NUMPY_DTYPES, WIRE_DTYPES
+
+# A step of at least this many tokens (batch x new tokens) is a prefill: compute-bound, so it runs
+# on `prefill_threads` where a small model decodes on one thread (peer/devices.default_cpu_threads).
+PREFILL_TOKENS = 32
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +51,9 @@ class Blocks(Protocol):
 
     def release(self, session_id: str) -> None: ...
 
-    def __call__(self, hidden: torch.Tensor, cache: Any, position: int, start: int, end: int) -> torch.Tensor: ...
+    def __call__(
+        self, hidden: torch.Tensor, cache: Any, position: int, start: int, end: int
+    ) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -80,10 +87,11 @@ class Session:
 class PeerCore:
     """The sessions of one peer over its Blocks."""
 
-    def __init__(self, blocks: Blocks, model_id: str, limits: PeerLimits):
+    def __init__(self, blocks: Blocks, model_id: str, limits: PeerLimits, prefill_threads: int | None = None):
         self.blocks = blocks
         self.model_id = model_id
         self.limits = limits
+        self.prefill_threads = prefill_threads  # torch threads for steps of PREFILL_TOKENS or more
         self.sessions: dict[str, Session] = {}
         self.leaving = False
         self.failure: str | None = None  # set when part of the peer broke: every request gets PEER_FAILED
@@ -192,8 +200,10 @@ class PeerCore:
         """Runs the next tokens of a step (all of them, or a chunk of a prefill); the step
         ends, and the session can take the next one, after the `last` chunk or on error.
         Returns the output on the CPU in the session's wire dtype."""
+        many = hidden.shape[0] * hidden.shape[1] >= PREFILL_TOKENS
         try:
-            output = self.blocks(hidden, session.cache, session.position, session.start, session.end)
+            with torch_threads(self.prefill_threads if many else None):
+                output = self.blocks(hidden, session.cache, session.position, session.start, session.end)
             session.position += hidden.shape[1]
         except BaseException:
             self.end_step(session)

@@ -107,7 +107,10 @@ def describe(device: torch.device, threads: int | None) -> DeviceInfo:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return DeviceInfo(
-            type="cuda", name=props.name, memory_bytes=int(props.total_memory), cores=props.multi_processor_count
+            type="cuda",
+            name=props.name,
+            memory_bytes=int(props.total_memory),
+            cores=props.multi_processor_count,
         )
     return DeviceInfo(type="cpu", name=_cpu_name(), memory_bytes=_ram_bytes(), cores=threads or cpu_cores())
 

@@ -74,7 +74,7 @@ class RangeMover:
         speed = await peer.speed_of(blocks) if tp != old_tp else None
         await self._wait_until_covered(old, new)
         old_core, old_server = peer.core, peer.server
-        peer.core = PeerCore(blocks, c.spec.model_id, c.limits)
+        peer.core = PeerCore(blocks, c.spec.model_id, c.limits, c.prefill_threads)
         peer.server = PeerServer(peer.core, c.max_frame_bytes, c.max_streams, c.batch, Admission(c.admission))
         peer.server.pusher = old_server.pusher  # links to next peers outlive the move
         peer.start, peer.end, peer.tp, peer.next_range = start, end, tp, None

@@ -95,6 +95,8 @@ class PeerConfig:
     faults: FaultPlan | None = None  # debug fault injection (peer.faults); None in production
     admission: AdmissionLimits = AdmissionLimits()  # per-remote and per-session limits
     debug_corrupt_outputs: bool = False  # tests only: add noise to every output (peer/debug.py)
+    # torch threads for steps of many tokens (prefill) when decode runs on fewer (peer/devices.py)
+    prefill_threads: int | None = None
 
     @property
     def tp(self) -> int:
@@ -260,7 +262,7 @@ class _Peer:
         if c.debug_corrupt_outputs:
             logger.warning("--debug-corrupt-outputs: every output of this peer is WRONG on purpose")
             blocks = CorruptOutputs(blocks)
-        self.core = PeerCore(blocks, c.spec.model_id, c.limits)
+        self.core = PeerCore(blocks, c.spec.model_id, c.limits, c.prefill_threads)
         self.server = PeerServer(self.core, c.max_frame_bytes, c.max_streams, c.batch, Admission(c.admission))
         if c.faults is not None:
             self.server.faults = FaultInjector(self.core, c.faults)

@@ -111,6 +111,12 @@ def materialize(folder: Path, weight_files: Iterable[Path]) -> None:
             _write_weight_files(folder, missing)
 
 
+def materialize_all(folder: Path) -> None:
+    """Writes every weight file, so that transformers can load the folder as a whole model."""
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    materialize(folder, [folder / name for name in set(index["weight_map"].values())])
+
+
 def _model_name(reader, gguf_path: Path) -> str:
     """The model's name from the file's metadata (`smollm2-135M`), so renaming the file keeps its id;
     the file's stem when the metadata has none."""
