@@ -234,7 +234,7 @@ class _Peer:
         throughput, decode_batch = (c.throughput or 0.0, c.decode_ms or 0.0), (1, 0.0)
         if c.throughput is None or c.decode_ms is None:
             try:  # through every rank of a group, collectives included
-                figures = await asyncio.to_thread(measure_or_load, blocks)
+                figures = await asyncio.to_thread(measure_or_load, blocks, c.prefill_threads)
             except ProtocolError as e:
                 raise TPGroupError(e.message) from None
             throughput = (c.throughput or figures.tokens_per_s, c.decode_ms or figures.decode_ms_per_block)

@@ -21,11 +21,16 @@ import torch
 
 from peer.core import Blocks
 from swarm import log_setup
+from swarm.threads import torch_threads
 
 logger = logging.getLogger(__name__)
 
 PREFILL_TOKENS = 128
 DECODE_STEPS = 8
+# Blocks timed: the figures are per block, and timing the whole range of a big peer (32 blocks
+# of a 7B model) would only delay its start. Two, so that per-step work shared by a hop's blocks
+# (masks, rotary embeddings) weighs as it does on a short range rather than vanishing.
+MEASURE_BLOCKS = 2
 DECODE_BATCH = 8  # sessions in the batched-decode measurement
 BATCH_CONTEXT = 16  # tokens already cached in each of them
 
@@ -43,13 +48,15 @@ def cache_path() -> Path:
     return Path(base) / "throughput.json"
 
 
-def measure_or_load(blocks: Blocks) -> Throughput:
+def measure_or_load(blocks: Blocks, prefill_threads: int | None = None) -> Throughput:
     """Returns cached figures for this block shape/dtype/device and tensor-parallel degree,
-    measuring them if absent. A group is measured through all its ranks, collectives included."""
+    measuring them if absent. A group is measured through all its ranks, collectives included.
+    `prefill_threads`: the torch threads the peer runs prefill steps on (peer/core.py)."""
     c = blocks.config  # on a tensor-parallel group: one rank's share of a layer
+    threads = torch.get_num_threads()
     key = (
         f"{blocks.spec.model_type}-h{c.hidden_size}-i{c.intermediate_size}-a{c.num_attention_heads}"
-        f"-kv{c.num_key_value_heads}-{blocks.dtype}-{blocks.device}-t{torch.get_num_threads()}"
+        f"-kv{c.num_key_value_heads}-{blocks.dtype}-{blocks.device}-t{threads}-p{prefill_threads or threads}"
         f"-tp{blocks.tp}-b{DECODE_BATCH if _batches(blocks) else 1}"
     )
     path = cache_path()
@@ -63,7 +70,7 @@ def measure_or_load(blocks: Blocks) -> Throughput:
         except TypeError:  # written by another version: measure again
             pass
     logger.info("measuring throughput of [%d:%d) (cached afterwards in %s)", blocks.start, blocks.end, path)
-    figures = measure(blocks)
+    figures = measure(blocks, prefill_threads)
     cached[key] = figures.__dict__
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,17 +80,20 @@ def measure_or_load(blocks: Blocks) -> Throughput:
     return figures
 
 
-def measure(blocks: Blocks) -> Throughput:
-    """Times a prefill of PREFILL_TOKENS and the median of DECODE_STEPS one-token steps."""
-    n_blocks = blocks.end - blocks.start
+def measure(blocks: Blocks, prefill_threads: int | None = None) -> Throughput:
+    """Times a prefill of PREFILL_TOKENS and the median of DECODE_STEPS one-token steps through
+    the first MEASURE_BLOCKS blocks."""
+    span = (blocks.start, min(blocks.end, blocks.start + MEASURE_BLOCKS))
+    n_blocks = span[1] - span[0]
     hidden = torch.randn(
         1, PREFILL_TOKENS + DECODE_STEPS, blocks.spec.hidden_size, dtype=blocks.dtype, device=blocks.device
     )
     steps = 2 * (1 + DECODE_STEPS)  # warm-up and measured run: a prefill and the decode steps each
-    with log_setup.progress(total=steps, desc=f"measuring [{blocks.start}:{blocks.end})", unit="step") as bar:
-        _run(blocks, hidden, "measure-warm-up", bar)  # first calls pay for allocations and kernel setup
-        prefill_s, decode_s = _run(blocks, hidden, "measure", bar)
-    batch, batch_step_s = (DECODE_BATCH, _batched_step(blocks)) if _batches(blocks) else (1, decode_s)
+    with log_setup.progress(total=steps, desc=f"measuring [{span[0]}:{span[1]})", unit="step") as bar:
+        # first calls pay for allocations and kernel setup
+        _run(blocks, hidden, span, "measure-warm-up", bar, prefill_threads)
+        prefill_s, decode_s = _run(blocks, hidden, span, "measure", bar, prefill_threads)
+    batch, batch_step_s = (DECODE_BATCH, _batched_step(blocks, span)) if _batches(blocks) else (1, decode_s)
     return Throughput(
         tokens_per_s=PREFILL_TOKENS * n_blocks / prefill_s,
         decode_ms_per_block=1000 * decode_s / n_blocks,
@@ -96,7 +106,7 @@ def _batches(blocks: Blocks) -> bool:
     return bool(getattr(blocks, "supports_batching", False))
 
 
-def _batched_step(blocks: Blocks) -> float:
+def _batched_step(blocks: Blocks, span: tuple[int, int]) -> float:
     """Median seconds of a decode step of DECODE_BATCH sessions run as one batch."""
     names = [f"measure-batch-{i}" for i in range(DECODE_BATCH)]
     caches = [blocks.new_cache(name) for name in names]
@@ -104,12 +114,12 @@ def _batched_step(blocks: Blocks) -> float:
     hidden = torch.randn(shape, dtype=blocks.dtype, device=blocks.device)
     try:
         for cache in caches:
-            blocks(hidden[:, :BATCH_CONTEXT], cache, 0, blocks.start, blocks.end)
+            blocks(hidden[:, :BATCH_CONTEXT], cache, 0, *span)
         steps = []
         for i in range(BATCH_CONTEXT, BATCH_CONTEXT + 1 + DECODE_STEPS):  # the first one warms up
             began = time.perf_counter()
             token = [hidden[:, i : i + 1]] * DECODE_BATCH
-            blocks.forward_batch(token, caches, [i] * DECODE_BATCH, blocks.start, blocks.end)
+            blocks.forward_batch(token, caches, [i] * DECODE_BATCH, *span)
             _sync(blocks.device)
             steps.append(time.perf_counter() - began)
         return statistics.median(steps[1:])
@@ -118,25 +128,35 @@ def _batched_step(blocks: Blocks) -> float:
             blocks.release(name)
 
 
-def _run(blocks: Blocks, hidden: torch.Tensor, session_id: str, bar) -> tuple[float, float]:
+def _run(
+    blocks: Blocks,
+    hidden: torch.Tensor,
+    span: tuple[int, int],
+    session_id: str,
+    bar,
+    prefill_threads: int | None,
+) -> tuple[float, float]:
     """(prefill seconds, median decode-step seconds) in a throwaway session."""
     cache = blocks.new_cache(session_id)
     try:
-        return _time_steps(blocks, hidden, cache, bar)
+        return _time_steps(blocks, hidden, span, cache, bar, prefill_threads)
     finally:
         blocks.release(session_id)
 
 
-def _time_steps(blocks: Blocks, hidden: torch.Tensor, cache, bar) -> tuple[float, float]:
+def _time_steps(
+    blocks: Blocks, hidden: torch.Tensor, span: tuple[int, int], cache, bar, prefill_threads: int | None
+) -> tuple[float, float]:
     began = time.perf_counter()
-    blocks(hidden[:, :PREFILL_TOKENS], cache, 0, blocks.start, blocks.end)
+    with torch_threads(prefill_threads):  # as peer/core.py runs a prefill
+        blocks(hidden[:, :PREFILL_TOKENS], cache, 0, *span)
     _sync(blocks.device)
     prefill_s = time.perf_counter() - began
     bar.update()
     steps = []
     for i in range(PREFILL_TOKENS, PREFILL_TOKENS + DECODE_STEPS):
         began = time.perf_counter()
-        blocks(hidden[:, i : i + 1], cache, i, blocks.start, blocks.end)
+        blocks(hidden[:, i : i + 1], cache, i, *span)
         _sync(blocks.device)
         steps.append(time.perf_counter() - began)
         bar.update()

@@ -23,8 +23,9 @@ logger = logging.getLogger(__name__)
 class SwarmWatcher:
     """Keeps the latest snapshot of the swarm, refreshed by a daemon thread."""
 
-    def __init__(self, swarm, refresh_s: float):
+    def __init__(self, swarm, refresh_s: float, models: dict[str, int] | None = None):
         self.swarm, self.refresh_s = swarm, refresh_s
+        self.models = models  # model id -> blocks to watch; None: every model announced
         self.latest: dict = {"time": None, "models": [], "error": "first snapshot not taken yet"}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="monitor-watcher", daemon=True)
@@ -40,7 +41,7 @@ class SwarmWatcher:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.latest = {**collect(self.swarm), "refresh_s": self.refresh_s}
+                self.latest = {**collect(self.swarm, self.models), "refresh_s": self.refresh_s}
             except Exception as e:  # a DHT hiccup must not end the monitor; the page shows it
                 logger.warning("reading the swarm failed: %s", e)
                 self.latest = {**self.latest, "error": f"reading the swarm failed: {e}"}
@@ -69,6 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--refresh", type=float, default=2.0, help="seconds between snapshots")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="only this model: a built-in name, a GGUF file or a checkpoint directory",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,8 +83,14 @@ def run(args: argparse.Namespace) -> int:
     from client.swarm_client import SwarmClient
     from swarm.dht import public_initial_peers
 
+    models = None
+    if args.model is not None:
+        from swarm.model_spec import model_identity
+
+        model_id, num_blocks = model_identity(args.model)
+        models = {model_id: num_blocks}
     swarm = SwarmClient.connect(public_initial_peers() if args.public else args.initial_peers)
-    watcher = SwarmWatcher(swarm, args.refresh).start()
+    watcher = SwarmWatcher(swarm, args.refresh, models).start()
     print(f"monitor: http://{args.host}:{args.port}/ (JSON at /api/swarm)", flush=True)
     try:
         uvicorn.run(create_app(watcher), host=args.host, port=args.port, log_level="warning")

@@ -87,10 +87,11 @@ def model_entry(
     }
 
 
-def collect(swarm) -> dict[str, Any]:
-    """A snapshot of the swarm seen through `swarm` (a client.SwarmClient)."""
+def collect(swarm, only: dict[str, int] | None = None) -> dict[str, Any]:
+    """A snapshot of the swarm seen through `swarm` (a client.SwarmClient): of the models in
+    `only` (model id -> blocks), or of every model some peer announced."""
     models = []
-    for model_id, num_blocks in sorted(read_models(swarm.dht).items()):
+    for model_id, num_blocks in sorted((only if only is not None else read_models(swarm.dht)).items()):
         records = [r for r in read_peer_records(swarm.dht, model_id) if r.end <= num_blocks]
         rtts = swarm.round_trips([r for r in records if r.state != PeerState.JOINING])
         coordination = read_coordination_sync(swarm.dht, model_id)
