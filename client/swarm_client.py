@@ -20,7 +20,14 @@ from client.worker import run_sync
 from routing.chains.swarm_view import SwarmView
 from swarm.dht import start_dht
 from swarm.dht_process import shutdown_dht
-from swarm.records import PeerRecord, PeerState, online_peers_per_block, read_models, read_peer_records
+from swarm.records import (
+    PeerRecord,
+    PeerState,
+    block_ranges,
+    online_peers_per_block,
+    read_models,
+    read_peer_records,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +41,7 @@ class MissingBlocksError(RuntimeError):
     def __init__(self, model_id: str, missing: list[int], waited_s: float):
         self.model_id, self.missing = model_id, missing
         super().__init__(
-            f"after waiting {waited_s:.0f} s, no online peer serves blocks {_ranges(missing)} of {model_id}"
+            f"after waiting {waited_s:.0f} s, no online peer serves blocks {block_ranges(missing)} of {model_id}"
         )
 
 
@@ -46,7 +53,8 @@ class ModelMismatchError(MissingBlocksError):
         RuntimeError.__init__(
             self,
             f"this swarm serves {', '.join(served)}, not {model_id}: the client's checkpoint differs "
-            f"from the peers' (another file or version of the model?)",
+            f"from the peers' (another file or version of the model?); no peer serves blocks "
+            f"{block_ranges(self.missing)} of {model_id}",
         )
 
 
@@ -169,17 +177,6 @@ class SwarmClient:
 def uncovered_blocks(records: list[PeerRecord], num_blocks: int) -> list[int]:
     """Blocks no online record serves."""
     return [b for b, n in enumerate(online_peers_per_block(records, num_blocks)) if n == 0]
-
-
-def _ranges(blocks: list[int]) -> str:
-    """[1, 2, 3, 7] -> '1:4, 7:8' (half-open ranges, as --layers takes them)."""
-    out, start = [], None
-    for i, b in enumerate(blocks):
-        start = b if start is None else start
-        if i + 1 == len(blocks) or blocks[i + 1] != b + 1:
-            out.append(f"{start}:{b + 1}")
-            start = None
-    return ", ".join(out)
 
 
 __all__ = ["SwarmClient", "MissingBlocksError", "ModelMismatchError", "PeerError", "uncovered_blocks"]

@@ -11,7 +11,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members")
     where.add_argument("--public", action="store_true", help="use the public swarm")
     parser.add_argument(
-        "--model", required=True, help="a built-in model name (hexswarm models), a GGUF file or a checkpoint directory"
+        "--model",
+        required=True,
+        help="a built-in model name (hexswarm models), a GGUF file or a checkpoint directory",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -21,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer KEY' (default: $HEXSWARM_API_KEY, else none)",
     )
     parser.add_argument(
-        "--served-model-name", default=None, help="the model name clients use (default: --model's last path part)"
+        "--served-model-name",
+        default=None,
+        help="the model name clients use (default: --model's last path part)",
     )
     parser.add_argument("--max-concurrent", type=int, default=16, help="generations running at once")
     parser.add_argument(
@@ -41,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     from client import DistributedModelForCausalLM
     from client.api_server import ApiConfig, create_app
+
     model = DistributedModelForCausalLM.from_pretrained(
         args.model,
         initial_peers=args.initial_peers,

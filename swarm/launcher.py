@@ -111,7 +111,11 @@ class LocalSwarm:
         return proc
 
     def start_peers(
-        self, model_dir: str | Path, layout: dict[str, tuple[str, tuple[str, ...]]], *common: str, timeout: float = 120
+        self,
+        model_dir: str | Path,
+        layout: dict[str, tuple[str, tuple[str, ...]]],
+        *common: str,
+        timeout: float = 120,
     ) -> dict[str, Managed]:
         """Starts every peer of `layout` (name -> (layers, its own flags)) at once, then waits for
         each to be online: on a shared machine they load in parallel."""

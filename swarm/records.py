@@ -201,6 +201,17 @@ def read_models(dht) -> dict[str, int]:
     }
 
 
+def block_ranges(blocks: list[int]) -> str:
+    """[1, 2, 3, 7] -> '1:4, 7:8' (half-open ranges, as --layers takes them)."""
+    out, start = [], None
+    for i, b in enumerate(blocks):
+        start = b if start is None else start
+        if i + 1 == len(blocks) or blocks[i + 1] != b + 1:
+            out.append(f"{start}:{b + 1}")
+            start = None
+    return ", ".join(out)
+
+
 def online_peers_per_block(records: list[PeerRecord], num_blocks: int) -> list[int]:
     """How many online peers serve each block of a model (0 means the block is missing)."""
     counts = [0] * num_blocks

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from swarm.coordinator.records import Coordination, read_coordination_sync
 from swarm.dht import public_initial_peers, start_dht
 from swarm.dht_process import shutdown_dht
-from swarm.records import PeerRecord, online_peers_per_block, read_models, read_peer_records
+from swarm.records import PeerRecord, block_ranges, online_peers_per_block, read_models, read_peer_records
 from swarm.reports import Report, read_reports
 
 
@@ -151,6 +151,18 @@ def print_plan(coordination: Coordination, records: list[PeerRecord]) -> None:
         f"  plan v{plan.version} (inputs {plan.inputs_hash}): {estimate}; followed by {len(names)}/{auto} auto peers"
         + (f": {', '.join(sorted(names))}" if names else "")
     )
+    if plan.missing:
+        print(f"  NO PLAN COVERS THE MODEL: {uncovered_text(plan)}")
+
+
+def uncovered_text(plan) -> str:
+    """What a plan that cannot cover the model leaves out (the monitor says the same)."""
+    short = (
+        f"; the peers can hold {plan.memory_short_blocks} blocks too few between them"
+        if plan.memory_short_blocks
+        else ""
+    )
+    return f"blocks {block_ranges(list(plan.missing))} have no peer{short}"
 
 
 def model_data(model_id: str, num_blocks: int, records: list[PeerRecord], coordination: Coordination) -> dict:

@@ -181,6 +181,19 @@ def pipeline_fits(
     return sum(s.layers for s in stages) == model.num_layers
 
 
+def swarm_reference_latency(
+    cluster: Cluster, model: ModelSpec, s_in: float, s_out: int, batch: int = 1
+) -> float:
+    """A live swarm's SLO unit: one request through the whole model on the swarm's fastest device
+    alone (TP 1, memory not checked, no network), from this cost model with the devices' measured
+    figures. HexGen's unit (`reference_latency`) is an A100 machine's, which a CPU or consumer-GPU
+    swarm never comes near: every plan would then miss every deadline and score 0."""
+    return min(
+        float(pipeline_cost(cluster, [StageSpec((i,), model.num_layers)], model, s_in, s_out, batch).total)
+        for i in range(len(cluster.devices))
+    )
+
+
 def reference_latency(model: ModelSpec, s_in: float, s_out: int, batch: int = 1) -> float:
     """The SLO's unit (HexGen §5.1: "multiples of the execution latency of A100 GPUs").
 

@@ -8,6 +8,7 @@ with grouped-query attention or a gated MLP differ from that, so `ModelSpec` car
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +124,9 @@ class Workload:
     s_out: int = 32  # generated tokens
     s_in_spread: float = 0.5  # relative half-width of the prompt length range
     slo_scale: float = 5.0  # deadline = slo_scale x reference latency (§5.1; §5.4 uses 5)
+    # The reference latency in seconds; None: HexGen's, the whole model on 8 x A100 (§5.1,
+    # `cost_model.reference_latency`). A live swarm sets its own (`cost_model.swarm_reference_latency`).
+    reference_s: float | None = None
     batch_size: int = 1  # b_t: HexGen serves one request per pipeline pass (Appendix D)
     num_requests: int = 400  # requests per simulated trace
     seed: int = 0  # seed of the simulated trace
@@ -136,6 +140,8 @@ class Workload:
     def __post_init__(self) -> None:
         if self.rate <= 0 or self.slo_scale <= 0:
             raise ValueError("rate and slo_scale must be positive")
+        if self.reference_s is not None and not (self.reference_s > 0 and math.isfinite(self.reference_s)):
+            raise ValueError(f"reference_s must be a positive number of seconds, got {self.reference_s}")
         if self.s_in < 1 or self.s_out < 1 or self.batch_size < 1 or self.num_requests < 1:
             raise ValueError("s_in, s_out, batch_size and num_requests must be at least 1")
         if self.serving not in SERVING_MODES or self.max_batch < 1:

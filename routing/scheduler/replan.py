@@ -23,10 +23,12 @@ each moment, averaged over [0, H]):
 * **full** — every pipeline of a changed region group is open to the search, warm-started from
   the current plan there (more freedom, more moves).
 
-Among the candidates within `tie` of the best A_H the one with the fewest moves wins (so an
-equally good plan never moves more peers), and it is published only if its A_H beats keep's by
-`margin` (this stops plans from flapping), or by `tie` when it moves no peer that has a range
-(it only places new or idle peers). Region groups where nothing changed are not searched,
+Coverage comes first: candidates with at least one whole pipeline (every block served) are
+preferred to those without, whatever A_H says, and a plan that covers the model replaces one
+that does not. Among the candidates within `tie` of the best A_H the one with the fewest moves
+wins (so an equally good plan never moves more peers), and it is published only if its A_H
+beats keep's by `margin` (this stops plans from flapping), or by `tie` when it moves no peer
+that has a range (it only places new or idle peers). Region groups where nothing changed are not searched,
 which keeps a re-plan of a 200-GPU swarm within seconds. In a swarm, machines that a candidate
 leaves idle form extra pipelines where they can (`pinned_stages.idle_pipelines`): the search of
 a region group stops caring once the group's share of the rate is met, a swarm keeps the rest
@@ -188,15 +190,17 @@ def replan(
     if not costs.move_placed:
         # keep stays a candidate: the current plan is followed as it is, whatever it moved
         candidates = [c for c in candidates if c.name == "keep" or all(m.old is None for m in c.moves)]
-    best = max(c.value for c in candidates)
-    chosen = min(
-        (c for c in candidates if c.value >= best - costs.tie), key=lambda c: (len(c.moves), -c.value)
-    )
+    # Coverage first: a candidate with a whole pipeline serves every block; one without serves
+    # nothing, whatever its (then zero) attainment says. Among the ones that cover, A_H decides.
+    covering = [c for c in candidates if c.layouts] or candidates
+    best = max(c.value for c in covering)
+    chosen = min((c for c in covering if c.value >= best - costs.tie), key=lambda c: (len(c.moves), -c.value))
     keep = candidates[0]
     # the margin guards placed peers against flapping; a plan that moves none of them (it only
     # gives new or idle peers a range) needs only to be better than the tie
     needed = costs.margin if any(m.old is not None for m in chosen.moves) else costs.tie
-    publish = chosen is not keep and chosen.value > keep.value + needed
+    newly_covers = bool(chosen.layouts) and not keep.layouts
+    publish = chosen is not keep and (newly_covers or chosen.value > keep.value + needed)
     final = chosen if publish else keep
     layouts = list(final.layouts) if final.layouts else []
     trace = make_trace(model, workload)

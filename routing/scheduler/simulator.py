@@ -62,7 +62,9 @@ def make_trace(model: ModelSpec, workload: Workload) -> Trace:
     rng = np.random.default_rng(workload.seed)
     gaps = rng.exponential(1.0 / workload.rate, size=workload.num_requests)
     lengths = rng.integers(workload.s_in_min, workload.s_in_max + 1, size=workload.num_requests)
-    unit = reference_latency(model, float(workload.s_in), workload.s_out, workload.batch_size)
+    unit = workload.reference_s or reference_latency(
+        model, float(workload.s_in), workload.s_out, workload.batch_size
+    )
     deadline = workload.slo_scale * unit if workload.has_deadline else math.inf
     return Trace(np.cumsum(gaps), lengths.astype(float), workload.s_out, deadline)
 
@@ -102,7 +104,9 @@ def simulate(latencies: np.ndarray, trace: Trace) -> SimResult:
     return summarize(np.asarray(latencies_s), trace.s_in[served], trace, last)
 
 
-def summarize(served_latency_s: np.ndarray, served_s_in: np.ndarray, trace: Trace, last_s: float) -> SimResult:
+def summarize(
+    served_latency_s: np.ndarray, served_s_in: np.ndarray, trace: Trace, last_s: float
+) -> SimResult:
     """SimResult from the latencies of the served requests.
 
     Those within the deadline count for attainment and goodput. Throughput counts every served

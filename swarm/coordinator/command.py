@@ -30,7 +30,13 @@ def add_coordination_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rate", type=float, default=1.0, help="requests per second to plan for")
     g.add_argument("--s-in", type=int, default=128, help="mean prompt tokens to plan for")
     g.add_argument("--s-out", type=int, default=32, help="generated tokens per request to plan for")
-    g.add_argument("--slo-scale", type=float, default=5.0, help="deadline in units of the A100 latency")
+    g.add_argument(
+        "--slo-scale",
+        type=float,
+        default=5.0,
+        help="deadline in units of the swarm's own latency: one request through the whole model on its fastest "
+        "peer alone, from the peers' measured speeds (default 5)",
+    )
     g.add_argument(
         "--objective",
         choices=OBJECTIVES,
@@ -43,7 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members")
     where.add_argument("--public", action="store_true", help="join the public swarm")
-    parser.add_argument("--model", required=True, help="a built-in model name (hexswarm models), a GGUF file or a checkpoint directory")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="a built-in model name (hexswarm models), a GGUF file or a checkpoint directory",
+    )
     parser.add_argument("--identity", default=None, help="identity key file (created if missing)")
     parser.add_argument(
         "--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], help="multiaddrs to listen on"
@@ -65,7 +75,11 @@ def coordinator_config(args: argparse.Namespace, model_dir: str):
         model_id=load_model_spec(model_dir).model_id,
         model=load_model(model_dir),
         workload=Workload(
-            rate=args.rate, s_in=args.s_in, s_out=args.s_out, slo_scale=args.slo_scale, objective=args.objective
+            rate=args.rate,
+            s_in=args.s_in,
+            s_out=args.s_out,
+            slo_scale=args.slo_scale,
+            objective=args.objective,
         ),
         search=SearchConfig(time_budget_s=args.budget_s, stall_generations=30, capacity=False),
         policy=ReplanPolicy(

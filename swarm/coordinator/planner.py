@@ -12,6 +12,14 @@ HexGen's genetic search (§4.3) warm-started from the previous plan, with the sw
 - each peer that a candidate plan moves is charged the time to load its new layers (all of them
   when its degree changes), and the plan is valued by its attainment over a horizon with those
   loads (`replan.py`), so among equally good plans the one with the fewest moves wins;
+- the deadline is `slo_scale` times the swarm's own latency (one request through the whole
+  model on its fastest peer alone, `cost_model.swarm_reference_latency`), not HexGen's A100
+  unit, which a CPU or consumer-GPU swarm never meets: every plan would score 0 and the search
+  could not tell a plan that serves the model from one that does not;
+- coverage is a hard constraint, checked before any objective: if the search's placements leave
+  a block unserved while Petals' rule would cover the model, Petals' rule is used (with no
+  estimate, 0); when nothing covers the model, `Planned.missing` names the blocks and
+  `memory_short_blocks` how many more blocks the peers would need to hold;
 - when the peers cannot hold a replica, Petals' rule places the auto peers one by one around
   the fixed ones (`routing/scheduler/petals_rule.py`) at their current degrees, with no
   estimate (0).
@@ -23,6 +31,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 
 from routing.scheduler.cluster import Cluster
+from routing.scheduler.cost_model import swarm_reference_latency
 from routing.scheduler.genetic import NoFeasiblePlanError, SearchConfig
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.moves import Assignment
@@ -49,6 +58,12 @@ class Planned:
     attainment: float
     throughput_tok_s: float
     plan: Plan | None  # the scheduler's plan (to warm-start the next search); None from the fallback
+    missing: tuple[int, ...] = ()  # blocks no peer serves under this plan (empty: it covers the model)
+    memory_short_blocks: int = 0  # blocks more than the peers can hold in all, when it cannot cover
+
+    @property
+    def covers(self) -> bool:
+        return not self.missing
 
 
 def compute_plan(
@@ -66,6 +81,9 @@ def compute_plan(
         raise NoFeasiblePlanError("no --layers auto peers to plan")
     fixed = [r for r in records if not r.auto]
     cluster = build_view(records, model, workload)
+    if workload.has_deadline and workload.reference_s is None:
+        reference = swarm_reference_latency(cluster, model, float(workload.s_in), workload.s_out)
+        workload = replace(workload, reference_s=reference)
     pinned = [StagePlan((r.peer_id,), r.start, r.end) for r in fixed]
     current = {r.peer_id: Assignment(serving_ids(r), r.start, r.end) for r in auto}
     swarm_config = replace(config, one_stage_per_machine=True)
@@ -74,15 +92,43 @@ def compute_plan(
             cluster, model, workload, previous, swarm_config, costs or MoveCosts(), pinned, current
         )
     except NoFeasiblePlanError:
-        return Planned(petals_placement(auto, fixed, model.num_layers), 0.0, 0.0, None)
+        return covering(None, auto, fixed, model.num_layers)
     estimate = result.plan.estimate
     serving = {r.peer_id: Placement.of(r) for r in auto}
-    return Planned(
+    searched = Planned(
         rematch(placements(result.plan, auto), serving, kinds(cluster, auto)),
         estimate.attainment if estimate else 0.0,
         estimate.throughput_tok_s if estimate else 0.0,
         result.plan,
     )
+    return covering(searched, auto, fixed, model.num_layers)
+
+
+def covering(
+    searched: Planned | None, auto: Sequence[PeerRecord], fixed: Sequence[PeerRecord], num_blocks: int
+) -> Planned:
+    """The searched plan if it serves every block, else Petals' rule if that does, else the one
+    that leaves fewer blocks unserved, with what it misses (coverage before any objective)."""
+    options = [searched] if searched is not None else []
+    options.append(Planned(petals_placement(auto, fixed, num_blocks), 0.0, 0.0, None))
+    options = [replace(p, missing=uncovered(p.assignments, fixed, num_blocks)) for p in options]
+    best = min(options, key=lambda p: len(p.missing))  # the searched plan first among equals
+    if best.covers:
+        return best
+    capacity = sum(block_capacity(r, num_blocks) for r in auto) + sum(r.end - r.start for r in fixed)
+    return replace(best, memory_short_blocks=max(0, num_blocks - capacity))
+
+
+def uncovered(
+    assignments: dict[str, Placement], fixed: Sequence[PeerRecord], num_blocks: int
+) -> tuple[int, ...]:
+    """Blocks that neither an assignment nor a fixed peer serves."""
+    served = [False] * num_blocks
+    spans = [(p.start, p.end) for p in assignments.values()] + [(r.start, r.end) for r in fixed]
+    for start, end in spans:
+        for block in range(max(0, start), min(end, num_blocks)):
+            served[block] = True
+    return tuple(b for b, ok in enumerate(served) if not ok)
 
 
 def placements(plan: Plan, auto: Sequence[PeerRecord]) -> dict[str, Placement]:

@@ -30,6 +30,7 @@ COORDINATION_SCHEMA_VERSION = 1
 LEASE_KEY = "hexswarm/v1/coordinator"
 PLAN_KEY = "hexswarm/v1/plans"
 MAX_ASSIGNMENTS = 1024
+MAX_BLOCKS = 4096  # most blocks a plan may name as missing (and the largest block index)
 
 
 class CoordinationRecordError(ValueError):
@@ -96,6 +97,11 @@ class PlanRecord:
     # "slo" (attainment is the share within the deadline) or "throughput" (planned with no
     # deadline for the most tokens/s at a saturating rate; attainment is then 1, nobody is late)
     objective: str = "slo"
+    # Blocks no peer serves under this plan (empty: it covers the model; the coordinator publishes
+    # one that does not only when no covering plan exists), and how many more blocks the peers
+    # would need to hold between them for one.
+    missing: tuple[int, ...] = ()
+    memory_short_blocks: int = 0
 
     def assignment_of(self, peer_id: str) -> Assignment | None:
         return next((a for a in self.assignments if a.peer_id == peer_id), None)
@@ -112,6 +118,8 @@ class PlanRecord:
             "created": self.created,
             "schema": self.schema,
             "objective": self.objective,
+            "missing": list(self.missing),
+            "memory_short_blocks": self.memory_short_blocks,
         }
 
     def to_bytes(self) -> bytes:
@@ -133,6 +141,15 @@ class PlanRecord:
         assignments = tuple(_assignment(item) for item in raw)
         if len({a.peer_id for a in assignments}) != len(assignments):
             raise CoordinationRecordError("a peer appears twice in a plan")
+        missing, short = body.get("missing", []), body.get("memory_short_blocks", 0)  # absent before
+        if (
+            not isinstance(missing, list)
+            or len(missing) > MAX_BLOCKS
+            or not all(_is_block(b) for b in missing)
+        ):
+            raise CoordinationRecordError("a plan's missing blocks are malformed")
+        if not _is_int(short) or not 0 <= short <= MAX_BLOCKS:
+            raise CoordinationRecordError("a plan's memory shortfall is malformed")
         return cls(
             strings[0],
             version,
@@ -142,6 +159,8 @@ class PlanRecord:
             assignments,
             float(numbers[2]),
             objective=objective,
+            missing=tuple(missing),
+            memory_short_blocks=short,
         )
 
 
@@ -165,6 +184,10 @@ def _body(data: Any) -> dict:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_block(x: Any) -> bool:
+    return _is_int(x) and 0 <= x < MAX_BLOCKS
 
 
 def _is_number(x: Any) -> bool:

@@ -31,7 +31,7 @@ from swarm.coordinator.records import (
 )
 from swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, beats
 from swarm.identity import Identity
-from swarm.records import PeerRecord, PeerState, model_key, peer_records_from
+from swarm.records import PeerRecord, PeerState, block_ranges, model_key, peer_records_from
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,14 @@ class Coordinator:
         alive = {r.peer_id for r in records}
         still_valid = current is not None and all(a.peer_id in alive for a in current.assignments)
         estimate = (planned.attainment, planned.throughput_tok_s)
-        if still_valid and not beats(estimate, (current.attainment, current.throughput_tok_s), c.policy):
+        if not planned.covers:
+            warn_uncovered(c.model_id, planned)
+        newly_covers = planned.covers and current is not None and bool(current.missing)
+        if (
+            still_valid
+            and not newly_covers
+            and not beats(estimate, (current.attainment, current.throughput_tok_s), c.policy)
+        ):
             logger.info(
                 "re-plan (%s): kept plan v%d (new estimate %.1f%% / %.0f tok/s does not beat %.1f%% / %.0f tok/s)",
                 reason,
@@ -194,6 +201,21 @@ def plan_record(
         ),
         created=get_dht_time(),
         objective=objective,
+        missing=planned.missing,
+        memory_short_blocks=planned.memory_short_blocks,
+    )
+
+
+def warn_uncovered(model_id: str, planned: Planned) -> None:
+    """No plan serves every block: say which blocks, and how many more the peers would need to hold."""
+    logger.warning(
+        "NO PLAN COVERS %s: blocks %s have no peer%s",
+        model_id,
+        block_ranges(list(planned.missing)),
+        f"; the peers can hold {planned.memory_short_blocks} blocks too few between them (start more "
+        "peers, or raise --max-blocks)"
+        if planned.memory_short_blocks
+        else "",
     )
 
 

@@ -61,6 +61,10 @@ def test_lease_and_plan_round_trip_through_msgpack():
         lambda b: b.update(assignments=[["p1", 4, 2, 1]]),
         lambda b: b.update(assignments=[["p1", 0, 4, 1], ["p1", 4, 8, 1]]),
         lambda b: b.update(attainment="high"),
+        lambda b: b.update(missing=[-1]),
+        lambda b: b.update(missing="0:4"),
+        lambda b: b.update(missing=list(range(5000))),
+        lambda b: b.update(memory_short_blocks=-3),
     ],
 )
 def test_malformed_plans_are_refused(mutate):
@@ -358,6 +362,64 @@ def test_the_published_plan_carries_the_planned_degrees():
     # the inputs hash tells records apart by their degree and by the degrees they offer
     other = plan_record("tiny", "C", [replace(records[0], tp_choices=(1,)), records[1]], planned, 3)
     assert other.inputs_hash != published.inputs_hash
+
+
+SMOL = ModelSpec("smol", 30, 576, 4)  # SmolLM2's shape: 30 layers of hidden 576
+CPU_SEARCH = SearchConfig(time_budget_s=2, stall_generations=30, capacity=False)
+
+
+def served_blocks(planned: Planned, fixed=(), num_blocks: int = 30) -> list[int]:
+    served = [0] * num_blocks
+    for a, b in [(p.start, p.end) for p in planned.assignments.values()] + [(r.start, r.end) for r in fixed]:
+        for block in range(a, b):
+            served[block] += 1
+    return served
+
+
+def test_the_sole_server_of_a_range_leaving_is_covered_again_with_the_default_deadline():
+    """Issue 24's swarm: three CPU peers of at most 15 of 30 blocks, the default SLO scale. With
+    HexGen's A100 unit every plan scored 0 and the fewest moves won: both survivors stayed on 0:15."""
+    peers = [record(name, a, b, max_blocks=15, throughput=20000.0) for name, a, b in
+             (("a", 0, 15), ("b", 15, 30), ("c", 0, 15))]  # fmt: skip
+    first = compute_plan(peers, SMOL, Workload(), CPU_SEARCH)
+    assert first.covers and all(served_blocks(first)) and first.attainment > 0
+    survivors = [replace(r, start=first.assignments[r.peer_id].start, end=first.assignments[r.peer_id].end)
+                 for r in peers if r.peer_id != "b"]  # fmt: skip
+    second = compute_plan(survivors, SMOL, Workload(), CPU_SEARCH, previous=first.plan)
+    assert second.covers and all(served_blocks(second)), second.assignments
+    assert second.attainment > 0 and second.throughput_tok_s > 0  # the deadline fits the swarm
+
+
+def test_no_covering_plan_names_the_missing_blocks_and_the_memory_short():
+    peers = [record("a", 0, 10, max_blocks=10), record("b", 10, 20, max_blocks=10)]
+    planned = compute_plan(peers, SMOL, Workload(), CPU_SEARCH)
+    assert len(planned.missing) == 10 and planned.memory_short_blocks == 10
+    assert sum(1 for n in served_blocks(planned) if n) == 20  # still as much as the peers can hold
+
+
+def test_a_plan_that_covers_replaces_one_that_does_not_whatever_the_estimates():
+    from swarm.coordinator.service import plan_record
+
+    peers = [record("a", 0, 15, max_blocks=15), record("b", 0, 15, max_blocks=15)]
+    planned = compute_plan(peers, SMOL, Workload(), CPU_SEARCH)
+    published = plan_record("m", "A", peers, planned, 1)
+    assert published.missing == () and PlanRecord.from_bytes(published.to_bytes()) == published
+    broken = replace(published, missing=(3, 4), memory_short_blocks=2)
+    assert PlanRecord.from_bytes(broken.to_bytes()).missing == (3, 4)
+
+
+def test_the_swarm_deadline_unit_is_the_fastest_peer_alone():
+    from routing.scheduler.cost_model import swarm_reference_latency
+    from routing.scheduler.simulator import make_trace
+
+    cluster = build_view([record("slow", 0, 4, throughput=1000.0), record("fast", 4, 8, throughput=8000.0)],
+                         MODEL, Workload())  # fmt: skip
+    unit = swarm_reference_latency(cluster, MODEL, 128.0, 32)
+    alone = [swarm_reference_latency(cluster.subset([d.id]), MODEL, 128.0, 32) for d in cluster.devices]
+    assert unit == min(alone) < max(alone)
+    assert make_trace(MODEL, Workload(slo_scale=3, reference_s=unit)).deadline_s == pytest.approx(3 * unit)
+    with pytest.raises(ValueError):
+        Workload(reference_s=-1.0)
 
 
 def test_petals_fallback_places_auto_peers_around_fixed_ones():
