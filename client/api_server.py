@@ -64,6 +64,7 @@ class ApiService:
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.executor = ThreadPoolExecutor(config.max_concurrent, thread_name_prefix="api-generate")
         self.context = getattr(model.config, "max_position_embeddings", None)
+        self.names = served_names(config.name, getattr(getattr(model, "spec", None), "model_id", None))
         self.started = int(time.time())
         if tokenizer.chat_template is None:
             logger.warning(
@@ -113,7 +114,7 @@ class ApiService:
     def _check(self, body, ids: list[int], chat: bool) -> tuple[int, list[str]]:
         """(max_tokens, stop strings) of a request that can be served; ApiError otherwise."""
         body.check_supported()
-        if body.model != self.config.name:
+        if body.model not in self.names:
             message = f"model {body.model!r} is not served here; try {self.config.name!r}"
             raise ApiError(404, message, "invalid_request_error", code="model_not_found", param="model")
         if not ids:
@@ -164,6 +165,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError) -> JSONResponse:
+        _log_refusal(request, error)
         return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(RequestValidationError)
@@ -171,7 +173,23 @@ def _add_error_handlers(app: FastAPI) -> None:
         first = error.errors()[0] if error.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         refused = bad_request(f"{where or 'body'}: {first.get('msg', 'invalid request')}", where)
+        _log_refusal(request, refused)
         return JSONResponse(refused.body(), status_code=refused.status)
+
+
+def _log_refusal(request: Request, error: ApiError) -> None:
+    """Every 4xx and 5xx answer, with its reason, in the API's log."""
+    log = logger.error if error.status >= 500 else logger.warning
+    log("%s %s -> %d %s", request.method, request.url.path, error.status, error.body()["error"]["message"])
+
+
+def served_names(name: str, model_id: str | None) -> set[str]:
+    """The names a request may use: the served name, and the swarm's model id (what `hexswarm
+    status` shows, `smollm2-135M-b83433b02745`) with or without its fingerprint."""
+    names = {name}
+    if model_id:
+        names |= {model_id, model_id.rsplit("-", 1)[0]}
+    return names
 
 
 def _completion_ids(tokenizer, prompt: str | list) -> list[int]:
@@ -242,6 +260,7 @@ async def _sse(first, pieces, shape: ResponseShape, prompt_tokens: int, include_
         yield b"data: [DONE]\n\n"
         done = True
     except ApiError as e:  # the status line is gone; say it in the stream, as OpenAI does
+        logger.warning("%s: failed after %d chunks: %d %s", shape.id, sent, e.status, e.message)
         yield _event(e.body())
         done = True
     finally:

@@ -249,7 +249,7 @@ class DistributedModelForCausalLM:
         dtype: torch.dtype = torch.float32,
         coverage_timeout: float = DEFAULT_COVERAGE_TIMEOUT_S,
         retry: RetryPolicy | None = None,
-        host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
+        host_maddrs: Sequence[str] | None = None,
         verify: float = 0.0,
         push: bool = True,
         threads: int | None = None,
@@ -269,6 +269,8 @@ class DistributedModelForCausalLM:
         `push` (default True): each peer sends its output straight to the next peer of the chain,
         and the client reads every hop's output; False relays every hop through the client
         (README "Push between peers"). Settable later as `model.push`.
+        `host_maddrs`: None (the default) dials out only: the client opens no port and asks no
+        router for a NAT port mapping; give addresses to listen on, e.g. ["/ip4/0.0.0.0/tcp/0"].
         `threads` is the number of torch threads `generate` and `forward` use for the client's
         own ops; by default 1 when torch was imported before this package with OpenMP's
         default (spinning) wait policy, so that idle spinning threads do not take the cores of

@@ -34,10 +34,11 @@ from client.failover import Failover, Hops, LiveHop
 from client.history import InputHistory
 from client.remote import PeerError
 from client.retry import BanList, RetryPolicy
-from client.swarm_client import SwarmClient
+from client.swarm_client import SwarmClient, uncovered_blocks
 from client.worker import run_sync
 from routing.chains.swarm_view import Router, RouteRequest
 from swarm.model_spec import ModelSpec
+from swarm.records import block_ranges
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class InferenceSession:
             self.spec.model_id, self.spec.num_blocks, self.coverage_timeout
         )
         self.peers.records = {r.peer_id: r for r in records if r.max_length >= self.max_length}
+        check_length(self.max_length, records, list(self.peers.records.values()), self.spec.num_blocks)
         self.hops, _, _ = run_sync(self.peers.replace(0, self.spec.num_blocks, None), timeout=self._timeout())
         self.peers.ping_timeout = self.policy.deadline_floor_s  # later pings are on the failover path
         self.history.keep([h.start for h in self.hops])
@@ -240,3 +242,28 @@ class _HopFailed(Exception):
     def __init__(self, index: int, error: PeerError):
         super().__init__(str(error))
         self.index, self.error = index, error
+
+
+class SequenceTooLongError(ValueError):
+    """A session asks for more tokens than the peers of some block accept (their --max-length)."""
+
+
+def check_length(max_length: int, records: list, long_enough: list, num_blocks: int) -> None:
+    """Fails at once, naming the limit, when peers that accept `max_length` tokens leave blocks
+    uncovered: waiting would not help (the peers' limits are their operators' settings)."""
+    short = uncovered_blocks(long_enough, num_blocks)
+    if short:
+        limit = longest_sequence(records, num_blocks)
+        raise SequenceTooLongError(
+            f"a sequence of {max_length} tokens (prompt + new tokens) is longer than this swarm serves: "
+            f"the peers of blocks {block_ranges(short)} accept at most {limit} tokens"
+        )
+
+
+def longest_sequence(records: list, num_blocks: int) -> int:
+    """The longest sequence a chain can carry: per block, the best of its peers' --max-length."""
+    best = [0] * num_blocks
+    for r in records:
+        for block in range(max(0, r.start), min(r.end, num_blocks)):
+            best[block] = max(best[block], r.max_length)
+    return min(best, default=0)

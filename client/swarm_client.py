@@ -75,13 +75,16 @@ class SwarmClient:
     # for the client's life, unlike a session's BanList (client/retry.py), whose bans of failed or
     # slow peers expire
     distrusted: set[str] = field(default_factory=set)
+    silent: set[str] = field(default_factory=set)  # peers whose failed ping was logged (once each)
     _last_snapshot: tuple | None = None
 
     @classmethod
-    def connect(
-        cls, initial_peers: Sequence[str], host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",)
-    ) -> SwarmClient:
-        dht = start_dht(initial_peers, identity=None, host_maddrs=host_maddrs, client_mode=True)
+    def connect(cls, initial_peers: Sequence[str], host_maddrs: Sequence[str] | None = None) -> SwarmClient:
+        """A client-mode DHT node; with no `host_maddrs` it only dials out (no port, no NAT mapping)."""
+        if host_maddrs is None:
+            dht = start_dht(initial_peers, identity=None, client_mode=True, listen=False)
+        else:
+            dht = start_dht(initial_peers, identity=None, host_maddrs=host_maddrs, client_mode=True)
         p2p = run_sync(dht.replicate_p2p(), timeout=30)
         return cls(dht=dht, p2p=p2p)
 
@@ -153,9 +156,13 @@ class SwarmClient:
         for record, result in zip(stale, results, strict=True):
             if isinstance(result, float):
                 self.rtt_ms[record.peer_id] = (result, now)
+                self.silent.discard(record.peer_id)
             else:
                 self.rtt_ms.pop(record.peer_id, None)
-                logger.info("peer %s does not answer pings (%s); leaving it out", record.name, result)
+                if record.peer_id not in self.silent:  # one line per peer until it answers again
+                    self.silent.add(record.peer_id)
+                    reason = (str(result).splitlines() or [type(result).__name__])[0][:200]
+                    logger.info("peer %s does not answer pings (%s); leaving it out", record.name, reason)
         return {r.peer_id: self.rtt_ms[r.peer_id][0] for r in records if r.peer_id in self.rtt_ms}
 
     async def _ping(self, record: PeerRecord, timeout: float) -> float:

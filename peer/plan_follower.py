@@ -137,10 +137,14 @@ class PlanFollower:
         for plan in coordination.others:
             if (plan.coordinator, plan.version) not in self._ignored:
                 self._ignored.add((plan.coordinator, plan.version))
-                logger.warning(
-                    "ignoring plan v%d signed by %s: it does not hold the coordinator lease",
+                # a plan no newer than the one followed is a previous coordinator's (a handover);
+                # a newer one from a non-holder is worth a warning
+                log = logger.info if plan.version <= self.followed else logger.warning
+                log(
+                    "ignoring plan v%d signed by %s: it does not hold the coordinator lease%s",
                     plan.version,
                     plan.coordinator[-8:],
+                    " (a previous coordinator's)" if plan.version <= self.followed else "",
                 )
 
 

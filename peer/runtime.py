@@ -342,7 +342,10 @@ class _Peer:
             records = await self.read_records()
             await self.probe.step(records)
             if self.follower is not None and not self.mover.busy:
+                followed = self.follower.followed
                 await self.follower.step(records, self._record(PeerState.ONLINE), time.monotonic())
+                if self.follower.followed != followed:  # say so now, not a period later (status, monitor)
+                    await self.announcer.announce(PeerState.ONLINE)
         except Exception:  # the swarm's records are remote input: a bad step must not stop serving
             logger.exception("coordination step failed")
 
@@ -370,6 +373,10 @@ class _Peer:
             await asyncio.sleep(0.2)
         if self.core.sessions:
             logger.info("drain timeout: dropping %d open sessions", len(self.core.sessions))
+        # the last word: status, the monitor and clients drop this peer now, not when its record expires
+        await self.announcer.announce(
+            PeerState.GONE, ttl=self.config.announce_period, timeout=LEAVE_ANNOUNCE_S
+        )
 
     async def leave_after_failure(self) -> None:
         """Part of the group is gone: tell the swarm, and let open sessions hear PEER_FAILED."""

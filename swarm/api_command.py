@@ -15,6 +15,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="a built-in model name (hexswarm models), a GGUF file or a checkpoint directory",
     )
+    parser.add_argument(
+        "--host-maddrs",
+        nargs="+",
+        default=None,
+        help="p2p addresses to listen on (default: none; this client only dials out and asks no router for a port)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
@@ -52,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         public=args.public,
         routing=args.routing,
         coverage_timeout=args.coverage_timeout,
+        host_maddrs=args.host_maddrs,
     )
     tokenizer = AutoTokenizer.from_pretrained(model.spec.path)  # a GGUF file's: from its metadata
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model))

@@ -35,6 +35,7 @@ def start_dht(
     announce_maddrs: Sequence[str] = (),
     client_mode: bool = False,
     wait_timeout: float = 30,
+    listen: bool = True,
 ):
     """A running hivemind DHT node that signs with `identity` and validates every record it sees.
 
@@ -58,6 +59,8 @@ def start_dht(
     )
     if announce_maddrs:
         kwargs["announce_maddrs"] = list(announce_maddrs)
+    if not listen:  # a client that only dials out: no open port, and no NAT port mapping asked for
+        kwargs.update(no_listen=True, nat_port_map=False, host_maddrs=[])
     if identity is not None:
         kwargs["identity_path"] = str(identity.identity_path)
     with _children_ignore_ctrl_c():

@@ -67,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members")
     where.add_argument("--public", action="store_true", help="watch the public swarm")
+    parser.add_argument(
+        "--host-maddrs",
+        nargs="+",
+        default=None,
+        help="p2p addresses to listen on (default: none; this client only dials out and asks no router for a port)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--refresh", type=float, default=2.0, help="seconds between snapshots")
@@ -89,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
 
         model_id, num_blocks = model_identity(args.model)
         models = {model_id: num_blocks}
-    swarm = SwarmClient.connect(public_initial_peers() if args.public else args.initial_peers)
+    swarm = SwarmClient.connect(
+        public_initial_peers() if args.public else args.initial_peers, args.host_maddrs
+    )
     watcher = SwarmWatcher(swarm, args.refresh, models).start()
     print(f"monitor: http://{args.host}:{args.port}/ (JSON at /api/swarm)", flush=True)
     try:

@@ -18,7 +18,6 @@ from typing import Any
 
 from swarm.coordinator.records import Coordination, read_coordination_sync
 from swarm.records import PeerRecord, PeerState, online_peers_per_block, read_models, read_peer_records
-from swarm.status import plan_data
 
 TOKENS_PER_S_NOTE = (
     "estimate, not a measurement: one sequence's decode rate along the fastest chain, from the "
@@ -106,4 +105,21 @@ def collect(swarm, only: dict[str, int] | None = None) -> dict[str, Any]:
         "open_sessions": sum(m["open_sessions"] for m in models),
         "estimated_tokens_per_s": sum(rates) if rates else None,
         "tokens_per_s_note": TOKENS_PER_S_NOTE,
+    }
+
+
+def followers(coordination: Coordination, records: list[PeerRecord]) -> list[PeerRecord]:
+    """Auto peers that follow the current plan (their record names its version)."""
+    plan = coordination.plan
+    return [r for r in records if plan is not None and r.auto and r.plan_version == plan.version]
+
+
+def plan_data(coordination: Coordination, records: list[PeerRecord]) -> dict:
+    """The coordinator and its plan as JSON-ready data (`status --json` and the monitor)."""
+    plan = coordination.plan
+    return {
+        "coordinator": coordination.holder.holder if coordination.holder else None,
+        "plan": None
+        if plan is None
+        else {**plan.to_dict(), "followers": sorted(r.peer_id for r in followers(coordination, records))},
     }

@@ -38,6 +38,7 @@ class PeerState(enum.StrEnum):
     JOINING = "joining"  # loading layers, not serving yet
     ONLINE = "online"
     LEAVING = "leaving"  # finishing open sessions, refusing new ones
+    GONE = "gone"  # a clean exit's last word: readers drop the record at once, not when it expires
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,8 @@ def peer_records_from(value, model_id: str) -> list[PeerRecord]:
         if record.peer_id != owner or record.model_id != model_id:
             logger.warning("ignoring a record that claims peer %s but is signed by %s", record.peer_id, owner)
             continue
-        records.append(record)
+        if record.state != PeerState.GONE:
+            records.append(record)
     return records
 
 

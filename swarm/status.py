@@ -12,6 +12,7 @@ from dataclasses import asdict
 from swarm.coordinator.records import Coordination, read_coordination_sync
 from swarm.dht import public_initial_peers, start_dht
 from swarm.dht_process import shutdown_dht
+from swarm.monitor_data import followers, model_entry
 from swarm.records import PeerRecord, block_ranges, online_peers_per_block, read_models, read_peer_records
 from swarm.reports import Report, read_reports
 
@@ -32,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     dht = start_dht(
         public_initial_peers() if args.public else args.initial_peers,
         identity=None,
-        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
         client_mode=True,
+        listen=False,
     )
     try:
         models = _models(dht, args.model)
@@ -46,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
             coordination = read_coordination_sync(dht, model_id)
             reports = read_reports(dht, model_id)
             if args.json:
-                report.append(model_data(model_id, num_blocks, records, coordination))
+                report.append(
+                    model_entry(model_id, num_blocks, records, {}, coordination)
+                )  # the monitor's shape
                 report[-1]["reports"] = [asdict(r) for r in reports]
                 complete &= all(report[-1]["coverage"])
             else:
@@ -123,12 +126,6 @@ def describe_devices(record: PeerRecord) -> str:
     return f"{count}{first.type}{memory}"
 
 
-def followers(coordination: Coordination, records: list[PeerRecord]) -> list[PeerRecord]:
-    """Auto peers that follow the current plan (their record names its version)."""
-    plan = coordination.plan
-    return [r for r in records if plan is not None and r.auto and r.plan_version == plan.version]
-
-
 def print_plan(coordination: Coordination, records: list[PeerRecord]) -> None:
     """The coordinator and its plan, in two lines."""
     holder, plan = coordination.holder, coordination.plan
@@ -163,30 +160,3 @@ def uncovered_text(plan) -> str:
         else ""
     )
     return f"blocks {block_ranges(list(plan.missing))} have no peer{short}"
-
-
-def model_data(model_id: str, num_blocks: int, records: list[PeerRecord], coordination: Coordination) -> dict:
-    """What `print_model` and `print_plan` show, as JSON-ready data."""
-    peers = []
-    for r in sorted(records, key=lambda r: (r.start, r.end, r.name)):
-        peer = asdict(r)
-        peer["state"] = r.state.value
-        peers.append(peer)
-    return {
-        "model_id": model_id,
-        "num_blocks": num_blocks,
-        "peers": peers,
-        "coverage": online_peers_per_block(records, num_blocks),
-        **plan_data(coordination, records),
-    }
-
-
-def plan_data(coordination: Coordination, records: list[PeerRecord]) -> dict:
-    """The coordinator and its plan as JSON-ready data (`status --json` and the monitor)."""
-    plan = coordination.plan
-    return {
-        "coordinator": coordination.holder.holder if coordination.holder else None,
-        "plan": None
-        if plan is None
-        else {**plan.to_dict(), "followers": sorted(r.peer_id for r in followers(coordination, records))},
-    }

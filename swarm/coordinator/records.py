@@ -53,18 +53,24 @@ class Lease:
     holder: str  # base58 peer id; must be the signer's
     since: float  # DHT time the claim was first made; kept on renewals
     schema: int = COORDINATION_SCHEMA_VERSION
+    released: bool = False  # the holder stopped (SIGTERM): the claim no longer counts
 
     def to_bytes(self) -> bytes:
         body = {"model_id": self.model_id, "holder": self.holder, "since": self.since, "schema": self.schema}
+        if self.released:
+            body["released"] = True
         return msgpack.packb(body, use_bin_type=True)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Lease:
         body = _body(data)
         model_id, holder, since = body.get("model_id"), body.get("holder"), body.get("since")
+        released = body.get("released", False)
         if not isinstance(model_id, str) or not isinstance(holder, str) or not _is_number(since):
             raise CoordinationRecordError("malformed lease")
-        return cls(model_id, holder, float(since))
+        if not isinstance(released, bool):
+            raise CoordinationRecordError("malformed lease release")
+        return cls(model_id, holder, float(since), released=released)
 
     @property
     def rank(self) -> tuple[float, str]:
@@ -206,7 +212,8 @@ def current_holder(leases: list[tuple[str, Lease]], model_id: str) -> Lease | No
         if lease.holder != signer or lease.model_id != model_id:
             logger.warning("ignoring a forged lease: claims holder %s, signed by %s", lease.holder, signer)
             continue
-        valid.append(lease)
+        if not lease.released:
+            valid.append(lease)
     return min(valid, key=lambda lease: lease.rank, default=None)
 
 

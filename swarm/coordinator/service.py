@@ -73,6 +73,7 @@ class Coordinator:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._every(self.lease.step, stop))
             group.create_task(self._every(self.step, stop))
+        await self.lease.release()  # a clean stop: a standby takes over without waiting for expiry
 
     async def _every(self, step, stop: asyncio.Event) -> None:
         while not stop.is_set():

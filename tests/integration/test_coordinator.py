@@ -280,6 +280,32 @@ def test_second_candidate_takes_the_lease_and_plans_continue(coordinated):
     assert plan.coordinator != before.holder.holder
 
 
+def test_a_coordinator_stopped_cleanly_hands_over_before_its_lease_expires(coordinated):
+    """SIGTERM: the holder releases its lease, so a standby takes it within about two steps (1 s
+    each here) instead of the lease ttl (6 s); the peers log the old plans as information."""
+    first_plan(coordinated)
+    holder = next(
+        p for p in coordinated.coordinators.values() if p.alive() and "took the coordinator lease" in p.log()
+    )
+    standby = coordinated.start_coordinator(f"c{len(coordinated.coordinators) + 1}")
+    wait_until(lambda: "standing by" in standby.log(), LEASE_BOUND_S, "the new candidate stands by")
+    coordinated.local.stop(holder)  # SIGTERM: a clean stop
+    began = time.monotonic()
+    coordinated.local.wait_for_log(standby, "took the coordinator lease", LEASE_BOUND_S)
+    took = time.monotonic() - began
+    print(f"{standby.name} took the lease {took:.1f} s after {holder.name} was stopped")
+    assert "released the coordinator lease" in holder.log()
+    assert took < 6, took  # before the released claim would have expired
+    before = coordinated.coordination().plan.version
+    wait_until(
+        lambda: (p := coordinated.followed_plan()) is not None and p.version > before, RESTORE_BOUND_S,
+        "the new holder's plan, followed by every auto peer",
+    )  # fmt: skip
+    for proc in coordinated.peers.values():
+        warned = [line for line in proc.log().splitlines() if "WARN" in line and "does not hold" in line]
+        assert not warned, warned
+
+
 @pytest.mark.slow
 def test_without_coordinator_auto_peers_cover_the_model_by_petals_rule_until_one_appears(
     make_model, tmp_path_factory

@@ -1,5 +1,6 @@
 """Distributed generation equals the local model's, token for token; peers come and go."""
 
+import json
 import subprocess
 import sys
 import time
@@ -46,6 +47,20 @@ def test_status_lists_peers_and_full_coverage(swarm):
     for name in ("p1", "p2", "p3", "guard"):
         assert name in result.stdout
     assert "coverage: 2 2 3 2 2 2" in result.stdout
+    as_json = subprocess.run(
+        [sys.executable, "-m", "swarm.cli", "status", "--initial-peers", *swarm.initial_peers, "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    (model,) = [
+        m for m in json.loads(as_json.stdout)["models"] if m["num_blocks"] == 6 and len(m["peers"]) >= 4
+    ]
+    assert model["missing"] == [] and {p["layers"] for p in model["peers"]} >= {"0:3", "2:6", "3:6"}
+    assert {
+        "coverage",
+        "estimated_tokens_per_s",
+        "open_sessions",
+        "plan",
+    } <= model.keys()  # the monitor's shape
 
 
 def test_a_client_of_another_checkpoint_is_told_both_model_ids(swarm, model, make_model):
@@ -87,3 +102,11 @@ def test_stopped_peer_disappears_and_a_new_chain_is_used(swarm, model, local_mod
         swarm.peers[victim] = swarm.local.start_peer(
             swarm.model_dir, layers, victim, "--announce-period", "1", *extra
         )
+
+
+def test_a_client_dials_out_and_listens_nowhere_by_default(model):
+    """No open port and no NAT port mapping just to read the swarm (hivemind's client mode, no listen
+    addresses); `host_maddrs=[...]` listens where asked."""
+    from client.worker import run_sync
+
+    assert run_sync(model.swarm.p2p.get_visible_maddrs(), timeout=10) == []

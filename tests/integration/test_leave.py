@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from swarm.protocol import Error, ErrorCode, Open
+from swarm.records import read_peer_records
 from tests.integration.conftest import peer_id_of
 from tests.integration.test_bad_input import RawStream
 
@@ -40,6 +41,10 @@ def test_leaving_peer_drains_open_sessions(swarm, make_model):
         began = time.monotonic()
         drainer.popen.wait(timeout=30)  # the session closed: the peer exits long before its drain timeout
         assert drainer.popen.returncode == 0 and time.monotonic() - began < 30
+        # its last word marked it gone: no reader lists it as leaving until the record expires
+        assert drainer_id not in {
+            r.peer_id for r in read_peer_records(client.swarm.dht, client.spec.model_id)
+        }
     finally:
         client.shutdown()
         swarm.local.stop(drainer)

@@ -11,6 +11,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import torch
 
 from swarm.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path
 from swarm.launcher import LocalSwarm, free_port
+from tests.integration.test_coordinator import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -138,8 +141,15 @@ class TestTwoUnevenPeers:
         try:
             body = {"model": DEFAULT_MODEL, "messages": messages, "max_tokens": 32, "temperature": 0}
             answer = post_json(f"http://127.0.0.1:{port}/v1/chat/completions", body)
+            began = time.monotonic()
+            with pytest.raises(urllib.error.HTTPError) as refused:  # the peers' --max-length is 2048
+                post_json(f"http://127.0.0.1:{port}/v1/chat/completions", {**body, "max_tokens": 2100})
+            waited = time.monotonic() - began
         finally:
             two_peers.stop(api)
+        assert refused.value.code == 400 and waited < 5, waited
+        assert "accept at most 2048 tokens" in json.loads(refused.value.read())["error"]["message"]
+        assert "-> 400 a sequence of" in api.log()  # every refusal is in the API's log
         assert answer["choices"][0]["message"]["content"] == expected_text
         assert "Paris" in expected_text
 
@@ -254,3 +264,63 @@ def test_gguf_of_an_unsupported_architecture_exits_2(tmp_path):
     writer.close()
     env = {**os.environ, "HEXSWARM_MODEL_CACHE": str(tmp_path / "cache")}
     assert_usage_error(run_peer(str(path), "--layers", "0:1", env=env), "model type 'gpt2'")
+
+
+class TestCoordinatorKeepsTheModelCovered:
+    """Issue 24's swarm: three `--layers auto --max-blocks 15` peers of SmolLM2's 30 blocks and a
+    coordinator with its default flags; the sole server of a range leaves with SIGTERM."""
+
+    @pytest.fixture(scope="class")
+    def coordinated(self, tmp_path_factory):
+        from swarm.dht import start_dht
+        from swarm.dht_process import shutdown_dht
+        from swarm.launcher import LOOPBACK
+        from swarm.model_spec import model_identity
+
+        layout = {f"auto{i}": ("auto", ("--max-blocks", "15", "--announce-period", "2")) for i in range(3)}
+        local = start_swarm(tmp_path_factory, layout)
+        try:
+            coordinator = [sys.executable, "-m", "swarm.cli", "coordinator", "--initial-peers", *local.initial_peers,
+                           "--model", DEFAULT_MODEL, "--host-maddrs", LOOPBACK]  # fmt: skip
+            local.start_command("coordinator", coordinator, ready="coordinator candidate", timeout=120)
+            dht = start_dht(local.initial_peers, None, host_maddrs=[LOOPBACK], client_mode=True)
+            yield local, dht, model_identity(DEFAULT_MODEL)[0]
+            shutdown_dht(dht, 5)
+        finally:
+            local.close()
+
+    def test_the_swarm_is_covered_again_within_60_s_and_exact(self, coordinated, reference):
+        from swarm.coordinator.records import read_coordination_sync
+        from swarm.records import PeerState, read_peer_records
+
+        local, dht, model_id = coordinated
+
+        def online():
+            return [r for r in read_peer_records(dht, model_id) if r.state == PeerState.ONLINE]
+
+        def followed_and_covered():
+            plan, records = read_coordination_sync(dht, model_id).plan, online()
+            if plan is None or len(records) != 3 or any(r.plan_version != plan.version for r in records):
+                return None
+            return records if not uncovered(records) else None
+
+        records = wait_until(followed_and_covered, 240, "a first plan that every peer follows")
+        counts = [sum(r.start <= b < r.end for r in records) for b in range(30)]
+        sole = next(r for r in records if any(counts[b] == 1 for b in range(r.start, r.end)))
+        local.stop(next(p for p in local.processes if p.name == sole.name))  # SIGTERM: a clean leave
+        left = time.monotonic()
+        wait_until(lambda: sole.peer_id not in {r.peer_id for r in online()} and not uncovered(online()), 60,
+                 f"blocks {sole.start}:{sole.end} served again after {sole.name} left")  # fmt: skip
+        assert time.monotonic() - left <= 60
+        plan = read_coordination_sync(dht, model_id).plan
+        assert plan.missing == () and plan.attainment > 0  # the deadline fits this CPU swarm
+        model = client_of(local)
+        try:
+            got, expected = greedy_matches(model, reference, "The capital of France is", new_tokens=16)
+            assert torch.equal(got, expected)
+        finally:
+            model.shutdown()
+
+
+def uncovered(records) -> list[int]:
+    return [b for b in range(30) if not any(r.start <= b < r.end for r in records)]

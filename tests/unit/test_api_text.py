@@ -50,3 +50,14 @@ def test_a_possible_stop_prefix_is_held_back(tokenizer):
     for token in tokenizer("A swarm of").input_ids:
         sent += assembler.feed(token)
     assert sent == "A swarm "  # "of" may start "of vol"; not sent yet
+
+
+def test_requests_may_name_the_model_as_status_shows_it():
+    from client.api_server import served_names
+
+    assert served_names("smollm2-135m", "smollm2-135M-b83433b02745") == {
+        "smollm2-135m",
+        "smollm2-135M-b83433b02745",
+        "smollm2-135M",
+    }
+    assert served_names("local", None) == {"local"}

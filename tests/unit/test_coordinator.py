@@ -76,6 +76,14 @@ def test_malformed_plans_are_refused(mutate):
         PlanRecord.from_bytes(msgpack.packb(body))
 
 
+def test_a_released_lease_no_longer_holds_and_round_trips():
+    held, released = Lease("m", "A", 1.0), Lease("m", "A", 1.0, released=True)
+    assert Lease.from_bytes(released.to_bytes()) == released and Lease.from_bytes(held.to_bytes()) == held
+    later = Lease("m", "B", 5.0)
+    assert current_holder([("A", released), ("B", later)], "m") == later
+    assert current_holder([("A", released)], "m") is None
+
+
 def test_forged_leases_are_dropped_and_the_earliest_claim_holds():
     a, b = Lease("m", "A", 10.0), Lease("m", "B", 5.0)
     assert current_holder([("A", a), ("B", b)], "m") == b
