@@ -56,6 +56,20 @@ def builtin_path(model: BuiltinModel) -> Path | None:
     return None
 
 
+def builtin_names() -> dict[str, str]:
+    """Model id -> built-in name, for the built-in models installed here whose file has been read
+    once (so `hexswarm status` can show the name a user types beside the id)."""
+    from swarm.gguf_checkpoint import cached_model_id
+
+    names = {}
+    for model in BUILTIN_MODELS.values():
+        path = builtin_path(model)
+        model_id = cached_model_id(path) if path is not None else None
+        if model_id is not None:
+            names[model_id] = model.name
+    return names
+
+
 def resolve_builtin(name: str) -> Path | None:
     """The file a built-in name stands for; None when `name` is not a built-in name.
 

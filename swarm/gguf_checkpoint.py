@@ -81,13 +81,24 @@ def checkpoint_dir(gguf_path: Path) -> Path:
     if not is_gguf(gguf_path):
         raise GGUFError(f"{gguf_path} is not a GGUF file (no GGUF magic bytes)")
     fingerprint = file_fingerprint(gguf_path)
-    folder = cache_root() / f"gguf-{fingerprint}-v{_FORMAT}"
+    folder = _folder(fingerprint)
     if not (folder / MANIFEST).is_file():
         with _locked(folder):
             if not (folder / MANIFEST).is_file():
                 _convert_metadata(gguf_path, fingerprint, folder)
     _remember_source(folder, gguf_path)
     return folder
+
+
+def cached_model_id(gguf_path: Path) -> str | None:
+    """The model id of a GGUF file whose folder is already in the cache (None otherwise): cheap,
+    it reads 3 MiB of the file and converts nothing."""
+    record = manifest(_folder(file_fingerprint(gguf_path)))
+    return record["model_id"] if record else None
+
+
+def _folder(fingerprint: str) -> Path:
+    return cache_root() / f"gguf-{fingerprint}-v{_FORMAT}"
 
 
 def manifest(folder: Path) -> dict | None:

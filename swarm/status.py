@@ -9,6 +9,7 @@ import argparse
 import json
 from dataclasses import asdict
 
+from swarm.builtin_models import builtin_names
 from swarm.coordinator.records import Coordination, read_coordination_sync
 from swarm.dht import public_initial_peers, start_dht
 from swarm.dht_process import shutdown_dht
@@ -74,7 +75,8 @@ def _models(dht, model_dir: str | None) -> dict[str, int]:
 
 def print_model(model_id: str, num_blocks: int, records: list[PeerRecord]) -> bool:
     """Prints the peer table and coverage line of one model; True if every block has an online peer."""
-    print(f"model {model_id}: {num_blocks} blocks")
+    alias = builtin_names().get(model_id)
+    print(f"model {model_id}{f' ({alias})' if alias else ''}: {num_blocks} blocks")
     print(
         f"  {'peer id':<14} {'name':<16} {'layers':<9} {'state':<8} {'tp':>9} {'devices':<14} {'tok/s/blk':>9} {'ms/blk':>7} "
         f"{'sessions':>8} {'cache left':>10}  address"

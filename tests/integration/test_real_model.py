@@ -150,6 +150,7 @@ class TestTwoUnevenPeers:
         assert refused.value.code == 400 and waited < 5, waited
         assert "accept at most 2048 tokens" in json.loads(refused.value.read())["error"]["message"]
         assert "-> 400 a sequence of" in api.log()  # every refusal is in the API's log
+        assert "[ERROR]" not in api.log()  # a clean stop says nothing alarming (no daemon errors)
         assert answer["choices"][0]["message"]["content"] == expected_text
         assert "Paris" in expected_text
 

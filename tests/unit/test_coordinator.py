@@ -554,3 +554,14 @@ def test_status_names_the_objective(capsys):
         record_ = replace(plan(2), objective=objective)
         print_plan(Coordination(Lease("m", "A", 1.0), record_, 2), [record("p1", 0, 4)])
         assert words in capsys.readouterr().out
+
+
+def test_status_says_loudly_when_no_plan_covers_the_model(capsys):
+    from swarm.coordinator.records import Coordination
+    from swarm.status import print_plan
+
+    uncovered = replace(plan(2), missing=(20, 21, 22, 29), memory_short_blocks=4)
+    print_plan(Coordination(Lease("m", "A", 1.0), uncovered, 2), [record("p1", 0, 4)])
+    out = capsys.readouterr().out
+    assert "NO PLAN COVERS THE MODEL: blocks 20:23, 29:30 have no peer" in out
+    assert "the peers can hold 4 blocks too few between them" in out

@@ -102,3 +102,10 @@ def test_hexswarm_models_lists_the_names_and_paths():
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)["models"]
     assert row["name"] == DEFAULT_MODEL and row["path"] == str(GGUF)
+
+
+@needs_model
+def test_status_can_name_a_built_in_model_by_the_name_users_type():
+    from swarm.builtin_models import builtin_names
+
+    assert builtin_names()[load_model_spec(DEFAULT_MODEL).model_id] == DEFAULT_MODEL
