@@ -6,6 +6,7 @@ configure_openmp()  # before torch loads, if it has not yet (see swarm/threads.p
 
 # ruff: noqa: E402
 
+from client.failover import NoChainError
 from client.model import DistributedModelForCausalLM
 from client.remote import PeerError
 from client.retry import FailoverError, RetryPolicy
@@ -18,4 +19,5 @@ __all__ = [
     "RetryPolicy",
     "MissingBlocksError",
     "ModelMismatchError",
+    "NoChainError",
 ]

@@ -30,7 +30,7 @@ import torch
 from client.deadline import PeerSpeed, step_deadline_s
 from client.remote import PeerConnection, PeerError
 from client.retry import Attempt, BanList, RetryBudget, RetryPolicy, backoff_delay
-from client.swarm_client import PING_TIMEOUT_S, SwarmClient
+from client.swarm_client import PING_TIMEOUT_S, MissingBlocksError, SwarmClient
 from routing.chains.span import route_span
 from routing.chains.swarm_view import Hop, NoRouteError, Route, Router, RouteRequest
 from swarm.model_spec import ModelSpec
@@ -59,6 +59,15 @@ class LiveHop:
     @property
     def end(self) -> int:
         return self.hop.end
+
+
+class NoChainError(MissingBlocksError):
+    """Every block has peers, but no chain of eligible ones formed within the coverage timeout
+    (all busy, out of KV cache, or failed in this call); says why, as the router did."""
+
+    def __init__(self, model_id: str, error: NoRouteError):
+        self.model_id, self.missing = model_id, list(error.missing_blocks)
+        RuntimeError.__init__(self, f"no chain of eligible peers for {model_id}: {error}")
 
 
 @dataclass
@@ -92,6 +101,9 @@ class Hops:
     serial: int = 0
     ping_timeout: float = PING_TIMEOUT_S  # for peers the client has not measured yet
     failed_here: set[str] = field(default_factory=set)  # peers that failed in this session
+    # While a session opens: when (time.monotonic()) finding no chain ends the call, the
+    # session's coverage timeout, rather than the whole retry budget (None: the budget alone).
+    no_route_deadline: float | None = None
 
     def __post_init__(self) -> None:
         self.budget = self.budget or RetryBudget(self.policy)
@@ -169,6 +181,8 @@ class Hops:
                 return hops, seen, output
             except NoRouteError as e:
                 self.failed(None, start, end, f"no route: {e}")
+                if self.no_route_deadline is not None and time.monotonic() >= self.no_route_deadline:
+                    raise NoChainError(self.spec.model_id, e) from None
                 await self._wait_for_peers(start, end)
             except PeerError as e:
                 for hop in hops:
@@ -211,7 +225,10 @@ class Hops:
                 if r.peer_id not in self.failed_here
                 for b in range(r.start, r.end)
             }
-            if served >= set(range(start, end)) or self.budget.seconds_left() <= WAIT_POLL_S:
+            out_of_time = self.budget.seconds_left() <= WAIT_POLL_S or (
+                self.no_route_deadline is not None and time.monotonic() >= self.no_route_deadline
+            )
+            if served >= set(range(start, end)) or out_of_time:
                 return
             await asyncio.sleep(WAIT_POLL_S)
 

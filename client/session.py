@@ -100,7 +100,13 @@ class InferenceSession:
         )
         self.peers.records = {r.peer_id: r for r in records if r.max_length >= self.max_length}
         check_length(self.max_length, records, list(self.peers.records.values()), self.spec.num_blocks)
-        self.hops, _, _ = run_sync(self.peers.replace(0, self.spec.num_blocks, None), timeout=self._timeout())
+        self.peers.no_route_deadline = time.monotonic() + self.coverage_timeout
+        try:
+            self.hops, _, _ = run_sync(
+                self.peers.replace(0, self.spec.num_blocks, None), timeout=self._timeout()
+            )
+        finally:
+            self.peers.no_route_deadline = None  # later failovers have the retry budget
         self.peers.ping_timeout = self.policy.deadline_floor_s  # later pings are on the failover path
         self.history.keep([h.start for h in self.hops])
         logger.info("session %s: route %s", self.session_id, self.describe_route())

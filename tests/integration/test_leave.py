@@ -52,3 +52,29 @@ def test_leaving_peer_drains_open_sessions(swarm, make_model):
 
 def _open(client) -> Open:
     return Open("late", client.spec.model_id, 0, 2, 8, 1, "float32")
+
+
+def test_no_chain_within_the_coverage_timeout_fails_then_not_after_the_retry_budget(swarm, make_model):
+    """Every block has a peer, but its KV cache is taken: a new session fails after its coverage
+    timeout with the router's reason (NoChainError), not after the 60 s retry budget."""
+    from client import DistributedModelForCausalLM
+    from client.failover import NoChainError
+
+    model_dir = make_model(arch="llama", layers=2, seed=11)
+    full = swarm.local.start_peer(model_dir, "0:2", "full", "--announce-period", "1", "--cache-tokens", "16")
+    holder = DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=swarm.initial_peers)
+    late = DistributedModelForCausalLM.from_pretrained(
+        model_dir, initial_peers=swarm.initial_peers, coverage_timeout=3
+    )
+    try:
+        with holder.inference_session(max_length=16):
+            holder(torch.tensor([[5, 6, 7]]))  # takes all 16 cache tokens
+            time.sleep(2.5)  # the peer announces what is left (announce period 1 s)
+            began = time.monotonic()
+            with pytest.raises(NoChainError, match="without cache"):
+                late.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4)
+            assert time.monotonic() - began < 20
+    finally:
+        late.shutdown()
+        holder.shutdown()
+        swarm.local.stop(full)
