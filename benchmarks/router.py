@@ -1,4 +1,4 @@
-"""Chain-router benchmark: one JSON line per swarm size (seed 004, §II-B; issue 4).
+"""Chain-router benchmark: one JSON line per swarm size (Explorative Study, §II-B).
 
     python benchmarks/router.py --json [--sizes 10,100,500] [--requests 1000] [--loads 0.3,0.6,0.9]
         [--seeds 0] [--all-modes-max-peers 100] [--load-only | --fronts-only]

@@ -1,4 +1,4 @@
-"""How good and how fast the HexGen scheduler is on §5.1's clusters and on 1,000 GPUs (issue 7).
+"""How good and how fast the HexGen scheduler is on §5.1's clusters and on 1,000 GPUs.
 
 Llama-2-70B, prompts 64-192 tokens, 32 output tokens, SLO scale 5 (HexGen §5.1; --slo-scale), Poisson
 arrivals. Rates are loaded ones: `--loads` x the cluster's upper bound in requests/s
@@ -176,7 +176,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
 
 
 def deep_rows(name: str, load: float, args: argparse.Namespace) -> list[dict]:
-    """Issue 7 check (b): hand-built plans, one pipeline per 8-GPU machine at each TP layout of
+    """Deep-plan check: hand-built plans, one pipeline per 8-GPU machine at each TP layout of
     DEEP_LAYOUTS (equal layers per stage), Norway's 3 + 3 GPUs as [1, 2, 1, 2] and the A40s as
     [2, 2] (layers by memory), simulated at the row's rate like our plan."""
     cluster = scenario(name)
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     names = (*SCENARIOS, SYNTHETIC)
     parser.add_argument("--scenarios", nargs="*", default=list(names), choices=names)
     parser.add_argument("--serving", nargs="*", default=["pipelined-batched", "sequential"])
-    parser.add_argument("--deep-plans", action="store_true", help="issue 7 check (b): hand-built plans only")
+    parser.add_argument("--deep-plans", action="store_true", help="the deep-plan check: hand-built plans only")
     args = parser.parse_args(argv)
     if args.deep_plans:
         for name in ("heterogeneous-half-price", "heterogeneous-full-price"):

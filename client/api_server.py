@@ -180,7 +180,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 def _log_refusal(request: Request, error: ApiError) -> None:
     """Every 4xx and 5xx answer, with its reason, in the API's log."""
     log = logger.error if error.status >= 500 else logger.warning
-    log("%s %s -> %d %s", request.method, request.url.path, error.status, error.body()["error"]["message"])
+    log("%s %s -> %d %s", request.method, request.url.path, error.status, error.message)
 
 
 def served_names(name: str, model_id: str | None) -> set[str]:

@@ -1,7 +1,7 @@
 """What a chain router reads of a peer's signed record (routing.chains.swarm_view.PeerView).
 
 Its own module so that the fields a router sees are listed in one place, the batched decode
-figures among them (issue 11): a router that missed them would cost a batching peer's open
+figures among them (peers batch decode steps, peer/scheduler.py): a router that missed them would cost a batching peer's open
 sessions as if it ran them one at a time.
 """
 

@@ -98,8 +98,8 @@ class InferenceSession:
         records = self.swarm.wait_for_coverage(
             self.spec.model_id, self.spec.num_blocks, self.coverage_timeout
         )
-        self.peers.records = {r.peer_id: r for r in records if r.max_length >= self.max_length}
-        check_length(self.max_length, records, list(self.peers.records.values()), self.spec.num_blocks)
+        long_enough = peers_for_length(self.max_length, records, self.spec.num_blocks)
+        self.peers.records = {r.peer_id: r for r in long_enough}
         self.peers.no_route_deadline = time.monotonic() + self.coverage_timeout
         try:
             self.hops, _, _ = run_sync(
@@ -254,9 +254,10 @@ class SequenceTooLongError(ValueError):
     """A session asks for more tokens than the peers of some block accept (their --max-length)."""
 
 
-def check_length(max_length: int, records: list, long_enough: list, num_blocks: int) -> None:
-    """Fails at once, naming the limit, when peers that accept `max_length` tokens leave blocks
-    uncovered: waiting would not help (the peers' limits are their operators' settings)."""
+def peers_for_length(max_length: int, records: list, num_blocks: int) -> list:
+    """The peers that accept a sequence of `max_length` tokens; fails at once, naming the limit,
+    when they leave blocks uncovered: waiting would not help (the limits are their operators')."""
+    long_enough = [r for r in records if r.max_length >= max_length]
     short = uncovered_blocks(long_enough, num_blocks)
     if short:
         limit = longest_sequence(records, num_blocks)
@@ -264,6 +265,7 @@ def check_length(max_length: int, records: list, long_enough: list, num_blocks: 
             f"a sequence of {max_length} tokens (prompt + new tokens) is longer than this swarm serves: "
             f"the peers of blocks {block_ranges(short)} accept at most {limit} tokens"
         )
+    return long_enough
 
 
 def longest_sequence(records: list, num_blocks: int) -> int:

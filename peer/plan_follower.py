@@ -139,12 +139,12 @@ class PlanFollower:
                 self._ignored.add((plan.coordinator, plan.version))
                 # a plan no newer than the one followed is a previous coordinator's (a handover);
                 # a newer one from a non-holder is worth a warning
-                log = logger.info if plan.version <= self.followed else logger.warning
-                log(
+                previous = plan.version <= self.followed
+                (logger.info if previous else logger.warning)(
                     "ignoring plan v%d signed by %s: it does not hold the coordinator lease%s",
                     plan.version,
                     plan.coordinator[-8:],
-                    " (a previous coordinator's)" if plan.version <= self.followed else "",
+                    " (a previous coordinator's)" if previous else "",
                 )
 
 

@@ -10,11 +10,11 @@ import json
 from dataclasses import asdict
 
 from swarm.builtin_models import builtin_names
-from swarm.coordinator.records import Coordination, read_coordination_sync
+from swarm.coordinator.records import Coordination, read_coordination_sync, uncovered_text
 from swarm.dht import public_initial_peers, start_dht
 from swarm.dht_process import shutdown_dht
 from swarm.monitor_data import followers, model_entry
-from swarm.records import PeerRecord, block_ranges, online_peers_per_block, read_models, read_peer_records
+from swarm.records import PeerRecord, online_peers_per_block, read_models, read_peer_records
 from swarm.reports import Report, read_reports
 
 
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
             print("no models are announced in this swarm")
             return 1
         complete, report = bool(models), []
+        aliases = {} if args.json else builtin_names()  # read once: it fingerprints each built-in's file
         for model_id, num_blocks in sorted(models.items()):
             records = read_peer_records(dht, model_id)
             coordination = read_coordination_sync(dht, model_id)
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
                 report[-1]["reports"] = [asdict(r) for r in reports]
                 complete &= all(report[-1]["coverage"])
             else:
-                complete &= print_model(model_id, num_blocks, records)
+                complete &= print_model(model_id, num_blocks, records, aliases.get(model_id))
                 print_plan(coordination, records)
                 print_reports(reports, {r.peer_id: r.name for r in records})
         if args.json:
@@ -73,9 +74,9 @@ def _models(dht, model_dir: str | None) -> dict[str, int]:
     return {model_id: num_blocks}
 
 
-def print_model(model_id: str, num_blocks: int, records: list[PeerRecord]) -> bool:
-    """Prints the peer table and coverage line of one model; True if every block has an online peer."""
-    alias = builtin_names().get(model_id)
+def print_model(model_id: str, num_blocks: int, records: list[PeerRecord], alias: str | None = None) -> bool:
+    """Prints the peer table and coverage line of one model (`alias`: the name users type for it);
+    True if every block has an online peer."""
     print(f"model {model_id}{f' ({alias})' if alias else ''}: {num_blocks} blocks")
     print(
         f"  {'peer id':<14} {'name':<16} {'layers':<9} {'state':<8} {'tp':>9} {'devices':<14} {'tok/s/blk':>9} {'ms/blk':>7} "
@@ -151,14 +152,4 @@ def print_plan(coordination: Coordination, records: list[PeerRecord]) -> None:
         + (f": {', '.join(sorted(names))}" if names else "")
     )
     if plan.missing:
-        print(f"  NO PLAN COVERS THE MODEL: {uncovered_text(plan)}")
-
-
-def uncovered_text(plan) -> str:
-    """What a plan that cannot cover the model leaves out (the monitor says the same)."""
-    short = (
-        f"; the peers can hold {plan.memory_short_blocks} blocks too few between them"
-        if plan.memory_short_blocks
-        else ""
-    )
-    return f"blocks {block_ranges(list(plan.missing))} have no peer{short}"
+        print(f"  NO PLAN COVERS THE MODEL: {uncovered_text(plan.missing, plan.memory_short_blocks)}")

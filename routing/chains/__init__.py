@@ -1,1 +1,1 @@
-"""Per-request routing: which chain of peers one request passes through (seed 004)."""
+"""Per-request routing: which chain of peers one request passes through (Explorative Study)."""

@@ -1,6 +1,6 @@
 """The cost of a chain of peers, shared by every chain router (pure, no I/O).
 
-Petals' `find_best_chain` (seed 004, §II-A, Algorithm 1 of its ref. [5]) weighs a server by
+Petals' `find_best_chain` (Explorative Study, §II-A, Algorithm 1 of its ref. [5]) weighs a server by
 its compute time plus the client's ping to it; the study's NSGA-II (§II-B3) adds the servers'
 compute throughput as a second objective. Both become, per hop on a client-relayed chain:
 

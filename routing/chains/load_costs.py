@@ -1,7 +1,7 @@
 """Load-aware chain costs for the trade-off mode: what a request will wait, not just the idle step.
 
 Why: routing.chains.cost scores a hop by its idle decode step, which is what Petals minimises
-(seed 004, §II-A), and every client that uses it piles onto the same fastest peers. Under
+(Explorative Study, §II-A), and every client that uses it piles onto the same fastest peers. Under
 load a chain's time is set by three things that estimate ignores:
 
 1. the prefill: `prompt` tokens through each block, compute bound (prompt / throughput per
@@ -21,7 +21,7 @@ min(1, open_i * d_i * span_i / step) (half an iteration of waiting, and the hop'
 iteration reading the whole range rather than its blocks), and an M/M/1-style
 inflation_i = 1 / (1 - rho_i) for the peer's utilisation rho_i (clipped at RHO_MAX).
 
-Batching (issue 11): peers announce a decode rate with `decode_batch_size` sessions stepping
+Batching (peers batch decode steps): peers announce a decode rate with `decode_batch_size` sessions stepping
 together, dec_i tokens/s per block (swarm_view.PeerView; a peer that does not batch has
 dec_i = 1000 / d_i). A step of k sessions costs max(d_i, 1000 k / dec_i) ms per block: one
 read of the weights, or the batched rate. So the iteration in progress is

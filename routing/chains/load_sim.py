@@ -1,7 +1,7 @@
 """Discrete-event load test of chain routers: many clients, one swarm (pure, no I/O).
 
-Why simulate: a router's estimate ignores the other clients, and the study (seed 004,
-§II-B5) could not run the multi-client experiment for lack of a private swarm. Here:
+Why simulate: a router's estimate ignores the other clients, and the Explorative Study on distributed LLM computing
+(§II-B5) could not run the multi-client experiment for lack of a private swarm. Here:
 
 - requests arrive as a Poisson process; each is routed on the client's snapshot, which is
   refreshed every `refresh_ms` (peers re-announce load and free cache periodically, so

@@ -1,4 +1,4 @@
-"""Exact maximum-throughput chain (widest path), the Petals "max throughput" mode (seed 004, §II-B4).
+"""Exact maximum-throughput chain (widest path), the Petals "max throughput" mode (Explorative Study, §II-B4).
 
 A chain's throughput is its bottleneck: the smallest per-peer throughput after each peer's
 current load is shared out (routing.chains.cost). Widest path over layer boundaries:

@@ -1,4 +1,4 @@
-"""Exact minimum-latency chain: Petals' `find_best_chain` (seed 004, §II-A), made exact.
+"""Exact minimum-latency chain: Petals' `find_best_chain` (Explorative Study, §II-A), made exact.
 
 Why a DP and not a generic graph search: the nodes are the layer boundaries 0..L and an edge
 is any contiguous sub-range [s, e) of what a peer serves, so there are O(n * L^2) edges. With
@@ -145,7 +145,7 @@ class MinLatencyRouter:
     """Router (see routing.chains.swarm_view.Router) that always returns the exact min-latency chain.
 
     Stateless and deterministic; every client that uses it piles onto the same fastest
-    peers, which is what the study's trade-off mode (seed 004, §II-B) sets out to fix.
+    peers, which is what the study's trade-off mode (Explorative Study, §II-B) sets out to fix.
     """
 
     def choose(self, view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> Route:

@@ -1,4 +1,4 @@
-"""NSGA-II over chains of peers (seed 004, §II-B), with the seed's encoding and ours.
+"""NSGA-II over chains of peers (Explorative Study, §II-B), with the seed's encoding and ours.
 
 Both problems minimise (latency_ms, -throughput) of the decoded chain (routing.chains.cost),
 so their fronts live in one objective space and can be compared by hypervolume.

@@ -1,4 +1,4 @@
-"""One entry point for the client: `make_router(mode, preference)` (seed 004, §II-B4's three modes)."""
+"""One entry point for the client: `make_router(mode, preference)` (Explorative Study, §II-B4's three modes)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ class PeerView:
     decode_ms_per_block: float  # ms for one decode step (one token) through one block
     cache_tokens_left: int  # KV-cache tokens (summed over the batch) it can still give a new session
     open_sessions: int = 0  # current load
-    # Decode when the peer batches the steps of many sessions into one forward (issue 11): tokens/s
+    # Decode when the peer batches the steps of many sessions into one forward (peer/scheduler.py): tokens/s
     # through one block with `decode_batch_size` sessions stepping together. 0: not announced,
     # read as one session at a time (1000 / decode_ms_per_block).
     decode_batch_size: int = 1

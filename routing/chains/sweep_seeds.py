@@ -15,7 +15,7 @@ solves. Here a fixed budget of solves is spent where it buys the most area:
    the fastest chain at or above it, so chains between the floor and that answer are
    dominated: the gap shrinks to the floor and, above the answer, to the next point.
 
-NSGA-II then starts from these chains (seed 004, §II-B3's population, seeded) and fills the
+NSGA-II then starts from these chains (Explorative Study, §II-B3's population, seeded) and fills the
 gaps between them by crossover and mutation.
 """
 

@@ -1,4 +1,4 @@
-"""The latency-throughput trade-off mode (seed 004, §II-B4), with fronts cached per snapshot.
+"""The latency-throughput trade-off mode (Explorative Study, §II-B4), with fronts cached per snapshot.
 
 Design: an NSGA-II run (routing.chains.nsga) takes a few hundred ms, far too long to pay
 per request, but its front depends only on the snapshot and the request's class (batch

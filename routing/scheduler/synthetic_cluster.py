@@ -1,7 +1,7 @@
 """A seeded synthetic swarm for scale tests: consumer and datacenter GPUs in many regions.
 
-HexGen evaluates on at most 58 GPUs (§5.1); issue 7 asks the scheduler to scale to 1,000 GPUs
-in 50 regions. This module draws such a cluster from a seed, with every figure taken from the
+HexGen evaluates on at most 58 GPUs (§5.1); a public swarm needs the scheduler to scale to 1,000
+GPUs in 50 regions. This module draws such a cluster from a seed, with every figure taken from the
 same sources as `scenarios.py`:
 
 * GPUs: datasheet figures from `gpu_catalog`. A machine holds 1 to 8 GPUs of one type (as in

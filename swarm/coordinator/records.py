@@ -22,7 +22,7 @@ from typing import Any
 import msgpack
 
 from routing.scheduler.model_spec import OBJECTIVES
-from swarm.records import parse_signed_entries, unpack_map
+from swarm.records import block_ranges, parse_signed_entries, unpack_map
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +168,17 @@ class PlanRecord:
             missing=tuple(missing),
             memory_short_blocks=short,
         )
+
+
+def uncovered_text(missing: tuple[int, ...] | list[int], memory_short_blocks: int) -> str:
+    """What a plan that cannot cover the model leaves out (the coordinator's log and `hexswarm
+    status` say it so; the monitor's page words it the same)."""
+    short = (
+        f"; the peers can hold {memory_short_blocks} blocks too few between them"
+        if memory_short_blocks
+        else ""
+    )
+    return f"blocks {block_ranges(list(missing))} have no peer{short}"
 
 
 def _assignment(item: Any) -> Assignment:

@@ -28,10 +28,11 @@ from swarm.coordinator.records import (
     inputs_hash,
     plan_key,
     read_coordination,
+    uncovered_text,
 )
 from swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, beats
 from swarm.identity import Identity
-from swarm.records import PeerRecord, PeerState, block_ranges, model_key, peer_records_from
+from swarm.records import PeerRecord, PeerState, model_key, peer_records_from
 
 logger = logging.getLogger(__name__)
 
@@ -209,14 +210,12 @@ def plan_record(
 
 def warn_uncovered(model_id: str, planned: Planned) -> None:
     """No plan serves every block: say which blocks, and how many more the peers would need to hold."""
+    advice = " (start more peers, or raise --max-blocks)" if planned.memory_short_blocks else ""
     logger.warning(
-        "NO PLAN COVERS %s: blocks %s have no peer%s",
+        "NO PLAN COVERS %s: %s%s",
         model_id,
-        block_ranges(list(planned.missing)),
-        f"; the peers can hold {planned.memory_short_blocks} blocks too few between them (start more "
-        "peers, or raise --max-blocks)"
-        if planned.memory_short_blocks
-        else "",
+        uncovered_text(planned.missing, planned.memory_short_blocks),
+        advice,
     )
 
 

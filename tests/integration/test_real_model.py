@@ -288,12 +288,12 @@ def coordinated(tmp_path_factory):
 
 
 class TestCoordinatorKeepsTheModelCovered:
-    """Issue 24's swarm: three `--layers auto --max-blocks 15` peers of SmolLM2's 30 blocks and a
+    """The swarm a new user ran: three `--layers auto --max-blocks 15` peers of SmolLM2's 30 blocks and a
     coordinator with its default flags; the sole server of a range leaves with SIGTERM."""
 
     def test_the_swarm_is_covered_again_within_60_s_and_exact(self, coordinated, reference):
         from swarm.coordinator.records import read_coordination_sync
-        from swarm.records import PeerState, read_peer_records
+        from swarm.records import PeerState, online_peers_per_block, read_peer_records
 
         local, dht, model_id = coordinated
 
@@ -304,14 +304,14 @@ class TestCoordinatorKeepsTheModelCovered:
             plan, records = read_coordination_sync(dht, model_id).plan, online()
             if plan is None or len(records) != 3 or any(r.plan_version != plan.version for r in records):
                 return None
-            return records if not uncovered(records) else None
+            return records if all(online_peers_per_block(records, 30)) else None
 
         records = wait_until(followed_and_covered, 240, "a first plan that every peer follows")
-        counts = [sum(r.start <= b < r.end for r in records) for b in range(30)]
+        counts = online_peers_per_block(records, 30)
         sole = next(r for r in records if any(counts[b] == 1 for b in range(r.start, r.end)))
         local.stop(next(p for p in local.processes if p.name == sole.name))  # SIGTERM: a clean leave
         left = time.monotonic()
-        wait_until(lambda: sole.peer_id not in {r.peer_id for r in online()} and not uncovered(online()), 60,
+        wait_until(lambda: sole.peer_id not in {r.peer_id for r in online()} and all(online_peers_per_block(online(), 30)), 60,
                  f"blocks {sole.start}:{sole.end} served again after {sole.name} left")  # fmt: skip
         print(
             f"blocks {sole.start}:{sole.end} served again {time.monotonic() - left:.1f} s after {sole.name} left"
@@ -325,7 +325,3 @@ class TestCoordinatorKeepsTheModelCovered:
             assert torch.equal(got, expected)
         finally:
             model.shutdown()
-
-
-def uncovered(records) -> list[int]:
-    return [b for b in range(30) if not any(r.start <= b < r.end for r in records)]

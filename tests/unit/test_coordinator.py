@@ -385,7 +385,7 @@ def served_blocks(planned: Planned, fixed=(), num_blocks: int = 30) -> list[int]
 
 
 def test_the_sole_server_of_a_range_leaving_is_covered_again_with_the_default_deadline():
-    """Issue 24's swarm: three CPU peers of at most 15 of 30 blocks, the default SLO scale. With
+    """A swarm a new user ran: three CPU peers of at most 15 of 30 blocks, the default SLO scale. With
     HexGen's A100 unit every plan scored 0 and the fewest moves won: both survivors stayed on 0:15."""
     peers = [record(name, a, b, max_blocks=15, throughput=20000.0) for name, a, b in
              (("a", 0, 15), ("b", 15, 30), ("c", 0, 15))]  # fmt: skip

@@ -1,4 +1,4 @@
-"""Batched decode in the chain routers' load costs (issue 11's honest accounting): a peer that
+"""Batched decode in the chain routers' load costs (honest accounting): a peer that
 batches costs about one batched step per round of its sessions, one that does not k steps."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The throughput upper bound (issue 7): hand-checked, monotone, and never below a simulated plan."""
+"""The throughput upper bound: hand-checked, monotone, and never below a simulated plan."""
 
 from __future__ import annotations
 

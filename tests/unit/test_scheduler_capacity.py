@@ -1,4 +1,4 @@
-"""A plan's capacity (issue 7): saturating, never above the bound, and what bound_ratio reports."""
+"""A plan's capacity: saturating, never above the bound, and what bound_ratio reports."""
 
 from __future__ import annotations
 

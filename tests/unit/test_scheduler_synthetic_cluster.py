@@ -1,4 +1,4 @@
-"""The seeded 1,000-GPU cluster of issue 7: deterministic, the asked size and mix, footnote-3 links."""
+"""The seeded 1,000-GPU cluster: deterministic, the asked size and mix, footnote-3 links."""
 
 from collections import Counter
 
