@@ -32,6 +32,7 @@ class Announcer:
         num_blocks: int,
         period: float,
         ttl_periods: float = 2.5,
+        encode: Callable[[PeerRecord], bytes] = PeerRecord.to_bytes,
     ):
         self.dht = dht
         self.identity = identity
@@ -40,6 +41,7 @@ class Announcer:
         self.period = period
         self.ttl = period * ttl_periods
         self.last_expiration = 0.0
+        self.encode = encode  # tests swap in a tampering one (peer/debug.py)
 
     async def announce(
         self, state: PeerState, ttl: float | None = None, timeout: float = STORE_TIMEOUT_S
@@ -53,7 +55,7 @@ class Announcer:
         try:
             stored, _ = await asyncio.wait_for(
                 asyncio.gather(
-                    self._store(model_key(record.model_id), record.to_bytes(), expiration, subkey),
+                    self._store(model_key(record.model_id), self.encode(record), expiration, subkey),
                     self._store(MODELS_KEY, entry, expiration, subkey),
                 ),
                 timeout,

@@ -20,6 +20,7 @@ import torch
 from peer import faults
 from peer.admission import AdmissionLimits
 from peer.core import PeerLimits
+from peer.debug import parse_record_override
 from peer.devices import DeviceError, cpu_cores, default_cpu_threads, parse_devices
 from peer.runtime import PeerConfig, serve
 from peer.scheduler import BatchPolicy
@@ -306,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             sessions_per_remote=args.max_sessions_per_peer, steps_per_second=args.max_steps_per_second
         ),
         debug_corrupt_outputs=args.debug_corrupt_outputs,
+        debug_record=dict(map(parse_record_override, args.debug_record)),
         prefill_threads=prefill_threads,
     )
     _setup_logging(args, spec.model_id, "[auto]" if auto else f"[{start}:{end})")

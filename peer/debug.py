@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import msgpack
 import torch
 
 
@@ -24,3 +27,24 @@ class CorruptOutputs:
     def forward_batch(self, hiddens, caches, positions, start: int, end: int) -> list[torch.Tensor]:
         outputs = self._blocks.forward_batch(hiddens, caches, positions, start, end)
         return [out + self._scale * out.std() * torch.randn_like(out) for out in outputs]
+
+
+def parse_record_override(text: str) -> tuple[str, object]:
+    """'throughput=NaN' -> ('throughput', nan): a field of the announced record and a JSON value
+    (run-peer --debug-record), for tests of what readers do with a hostile peer's record."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise ValueError(f"--debug-record takes FIELD=JSON, got {text!r}")
+    return name, json.loads(value)
+
+
+def tampered_encoder(overrides: dict[str, object]):
+    """A record encoder that writes `overrides` over the honest fields, signed as usual: the
+    peer then announces values no honest peer would (NaN throughput, negative counts...)."""
+
+    def encode(record) -> bytes:
+        body = msgpack.unpackb(record.to_bytes(), raw=False)
+        body.update(overrides)
+        return msgpack.packb(body, use_bin_type=True)
+
+    return encode

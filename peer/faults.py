@@ -9,6 +9,8 @@ Hidden `run-peer` flags (not in --help; for tests, the chaos suite and benchmark
   --debug-fault KIND       what a faulty step answers: "error" (a typed INTERNAL error frame,
                            the session is left as it was) or "nan" (the step runs, and its
                            output is replaced by NaN: garbage the client must catch)
+  --debug-record F=JSON    announce JSON as field F of its record (repeatable): values no
+                           honest peer would announce, for tests of the record's readers
   --debug-push MODE        steps pushed by another peer (peer/push.py) are "refuse"d (a
                            PUSH_ACK with an error) or "drop"ped (no answer at all), so the
                            pushing peer reports a failed push and the client relays instead
@@ -59,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug-push", choices=["refuse", "drop"], default="", help=hidden)
     # add noise to every output (peer/debug.py), so tests can check the client's verification
     parser.add_argument("--debug-corrupt-outputs", action="store_true", help=hidden)
+    # announce FIELD=JSON over the honest record (peer/debug.py), so tests can check its readers
+    parser.add_argument("--debug-record", action="append", default=[], help=hidden)
 
 
 def plan_from_args(args: argparse.Namespace) -> FaultPlan | None:

@@ -15,7 +15,7 @@ import logging
 import signal
 import socket
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ from peer.admission import Admission, AdmissionLimits
 from peer.announcer import Announcer
 from peer.blocks import BlockStack
 from peer.core import Blocks, PeerCore, PeerLimits
-from peer.debug import CorruptOutputs
+from peer.debug import CorruptOutputs, tampered_encoder
 from peer.devices import describe
 from peer.faults import FaultInjector, FaultPlan
 from peer.link_probe import LinkProbe
@@ -95,6 +95,7 @@ class PeerConfig:
     faults: FaultPlan | None = None  # debug fault injection (peer.faults); None in production
     admission: AdmissionLimits = AdmissionLimits()  # per-remote and per-session limits
     debug_corrupt_outputs: bool = False  # tests only: add noise to every output (peer/debug.py)
+    debug_record: dict = field(default_factory=dict)  # tests only: fields announced over the honest ones
     # torch threads for steps of many tokens (prefill) when decode runs on fewer (peer/devices.py)
     prefill_threads: int | None = None
 
@@ -193,6 +194,9 @@ class _Peer:
         self.announcer = Announcer(
             dht, identity, self._record, config.spec.num_blocks, config.announce_period
         )
+        if config.debug_record:
+            logger.warning("--debug-record: this peer announces %s on purpose", config.debug_record)
+            self.announcer.encode = tampered_encoder(config.debug_record)
 
     def _record(self, state: PeerState) -> PeerRecord:
         c = self.config

@@ -56,8 +56,12 @@ class DeviceInfo:
             raise ValueError("a device entry is not a map")
         types = {"type": str, "name": str, "memory_bytes": int, "cores": int}
         for name, kind in types.items():
-            if not isinstance(body.get(name), kind):
+            if not isinstance(body.get(name), kind) or isinstance(body.get(name), bool):
                 raise ValueError(f"device field {name} is missing or has the wrong type")
+        if len(body["type"]) > MAX_TEXT or len(body["name"]) > MAX_TEXT:
+            raise ValueError(f"device type and name must be at most {MAX_TEXT} characters")
+        if not (0 <= body["memory_bytes"] <= MAX_COUNT and 0 <= body["cores"] <= MAX_SESSIONS):
+            raise ValueError("device memory or cores out of range")
         return cls(**{name: body[name] for name in types})
 
 
@@ -133,7 +137,7 @@ class PeerRecord:
             record = cls(**known)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed peer record: {e}") from None
-        _check_types(record)
+        _check_ranges(record)
         return record
 
 
@@ -172,32 +176,63 @@ def parse_signed_entries(
         try:
             marker = owner_marker(subkey if isinstance(subkey, bytes) else str(subkey).encode())
             owner = peer_id_from_owner_marker(marker).to_base58()
-            entries.append((owner, parse(item.value)))
         except Exception as e:  # anything malformed from the network is skipped, never raised
-            logger.debug("skipping DHT entry: %s", e)
+            logger.debug("skipping a DHT entry with a bad subkey: %s", e)
+            continue
+        try:
+            entries.append((owner, parse(item.value)))
+        except Exception as e:
+            _warn_once(owner, f"ignoring an entry signed by ...{owner[-8:]}: {e}")
     return entries
 
 
-def read_peer_records(dht, model_id: str) -> list[PeerRecord]:
-    """Every well-formed, correctly signed record of `model_id` currently in the DHT."""
-    return peer_records_from(dht.get(model_key(model_id), latest=True), model_id)
+_warned: dict[tuple[str, str], None] = {}  # (peer id, reason) already logged, oldest first
+MAX_WARNED = 4096
+
+
+def _warn_once(peer_id: str, message: str) -> None:
+    """Logs a bad entry once per peer and reason: a record is re-read every few seconds, and
+    a hostile peer must not be able to flood its readers' logs."""
+    key = (peer_id, message)
+    if key in _warned:
+        return
+    if len(_warned) >= MAX_WARNED:
+        _warned.pop(next(iter(_warned)))
+    _warned[key] = None
+    logger.warning(message)
+
+
+def read_peer_records(dht, model_id: str, timeout: float | None = None) -> list[PeerRecord]:
+    """Every well-formed, correctly signed record of `model_id` currently in the DHT; none (logged)
+    if the DHT does not answer within `timeout` seconds (swarm.dht_read.DHT_READ_TIMEOUT_S)."""
+    from swarm.dht_read import get_latest
+
+    return peer_records_from(get_latest(dht, model_key(model_id), timeout), model_id)
 
 
 def peer_records_from(value, model_id: str) -> list[PeerRecord]:
     """The well-formed, correctly signed records in a DHT value of `model_key(model_id)`."""
     records = []
     for owner, record in parse_signed_entries(value, PeerRecord.from_bytes):
-        if record.peer_id != owner or record.model_id != model_id:
-            logger.warning("ignoring a record that claims peer %s but is signed by %s", record.peer_id, owner)
+        if record.peer_id != owner:
+            _warn_once(
+                owner, f"ignoring a record that claims peer {record.peer_id!r} but is signed by {owner}"
+            )
+            continue
+        if record.model_id != model_id:
+            _warn_once(owner, f"ignoring a record of ...{owner[-8:]} stored under another model's key")
             continue
         if record.state != PeerState.GONE:
             records.append(record)
     return records
 
 
-def read_models(dht) -> dict[str, int]:
-    """model_id -> number of blocks, for every model some peer announced."""
-    value = dht.get(MODELS_KEY, latest=True)
+def read_models(dht, timeout: float | None = None) -> dict[str, int]:
+    """model_id -> number of blocks, for every model some peer announced; none (logged) if the
+    DHT does not answer within `timeout` seconds (swarm.dht_read.DHT_READ_TIMEOUT_S)."""
+    from swarm.dht_read import get_latest
+
+    value = get_latest(dht, MODELS_KEY, timeout)
     return {
         entry.model_id: entry.num_blocks for _, entry in parse_signed_entries(value, ModelEntry.from_bytes)
     }
@@ -233,6 +268,7 @@ def _parse_rtts(raw: Any) -> tuple[tuple[str, float], ...]:
             not isinstance(item, list | tuple)
             or len(item) != 2
             or not isinstance(item[0], str)
+            or len(item[0]) > MAX_TEXT
             or isinstance(item[1], bool)
             or not isinstance(item[1], int | float)
             or not 0 <= item[1] < 1e6
@@ -294,41 +330,77 @@ def unpack_map(data: Any, max_bytes: int = 64 * 1024) -> dict:
     return body
 
 
-_FIELD_TYPES = {
-    "peer_id": str,
-    "name": str,
-    "model_id": str,
-    "start": int,
-    "end": int,
-    "throughput": (int, float),
-    "decode_ms_per_block": (int, float),
-    "cache_tokens_left": int,
-    "open_sessions": int,
-    "max_length": int,
-    "dtype": str,
-    "device": str,
-    "version": str,
-    "tp": int,
-    "region": str,
-    "auto": bool,
-    "max_blocks": int,
-    "plan_version": int,
-    "next_start": int,
-    "next_end": int,
-    "decode_batch_size": int,
-    "decode_batch_tokens_per_s": (int, float),
+# Bounds on what a record may say. They do not make a peer honest (a signed record can still
+# lie within them); they keep one broken or hostile record from breaking its readers: a NaN or
+# zero throughput, a negative session count or a billion-block range would otherwise reach the
+# routers' arithmetic, or a terminal, as it is.
+MAX_BLOCKS = 100_000
+MAX_TEXT = 256  # names, versions, devices, regions, model ids
+MAX_ADDRS = 32
+MAX_COUNT = 1 << 40  # cache tokens, device bytes
+MAX_SPEED = 1e12  # tokens/s
+MAX_MS = 1e7  # ms per block
+MAX_SESSIONS = 1_000_000
+MAX_LENGTH = 1 << 24  # tokens
+MAX_BATCH = 4096
+MAX_PLAN_VERSION = 1 << 53  # as far as a float counts exactly; plans bound it much tighter
+
+_TEXT_FIELDS = ("peer_id", "name", "model_id", "dtype", "device", "version", "region")
+_INT_RANGES = {
+    "start": (0, MAX_BLOCKS - 1),
+    "end": (1, MAX_BLOCKS),
+    "cache_tokens_left": (0, MAX_COUNT),
+    "open_sessions": (0, MAX_SESSIONS),
+    "max_length": (1, MAX_LENGTH),
+    "tp": (1, MAX_TP_DEGREE),
+    "max_blocks": (0, MAX_BLOCKS),
+    "plan_version": (0, MAX_PLAN_VERSION),
+    "next_start": (0, MAX_BLOCKS),
+    "next_end": (0, MAX_BLOCKS),
+    "decode_batch_size": (1, MAX_BATCH),
+}
+_FLOAT_RANGES = {  # (low, high, low allowed)
+    "throughput": (0.0, MAX_SPEED, False),
+    "decode_ms_per_block": (0.0, MAX_MS, True),
+    "decode_batch_tokens_per_s": (0.0, MAX_SPEED, True),
 }
 
 
-def _check_types(record: PeerRecord) -> None:
-    for name, kind in _FIELD_TYPES.items():
-        if not isinstance(getattr(record, name), kind):
-            raise ValueError(f"field {name} has the wrong type")
-    if not 0 <= record.start < record.end:
+def _check_ranges(record: PeerRecord) -> None:
+    """Every field of a parsed record has its type and lies in its range (ValueError if not)."""
+    for name in _TEXT_FIELDS:
+        _check_text(name, getattr(record, name))
+    for name, (low, high) in _INT_RANGES.items():
+        value = getattr(record, name)
+        if not _is_int(value) or not low <= value <= high:
+            raise ValueError(f"field {name} must be an integer in [{low}, {high}], got {value!r}")
+    for name, (low, high, low_allowed) in _FLOAT_RANGES.items():
+        value = getattr(record, name)
+        if not _is_number(value) or not (low <= value < high if low_allowed else low < value < high):
+            raise ValueError(f"field {name} must be a finite number in ({low}, {high}), got {value!r}")
+    if not isinstance(record.auto, bool):
+        raise ValueError("field auto must be a boolean")
+    if not record.start < record.end:
         raise ValueError(f"bad layer range {record.start}:{record.end}")
-    if record.decode_batch_size < 1 or record.decode_batch_tokens_per_s < 0:
-        raise ValueError("decode batch figures must be positive")
-    if record.tp < 1 or (record.devices and len(record.devices) != record.tp):
+    if (record.next_start, record.next_end) != (0, 0) and not record.next_start < record.next_end:
+        raise ValueError(f"bad next layer range {record.next_start}:{record.next_end}")
+    if len(record.addrs) > MAX_ADDRS or any(len(a) > MAX_TEXT for a in record.addrs):
+        raise ValueError(f"at most {MAX_ADDRS} addresses of at most {MAX_TEXT} characters")
+    if record.devices and len(record.devices) != record.tp:
         raise ValueError(f"tp {record.tp} does not match its {len(record.devices)} devices")
     if record.tp_choices and record.tp not in record.tp_choices:
         raise ValueError(f"tp {record.tp} is not one of its tp_choices {record.tp_choices}")
+
+
+def _check_text(name: str, value: Any) -> None:
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        raise ValueError(f"field {name} must be text of at most {MAX_TEXT} characters")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    # NaN fails every comparison, infinities fail the upper bounds.
+    return isinstance(x, int | float) and not isinstance(x, bool)

@@ -89,7 +89,32 @@ def test_malformed_tp_fields_are_rejected(change):
 
 @pytest.mark.parametrize(
     "change",
-    [{"schema": 2}, {"state": "dancing"}, {"start": "0"}, {"start": 5, "end": 2}, {"throughput": None}],
+    [
+        {"schema": 2},
+        {"state": "dancing"},
+        {"start": "0"},
+        {"start": 5, "end": 2},
+        {"throughput": None},
+        # In range as types, out of range as values: each would reach the routers' arithmetic.
+        {"throughput": 0.0},
+        {"throughput": float("nan")},
+        {"throughput": float("inf")},
+        {"decode_ms_per_block": -1.0},
+        {"decode_ms_per_block": float("nan")},
+        {"open_sessions": -1},
+        {"cache_tokens_left": -5},
+        {"max_length": 0},
+        {"end": 10**9},
+        {"plan_version": 2**63},
+        {"decode_batch_size": 0},
+        {"decode_batch_tokens_per_s": float("nan")},
+        {"next_start": 4, "next_end": 2},
+        {"name": "x" * 300},
+        {"addrs": ["/ip4/1.2.3.4"] * 40},
+        {"auto": 1},
+        {"rtt_ms": [["x" * 300, 1.0]]},
+        {"tp": 1, "devices": [{"type": "cpu", "name": "c", "memory_bytes": -1, "cores": 2}]},
+    ],
 )
 def test_malformed_records_are_rejected(change):
     body = msgpack.unpackb(make_record().to_bytes())
@@ -119,3 +144,24 @@ def test_bad_identity_file(tmp_path):
     bad.write_bytes(b"not a key")
     with pytest.raises(ValueError, match="identity"):
         load_or_create_identity(bad)
+
+
+def test_a_bad_record_drops_its_peer_alone_and_is_logged_once(caplog):
+    from types import SimpleNamespace
+
+    from swarm.records import peer_records_from
+
+    good, bad = load_or_create_identity(None), load_or_create_identity(None)
+    good_record = make_record(peer_id=good.peer_id.to_base58())
+    body = msgpack.unpackb(make_record(peer_id=bad.peer_id.to_base58()).to_bytes())
+    body["throughput"] = float("nan")
+    value = SimpleNamespace(
+        value={
+            good.owner_marker: SimpleNamespace(value=good_record.to_bytes()),
+            bad.owner_marker: SimpleNamespace(value=msgpack.packb(body)),
+        }
+    )
+    for _ in range(3):
+        assert peer_records_from(value, "m-1") == [good_record]
+    warnings = [r for r in caplog.records if "ignoring an entry" in r.getMessage()]
+    assert len(warnings) == 1 and bad.peer_id.to_base58()[-8:] in warnings[0].getMessage()
