@@ -360,7 +360,7 @@ _INT_RANGES = {
     "decode_batch_size": (1, MAX_BATCH),
 }
 _FLOAT_RANGES = {  # (low, high, low allowed)
-    "throughput": (0.0, MAX_SPEED, False),
+    "throughput": (0.0, MAX_SPEED, True),  # 0 until measured; an online peer has measured (below)
     "decode_ms_per_block": (0.0, MAX_MS, True),
     "decode_batch_tokens_per_s": (0.0, MAX_SPEED, True),
 }
@@ -377,11 +377,13 @@ def _check_ranges(record: PeerRecord) -> None:
     for name, (low, high, low_allowed) in _FLOAT_RANGES.items():
         value = getattr(record, name)
         if not _is_number(value) or not (low <= value < high if low_allowed else low < value < high):
-            raise ValueError(f"field {name} must be a finite number in ({low}, {high}), got {value!r}")
+            raise ValueError(f"field {name} must be a finite number in [{low}, {high}), got {value!r}")
     if not isinstance(record.auto, bool):
         raise ValueError("field auto must be a boolean")
     if not record.start < record.end:
         raise ValueError(f"bad layer range {record.start}:{record.end}")
+    if record.state == PeerState.ONLINE and not record.throughput > 0:
+        raise ValueError("an online peer must announce a throughput > 0")
     if (record.next_start, record.next_end) != (0, 0) and not record.next_start < record.next_end:
         raise ValueError(f"bad next layer range {record.next_start}:{record.next_end}")
     if len(record.addrs) > MAX_ADDRS or any(len(a) > MAX_TEXT for a in record.addrs):

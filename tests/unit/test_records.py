@@ -4,7 +4,7 @@ import msgpack
 import pytest
 
 from swarm.identity import load_or_create_identity, peer_id_from_owner_marker
-from swarm.records import DeviceInfo, PeerRecord
+from swarm.records import DeviceInfo, PeerRecord, PeerState
 from tests.unit.record_cases import make_record
 
 GPU = DeviceInfo(type="cuda", name="NVIDIA H100", memory_bytes=80 << 30, cores=132)
@@ -165,3 +165,8 @@ def test_a_bad_record_drops_its_peer_alone_and_is_logged_once(caplog):
         assert peer_records_from(value, "m-1") == [good_record]
     warnings = [r for r in caplog.records if "ignoring an entry" in r.getMessage()]
     assert len(warnings) == 1 and bad.peer_id.to_base58()[-8:] in warnings[0].getMessage()
+
+
+def test_a_joining_peer_may_announce_before_it_has_measured():
+    record = make_record(state=PeerState.JOINING, throughput=0.0)
+    assert PeerRecord.from_bytes(record.to_bytes()) == record
