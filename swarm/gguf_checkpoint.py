@@ -3,7 +3,8 @@
 Reading a GGUF through transformers costs seconds for the config and tokenizer and de-quantizes
 every tensor of the model. A peer needs only its own blocks, and restarts, tests and the other
 peers of one machine read the same file again and again. So the first reader of a file writes,
-into a folder of the cache keyed by the file's identity (its fingerprint, not its path):
+into a folder of the cache keyed by the file's content (the SHA-256 of every byte, computed once
+and cached by swarm/content_hash.py; not its path):
 
 - `config.json`, the tokenizer files (chat template included) and `generation_config.json`,
   converted once by transformers' own GGUF readers;
@@ -18,26 +19,26 @@ downstream (peers, TP shards, clients) then reads an ordinary safetensors checkp
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import json
 import logging
 import os
-import re
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
+
+from swarm import cache_files, content_hash
+from swarm.cache_files import cache_root, locked, write_atomically
+from swarm.model_id import readable_id
 
 logger = logging.getLogger(__name__)
 
+CACHE_ENV = cache_files.CACHE_ENV  # the cache folder's variable, where GGUF callers look for it
+
 GGUF_MAGIC = b"GGUF"
-CACHE_ENV = "HEXSWARM_MODEL_CACHE"  # apart from HEXSWARM_CACHE_DIR (measurements), which tests isolate
 MANIFEST = "gguf.json"  # marks a folder as a GGUF file's checkpoint; which tensors each weight file holds
 _SHARED_FILE = "model-shared.safetensors"  # embeddings, final norm, LM head
-_SAMPLE_BYTES = 1 << 20  # fingerprint: the file's size and three MiB (start, middle, end)
-_FORMAT = 1  # bump when the folder's layout changes, so old caches are rebuilt
+_FORMAT = 2  # bump when the folder's layout changes, so old caches are rebuilt (2: ids hash every byte)
 
 
 class GGUFError(ValueError):
@@ -52,53 +53,32 @@ def is_gguf(path: Path) -> bool:
         return f.read(4) == GGUF_MAGIC
 
 
-def cache_root() -> Path:
-    """Where converted checkpoints live: $HEXSWARM_MODEL_CACHE, else ~/.cache/hexswarm/models."""
-    configured = os.environ.get(CACHE_ENV)
-    if configured:
-        return Path(configured).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hexswarm" / "models"
-
-
-def file_fingerprint(path: Path) -> str:
-    """A short hash of the file's size and of a MiB at its start, middle and end.
-
-    The start holds GGUF's metadata and tensor table, the rest samples the weights, so two
-    quantizations or fine-tunes of one model differ, while the file's name and folder do not count.
-    """
-    size = path.stat().st_size
-    digest = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as f:
-        for offset in (0, max(0, size // 2 - _SAMPLE_BYTES // 2), max(0, size - _SAMPLE_BYTES)):
-            f.seek(offset)
-            digest.update(f.read(_SAMPLE_BYTES))
-    return digest.hexdigest()[:12]
-
-
 def checkpoint_dir(gguf_path: Path) -> Path:
     """The cached checkpoint folder of a GGUF file, converting its metadata on first use."""
     gguf_path = gguf_path.expanduser().resolve()
     if not is_gguf(gguf_path):
         raise GGUFError(f"{gguf_path} is not a GGUF file (no GGUF magic bytes)")
-    fingerprint = file_fingerprint(gguf_path)
-    folder = _folder(fingerprint)
+    digest = content_hash.file_digest(gguf_path)
+    folder = _folder(digest)
     if not (folder / MANIFEST).is_file():
         with _locked(folder):
             if not (folder / MANIFEST).is_file():
-                _convert_metadata(gguf_path, fingerprint, folder)
+                _convert_metadata(gguf_path, digest, folder)
     _remember_source(folder, gguf_path)
     return folder
 
 
 def cached_model_id(gguf_path: Path) -> str | None:
-    """The model id of a GGUF file whose folder is already in the cache (None otherwise): cheap,
-    it reads 3 MiB of the file and converts nothing."""
-    record = manifest(_folder(file_fingerprint(gguf_path)))
+    """The model id of a GGUF file that was read here before (None otherwise): cheap, it reads
+    no weights (the file's hash comes from the cache) and converts nothing."""
+    digest = content_hash.cached_file_digest(gguf_path)
+    record = manifest(_folder(digest)) if digest is not None else None
     return record["model_id"] if record else None
 
 
-def _folder(fingerprint: str) -> Path:
-    return cache_root() / f"gguf-{fingerprint}-v{_FORMAT}"
+def _folder(digest: str) -> Path:
+    """Keyed by the file's full SHA-256: one folder per content, wherever the file lies."""
+    return cache_root() / f"gguf-{digest}-v{_FORMAT}"
 
 
 def manifest(folder: Path) -> dict | None:
@@ -128,12 +108,11 @@ def materialize_all(folder: Path) -> None:
     materialize(folder, [folder / name for name in set(index["weight_map"].values())])
 
 
-def _model_name(reader, gguf_path: Path) -> str:
+def _model_name(reader) -> str:
     """The model's name from the file's metadata (`smollm2-135M`), so renaming the file keeps its id;
-    the file's stem when the metadata has none."""
+    the architecture when the metadata names none (never the file's name: it would split a swarm)."""
     parts = [_string_field(reader, key) for key in ("general.basename", "general.size_label")]
-    name = "-".join(p for p in parts if p) or _string_field(reader, "general.name") or gguf_path.stem
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "gguf"
+    return "-".join(p for p in parts if p) or _string_field(reader, "general.name") or _architecture(reader)
 
 
 def _string_field(reader, key: str) -> str | None:
@@ -146,7 +125,7 @@ def _string_field(reader, key: str) -> str | None:
         return None
 
 
-def _convert_metadata(gguf_path: Path, fingerprint: str, folder: Path) -> None:
+def _convert_metadata(gguf_path: Path, digest: str, folder: Path) -> None:
     """config.json, tokenizer, generation config, the weight index and the manifest."""
     began = time.perf_counter()
     logger.info("%s: converting GGUF metadata (config, tokenizer) once into %s", gguf_path.name, folder)
@@ -178,11 +157,12 @@ def _convert_metadata(gguf_path: Path, fingerprint: str, folder: Path) -> None:
     staging.rmdir()
     record = {
         "format": _FORMAT,
-        "model_id": f"{_model_name(reader, gguf_path)}-{fingerprint}",
+        "model_id": readable_id(_model_name(reader), digest),
+        "content_hash": digest,
         "architecture": architecture,
         "files": files,
     }
-    _write_atomically(folder / MANIFEST, json.dumps(record).encode())
+    write_atomically(folder / MANIFEST, json.dumps(record).encode())
     logger.info("%s: metadata converted in %.1f s", gguf_path.name, time.perf_counter() - began)
 
 
@@ -288,22 +268,9 @@ def _remember_source(folder: Path, gguf_path: Path) -> None:
     """The GGUF file this folder's weights are read from (the same content may move)."""
     source = folder / "source"
     if not source.is_file() or source.read_text() != str(gguf_path):
-        _write_atomically(source, str(gguf_path).encode())
+        write_atomically(source, str(gguf_path).encode())
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    part = path.with_name(f".{path.name}.{os.getpid()}.part")
-    part.write_bytes(data)
-    os.replace(part, path)
-
-
-@contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def _locked(folder: Path):
     """An exclusive lock on `folder` (created if missing) across processes."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    return locked(folder / ".lock")

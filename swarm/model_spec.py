@@ -2,21 +2,20 @@
 
 A model is named by a built-in name (`smollm2-135m`, swarm/builtin_models.py), a GGUF file
 (read through a cached checkpoint folder, swarm/gguf_checkpoint.py) or a Hugging Face
-checkpoint directory (config.json + safetensors). Peers and clients name it by a fingerprint
-of its content, so two different checkpoints that happen to share a name never end up in
-one chain, and one file keeps its id wherever it lies.
+checkpoint directory (config.json + safetensors). Peers and clients name it by a hash of
+its whole content (swarm/model_id.py), so two checkpoints that differ in any weight never end
+up in one chain, and one checkpoint keeps its id wherever it lies.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swarm import gguf_checkpoint
+from swarm import gguf_checkpoint, model_id
 from swarm.architectures import SUPPORTED_FAMILIES, check_supported, localize_layer_settings
 from swarm.builtin_models import BuiltinModelMissing, resolve_builtin
 
@@ -25,10 +24,6 @@ if TYPE_CHECKING:  # transformers is imported where a config is parsed: `model_i
 
 # The model types peers and clients serve (their families: swarm/architectures.py).
 SUPPORTED_MODEL_TYPES = tuple(SUPPORTED_FAMILIES)
-
-# Bytes of weight data hashed per safetensors file: enough to tell random seeds apart
-# without reading a whole multi-GB checkpoint.
-_FINGERPRINT_SAMPLE_BYTES = 1 << 20
 
 
 class ModelSpecError(ValueError):
@@ -40,7 +35,7 @@ class ModelSpec:
     """A checkpoint as the swarm sees it."""
 
     path: Path
-    model_id: str  # "<name>-<fingerprint>", the key peers announce under
+    model_id: str  # "<name>-<content hash>", the key peers announce under
     model_type: str
     num_blocks: int  # transformer layers
     hidden_size: int
@@ -58,7 +53,7 @@ def resolve_checkpoint(model: str | Path) -> Path:
         path = builtin or Path(model).expanduser().resolve()
         if path.is_file():
             return gguf_checkpoint.checkpoint_dir(path)
-    except (BuiltinModelMissing, ValueError) as e:  # GGUFError, UnsupportedArchitectureError
+    except (BuiltinModelMissing, ValueError) as e:  # GGUFError, ContentHashError, unsupported architecture
         raise ModelSpecError(str(e)) from None
     if path.suffix == ".gguf" and not path.exists():
         raise ModelSpecError(f"{path}: no such GGUF file")
@@ -70,11 +65,11 @@ def load_model_spec(model: str | Path) -> ModelSpec:
     from transformers import AutoConfig
 
     path = resolve_checkpoint(model)
-    _read_config(path)
+    raw = _read_config(path)
     config = AutoConfig.from_pretrained(path)
     return ModelSpec(
         path=path,
-        model_id=_model_id(path),
+        model_id=_model_id(path, raw),
         model_type=config.model_type,
         num_blocks=config.num_hidden_layers,
         hidden_size=config.hidden_size,
@@ -86,10 +81,11 @@ def model_identity(model: str | Path) -> tuple[str, int]:
     """(model id, number of blocks) without parsing the config through transformers
     (what `hexswarm status` needs: it saves a second of start-up)."""
     path = resolve_checkpoint(model)
-    blocks = _read_config(path).get("num_hidden_layers")
+    raw = _read_config(path)
+    blocks = raw.get("num_hidden_layers")
     if not isinstance(blocks, int) or blocks <= 0:
         raise ModelSpecError(f"{path}/config.json: num_hidden_layers is {blocks!r}")
-    return _model_id(path), blocks
+    return _model_id(path, raw), blocks
 
 
 def _read_config(path: Path) -> dict:
@@ -104,26 +100,15 @@ def _read_config(path: Path) -> dict:
     return raw
 
 
-def _model_id(path: Path) -> str:
-    """`<name>-<fingerprint>`; a GGUF file's folder carries the id of the file it came from."""
+def _model_id(path: Path, config: dict) -> str:
+    """`<name>-<content hash>`; a GGUF file's folder carries the id of the file it came from."""
     manifest = gguf_checkpoint.manifest(path)
     if manifest is not None:
         return manifest["model_id"]
-    return f"{path.name}-{fingerprint(path)}"
-
-
-def fingerprint(model_dir: Path) -> str:
-    """A short hash of config.json plus each weight file's size, header and first MiB."""
-    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
-    weight_files = sorted(model_dir.glob("*.safetensors"))
-    if not weight_files:
-        raise ModelSpecError(f"{model_dir} has no *.safetensors weight files")
-    for weight_file in weight_files:
-        digest.update(weight_file.name.encode())
-        digest.update(str(weight_file.stat().st_size).encode())
-        with open(weight_file, "rb") as f:
-            digest.update(f.read(_FINGERPRINT_SAMPLE_BYTES))
-    return digest.hexdigest()[:12]
+    try:
+        return model_id.checkpoint_id(path, config)
+    except (OSError, ValueError) as e:  # no weight files, unreadable ones, or one being written
+        raise ModelSpecError(str(e)) from None
 
 
 def config_for_blocks(config: PretrainedConfig, start: int, end: int) -> PretrainedConfig:

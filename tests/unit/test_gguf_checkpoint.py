@@ -33,6 +33,27 @@ def test_one_file_has_one_model_id_wherever_it_lies(tmp_path):
 
 
 @needs_model
+def test_one_changed_weight_anywhere_in_the_file_is_another_model(tmp_path, monkeypatch):
+    """A bit flipped a quarter into the file, where the old size-and-three-MiB fingerprint never
+    looked: another id, another cache folder, keyed by the whole file's SHA-256."""
+    from swarm import content_hash
+    from swarm.model_spec import model_identity
+
+    base_id = model_identity(DEFAULT_MODEL)[0]
+    changed = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    data = bytearray(GGUF.read_bytes())
+    data[len(data) // 4] ^= 1
+    changed.write_bytes(bytes(data))
+    monkeypatch.setenv(gguf_checkpoint.CACHE_ENV, str(tmp_path / "cache"))
+    spec = load_model_spec(changed)
+    assert spec.model_id != base_id and spec.model_id.startswith("smollm2-135M-")
+    digest = content_hash.file_digest(changed)
+    assert spec.path.name == f"gguf-{digest}-v2" and len(digest) == 64
+    assert gguf_checkpoint.manifest(spec.path)["content_hash"] == digest
+    assert gguf_checkpoint.cached_model_id(changed) == spec.model_id
+
+
+@needs_model
 def test_a_peer_reads_only_its_blocks_and_they_equal_transformers(tmp_path, monkeypatch):
     """A fresh cache: reading blocks 3:5 writes just their two files, equal to transformers' GGUF load."""
     from gguf import GGUFReader
