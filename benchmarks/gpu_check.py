@@ -16,12 +16,14 @@ SmolLM2-135M's shapes, one with Llama-2-7B's layer shapes but 4 layers. Prints o
 
     python benchmarks/gpu_check.py --device cuda [--out gpu.json]   # the full check (one GPU)
     python benchmarks/gpu_check.py --device cpu --quick             # small shapes, under a minute
+    python benchmarks/gpu_check.py --models llama2_7b_4layers --dtypes bfloat16 --sdpa flash efficient math
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import json
 import platform
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
@@ -68,6 +71,13 @@ BATCH_SESSIONS = 8  # sessions decoding together in the batched measurement
 BATCH_CONTEXT = 32  # tokens each of them has cached first
 STEP_TIMEOUT_S = 120.0
 PREFILL_REPEATS = 3  # sessions timed at batch 1: medians of their prefills and decode steps
+# --sdpa: which attention kernels torch may pick (e.g. to tell whether one of them is slow)
+SDPA_BACKENDS = {
+    "math": SDPBackend.MATH,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
 OPTIONAL_PACKAGES = {"hivemind", "gguf", "pymoo"}  # absent on the GPU machine
 
 
@@ -361,6 +371,12 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--new-tokens", type=int, default=0, help="tokens generated (default 32, quick 8)")
     parser.add_argument("--out", type=Path, help="also write the JSON here, after every section")
+    parser.add_argument(
+        "--sdpa",
+        nargs="+",
+        choices=SDPA_BACKENDS,
+        help="allow only these attention kernels (default: torch's choice)",
+    )
     args = parser.parse_args()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()  # keep stderr to this check's own lines
@@ -371,7 +387,12 @@ def main() -> None:
         **environment(torch.device(args.device)),
         "models": {},
     }
-    with tempfile.TemporaryDirectory(prefix="hexswarm-gpu-check-") as workdir:
+    result["sdpa"] = args.sdpa or "default"
+    # sdpa_kernel sets process-wide flags, so the schedulers' compute threads obey them too
+    kernels = (
+        sdpa_kernel([SDPA_BACKENDS[name] for name in args.sdpa]) if args.sdpa else contextlib.nullcontext()
+    )
+    with tempfile.TemporaryDirectory(prefix="hexswarm-gpu-check-") as workdir, kernels:
         run_checks(args, result, Path(workdir))
     result["seconds"] = round(time.perf_counter() - began, 1)
     result["all_match"] = all(
