@@ -33,6 +33,7 @@ from swarm import architectures
 from swarm.checkpoint import load_tensors
 from swarm.dht import public_initial_peers
 from swarm.model_spec import ModelSpec, config_for_blocks, load_model_spec
+from swarm.terminal_text import printable
 from swarm.threads import openmp_spins, torch_threads
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ _OUTPUT_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_f
 DEFAULT_COVERAGE_TIMEOUT_S = 60.0  # how long to wait for every block to have an online peer
 # The winner of the multi-client load benchmark (README "Routing requests through the swarm").
 DEFAULT_ROUTING = "tradeoff"
+ROUTE_LIMIT = 4096  # characters of `last_route`: dozens of hops of names cut to the records' limit
 
 
 class _ThreadSessions(threading.local):
@@ -92,7 +94,8 @@ class DistributedMixin:
 
     @last_route.setter
     def last_route(self, value: str | None) -> None:
-        self._threads.last_route = value
+        # The route names peers by the names they chose, and callers print it: escape it once here.
+        self._threads.last_route = None if value is None else printable(value, ROUTE_LIMIT)
 
     @contextlib.contextmanager
     def inference_session(self, max_length: int):

@@ -20,6 +20,7 @@ from client.worker import run_sync
 from routing.chains.swarm_view import SwarmView
 from swarm.dht import start_dht
 from swarm.dht_process import shutdown_dht
+from swarm.dht_read import DHT_READ_TIMEOUT_S
 from swarm.records import (
     PeerRecord,
     PeerState,
@@ -28,6 +29,7 @@ from swarm.records import (
     read_models,
     read_peer_records,
 )
+from swarm.terminal_text import printable
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ class ModelMismatchError(MissingBlocksError):
         self.model_id, self.missing, self.served = model_id, list(range(num_blocks)), served
         RuntimeError.__init__(
             self,
-            f"this swarm serves {', '.join(served)}, not {model_id}: the client's checkpoint differs "
+            f"this swarm serves {', '.join(printable(s) for s in served)}, not {model_id}: the client's checkpoint differs "
             f"from the peers' (another file or version of the model?); no peer serves blocks "
             f"{block_ranges(self.missing)} of {model_id}",
         )
@@ -61,6 +63,9 @@ class ModelMismatchError(MissingBlocksError):
 # A swarm that announces other models and none of ours for this long is serving another checkpoint
 # (a peer of ours that is starting would have announced by then; its model entry goes out first).
 MISMATCH_GRACE_S = 5.0
+# A DHT read near the coverage deadline still gets this long: a swarm that answers in time is not
+# read as empty just because the caller's clock has almost run out.
+MIN_READ_TIMEOUT_S = 1.0
 
 
 @dataclass
@@ -95,11 +100,14 @@ class SwarmClient:
             logger.debug("p2p shutdown: %s", e)
         shutdown_dht(self.dht, 5)
 
-    def online_records(self, model_id: str, num_blocks: int) -> list[PeerRecord]:
-        """Online, trusted peers of the model whose layer range fits it (a bad record must not break routing)."""
+    def online_records(
+        self, model_id: str, num_blocks: int, timeout: float = DHT_READ_TIMEOUT_S
+    ) -> list[PeerRecord]:
+        """Online, trusted peers of the model whose layer range fits it (a bad record must not break
+        routing); none if the DHT does not answer within `timeout` seconds."""
         return [
             r
-            for r in read_peer_records(self.dht, model_id)
+            for r in read_peer_records(self.dht, model_id, timeout)
             if r.state == PeerState.ONLINE
             and 0 <= r.start < r.end <= num_blocks
             and r.peer_id not in self.distrusted
@@ -108,14 +116,21 @@ class SwarmClient:
     def wait_for_coverage(self, model_id: str, num_blocks: int, timeout: float) -> list[PeerRecord]:
         """Online records once every block is served, polling the DHT; MissingBlocksError on timeout."""
         began = time.monotonic()
+
+        def read_timeout() -> float:  # each DHT read ends by the caller's deadline (or soon after it)
+            left = timeout - (time.monotonic() - began)
+            return min(DHT_READ_TIMEOUT_S, max(left, MIN_READ_TIMEOUT_S))
+
         while True:
-            records = self.online_records(model_id, num_blocks)
+            records = self.online_records(model_id, num_blocks, read_timeout())
             missing = uncovered_blocks(records, num_blocks)
             if not missing:
                 return records
             waited = time.monotonic() - began
-            if waited >= min(MISMATCH_GRACE_S, timeout) and not read_peer_records(self.dht, model_id):
-                served = sorted(set(read_models(self.dht)) - {model_id})
+            if waited >= min(MISMATCH_GRACE_S, timeout) and not read_peer_records(
+                self.dht, model_id, read_timeout()
+            ):
+                served = sorted(set(read_models(self.dht, read_timeout())) - {model_id})
                 if served:
                     raise ModelMismatchError(model_id, num_blocks, served, waited)
             if time.monotonic() - began >= timeout:
@@ -162,7 +177,9 @@ class SwarmClient:
                 if record.peer_id not in self.silent:  # one line per peer until it answers again
                     self.silent.add(record.peer_id)
                     reason = (str(result).splitlines() or [type(result).__name__])[0][:200]
-                    logger.info("peer %s does not answer pings (%s); leaving it out", record.name, reason)
+                    logger.info(
+                        "peer %s does not answer pings (%s); leaving it out", printable(record.name), reason
+                    )
         return {r.peer_id: self.rtt_ms[r.peer_id][0] for r in records if r.peer_id in self.rtt_ms}
 
     async def _ping(self, record: PeerRecord, timeout: float) -> float:

@@ -23,6 +23,7 @@ from typing import Any
 import msgpack
 import torch
 
+from swarm.dht_read import get_latest
 from swarm.records import parse_signed_entries, unpack_map
 
 logger = logging.getLogger(__name__)
@@ -115,9 +116,10 @@ def publish_report(dht, owner_marker: bytes, report: Report, expiration: float):
     )
 
 
-def read_reports(dht, model_id: str) -> list[Report]:
-    """Every well-formed report of `model_id` whose reporter is the key that signed it."""
-    value = dht.get(reports_key(model_id), latest=True)
+def read_reports(dht, model_id: str, timeout: float | None = None) -> list[Report]:
+    """Every well-formed report of `model_id` whose reporter is the key that signed it; none (logged)
+    if the DHT does not answer within `timeout` seconds (swarm.dht_read.DHT_READ_TIMEOUT_S)."""
+    value = get_latest(dht, reports_key(model_id), timeout)
     reports = []
     for owner, report in parse_signed_entries(value, Report.from_bytes, _owner_prefix):
         if report.reporter != owner or report.model_id != model_id:

@@ -6,16 +6,24 @@ Exits 0 when every block of every listed model has an online peer, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import sys
 from dataclasses import asdict
 
 from swarm.builtin_models import builtin_names
 from swarm.coordinator.records import Coordination, read_coordination_sync, uncovered_text
 from swarm.dht import public_initial_peers, start_dht
 from swarm.dht_process import shutdown_dht
+from swarm.dht_read import DHT_READ_TIMEOUT_S
 from swarm.monitor_data import followers, model_entry
 from swarm.records import PeerRecord, online_peers_per_block, read_models, read_peer_records
 from swarm.reports import Report, read_reports
+from swarm.terminal_text import printable
+
+# Peer-supplied text is escaped (swarm.terminal_text) and cut to these lengths, in characters.
+MODEL_ID_LIMIT = 120
+ADDRESS_LIMIT = 80
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,9 +36,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only this model: a built-in model name (hexswarm models), a GGUF file or a checkpoint directory",
     )
     parser.add_argument("--json", action="store_true", help="print the same as JSON data")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DHT_READ_TIMEOUT_S,
+        help="seconds each DHT read may take; a read that takes longer counts as no entries",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    # Peers write the names and labels printed here; what this terminal cannot encode is shown
+    # as an escape rather than raising halfway through the table.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
     dht = start_dht(
         public_initial_peers() if args.public else args.initial_peers,
         identity=None,
@@ -38,16 +56,16 @@ def run(args: argparse.Namespace) -> int:
         listen=False,
     )
     try:
-        models = _models(dht, args.model)
+        models = _models(dht, args.model, args.timeout)
         if not models and not args.json:
             print("no models are announced in this swarm")
             return 1
         complete, report = bool(models), []
         aliases = {} if args.json else builtin_names()  # read once: it fingerprints each built-in's file
         for model_id, num_blocks in sorted(models.items()):
-            records = read_peer_records(dht, model_id)
-            coordination = read_coordination_sync(dht, model_id)
-            reports = read_reports(dht, model_id)
+            records = read_peer_records(dht, model_id, args.timeout)
+            coordination = read_coordination_sync(dht, model_id, args.timeout)
+            reports = read_reports(dht, model_id, args.timeout)
             if args.json:
                 report.append(
                     model_entry(model_id, num_blocks, records, {}, coordination)
@@ -65,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
         shutdown_dht(dht, 5)
 
 
-def _models(dht, model_dir: str | None) -> dict[str, int]:
+def _models(dht, model_dir: str | None, timeout: float) -> dict[str, int]:
     if model_dir is None:
-        return read_models(dht)
+        return read_models(dht, timeout)
     from swarm.model_spec import model_identity
 
     model_id, num_blocks = model_identity(model_dir)
@@ -77,16 +95,16 @@ def _models(dht, model_dir: str | None) -> dict[str, int]:
 def print_model(model_id: str, num_blocks: int, records: list[PeerRecord], alias: str | None = None) -> bool:
     """Prints the peer table and coverage line of one model (`alias`: the name users type for it);
     True if every block has an online peer."""
-    print(f"model {model_id}{f' ({alias})' if alias else ''}: {num_blocks} blocks")
+    print(f"model {printable(model_id, MODEL_ID_LIMIT)}{f' ({alias})' if alias else ''}: {num_blocks} blocks")
     print(
         f"  {'peer id':<14} {'name':<16} {'layers':<9} {'state':<8} {'tp':>9} {'devices':<14} {'tok/s/blk':>9} {'ms/blk':>7} "
         f"{'sessions':>8} {'cache left':>10}  address"
     )
     for r in sorted(records, key=lambda r: (r.start, r.end, r.name)):
-        address = r.addrs[0] if r.addrs else "-"
+        address = printable(r.addrs[0], ADDRESS_LIMIT) if r.addrs else "-"
         print(
-            f"  ...{r.peer_id[-11:]:<11} {r.name[:16]:<16} {f'{r.start}:{r.end}':<9} {r.state.value:<8} "
-            f"{describe_tp(r):>9} {describe_devices(r)[:14]:<14} {r.throughput:>9.0f} {r.decode_ms_per_block:>7.2f} {r.open_sessions:>8} {r.cache_tokens_left:>10}  "
+            f"  {short_id(r.peer_id):<14} {printable(r.name, 16):<16} {f'{r.start}:{r.end}':<9} {r.state.value:<8} "
+            f"{describe_tp(r):>9} {printable(describe_devices(r), 14):<14} {r.throughput:>9.0f} {r.decode_ms_per_block:>7.2f} {r.open_sessions:>8} {r.cache_tokens_left:>10}  "
             f"{address}"
         )
     online = online_peers_per_block(records, num_blocks)
@@ -107,9 +125,14 @@ def print_reports(reports: list[Report], names: dict[str, str]) -> None:
         blocks = sorted({f"{r.start}:{r.end}" for r in against})
         tie = " (confirmed by a third peer)" if any(r.tie_breaker for r in against) else ""
         print(
-            f"  REPORTED: ...{peer_id[-11:]} {names.get(peer_id, '?')} by {len(reporters)} client(s) "
+            f"  REPORTED: {short_id(peer_id)} {printable(names.get(peer_id, '?'))} by {len(reporters)} client(s) "
             f"for wrong outputs on blocks {', '.join(blocks)}{tie}"
         )
+
+
+def short_id(peer_id: str) -> str:
+    """'...' and a peer id's last 11 characters, escaped: enough to tell peers apart in a table."""
+    return "..." + printable(peer_id[-11:], 11)
 
 
 def describe_tp(record: PeerRecord) -> str:
@@ -136,11 +159,11 @@ def print_plan(coordination: Coordination, records: list[PeerRecord]) -> None:
         auto = sum(r.auto for r in records)
         print(f"  coordinator: none live ({auto} auto peers place themselves by Petals' rule)")
         return
-    print(f"  coordinator: ...{holder.holder[-11:]}")
+    print(f"  coordinator: {short_id(holder.holder)}")
     if plan is None:
         print("  plan: none yet")
         return
-    names = [r.name for r in followers(coordination, records)]
+    names = [printable(r.name) for r in followers(coordination, records)]
     auto = sum(r.auto for r in records)
     estimate = (
         f"planned for throughput (no deadline), {plan.throughput_tok_s:.0f} tokens/s saturated"
@@ -148,7 +171,7 @@ def print_plan(coordination: Coordination, records: list[PeerRecord]) -> None:
         else f"estimated attainment {plan.attainment:.1%}, {plan.throughput_tok_s:.0f} tokens/s"
     )
     print(
-        f"  plan v{plan.version} (inputs {plan.inputs_hash}): {estimate}; followed by {len(names)}/{auto} auto peers"
+        f"  plan v{plan.version} (inputs {printable(plan.inputs_hash, 16)}): {estimate}; followed by {len(names)}/{auto} auto peers"
         + (f": {', '.join(sorted(names))}" if names else "")
     )
     if plan.missing:

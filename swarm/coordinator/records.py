@@ -293,8 +293,12 @@ async def read_coordination(dht, model_id: str) -> Coordination:
     return coordination_from(await read_leases(dht, model_id), await read_plans(dht, model_id), model_id)
 
 
-def read_coordination_sync(dht, model_id: str) -> Coordination:
-    """`read_coordination` for synchronous callers (`hexswarm status`)."""
-    leases = parse_signed_entries(dht.get(lease_key(model_id), latest=True), Lease.from_bytes)
-    entries = parse_signed_entries(dht.get(plan_key(model_id), latest=True), PlanRecord.from_bytes)
+def read_coordination_sync(dht, model_id: str, timeout: float | None = None) -> Coordination:
+    """`read_coordination` for synchronous callers (`hexswarm status`, the monitor); each of its
+    two reads waits at most `timeout` seconds (swarm.dht_read.DHT_READ_TIMEOUT_S), and a read
+    that does not finish in time counts as no entries."""
+    from swarm.dht_read import get_latest
+
+    leases = parse_signed_entries(get_latest(dht, lease_key(model_id), timeout), Lease.from_bytes)
+    entries = parse_signed_entries(get_latest(dht, plan_key(model_id), timeout), PlanRecord.from_bytes)
     return coordination_from(leases, plans_from(entries, model_id), model_id)
