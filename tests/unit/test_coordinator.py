@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -25,6 +26,9 @@ from swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, beats
 from swarm.records import DeviceInfo, PeerRecord, PeerState
 
 MODEL = ModelSpec("tiny", 8, 128, 4)
+# Searches stop after a set number of generations (or a stall), never on the clock: a wall-clock
+# budget would make the plan, and so these assertions, depend on the machine's load.
+TINY_SEARCH = SearchConfig(max_generations=400, time_budget_s=math.inf, capacity=False)  # < 1 s on this model
 
 
 def record(peer: str, start: int, end: int, auto: bool = True, max_blocks: int = 4, **kw) -> PeerRecord:
@@ -251,9 +255,7 @@ def test_cluster_view_uses_measured_round_trips_and_stated_capacity():
 
 def test_compute_plan_covers_the_model_and_leaves_fixed_peers_alone():
     records = [record(f"p{i}", 0, 4) for i in range(4)] + [record("fixed", 0, 2, auto=False)]
-    planned = compute_plan(
-        records, MODEL, Workload(slo_scale=100), SearchConfig(time_budget_s=1, capacity=False)
-    )
+    planned = compute_plan(records, MODEL, Workload(slo_scale=100), TINY_SEARCH)
     assert "fixed" not in planned.assignments and len(planned.assignments) == 4
     served = [0] * 8
     for a, b, tp in planned.assignments.values():
@@ -338,7 +340,7 @@ def test_compute_plan_chooses_the_degree_the_model_needs():
     memory = (stage_memory(MODEL, 1, 5, tokens) + 1) / 0.9  # one GPU holds 5 of the 8 layers
     assert max_layers(MODEL, 1, 0.9 * memory, tokens) == 5 and max_layers(MODEL, 2, 0.9 * memory, tokens) >= 8
     peer = tp_record("g", 1, (1, 2), memory)  # serves at tp 1 now: only tp 2 holds the model
-    planned = compute_plan([peer], MODEL, workload, SearchConfig(time_budget_s=1, capacity=False))
+    planned = compute_plan([peer], MODEL, workload, TINY_SEARCH)
     assert planned.assignments == {"g": Placement(0, 8, 2)} and planned.plan is not None
     assert [s.device_ids for p in planned.plan.pipelines for s in p.stages] == [("g#0", "g#1")]
 
@@ -351,7 +353,7 @@ def test_compute_plan_keeps_the_degree_and_range_of_fixed_peers():
         [fixed, fixed_degree, chooser],
         MODEL,
         Workload(slo_scale=100),
-        SearchConfig(time_budget_s=1, capacity=False),
+        TINY_SEARCH,
     )
     assert set(planned.assignments) == {"a", "b"} and planned.assignments["a"].tp == 2
     assert planned.assignments["b"].tp in (1, 2)
@@ -373,7 +375,7 @@ def test_the_published_plan_carries_the_planned_degrees():
 
 
 SMOL = ModelSpec("smol", 30, 576, 4)  # SmolLM2's shape: 30 layers of hidden 576
-CPU_SEARCH = SearchConfig(time_budget_s=2, stall_generations=30, capacity=False)
+CPU_SEARCH = SearchConfig(max_generations=60, time_budget_s=math.inf, stall_generations=30, capacity=False)
 
 
 def served_blocks(planned: Planned, fixed=(), num_blocks: int = 30) -> list[int]:
@@ -442,7 +444,6 @@ def test_petals_fallback_places_auto_peers_around_fixed_ones():
 
 
 def test_peer_side_rules():
-    from peer.link_probe import tcp_endpoint
     from peer.plan_follower import fallback_target, initial_range, old_range_covered
 
     others = [record("a", 0, 4), record("b", 0, 4)]
@@ -452,8 +453,6 @@ def test_peer_side_rules():
     assert old_range_covered([*others, me], "c", (0, 4), (4, 8))
     assert not old_range_covered([record("a", 0, 2), me], "c", (0, 4), (4, 8))
     assert old_range_covered([record("a", 0, 2), me], "c", (0, 4), (2, 6))
-    assert tcp_endpoint("/ip4/127.0.0.1/tcp/4242/p2p/Qm") == ("127.0.0.1", 4242)
-    assert tcp_endpoint("/ip4/127.0.0.1/udp/4242/quic") is None
 
 
 def test_follower_takes_only_newer_plans_of_the_holder():
@@ -518,7 +517,7 @@ def test_a_plan_for_throughput_says_so_and_old_records_read_as_slo():
 
     records = [record(f"p{i}", 0, 4) for i in range(4)]
     workload = Workload(slo_scale=100, objective="throughput")
-    planned = compute_plan(records, MODEL, workload, SearchConfig(time_budget_s=1, capacity=False))
+    planned = compute_plan(records, MODEL, workload, TINY_SEARCH)
     # no request is late without a deadline: plans are told apart by tokens/s (`beats`)
     assert planned.plan.estimate.objective == "throughput" and planned.attainment == 1.0
     assert planned.throughput_tok_s > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -88,7 +89,9 @@ def test_petals_policy_run_is_deterministic(small_run):
 def test_static_policy_follows_the_plan_then_places_joiners(small_run):
     churn, workload, _ = small_run
     first = churn.cluster(set(churn.initial))
-    config = SearchConfig(max_generations=5, time_budget_s=30, capacity=False, one_stage_per_machine=True)
+    config = SearchConfig(
+        max_generations=5, time_budget_s=math.inf, capacity=False, one_stage_per_machine=True
+    )
     plan = search(first, MODEL, workload, config).plan
     policy = StaticPolicy(MODEL, workload, plan)
     machines = {m: churn.devices[m] for m in churn.initial}
@@ -127,7 +130,9 @@ def test_split_machines_runs_a_peer_per_k_gpus_that_the_plan_places_separately(s
     with pytest.raises(ValueError):
         split_machines(churn, 0)
     first = split.cluster(set(churn.initial))
-    config = SearchConfig(max_generations=5, time_budget_s=30, capacity=False, one_stage_per_machine=True)
+    config = SearchConfig(
+        max_generations=5, time_budget_s=math.inf, capacity=False, one_stage_per_machine=True
+    )
     plan = search(first, MODEL, workload, config).plan
     stages = [st for p in plan.pipelines for st in p.stages]
     peer = {d.id: d.machine for d in first.devices}

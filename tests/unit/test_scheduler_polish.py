@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import math
 import random
-import time
 
 import pytest
 
@@ -14,6 +14,8 @@ from routing.scheduler.model_spec import Workload, preset
 from routing.scheduler.scenarios import scenario
 from routing.scheduler.sim_polish import best_simulated, polish, simulated_rank
 
+# Every search here stops after a set number of generations (or a stall), never on the clock: a
+# wall-clock budget would make the plan, and so these assertions, depend on the machine's load.
 MODEL = preset("Llama-2-70B")
 WORKLOAD = Workload(rate=8.0, s_out=32, num_requests=150)
 
@@ -25,7 +27,9 @@ def half_price():
 
 @pytest.fixture(scope="module")
 def first(half_price):
-    return search(half_price, MODEL, WORKLOAD, SearchConfig(max_generations=6, time_budget_s=60, seed=2))
+    return search(
+        half_price, MODEL, WORKLOAD, SearchConfig(max_generations=6, time_budget_s=math.inf, seed=2)
+    )
 
 
 def test_polish_never_returns_a_plan_that_simulates_worse(half_price, first):
@@ -33,7 +37,7 @@ def test_polish_never_returns_a_plan_that_simulates_worse(half_price, first):
     mutator = Mutator(half_price, MODEL.weight_bytes, ev.accept_group)
     start = warm_individual(half_price, first.plan)
     rng = random.Random(0)
-    polished = polish(start, ev, mutator.mutate, rng, stall=3, deadline=time.perf_counter() + 60)
+    polished = polish(start, ev, mutator.mutate, rng, stall=3, deadline=math.inf)
     assert simulated_rank(ev.simulate(polished)) >= simulated_rank(ev.simulate(start))
     assert best_simulated([start, polished], ev) in (start, polished)
 
@@ -50,7 +54,7 @@ def test_a_warm_replan_is_never_worse_than_the_old_plan_repaired(half_price, fir
     ev = Evaluator(smaller, MODEL, WORKLOAD)
     mutator = Mutator(smaller, MODEL.weight_bytes, ev.accept_group)
     repaired = ev.simulate(mutator.repair(warm_individual(smaller, first.plan, seed=2)))
-    config = SearchConfig(max_generations=2, time_budget_s=60, seed=2, finalists=1, polish_stall=0)
+    config = SearchConfig(max_generations=2, time_budget_s=math.inf, seed=2, finalists=1, polish_stall=0)
     again = search(smaller, MODEL, WORKLOAD, config, previous=first.plan)
     assert simulated_rank(again.result) >= simulated_rank(repaired)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from dataclasses import replace
@@ -20,7 +21,11 @@ from routing.scheduler.replan import MoveCosts, plan_assignments, replan
 
 MODEL = preset("OPT-30B")  # 60 GB: two 2 x RTX 3090 machines or one 4 x A4000 machine per replica
 WORKLOAD = Workload(rate=4.0, s_out=16, num_requests=120)
-SWARM = SearchConfig(max_generations=15, time_budget_s=30, seed=1, capacity=False, one_stage_per_machine=True)
+# Every search here stops after a set number of generations (or a stall), never on the clock: a
+# wall-clock budget would make the plan, and so these assertions, depend on the machine's load.
+SWARM = SearchConfig(
+    max_generations=15, time_budget_s=math.inf, seed=1, capacity=False, one_stage_per_machine=True
+)
 
 
 def _machine(name: str, gpu: str, count: int, region: str) -> list[Device]:
