@@ -36,7 +36,7 @@ _CACHE_SCHEMA = 1  # bump when an entry's fields change: older files are then ig
 _MAX_ENTRIES = 1024  # files remembered; the oldest are dropped first
 _BUFFER_BYTES = 8 << 20  # per read: large enough that the hash, not the syscalls, sets the pace
 _PROGRESS_EVERY_S = 5.0  # a log line this often while a long hash runs
-_MAX_THREADS = 4  # shards hashed at once: hashlib releases the GIL, so threads use several cores
+MAX_THREADS = 4  # shards hashed at once: hashlib releases the GIL, so threads use several cores
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
@@ -75,7 +75,7 @@ def file_digests(paths: Sequence[Path], label: str) -> list[str]:
     missing = [k for k, digest in enumerate(digests) if digest is None]
     if missing:
         progress = _Progress(label, sum(identities[k].size for k in missing))
-        with ThreadPoolExecutor(min(_MAX_THREADS, len(missing)), thread_name_prefix="hash") as pool:
+        with ThreadPoolExecutor(min(MAX_THREADS, len(missing)), thread_name_prefix="hash") as pool:
             hashed = pool.map(lambda k: _hash_unchanged(paths[k], identities[k], progress), missing)
             for k, digest in zip(missing, hashed, strict=True):
                 digests[k] = digest

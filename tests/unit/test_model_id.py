@@ -68,7 +68,9 @@ def test_one_checkpoint_in_two_folders_has_one_id(cache, checkpoint, tmp_path):
 
 
 def test_one_weight_changed_past_the_first_mib_is_another_model(cache, checkpoint, tmp_path):
-    tuned = Path(shutil.copytree(checkpoint, tmp_path / "fine-tune"))
+    tuned = Path(
+        shutil.copytree(checkpoint, tmp_path / "fine-tune" / checkpoint.name)
+    )  # only content differs
     size = (tuned / WEIGHTS).stat().st_size
     assert size > 1 << 20  # so the change below lies beyond what the old id sampled
     flip_bit(tuned / WEIGHTS, size - 3)  # the last weight of the last tensor
