@@ -20,7 +20,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 
 from routing.scheduler.petals_rule import Span, check_delay, choose_start, should_move
-from swarm.coordinator.records import Coordination, dht_get, read_coordination
+from swarm.coordinator.records import Coordination, Trust, dht_get, read_coordination, trust_text
 from swarm.records import PeerRecord, PeerState, model_key, peer_records_from
 
 logger = logging.getLogger(__name__)
@@ -92,17 +92,21 @@ class PlanFollower:
         move: Callable[[int, int, int | None], Awaitable[None]],
         rebalance_period: float,
         seed: int | None = None,
+        trust: Trust = None,
     ):
         self.dht, self.peer_id, self.model_id, self.num_blocks = dht, peer_id, model_id, num_blocks
         self.move = move
         self.rebalance_period = rebalance_period
         self.rng = random.Random(seed)
+        self.trust = trust
         self.followed = 0  # version of the plan followed (0: none)
+        self.followed_from = ""  # ... and the coordinator that signed it
+        logger.info("%s: follows the plans of %s", model_id, trust_text(trust))
         self.next_check = 0.0
         self._ignored: set[tuple[str, int]] = set()
 
     async def step(self, records: Sequence[PeerRecord], me: PeerRecord, now: float) -> None:
-        coordination = await read_coordination(self.dht, self.model_id)
+        coordination = await read_coordination(self.dht, self.model_id, self.trust)
         self._log_ignored(coordination)
         if coordination.holder is not None:
             await self._follow(coordination, me)
@@ -115,6 +119,10 @@ class PlanFollower:
 
     async def _follow(self, coordination: Coordination, me: PeerRecord) -> None:
         plan = coordination.plan
+        # Versions order one coordinator's plans; a new holder's newest plan is followed even
+        # if it is numbered lower than its predecessor's (which it cannot have read in time).
+        if plan is not None and plan.coordinator != self.followed_from:
+            self.followed = 0
         if plan is None or plan.version <= self.followed:
             if (
                 plan is not None
@@ -126,7 +134,7 @@ class PlanFollower:
             return
         assignment = plan.assignment_of(self.peer_id)
         logger.info("following plan v%d of coordinator %s", plan.version, plan.coordinator[-8:])
-        self.followed = plan.version
+        self.followed, self.followed_from = plan.version, plan.coordinator
         if assignment is None:
             return
         tp = planned_degree(assignment.tp, me)

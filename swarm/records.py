@@ -182,7 +182,7 @@ def parse_signed_entries(
         try:
             entries.append((owner, parse(item.value)))
         except Exception as e:
-            _warn_once(owner, f"ignoring an entry signed by ...{owner[-8:]}: {e}")
+            warn_once(owner, f"ignoring an entry signed by ...{owner[-8:]}: {e}")
     return entries
 
 
@@ -190,7 +190,7 @@ _warned: dict[tuple[str, str], None] = {}  # (peer id, reason) already logged, o
 MAX_WARNED = 4096
 
 
-def _warn_once(peer_id: str, message: str) -> None:
+def warn_once(peer_id: str, message: str) -> None:
     """Logs a bad entry once per peer and reason: a record is re-read every few seconds, and
     a hostile peer must not be able to flood its readers' logs."""
     key = (peer_id, message)
@@ -215,12 +215,12 @@ def peer_records_from(value, model_id: str) -> list[PeerRecord]:
     records = []
     for owner, record in parse_signed_entries(value, PeerRecord.from_bytes):
         if record.peer_id != owner:
-            _warn_once(
+            warn_once(
                 owner, f"ignoring a record that claims peer {record.peer_id!r} but is signed by {owner}"
             )
             continue
         if record.model_id != model_id:
-            _warn_once(owner, f"ignoring a record of ...{owner[-8:]} stored under another model's key")
+            warn_once(owner, f"ignoring a record of ...{owner[-8:]} stored under another model's key")
             continue
         if record.state != PeerState.GONE:
             records.append(record)

@@ -14,10 +14,20 @@ import sys
 
 from routing.scheduler.model_spec import OBJECTIVES
 
+logger = logging.getLogger(__name__)
+
 
 def add_coordination_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags shared by `hexswarm coordinator` and `run-peer --coordinator`."""
     g = parser.add_argument_group("coordinator")
+    g.add_argument(
+        "--coordinator-key",
+        nargs="+",
+        default=None,
+        metavar="PEER_ID",
+        help="coordinator keys (peer ids) whose lease and plans count; default: any in a private swarm, "
+        "none in the public one",
+    )
     g.add_argument(
         "--lease-ttl", type=float, default=30.0, help="seconds a lease lives unrenewed (default 30)"
     )
@@ -66,6 +76,7 @@ def coordinator_config(args: argparse.Namespace, model_dir: str):
     """A CoordinatorConfig from the flags of `add_coordination_arguments`."""
     from routing.scheduler.genetic import SearchConfig
     from routing.scheduler.model_spec import Workload
+    from swarm.coordinator.records import trust_from
     from swarm.coordinator.service import CoordinatorConfig
     from swarm.coordinator.triggers import ReplanPolicy
     from swarm.model_spec import load_model_spec
@@ -89,6 +100,7 @@ def coordinator_config(args: argparse.Namespace, model_dir: str):
         ),
         lease_ttl=args.lease_ttl,
         period=args.coordinator_period,
+        trust=trust_from(args.coordinator_key, args.public),
     )
 
 
@@ -105,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"hexswarm coordinator: {e}", file=sys.stderr)
         return 2
     identity = load_or_create_identity(args.identity)
+    # Peers name this key with --coordinator-key to follow this coordinator's plans.
+    logger.info("coordinator key: %s", identity.peer_id.to_base58())
     dht = start_dht(public_initial_peers() if args.public else args.initial_peers, identity, args.host_maddrs)
     try:
         return asyncio.run(_serve(dht, identity, config))

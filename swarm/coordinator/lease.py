@@ -23,7 +23,7 @@ import logging
 
 from hivemind.utils import get_dht_time
 
-from swarm.coordinator.records import Lease, current_holder, lease_key, read_leases
+from swarm.coordinator.records import Lease, Trust, current_holder, lease_key, read_leases
 from swarm.identity import Identity
 
 logger = logging.getLogger(__name__)
@@ -34,19 +34,23 @@ STORE_TIMEOUT_S = 10.0
 class LeaseKeeper:
     """One candidate's side of the lease."""
 
-    def __init__(self, dht, identity: Identity, model_id: str, ttl: float, period: float):
+    def __init__(
+        self, dht, identity: Identity, model_id: str, ttl: float, period: float, trust: Trust = None
+    ):
         if ttl <= period:
             raise ValueError("the lease ttl must be longer than the renewal period")
         self.dht, self.identity, self.model_id = dht, identity, model_id
         self.ttl, self.period = ttl, period
         self.me = identity.peer_id.to_base58()
+        # It competes with the trusted candidates only, and trusts itself.
+        self.trust = trust if trust is None else trust | {self.me}
         self.since: float | None = None  # when our current claim was first written
         self.holding = False
         self.standing_by: str | None = None  # the holder this candidate last logged it stands by for
 
     async def step(self) -> bool:
         """Reads, claims or renews; returns whether this candidate holds the lease now."""
-        leases = await read_leases(self.dht, self.model_id)
+        leases = await read_leases(self.dht, self.model_id, self.trust)
         holder = current_holder(leases, self.model_id)
         holding = holder is not None and holder.holder == self.me and self.since is not None
         if holder is not None and not holding:

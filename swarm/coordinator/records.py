@@ -10,6 +10,14 @@ The lease holder is the live claim with the earliest `since` (ties: smallest pee
 reader that sees the same claims agrees on one holder, and a candidate that claimed at the same
 moment as another one sees that it lost and stops renewing. A claim lives until its DHT
 expiration: a holder that vanishes stops renewing and its claim expires.
+
+Whom to believe. A claimant writes its own `since`, and a plan's author its own `version`, so
+neither can decide between strangers: a claim with `since = 0` would win for good, and a plan
+numbered 2**62 would make followers ignore every later one. Readers therefore count only the
+claims and plans signed by *trusted* coordinator keys (`Trust`): the peer ids the swarm's
+operator names with `--coordinator-key`. With none named, a private swarm trusts any member
+(whoever can reach its bootstrap was let in by its operator) and the public swarm trusts none
+(its `--layers auto` peers follow Petals' rule). Versions are bounded (`MAX_PLAN_VERSION`).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import Any
 import msgpack
 
 from routing.scheduler.model_spec import OBJECTIVES
-from swarm.records import block_ranges, parse_signed_entries, unpack_map
+from swarm.records import block_ranges, parse_signed_entries, unpack_map, warn_once
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +39,33 @@ LEASE_KEY = "hexswarm/v1/coordinator"
 PLAN_KEY = "hexswarm/v1/plans"
 MAX_ASSIGNMENTS = 1024
 MAX_BLOCKS = 4096  # most blocks a plan may name as missing (and the largest block index)
+MAX_PLAN_VERSION = 1 << 31  # one plan a second for 68 years; larger versions are refused
+
+# The coordinator keys (base58 peer ids) whose leases and plans count; None: any signed one.
+Trust = frozenset[str] | None
+
+
+def trust_from(keys: list[str] | None, public: bool) -> Trust:
+    """The trust of `--coordinator-key KEY ...`: those keys; with none, any member of a private
+    swarm and nobody in the public one. ValueError on a key that is not a peer id."""
+    from hivemind.p2p import PeerID
+
+    if keys:
+        for key in keys:
+            try:
+                PeerID.from_base58(key)
+            except Exception:
+                raise ValueError(f"--coordinator-key {key!r} is not a peer id (base58)") from None
+        return frozenset(keys)
+    return frozenset() if public else None
+
+
+def trust_text(trust: Trust) -> str:
+    if trust is None:
+        return "any coordinator of this private swarm"
+    if not trust:
+        return "no coordinator (name one with --coordinator-key)"
+    return "coordinator keys " + ", ".join(sorted(key[-8:] for key in trust))
 
 
 class CoordinationRecordError(ValueError):
@@ -68,6 +103,8 @@ class Lease:
         released = body.get("released", False)
         if not isinstance(model_id, str) or not isinstance(holder, str) or not _is_number(since):
             raise CoordinationRecordError("malformed lease")
+        if not 0 <= since < 1e12:  # NaN fails too
+            raise CoordinationRecordError(f"lease since {since!r} out of range")
         if not isinstance(released, bool):
             raise CoordinationRecordError("malformed lease release")
         return cls(model_id, holder, float(since), released=released)
@@ -139,8 +176,10 @@ class PlanRecord:
         version, raw = body.get("version"), body.get("assignments")
         if not all(isinstance(s, str) for s in strings) or not all(_is_number(n) for n in numbers):
             raise CoordinationRecordError("malformed plan")
-        if not _is_int(version) or version < 1 or not isinstance(raw, list) or len(raw) > MAX_ASSIGNMENTS:
-            raise CoordinationRecordError("plan version or assignments malformed")
+        if not _is_int(version) or not 1 <= version <= MAX_PLAN_VERSION:
+            raise CoordinationRecordError(f"plan version must be in 1..{MAX_PLAN_VERSION}")
+        if not isinstance(raw, list) or len(raw) > MAX_ASSIGNMENTS:
+            raise CoordinationRecordError("plan assignments malformed")
         objective = body.get("objective", "slo")  # records of earlier versions have none
         if objective not in OBJECTIVES:
             raise CoordinationRecordError("unknown plan objective")
@@ -261,13 +300,24 @@ async def dht_get(dht, key: str, timeout: float = 10.0):
         return None
 
 
-async def read_leases(dht, model_id: str) -> list[tuple[str, Lease]]:
-    return parse_signed_entries(await dht_get(dht, lease_key(model_id)), Lease.from_bytes)
+def trusted_only(entries: list[tuple[str, Any]], trust: Trust, what: str) -> list[tuple[str, Any]]:
+    """The (signer, entry) pairs signed by a trusted coordinator key; others are logged once."""
+    if trust is None:
+        return entries
+    for signer, _ in entries:
+        if signer not in trust:
+            warn_once(signer, f"ignoring a {what} signed by ...{signer[-8:]}: not a trusted coordinator key")
+    return [(signer, entry) for signer, entry in entries if signer in trust]
 
 
-async def read_plans(dht, model_id: str) -> list[PlanRecord]:
-    value = await dht_get(dht, plan_key(model_id))
-    return plans_from(parse_signed_entries(value, PlanRecord.from_bytes), model_id)
+async def read_leases(dht, model_id: str, trust: Trust = None) -> list[tuple[str, Lease]]:
+    entries = parse_signed_entries(await dht_get(dht, lease_key(model_id)), Lease.from_bytes)
+    return trusted_only(entries, trust, "coordinator lease")
+
+
+async def read_plans(dht, model_id: str, trust: Trust = None) -> list[PlanRecord]:
+    entries = parse_signed_entries(await dht_get(dht, plan_key(model_id)), PlanRecord.from_bytes)
+    return plans_from(trusted_only(entries, trust, "plan"), model_id)
 
 
 @dataclass(frozen=True)
@@ -289,11 +339,14 @@ def coordination_from(
     return Coordination(holder, latest_plan_of(plans, holder), newest, others)
 
 
-async def read_coordination(dht, model_id: str) -> Coordination:
-    return coordination_from(await read_leases(dht, model_id), await read_plans(dht, model_id), model_id)
+async def read_coordination(dht, model_id: str, trust: Trust = None) -> Coordination:
+    leases, plans = await read_leases(dht, model_id, trust), await read_plans(dht, model_id, trust)
+    return coordination_from(leases, plans, model_id)
 
 
-def read_coordination_sync(dht, model_id: str, timeout: float | None = None) -> Coordination:
+def read_coordination_sync(
+    dht, model_id: str, timeout: float | None = None, trust: Trust = None
+) -> Coordination:
     """`read_coordination` for synchronous callers (`hexswarm status`, the monitor); each of its
     two reads waits at most `timeout` seconds (swarm.dht_read.DHT_READ_TIMEOUT_S), and a read
     that does not finish in time counts as no entries."""
@@ -301,4 +354,5 @@ def read_coordination_sync(dht, model_id: str, timeout: float | None = None) -> 
 
     leases = parse_signed_entries(get_latest(dht, lease_key(model_id), timeout), Lease.from_bytes)
     entries = parse_signed_entries(get_latest(dht, plan_key(model_id), timeout), PlanRecord.from_bytes)
+    leases, entries = trusted_only(leases, trust, "coordinator lease"), trusted_only(entries, trust, "plan")
     return coordination_from(leases, plans_from(entries, model_id), model_id)

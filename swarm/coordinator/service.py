@@ -24,6 +24,7 @@ from swarm.coordinator.planner import Planned, compute_plan
 from swarm.coordinator.records import (
     Assignment,
     PlanRecord,
+    Trust,
     dht_get,
     inputs_hash,
     plan_key,
@@ -48,6 +49,7 @@ class CoordinatorConfig:
     policy: ReplanPolicy = field(default_factory=ReplanPolicy)
     lease_ttl: float = 30.0  # seconds a lease claim lives without renewal
     period: float = 5.0  # seconds between steps (lease renewal, reading records)
+    trust: Trust = None  # the other candidates it competes with (records.py); None: any
 
     @property
     def plan_ttl(self) -> float:
@@ -61,7 +63,9 @@ class Coordinator:
     def __init__(self, dht, identity: Identity, config: CoordinatorConfig):
         self.dht, self.identity, self.config = dht, identity, config
         self.me = identity.peer_id.to_base58()
-        self.lease = LeaseKeeper(dht, identity, config.model_id, config.lease_ttl, config.period)
+        self.lease = LeaseKeeper(
+            dht, identity, config.model_id, config.lease_ttl, config.period, config.trust
+        )
         self.trigger = ReplanTrigger(config.policy, time.monotonic())
         self.acting = False  # planning as the lease holder (since the lease was last taken)
         self.published: PlanRecord | None = None  # our newest plan
@@ -123,7 +127,7 @@ class Coordinator:
             logger.info("re-plan (%s): nothing to plan: %s", reason, e)
             return
         self.replan_seconds.append(time.perf_counter() - began)
-        coordination = await read_coordination(self.dht, c.model_id)
+        coordination = await read_coordination(self.dht, c.model_id, self.lease.trust)
         current = self.published
         alive = {r.peer_id for r in records}
         still_valid = current is not None and all(a.peer_id in alive for a in current.assignments)

@@ -25,6 +25,7 @@ from swarm.coordinator.records import (
     plan_key,
     read_coordination_sync,
 )
+from swarm.identity import load_or_create_identity
 from swarm.launcher import LOOPBACK, LocalSwarm
 from swarm.records import online_peers_per_block, read_peer_records
 
@@ -72,12 +73,27 @@ class Coordinated:
         self.local, self.model_dir, self.model_id = local, model_dir, model_id
         self.dht, self.identity = dht, identity
         self.peers, self.coordinators = {}, {}
+        # The operator's coordinator keys: candidates c1..c4 run with these identities, and every
+        # peer and candidate trusts them (--coordinator-key); this test's own key is a stranger's.
+        self.coordinator_keys = {f"c{i}": local.workdir / f"c{i}.key" for i in range(1, 5)}
+        self.coordinator_ids = {
+            name: load_or_create_identity(path).peer_id.to_base58()
+            for name, path in self.coordinator_keys.items()
+        }
 
     def records(self):
         return read_peer_records(self.dht, self.model_id)
 
     def coordination(self):
-        return read_coordination_sync(self.dht, self.model_id)
+        """What the auto peers see: the leases and plans of the trusted coordinator keys."""
+        return read_coordination_sync(self.dht, self.model_id, trust=self.trust)
+
+    @property
+    def trust(self) -> frozenset[str]:
+        return frozenset(self.coordinator_ids.values())
+
+    def key_flags(self) -> tuple[str, ...]:
+        return ("--coordinator-key", *sorted(self.trust))
 
     def covered(self) -> bool:
         return all(online_peers_per_block(self.records(), BLOCKS))
@@ -92,6 +108,7 @@ class Coordinated:
             *self.local.initial_peers,
         ]
         args += ["--model", str(self.model_dir), "--host-maddrs", LOOPBACK, *COORDINATOR_FLAGS]
+        args += ["--identity", str(self.coordinator_keys[name]), *self.key_flags()]
         self.coordinators[name] = self.local.start_command(name, args, ready="coordinator candidate")
         return self.coordinators[name]
 
@@ -107,7 +124,6 @@ class Coordinated:
 @pytest.fixture(scope="module")
 def coordinated(make_model, tmp_path_factory):
     from swarm.dht import start_dht
-    from swarm.identity import load_or_create_identity
     from swarm.model_spec import load_model_spec
 
     model_dir = make_model(arch="llama", layers=BLOCKS)
@@ -120,11 +136,13 @@ def coordinated(make_model, tmp_path_factory):
             swarm = Coordinated(local, model_dir, model_id, dht, identity)
             swarm.start_coordinator("c1")
             swarm.start_coordinator("c2")
-            swarm.peers["fixed"] = local.start_peer(model_dir, "0:2", "fixed", *PEER_FLAGS, wait=False)
+            swarm.peers["fixed"] = local.start_peer(
+                model_dir, "0:2", "fixed", *PEER_FLAGS, *swarm.key_flags(), wait=False
+            )
             for i in range(4):
                 name = f"a{i}"
                 swarm.peers[name] = local.start_peer(
-                    model_dir, "auto", name, "--max-blocks", "4", *PEER_FLAGS, wait=False
+                    model_dir, "auto", name, "--max-blocks", "4", *PEER_FLAGS, *swarm.key_flags(), wait=False
                 )
             for proc in swarm.peers.values():
                 local.wait_for_log(proc, "online:", timeout=240)
@@ -175,8 +193,13 @@ def test_fixed_peer_is_never_moved(coordinated):
     assert "moving" not in coordinated.peers["fixed"].log()
 
 
-def test_forged_plans_and_leases_are_ignored(coordinated):
+def test_a_stolen_lease_and_a_huge_plan_version_move_nobody(coordinated):
+    """A stranger (this test's key) claims the lease from the beginning of time under its own
+    key, publishes the largest plan version there is moving every auto peer, and forges a claim
+    in the real holder's name: the candidates and peers count only the trusted keys."""
     from hivemind.utils import get_dht_time
+
+    from swarm.coordinator.records import MAX_PLAN_VERSION
 
     first_plan(coordinated)
     c = coordinated.coordination()
@@ -185,28 +208,26 @@ def test_forged_plans_and_leases_are_ignored(coordinated):
     auto = [r.peer_id for r in coordinated.records() if r.auto]
     expiration = get_dht_time() + 60
     subkey = coordinated.identity.owner_marker
-    # A plan signed by a non-holder (this test's key), newer than anything, moving every auto peer.
-    forged = PlanRecord(
-        coordinated.model_id, 1000, me, "forged", 1.0, 1e6, tuple(Assignment(p, 0, 1) for p in auto)
-    )
-    assert coordinated.dht.store(plan_key(coordinated.model_id), forged.to_bytes(), expiration, subkey=subkey)
-    # A lease that names the real holder, claimed from long ago, but signed by another key.
-    lease = Lease(coordinated.model_id, c.holder.holder, since=0.0)
-    assert coordinated.dht.store(lease_key(coordinated.model_id), lease.to_bytes(), expiration, subkey=subkey)
+    key = coordinated.model_id
+    stolen = Lease(key, me, since=0.0)
+    assert coordinated.dht.store(lease_key(key), stolen.to_bytes(), expiration, subkey=subkey)
+    moves = tuple(Assignment(p, 0, 1) for p in auto)
+    huge = PlanRecord(key, MAX_PLAN_VERSION, me, "stolen", 1.0, 1e6, moves)
+    assert coordinated.dht.store(plan_key(key), huge.to_bytes(), expiration, subkey=subkey)
+    untrusted = read_coordination_sync(coordinated.dht, key)  # counting every signed claim ...
+    assert untrusted.holder.holder == me and untrusted.plan.version == MAX_PLAN_VERSION  # ... it would win
 
     logs = lambda: [p.log() for name, p in coordinated.peers.items() if name != "fixed"]  # noqa: E731
     wait_until(
-        lambda: all("ignoring plan v1000" in log for log in logs()),
+        lambda: all(f"...{me[-8:]}: not a trusted coordinator key" in log for log in logs()),
         30,
-        "every auto peer logs the forged plan",
-    )
-    wait_until(
-        lambda: any("ignoring a forged lease" in log for log in logs()), 30, "the forged lease is logged"
+        "every auto peer logs the stranger's lease and plan as untrusted",
     )
     assert coordinated.coordination().holder.holder == c.holder.holder
-    assert all("following plan v1000" not in log for log in logs())
+    assert all(f"following plan v{MAX_PLAN_VERSION}" not in log for log in logs())
     now = {r.peer_id: (r.start, r.end) for r in coordinated.records()}
     assert all(now[p] == ranges[p] for p in auto if p in now)
+    assert coordinated.followed_plan().coordinator == c.holder.holder  # the real plan is still followed
 
 
 @pytest.mark.slow
