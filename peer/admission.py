@@ -1,10 +1,13 @@
 """Admission control: what one remote may take of a peer, so that a flood from one remote
 cannot starve the sessions the peer has already admitted.
 
-Three limits, each refusal a typed error frame:
+Four limits, each refusal a typed error frame:
 
 - streams per remote peer id (REMOTE_LIMIT): a remote cannot take all of the peer's stream slots;
-- sessions per remote peer id (REMOTE_LIMIT): nor all of its session slots and KV cache;
+- sessions per remote peer id (REMOTE_LIMIT): nor all of its session slots;
+- KV cache per remote peer id (REMOTE_LIMIT): its open sessions together reserve at most
+  `cache_share_per_remote` of the peer's cache (half by default; one session alone at most a
+  quarter, peer/core.py), so one remote cannot hoard the cache with a few large sessions;
 - steps per second per session (RATE_LIMITED): a token bucket of `steps_per_second` per
   second holding up to `burst_s` seconds' worth, so a session cannot monopolize the compute
   thread, while a normal generation (one step per token) never notices it.
@@ -18,8 +21,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from swarm.protocol import ErrorCode, ProtocolError
 
@@ -30,6 +34,7 @@ class AdmissionLimits:
     steps_per_second: float = 100.0  # sustained steps per session (0: no limit)
     burst_s: float = 2.0  # a session may run ahead of the rate by this many seconds' steps
     extra_streams_per_remote: int = 4  # streams beyond one per session (pings, a stream being set up)
+    cache_share_per_remote: float = 0.5  # of the peer's KV cache, over one remote's sessions (0: no limit)
 
     @property
     def streams_per_remote(self) -> int:
@@ -63,14 +68,31 @@ class Admission:
         if self.streams[remote] <= 0:
             del self.streams[remote]
 
-    def check_open(self, remote: str, open_sessions: Container[str]) -> None:
-        """Raises REMOTE_LIMIT if `remote` already holds its share of the sessions still open."""
+    def check_open(
+        self,
+        remote: str,
+        open_sessions: Mapping[str, Any] | Container[str],
+        needed_tokens: int = 0,
+        cache_tokens: int = 0,
+    ) -> None:
+        """Raises REMOTE_LIMIT if `remote` already holds its share of the sessions still open, or
+        if a new session of `needed_tokens` would take it over its share of `cache_tokens`."""
         self._forget_closed(open_sessions)
         cap = self.limits.sessions_per_remote
-        held = sum(1 for owner in self.owners.values() if owner == remote)
-        if cap and held >= cap:
+        held = [session for session, owner in self.owners.items() if owner == remote]
+        if cap and len(held) >= cap:
             raise ProtocolError(
                 ErrorCode.REMOTE_LIMIT, f"one remote may hold {cap} sessions on this peer; close one first"
+            )
+        share = int(self.limits.cache_share_per_remote * cache_tokens)
+        if not share:
+            return
+        reserved = sum(open_sessions[session].reserved_tokens for session in held)
+        if reserved + needed_tokens > share:
+            raise ProtocolError(
+                ErrorCode.REMOTE_LIMIT,
+                f"one remote may reserve {share} cache tokens on this peer; it holds {reserved}, "
+                f"asks {needed_tokens} more",
             )
 
     def opened(self, remote: str, session_id: str) -> None:

@@ -27,6 +27,7 @@ from peer.scheduler import BatchPolicy
 from peer.tp_shard import TPDegreeError, check_degree, valid_degrees
 from swarm import log_setup
 from swarm.coordinator.command import add_coordination_arguments, coordinator_config
+from swarm.coordinator.records import trust_from
 from swarm.dht import DEFAULT_HOST_MADDRS, public_initial_peers
 from swarm.model_spec import ModelSpecError, load_model_spec
 
@@ -115,7 +116,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV-cache budget in tokens over all sessions (default max-sessions x max-length)",
     )
     p.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a stream may stay open before it opens a session (default 30)",
+    )
+    p.add_argument(
         "--session-idle-timeout", type=float, default=300.0, help="seconds before an idle session is freed"
+    )
+    p.add_argument(
+        "--max-session-cache-tokens",
+        type=int,
+        default=None,
+        help="most KV-cache tokens one session may reserve (default a quarter of --cache-tokens, "
+        "at least --max-length)",
+    )
+    p.add_argument(
+        "--cache-share-per-peer",
+        type=float,
+        default=AdmissionLimits.cache_share_per_remote,
+        help="share of the KV cache one remote peer id's sessions may reserve together (default 0.5; 0: no limit)",
     )
     p.add_argument(
         "--max-sessions-per-peer",
@@ -268,8 +288,20 @@ def main(argv: list[str] | None = None) -> int:
     batch = _batch_policy(args)
     if batch is None:
         return 2
+    try:
+        coordinator_trust = trust_from(args.coordinator_key, args.public)
+    except ValueError as e:
+        print(f"run-peer: {e}", file=sys.stderr)
+        return 2
     device = devices[0]
     max_sessions, max_length = args.max_sessions, args.max_length
+    cache_tokens = args.cache_tokens or max_sessions * max_length
+    if not args.handshake_timeout > 0:
+        print("run-peer: --handshake-timeout must be > 0", file=sys.stderr)
+        return 2
+    if not 0 <= args.cache_share_per_peer <= 1:
+        print("run-peer: --cache-share-per-peer must be in [0, 1]", file=sys.stderr)
+        return 2
     config = PeerConfig(
         spec=spec,
         start=start,
@@ -286,12 +318,14 @@ def main(argv: list[str] | None = None) -> int:
             max_sessions=max_sessions,
             max_length=max_length,
             max_batch=args.max_batch,
-            cache_tokens=args.cache_tokens or max_sessions * max_length,
+            cache_tokens=cache_tokens,
+            session_cache_tokens=args.max_session_cache_tokens or max(cache_tokens // 4, max_length),
             session_idle_timeout=args.session_idle_timeout,
         ),
         announce_period=args.announce_period,
         drain_timeout=args.drain_timeout,
         max_frame_bytes=int(args.max_frame_mb * (1 << 20)),
+        handshake_timeout=args.handshake_timeout,
         throughput=args.throughput,
         decode_ms=args.decode_ms,
         tp_timeout=args.tp_timeout,
@@ -301,10 +335,13 @@ def main(argv: list[str] | None = None) -> int:
         rebalance_period=args.rebalance_period,
         move_wait=args.move_wait,
         coordinator=coordinator_config(args, args.model_dir) if args.coordinator else None,
+        coordinator_trust=coordinator_trust,
         batch=batch,
         faults=faults.plan_from_args(args),
         admission=AdmissionLimits(
-            sessions_per_remote=args.max_sessions_per_peer, steps_per_second=args.max_steps_per_second
+            sessions_per_remote=args.max_sessions_per_peer,
+            steps_per_second=args.max_steps_per_second,
+            cache_share_per_remote=args.cache_share_per_peer,
         ),
         debug_corrupt_outputs=args.debug_corrupt_outputs,
         debug_record=dict(map(parse_record_override, args.debug_record)),

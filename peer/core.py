@@ -62,6 +62,9 @@ class PeerLimits:
     max_length: int = 2048  # tokens per sequence
     max_batch: int = 16
     cache_tokens: int = 16 * 2048  # KV tokens over all sessions (batch x max_length each)
+    # Most KV tokens one session may reserve (None: all of `cache_tokens`); run-peer's default
+    # is a quarter of the cache, so no single OPEN can take a peer's whole budget.
+    session_cache_tokens: int | None = None
     session_idle_timeout: float = 300.0  # seconds without a step before a session is dropped
 
 
@@ -108,6 +111,12 @@ class PeerCore:
     def cache_tokens_left(self) -> int:
         return self.limits.cache_tokens - sum(s.reserved_tokens for s in self.sessions.values())
 
+    @property
+    def session_cache_tokens_left(self) -> int:
+        """What one new session may still reserve: the cache left, up to the per-session share."""
+        cap = self.limits.session_cache_tokens
+        return self.cache_tokens_left if cap is None else min(cap, self.cache_tokens_left)
+
     def open(self, request: Open) -> Opened:
         self._check_open(request)
         self.sessions[request.session_id] = Session(
@@ -149,10 +158,14 @@ class PeerCore:
             raise ProtocolError(ErrorCode.BAD_STATE, f"session {r.session_id} is already open")
         if len(self.sessions) >= limits.max_sessions:
             raise ProtocolError(ErrorCode.BUSY, f"all {limits.max_sessions} session slots are taken")
-        if r.batch_size * r.max_length > self.cache_tokens_left:
+        needed, cap = r.batch_size * r.max_length, limits.session_cache_tokens
+        if cap is not None and needed > cap:
             raise ProtocolError(
-                ErrorCode.BUSY,
-                f"session needs {r.batch_size * r.max_length} cache tokens, {self.cache_tokens_left} are left",
+                ErrorCode.BUSY, f"session needs {needed} cache tokens, one session may reserve {cap}"
+            )
+        if needed > self.cache_tokens_left:
+            raise ProtocolError(
+                ErrorCode.BUSY, f"session needs {needed} cache tokens, {self.cache_tokens_left} are left"
             )
 
     def begin_step(self, request: Step) -> tuple[Session, torch.Tensor]:

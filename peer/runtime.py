@@ -31,14 +31,14 @@ from peer.devices import describe
 from peer.faults import FaultInjector, FaultPlan
 from peer.link_probe import LinkProbe
 from peer.plan_follower import PlanFollower, join_range
-from peer.push import PushLinks
+from peer.push import PushLinks, SwarmMembers
 from peer.range_move import RangeMover
 from peer.scheduler import BatchPolicy
 from peer.server import PeerServer
 from peer.throughput import measure_or_load
 from peer.tp_group import TPGroup, TPGroupError
 from swarm import log_setup
-from swarm.coordinator.records import dht_get
+from swarm.coordinator.records import Trust, dht_get
 from swarm.dht import start_dht
 from swarm.dht_process import shutdown_dht
 from swarm.identity import load_or_create_identity
@@ -76,6 +76,7 @@ class PeerConfig:
     announce_period: float = 15.0
     drain_timeout: float = 30.0
     max_frame_bytes: int = 64 << 20
+    handshake_timeout: float = 30.0  # seconds a stream may stay open without a session (peer/server.py)
     max_streams: int = 64
     throughput: float | None = None  # announce this instead of the measured prefill tokens/s per block
     decode_ms: float | None = None  # announce this instead of the measured decode ms per block
@@ -95,6 +96,7 @@ class PeerConfig:
     faults: FaultPlan | None = None  # debug fault injection (peer.faults); None in production
     admission: AdmissionLimits = AdmissionLimits()  # per-remote and per-session limits
     debug_corrupt_outputs: bool = False  # tests only: add noise to every output (peer/debug.py)
+    coordinator_trust: Trust = None  # whose plans an auto peer follows (swarm/coordinator/records.py)
     debug_record: dict = field(default_factory=dict)  # tests only: fields announced over the honest ones
     # torch threads for steps of many tokens (prefill) when decode runs on fewer (peer/devices.py)
     prefill_threads: int | None = None
@@ -178,7 +180,7 @@ class _Peer:
         self.mover = RangeMover(self)
         self.addrs = tuple(str(a) for a in dht.get_visible_maddrs())
         peer_id = identity.peer_id.to_base58()
-        self.probe = LinkProbe(peer_id)
+        self.probe = LinkProbe(peer_id, self._open_link)  # through the p2p layer, once p2p is up
         self.follower = (
             PlanFollower(
                 dht,
@@ -187,6 +189,7 @@ class _Peer:
                 config.spec.num_blocks,
                 self.mover.request,
                 config.rebalance_period,
+                trust=config.coordinator_trust,
             )
             if config.auto
             else None
@@ -211,7 +214,7 @@ class _Peer:
             decode_ms_per_block=self.throughput[1],
             decode_batch_size=self.decode_batch[0],
             decode_batch_tokens_per_s=self.decode_batch[1],
-            cache_tokens_left=self.core.cache_tokens_left if self.core else 0,
+            cache_tokens_left=self.core.session_cache_tokens_left if self.core else 0,
             open_sessions=len(self.core.sessions) if self.core else 0,
             max_length=c.limits.max_length,
             dtype=DTYPE_NAMES.get(c.dtype, str(c.dtype)),
@@ -267,12 +270,15 @@ class _Peer:
             logger.warning("--debug-corrupt-outputs: every output of this peer is WRONG on purpose")
             blocks = CorruptOutputs(blocks)
         self.core = PeerCore(blocks, c.spec.model_id, c.limits, c.prefill_threads)
-        self.server = PeerServer(self.core, c.max_frame_bytes, c.max_streams, c.batch, Admission(c.admission))
+        self.server = PeerServer(
+            self.core, c.max_frame_bytes, c.max_streams, c.batch, Admission(c.admission), c.handshake_timeout
+        )
         if c.faults is not None:
             self.server.faults = FaultInjector(self.core, c.faults)
             self.server.faults.install_signals(self.loop)
         self.p2p = await self.dht.replicate_p2p()
-        self.server.pusher = PushLinks(self._open_link)
+        # Pushes go only to peers that announce this model (a client writes the chain).
+        self.server.pusher = PushLinks(self._open_link, members=SwarmMembers(self._member_ids))
         await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, self._handle_stream)
         await self.announcer.announce(PeerState.ONLINE)
         logger.info("online: serving %s blocks [%d:%d)", c.spec.model_id, c.start, c.end)
@@ -300,7 +306,8 @@ class _Peer:
         await self.server.handle_stream(*args)
 
     async def _open_link(self, peer_id: str):
-        """A stream to the next peer of a chain, for pushed steps (peer/push.py)."""
+        """A session stream to a peer id through the p2p layer: for pushed steps (peer/push.py)
+        and round-trip probes (peer/link_probe.py). Never a connection to an announced address."""
         _, reader, writer = await self.p2p.call_binary_stream_handler(
             PeerID.from_base58(peer_id), SESSION_PROTOCOL
         )
@@ -344,6 +351,8 @@ class _Peer:
         """Measures round trips and, for an auto peer, follows the plan (or Petals' rule)."""
         try:
             records = await self.read_records()
+            if self.server.pusher is not None:
+                self.server.pusher.members.update(r.peer_id for r in records)
             await self.probe.step(records)
             if self.follower is not None and not self.mover.busy:
                 followed = self.follower.followed
@@ -352,6 +361,10 @@ class _Peer:
                     await self.announcer.announce(PeerState.ONLINE)
         except Exception:  # the swarm's records are remote input: a bad step must not stop serving
             logger.exception("coordination step failed")
+
+    async def _member_ids(self) -> list[str]:
+        """The peers announcing this model now: whom pushes may go to (peer/push.py)."""
+        return [r.peer_id for r in await self.read_records()]
 
     async def read_records(self) -> list[PeerRecord]:
         return peer_records_from(

@@ -73,27 +73,22 @@ class StepScheduler:
         self.queue: collections.deque[Job] = collections.deque()
         self.cond = threading.Condition()
         self.stopped = False
-        self.idle = False  # the compute thread waits on an empty queue (read and set under `cond`)
         self.batch_sizes = collections.Counter()  # decode batch rows -> how many batches ran
         self.thread = threading.Thread(target=self._loop, name="compute", daemon=True)
         self.thread.start()
 
-    def submit(self, session: Session, hidden: torch.Tensor, inline: bool = False) -> Job:
+    def submit(self, session: Session, hidden: torch.Tensor) -> Job:
         """Queues a step validated by PeerCore.begin_step; its future completes on the compute thread.
 
-        With `inline`, a decode step that is the peer's only work (one open session, nothing
-        queued or running) runs right away in the calling thread (the event loop) instead: the
-        two thread hand-offs cost more than a tiny model's step on a busy machine, and nothing
-        else is waiting that could be blocked.
+        Every step runs there, even a lone session's decode step that would be cheaper to run
+        in the calling thread: on the event loop it would hold up pings, other streams' frames
+        and a tensor-parallel group's failure callback for as long as it computes (and for up
+        to --tp-timeout when a rank hangs in a collective).
         """
         job = Job(session, hidden)
         with self.cond:
             if self.stopped:
                 raise RuntimeError("the compute thread is stopped")
-            if inline and self.idle and not self.queue and job.is_decode and len(self.core.sessions) == 1:
-                # Holding the lock: the compute thread cannot start anything meanwhile.
-                self._run_decodes([job])
-                return job
             self.queue.append(job)
             self.cond.notify()
         return job
@@ -117,10 +112,8 @@ class StepScheduler:
     def _next_round(self) -> tuple[list[Job] | None, Job | None]:
         """Waits for work; returns (decode jobs to batch, one prefill job to advance by a chunk)."""
         with self.cond:
-            self.idle = True
             while not self.queue and not self.stopped:
                 self.cond.wait()
-            self.idle = False
             if self.stopped:
                 return None, None
             if not self.can_batch:

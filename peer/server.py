@@ -45,8 +45,12 @@ from swarm.protocol import (
 
 logger = logging.getLogger(__name__)
 
-# A stream that has opened no session yet must say something within this many seconds.
+# A stream that has opened no session (and is no push link) is closed this many seconds after
+# it was opened, whatever it sends meanwhile: PINGs alone cannot hold a stream slot.
 HANDSHAKE_TIMEOUT_S = 30.0
+# ... and its frames may be this large at most: OPEN, PING and CLOSE are a few hundred bytes.
+# Hidden states come only on a stream that owns a session, or from a session's upstream peer.
+PRE_SESSION_FRAME_BYTES = 64 << 10
 
 
 class PeerServer:
@@ -59,8 +63,10 @@ class PeerServer:
         max_streams: int,
         policy: BatchPolicy | None = None,
         admission: Admission | None = None,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT_S,
     ):
         self.core = core
+        self.handshake_timeout = handshake_timeout
         self.admission = admission or Admission(AdmissionLimits())
         self.max_frame_bytes = max_frame_bytes
         self.max_streams = max_streams
@@ -108,10 +114,23 @@ class PeerServer:
 
     async def _serve(self, reader, writer, owned: set[str], remote: str = "?") -> None:
         is_link = False  # a previous peer's push link: it owns no session but must stay open
+        handshake_ends = time.monotonic() + self.handshake_timeout
         while True:
-            timeout = self.core.limits.session_idle_timeout if owned or is_link else HANDSHAKE_TIMEOUT_S
+            in_session = owned or is_link
+            if in_session:  # a stream whose sessions all close gets a fresh window to open another
+                handshake_ends = time.monotonic() + self.handshake_timeout
+            timeout = (
+                self.core.limits.session_idle_timeout if in_session else handshake_ends - time.monotonic()
+            )
+            limit = (
+                self.max_frame_bytes
+                if in_session or self._feeds_a_session(remote)
+                else PRE_SESSION_FRAME_BYTES
+            )
             try:
-                payload = await asyncio.wait_for(read_payload(reader, self.max_frame_bytes), timeout)
+                payload = await asyncio.wait_for(
+                    read_payload(reader, min(limit, self.max_frame_bytes)), timeout
+                )
             except TimeoutError:
                 return
             except FrameTooLarge as e:
@@ -151,12 +170,9 @@ class PeerServer:
 
     async def _run(self, session, hidden, poison: bool, message: Step, writer, arrived: float) -> None:
         """Computes a validated step, pushes its output down the chain if asked, answers `writer`."""
-        job = self.scheduler.submit(session, hidden, inline=True)
+        job = self.scheduler.submit(session, hidden)
         queued = min(time.perf_counter(), job.compute_started or float("inf"))
-        if job.future.done():  # it ran inline
-            result: StepResult = job.future.result()
-        else:
-            result = await asyncio.wrap_future(job.future)
+        result: StepResult = await asyncio.wrap_future(job.future)
         if poison:
             result = self.faults.poison(result)
         if message.chain:
@@ -227,7 +243,8 @@ class PeerServer:
             case Ping():
                 return Pong(message.nonce)
             case Open():
-                self.admission.check_open(remote, self.core.sessions)
+                needed = message.batch_size * message.max_length
+                self.admission.check_open(remote, self.core.sessions, needed, self.core.limits.cache_tokens)
                 opened = self.core.open(message)
                 self.admission.opened(remote, message.session_id)
                 owned.add(message.session_id)
@@ -242,6 +259,11 @@ class PeerServer:
                 raise ProtocolError(
                     ErrorCode.BAD_STATE, f"a peer does not accept {type(message).__name__} frames"
                 )
+
+    def _feeds_a_session(self, remote: str) -> bool:
+        """Whether `remote` is the upstream of an open session: its push link's first frame
+        carries hidden states before the link owns anything."""
+        return any(session.upstream == remote for session in self.core.sessions.values())
 
     @staticmethod
     def _check_owned(session_id: str, owned: set[str]) -> None:

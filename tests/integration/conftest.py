@@ -15,7 +15,11 @@ PEERS = {
     "p1": ("0:3", ()),
     "p2": ("2:6", ()),
     "p3": ("3:6", ()),
-    "guard": ("0:3", ("--max-sessions", "2", "--max-length", "32", "--max-frame-mb", "1")),
+    "guard": (
+        "0:3",
+        ("--max-sessions", "2", "--max-length", "32", "--max-frame-mb", "1", "--max-session-cache-tokens", "64")
+        + ("--handshake-timeout", "8"),
+    ),
 }
 
 

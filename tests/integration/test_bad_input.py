@@ -28,6 +28,7 @@ from swarm.protocol import (
     encode,
     read_frame,
 )
+from swarm.records import read_peer_records
 from tests.integration.conftest import peer_id_of
 
 pytestmark = pytest.mark.integration
@@ -238,3 +239,53 @@ def test_abandoned_session_is_freed_on_disconnect(model):
     wait_until(lambda r: r.open_sessions == 1 and r.cache_tokens_left < full)
     stream.close()  # gone without a CLOSE frame
     wait_until(lambda r: r.open_sessions == 0 and r.cache_tokens_left == full)
+
+
+def test_one_session_or_one_remote_cannot_take_the_whole_cache(model):
+    """p1 runs with the defaults: 16 sessions x 2,048 tokens = 32,768 cache tokens, of which one
+    session may reserve a quarter and one remote's sessions half."""
+    stream = RawStream(model, peer_id_of(model, "p1"))
+    try:
+        hoard = _open(model, "hoard", max_length=2048, batch=16)
+        reply = stream.ask(hoard)
+        assert _error_code(reply) == ErrorCode.BUSY and "one session may reserve 8192" in reply.message
+        for session in ("a", "b"):
+            assert isinstance(stream.ask(_open(model, session, max_length=2048, batch=4)), Opened)
+        reply = stream.ask(_open(model, "c"))
+        assert _error_code(reply) == ErrorCode.REMOTE_LIMIT and "16384 cache tokens" in reply.message
+        assert isinstance(stream.ask(Close("a")), Closed)
+        _still_serves(stream, model)
+        record = next(r for r in read_peer_records(model.swarm.dht, model.spec.model_id) if r.name == "p1")
+        assert record.cache_tokens_left <= 8192  # routers are told what one new session can reserve
+    finally:
+        stream.close()
+
+
+def test_pings_alone_cannot_hold_a_stream_slot(model):
+    """guard: --handshake-timeout 8. The window counts from the stream's start, not per frame."""
+    stream = RawStream(model, peer_id_of(model, "guard"))
+    began = time.monotonic()
+    try:
+        with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
+            for nonce in range(60):
+                assert isinstance(stream.ask(Ping(nonce)), Pong)
+                time.sleep(0.5)
+        assert 7 < time.monotonic() - began < 20
+    finally:
+        stream.close()
+
+
+def test_frames_before_a_session_opens_are_small(model):
+    hidden = torch.randn(1, 200, HIDDEN)  # 100 KiB of hidden states: over the 64 KiB before a session
+    stream = RawStream(model, peer_id_of(model, "p1"))
+    try:
+        assert _error_code(stream.ask(Step("s", 0, hidden))) == ErrorCode.FRAME_TOO_LARGE
+    finally:
+        stream.close()
+    stream = RawStream(model, peer_id_of(model, "p1"))
+    try:  # the same frame on a stream that owns a session is an ordinary prefill
+        assert isinstance(stream.ask(_open(model, "big", max_length=256)), Opened)
+        assert isinstance(stream.ask(Step("big", 0, hidden)), StepResult)
+        assert isinstance(stream.ask(Close("big")), Closed)
+    finally:
+        stream.close()

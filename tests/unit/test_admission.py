@@ -52,3 +52,20 @@ def test_zero_means_no_limit():
         admission.check_open("r", set(admission.owners))
         admission.opened("r", str(i))
         admission.check_step(str(i), 0.0)
+
+
+def test_one_remote_reserves_at_most_its_share_of_the_cache():
+    from types import SimpleNamespace
+
+    admission = Admission(AdmissionLimits(sessions_per_remote=8, cache_share_per_remote=0.5))
+    sessions = {}
+    for sid, tokens in (("a", 8000), ("b", 8000)):
+        admission.check_open("mallory", sessions, tokens, cache_tokens=32768)
+        admission.opened("mallory", sid)
+        sessions[sid] = SimpleNamespace(reserved_tokens=tokens)
+    # 16,000 held: 384 more fit in half of 32,768, 1,000 do not.
+    admission.check_open("mallory", sessions, 384, cache_tokens=32768)
+    assert _code(admission.check_open, "mallory", sessions, 1000, 32768) == ErrorCode.REMOTE_LIMIT
+    admission.check_open("alice", sessions, 16000, cache_tokens=32768)  # another remote's share is whole
+    del sessions["a"]
+    admission.check_open("mallory", sessions, 8000, cache_tokens=32768)

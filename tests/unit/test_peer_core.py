@@ -117,3 +117,15 @@ def test_a_failed_peer_answers_peer_failed_but_lets_sessions_close(core):
     assert _code(lambda: _open(core, "b")) == ErrorCode.PEER_FAILED
     core.close(Close("a"))  # the client closes after hearing the error; its cache is freed
     assert not core.sessions
+
+
+def test_one_session_reserves_at_most_its_share_of_the_cache(core):
+    from dataclasses import replace
+
+    core.limits = replace(core.limits, session_cache_tokens=16)
+    assert core.session_cache_tokens_left == 16
+    with pytest.raises(ProtocolError) as refused:
+        _open(core, "big", batch=2, max_length=16)  # 32 tokens: over one session's 16
+    assert refused.value.code == ErrorCode.BUSY and "one session may reserve 16" in refused.value.message
+    _open(core, "fits", batch=1, max_length=16)
+    assert core.session_cache_tokens_left == 16 and core.cache_tokens_left == 24
