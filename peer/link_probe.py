@@ -1,72 +1,113 @@
-"""Round trips to a sample of other peers, smoothed, for the coordinator's view of the network.
+"""Round trips to a sample of this peer's own model swarm, smoothed, for the coordinator's view.
 
-Each step times a TCP handshake to the first announced address of up to `sample` peers (the
-others are taken in turn over later steps) and folds it into an exponentially weighted mean.
-A TCP connect is one round trip and costs the other side nothing but an accept; bandwidth is
-not measured (too costly to probe), so the coordinator uses the cluster format's default.
+Why through the p2p layer, and never to an announced address: a record's `addrs` are written
+by the peer that signed it, so they can name any host:port. A probe that opened a TCP
+connection to them every period (as the first version did) let one volunteer turn every
+honest peer into a port scanner aimed wherever it liked. A probe here is a PING frame on a
+session stream (swarm/protocol.py) opened to the record's peer id: libp2p finds that peer by
+its id and authenticates it, so the probe reaches that peer or nobody.
+
+Each step (once per announce period):
+
+1. Keep the records of this peer's model (`peer_records_from` has already checked their
+   signatures, model id and ranges) that are ONLINE or JOINING, other than this peer's own.
+2. Take up to `sample` of them: unmeasured peers first, then a random pick of the rest.
+3. Open a stream to each, at once, and time PING -> PONG `PINGS_PER_PROBE` times; the least is
+   the round trip (the first may still pay for the stream's setup). The whole probe of one peer
+   has PROBE_TIMEOUT_S; a peer that fails it keeps its last measurement.
+4. Fold each round trip into an exponentially weighted mean.
+
+Bandwidth is not measured (too costly to probe), so the coordinator uses the cluster format's
+default for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import random
 import time
 from collections.abc import Sequence
 
-from swarm.records import PeerRecord
+from peer.push import Connect
+from swarm.protocol import Error, Ping, Pong, read_frame, write_frame
+from swarm.records import PeerRecord, PeerState
+
+logger = logging.getLogger(__name__)
 
 SMOOTHING = 0.3  # weight of a new measurement
-CONNECT_TIMEOUT_S = 2.0
+PROBE_TIMEOUT_S = 2.0  # for one peer: opening the stream and all its pings
+PINGS_PER_PROBE = 2
+MAX_PONG_FRAME = 1024  # a PONG (or an ERROR refusing the stream) is a few dozen bytes
+DEFAULT_SAMPLE = 4  # peers probed per step: the cost of a period stays the same in any swarm
 MAX_PUBLISHED = 32
-
-
-def tcp_endpoint(maddr: str) -> tuple[str, int] | None:
-    """('1.2.3.4', 31337) from '/ip4/1.2.3.4/tcp/31337/p2p/...'; None for other transports."""
-    parts = maddr.split("/")
-    try:
-        i = parts.index("tcp")
-        if parts[1] not in ("ip4", "ip6", "dns", "dns4", "dns6"):
-            return None
-        return parts[2], int(parts[i + 1])
-    except (ValueError, IndexError):
-        return None
+PROBED_STATES = (PeerState.ONLINE, PeerState.JOINING)
 
 
 class LinkProbe:
-    """This peer's smoothed round trips (ms) to others."""
+    """This peer's smoothed round trips (ms) to others of its model swarm.
 
-    def __init__(self, peer_id: str, sample: int = 4, seed: int | None = None):
-        self.peer_id, self.sample = peer_id, sample
+    `connect` opens a session stream to a peer id through the p2p layer (the same one push
+    links use); it is injected, so this module needs no p2p and tests can count its calls."""
+
+    def __init__(self, peer_id: str, connect: Connect, sample: int = DEFAULT_SAMPLE, seed: int | None = None):
+        if sample < 1:
+            raise ValueError(f"sample must be at least 1, got {sample}")
+        self.peer_id, self.connect, self.sample = peer_id, connect, sample
         self.rng = random.Random(seed)
         self.rtt_ms: dict[str, float] = {}
 
     async def step(self, records: Sequence[PeerRecord]) -> None:
-        others = [r for r in records if r.peer_id != self.peer_id and r.addrs]
-        live = {r.peer_id for r in others}
+        """Probes up to `sample` peers of `records` and folds in what they answered."""
+        others = [r.peer_id for r in records if r.peer_id != self.peer_id and r.state in PROBED_STATES]
+        others = list(dict.fromkeys(others))
+        live = set(others)
         self.rtt_ms = {p: ms for p, ms in self.rtt_ms.items() if p in live}
-        # Unmeasured peers first, then a random sample of the rest.
         self.rng.shuffle(others)
-        others.sort(key=lambda r: r.peer_id in self.rtt_ms)
-        results = await asyncio.gather(*(self._measure(r) for r in others[: self.sample]))
-        for record, ms in zip(others, results, strict=False):
+        others.sort(key=lambda p: p in self.rtt_ms)  # unmeasured peers first
+        chosen = others[: self.sample]
+        results = await asyncio.gather(*(self._measure(p) for p in chosen))
+        for peer_id, ms in zip(chosen, results, strict=True):
             if ms is not None:
-                old = self.rtt_ms.get(record.peer_id)
-                self.rtt_ms[record.peer_id] = ms if old is None else (1 - SMOOTHING) * old + SMOOTHING * ms
+                old = self.rtt_ms.get(peer_id)
+                self.rtt_ms[peer_id] = ms if old is None else (1 - SMOOTHING) * old + SMOOTHING * ms
 
     def published(self) -> tuple[tuple[str, float], ...]:
+        """The nearest peers' round trips, for this peer's record."""
         nearest = sorted(self.rtt_ms.items(), key=lambda item: item[1])[:MAX_PUBLISHED]
         return tuple((peer, round(ms, 3)) for peer, ms in nearest)
 
-    @staticmethod
-    async def _measure(record: PeerRecord) -> float | None:
-        endpoint = next((e for e in map(tcp_endpoint, record.addrs) if e is not None), None)
-        if endpoint is None:
-            return None
-        began = time.perf_counter()
+    async def _measure(self, peer_id: str) -> float | None:
+        """The least PING -> PONG time (ms) to `peer_id`, or None when it did not answer in time."""
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(*endpoint), CONNECT_TIMEOUT_S)
-        except (OSError, TimeoutError):
-            return None
-        ms = (time.perf_counter() - began) * 1000.0
-        writer.close()
-        return ms
+            return await asyncio.wait_for(self._ping(peer_id), PROBE_TIMEOUT_S)
+        except TimeoutError:
+            logger.debug("no PONG from ...%s within %.1f s", peer_id[-8:], PROBE_TIMEOUT_S)
+        except Exception as e:  # whatever the p2p layer raises for a peer it cannot reach
+            logger.debug("probe of ...%s failed: %s: %s", peer_id[-8:], type(e).__name__, e)
+        return None
+
+    async def _ping(self, peer_id: str) -> float:
+        reader, writer = await self.connect(peer_id)
+        try:
+            times = [
+                await _round_trip(reader, writer, self.rng.getrandbits(62)) for _ in range(PINGS_PER_PROBE)
+            ]
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+        return min(times)
+
+
+async def _round_trip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, nonce: int) -> float:
+    """One PING on an open session stream; its round trip in ms."""
+    began = time.perf_counter()
+    await write_frame(writer, Ping(nonce))
+    answer = await read_frame(reader, MAX_PONG_FRAME)
+    ms = (time.perf_counter() - began) * 1000.0
+    if isinstance(answer, Error):
+        raise ConnectionError(f"refused: {answer.code.name}: {answer.message[:200]}")
+    if not isinstance(answer, Pong) or answer.nonce != nonce:
+        raise ConnectionError(f"expected PONG {nonce}, got {type(answer).__name__}")
+    return ms
