@@ -146,14 +146,7 @@ class LocalSwarm:
 
     def stop(self, proc: Managed, timeout: float = 30) -> int | None:
         """SIGTERM (a clean leave), then SIGKILL to the whole process group after `timeout`."""
-        if proc.alive():
-            proc.popen.send_signal(signal.SIGTERM)
-            try:
-                proc.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        _kill_group(proc.popen)
-        return proc.popen.returncode
+        return stop_process(proc.popen, signal.SIGTERM, timeout)
 
     def close(self) -> None:
         for proc in reversed(self.processes):
@@ -201,6 +194,20 @@ def _read_line(proc: Managed, timeout: float) -> str:
     if not selector.select(timeout):
         raise LaunchError(f"{proc.name} printed nothing within {timeout} s:\n{proc.log()}")
     return proc.popen.stdout.readline().decode().strip()
+
+
+def stop_process(popen: subprocess.Popen, first_signal: int, timeout: float) -> int | None:
+    """Sends `first_signal` to a process started in its own session (start_new_session=True),
+    waits up to `timeout` seconds for it to exit, then SIGKILLs its whole process group, so that
+    whatever it started and left behind goes too. Returns its exit status."""
+    if popen.poll() is None:
+        popen.send_signal(first_signal)
+        try:
+            popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    _kill_group(popen)
+    return popen.returncode
 
 
 def _kill_group(popen: subprocess.Popen) -> None:
