@@ -93,9 +93,9 @@ def cached_file_digest(path: Path) -> str | None:
     return _lookup(_load_cache(), path, FileIdentity.of(path)) if path.is_file() else None
 
 
-def hash_file(path: Path, progress: _Progress | None = None) -> str:
-    """SHA-256 (hex) of every byte of `path`, read in large blocks; no cache."""
-    digest = hashlib.new(ALGORITHM)
+def hash_file(path: Path, progress: _Progress | None = None, algorithm: str = ALGORITHM) -> str:
+    """The digest (hex) of every byte of `path`, read in large blocks; no cache."""
+    digest = hashlib.new(algorithm)
     buffer = bytearray(_BUFFER_BYTES)
     view = memoryview(buffer)
     with open(path, "rb", buffering=0) as f:
