@@ -181,39 +181,33 @@ def test_probes_go_to_peer_ids_through_p2p_and_never_to_an_announced_address(lin
     assert hostile.frames["Ping"] > 0 and set(hostile.frames) == {"Ping"}, hostile.frames
 
 
-@pytest.fixture(scope="module")
-def local_model(links_swarm):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(links_swarm[1])
-
-
 @pytest.fixture
 def push_client(links_swarm):
     from client import DistributedModelForCausalLM
 
-    local, model_dir, _ = links_swarm
     model = DistributedModelForCausalLM.from_pretrained(
-        model_dir, initial_peers=local.initial_peers, push=True
+        links_swarm[1], initial_peers=links_swarm[0].initial_peers, push=True
     )
     yield model
     model.shutdown()
 
 
 def test_a_chain_naming_a_peer_outside_the_swarm_is_never_dialed_and_is_relayed(
-    links_swarm, outsider, push_client, local_model, monkeypatch, caplog
+    links_swarm, outsider, push_client, monkeypatch, caplog
 ):
+    from transformers import AutoModelForCausalLM
+
     import client.failover
     from swarm.protocol import NextHop
 
-    _, _, model_id = links_swarm
+    _, model_dir, model_id = links_swarm
     stranger = outsider()
     # The client names the stranger as the next hop of every chain (its peers' own session ids).
     monkeypatch.setattr(
         client.failover, "NextHop", lambda peer_id, session: NextHop(stranger.peer_id, session)
     )
     prompt = torch.randint(3, 400, (1, 6), generator=torch.Generator().manual_seed(7))
-    expected = local_model.generate(prompt, **KWARGS)
+    expected = AutoModelForCausalLM.from_pretrained(model_dir).generate(prompt, **KWARGS)
 
     with caplog.at_level(logging.INFO, logger="client.session"):
         got = push_client.generate(prompt, **KWARGS)
