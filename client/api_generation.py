@@ -3,8 +3,11 @@
 The API server must not block its event loop, and many requests share one
 `DistributedModelForCausalLM`: each request runs `model.generate` in a thread of a pool
 (the model keeps one swarm session per thread), and a streamer hands every new token to
-the request's asyncio queue. Setting `cancel` (the client went away, or a stop string
-appeared) ends `generate` after the step in flight, which closes the session on every peer.
+the request's asyncio queue. The streamer first passes each token through the request's own
+`on_token` (the API detokenizes there), so that per-token CPU work runs in the generation
+thread, not on the event loop. Setting `cancel` (the client went away), or `should_stop()`
+turning true (a stop string appeared), ends `generate` after the step in flight, which closes
+the session on every peer.
 
 Sampling draws from the request's own `torch.Generator`, so concurrent requests do not
 share the global RNG. It draws exactly what `generate(do_sample=True)` draws after
@@ -17,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -81,26 +84,48 @@ def generation_kwargs(model, settings: SamplingSettings) -> dict:
     return kwargs
 
 
-class _Cancelled(StoppingCriteria):
-    def __init__(self, cancel: threading.Event):
-        self.cancel = cancel
+def _token_itself(token: int) -> int:
+    return token
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class GenerationHooks:
+    """What a request adds to its generation. `on_token` and `should_stop` run in the generation
+    thread, after each new token (the streamer's `put` comes before `generate` checks its
+    stopping criteria, so a stop takes effect at once); `on_finished` runs on the event loop
+    once the thread is done with the request, whether `generate` returned, raised or never ran."""
+
+    on_token: Callable[[int], object] = _token_itself  # what the stream yields for each new token id
+    should_stop: Callable[[], bool] = _never  # run to max_tokens or the end of the sequence
+    on_finished: Callable[[], None] | None = None
+
+
+class _Stop(StoppingCriteria):
+    def __init__(self, cancel: threading.Event, should_stop: Callable[[], bool]):
+        self.cancel, self.should_stop = cancel, should_stop
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        return torch.full((input_ids.shape[0],), self.cancel.is_set(), dtype=torch.bool)
+        stop = self.cancel.is_set() or self.should_stop()
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool)
 
 
 class _QueueStreamer(BaseStreamer):
-    """Forwards each new token id (not the prompt, which `generate` puts first) to an asyncio queue."""
+    """Forwards `on_token(id)` of each new token id (not the prompt, which `generate` puts first)
+    to an asyncio queue."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
-        self.loop, self.queue, self.prompt_seen = loop, queue, False
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, on_token: Callable):
+        self.loop, self.queue, self.on_token, self.prompt_seen = loop, queue, on_token, False
 
     def put(self, value: torch.Tensor) -> None:
         if not self.prompt_seen:
             self.prompt_seen = True
             return
         for token in value.reshape(-1).tolist():
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, token)
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, self.on_token(token))
 
     def end(self) -> None:
         pass  # the worker's own sentinel (after generate returns or raises) ends the stream
@@ -111,14 +136,15 @@ _DONE = object()
 
 @dataclass
 class TokenStream:
-    """The token ids of one running generation, as an async iterator; `error` holds what
-    `generate` raised, if it did."""
+    """`on_token` of each new token of one running generation, as an async iterator; `error`
+    holds what `generate` raised, if it did. The queue needs no bound of its own: it holds at
+    most max_tokens items and one end marker."""
 
     queue: asyncio.Queue
     cancel: threading.Event
     error: BaseException | None = None
 
-    async def __aiter__(self) -> AsyncIterator[int]:
+    async def __aiter__(self) -> AsyncIterator:
         while True:
             item = await self.queue.get()
             if item is _DONE:
@@ -130,24 +156,31 @@ class TokenStream:
 
 
 def start_generation(
-    model, executor: Executor, input_ids: torch.Tensor, settings: SamplingSettings
+    model,
+    executor: Executor,
+    input_ids: torch.Tensor,
+    settings: SamplingSettings,
+    hooks: GenerationHooks | None = None,
 ) -> TokenStream:
     """Runs `model.generate` for one request in `executor`; returns its token stream at once."""
+    hooks = hooks or GenerationHooks()
     loop = asyncio.get_running_loop()
     stream = TokenStream(queue=asyncio.Queue(), cancel=threading.Event())
     kwargs = generation_kwargs(model, settings)
-    kwargs["streamer"] = _QueueStreamer(loop, stream.queue)
-    kwargs["stopping_criteria"] = StoppingCriteriaList([_Cancelled(stream.cancel)])
+    kwargs["streamer"] = _QueueStreamer(loop, stream.queue, hooks.on_token)
+    kwargs["stopping_criteria"] = StoppingCriteriaList([_Stop(stream.cancel, hooks.should_stop)])
 
     def work() -> None:
         outcome: object = _DONE
         try:
-            if not stream.cancel.is_set():  # the client may have left while the request queued
+            if not stream.cancel.is_set():  # the client may have left before a thread was free
                 with torch.inference_mode():
                     model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
         except BaseException as e:  # handed to the request, which answers with an error
             outcome = e
         loop.call_soon_threadsafe(stream.queue.put_nowait, outcome)
+        if hooks.on_finished is not None:
+            loop.call_soon_threadsafe(hooks.on_finished)
 
     loop.run_in_executor(executor, work)
     return stream

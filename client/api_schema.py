@@ -21,10 +21,17 @@ class ApiError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(
-        self, status: int, message: str, kind: str, code: str | None = None, param: str | None = None
+        self,
+        status: int,
+        message: str,
+        kind: str,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
+        self.headers = headers  # e.g. Retry-After on 429 and 503
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}

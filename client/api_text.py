@@ -5,10 +5,14 @@ incomplete UTF-8 character (a byte-level token can split one) or in what could b
 of a stop string; when a stop string appears, the text before it is the last delta and the
 generation is told to stop. The final text equals `tokenizer.decode(all ids)` cut at the
 first stop string, so it matches what `generate()` returns.
+
+Decoding runs in the generation thread (`TextAssembler.delta` is the generation's `on_token`),
+never on the API's event loop: each step decodes the whole answer so far.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -23,6 +27,15 @@ class Finished:
 
     reason: str
     completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One new token and the text it made certain."""
+
+    token: int
+    text: str
+    stopped: bool  # a stop string appeared: the text ends here
 
 
 class TextAssembler:
@@ -42,6 +55,11 @@ class TextAssembler:
             self.stopped = True
             return self._take(text[:cut])
         return self._take(text[: self._certain_end(text)])
+
+    def delta(self, token: int) -> Delta:
+        """`feed` as a record, for the generation thread to hand to the event loop."""
+        text = self.feed(token)
+        return Delta(token, text, self.stopped)
 
     def flush(self) -> str:
         """Whatever was held back, once no token will follow."""
@@ -77,19 +95,19 @@ async def text_deltas(
 ) -> AsyncIterator[str | Finished]:
     """Non-empty text deltas, then one `Finished`; re-raises what `generate` raised.
 
-    Stops the generation (sets `stream.cancel`) as soon as a stop string appears."""
+    `stream` yields the `Delta`s of `assembler.delta`; a stop string has stopped the generation
+    already (the assembler is its `should_stop`), and `cancel` makes sure of it."""
     count, last = 0, None
-    async for token in stream:
-        count, last = count + 1, token
-        delta = assembler.feed(token)
-        if delta:
-            yield delta
-        if assembler.stopped:
+    async for delta in stream:
+        count, last = count + 1, delta.token
+        if delta.text:
+            yield delta.text
+        if delta.stopped:
             stream.cancel.set()
             break
     if stream.error is not None:
         raise stream.error
-    tail = assembler.flush()
+    tail = await asyncio.to_thread(assembler.flush)  # the generation thread is done with it
     if tail:
         yield tail
     ended_by_model = assembler.stopped or last in eos_ids

@@ -6,8 +6,10 @@ against `generate()` of an in-process DistributedModelForCausalLM on the same sw
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -58,13 +60,22 @@ def wait_until_listening(client, timeout: float = 30) -> None:
             time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def keyed_api(swarm, name: str, *extra: str):
+    """(openai client, process, base url) of an API over the swarm's model with API_KEY set."""
+    proc, url = start_api(swarm, name, swarm.model_dir, "--api-key", API_KEY, *extra)
+    try:
+        client = openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0, timeout=120)
+        wait_until_listening(client)
+        yield client, proc, url
+    finally:
+        swarm.local.stop(proc)
+
+
 @pytest.fixture(scope="module")
 def api(swarm):
-    proc, url = start_api(swarm, "api", swarm.model_dir, "--api-key", API_KEY)
-    client = openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0, timeout=120)
-    wait_until_listening(client)
-    yield client, proc, url
-    swarm.local.stop(proc)
+    with keyed_api(swarm, "api") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -284,5 +295,77 @@ def test_uncovered_model_gets_503_naming_the_missing_blocks(swarm, make_model):
             assert caught.value.status_code == 503
             assert caught.value.body["code"] == "missing_blocks"
             assert "0:3" in caught.value.body["message"]
+        status, health = get(root(url) + "/health")
+        assert status == 503 and health["status"] == "unavailable" and "0:3" in health["reason"]
+        assert get(root(url) + "/docs", parse=False)[0] == 200  # no key set: the docs are open
     finally:
         swarm.local.stop(proc)
+
+
+def root(url: str) -> str:
+    return url.removesuffix("/v1")
+
+
+def get(url: str, key: str | None = None, parse: bool = True) -> tuple[int, dict | bytes]:
+    """(status, JSON body) of a GET, errors included."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as answer:
+            status, body = answer.status, answer.read()
+    except urllib.error.HTTPError as refused:
+        status, body = refused.code, refused.read()
+    return status, json.loads(body) if parse else body
+
+
+def test_health_needs_no_key_and_says_the_model_is_covered(api):
+    _, _, url = api
+    status, health = get(root(url) + "/health")
+    assert status == 200 and health["status"] == "ok"
+    assert health["generating"] >= 0 and health["queued"] >= 0
+
+
+def test_with_a_key_the_docs_are_off_and_the_schema_needs_the_key(api):
+    _, _, url = api
+    assert get(root(url) + "/docs", parse=False)[0] == 404
+    assert get(root(url) + "/redoc", parse=False)[0] == 404
+    status, body = get(root(url) + "/openapi.json")
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    status, schema = get(root(url) + "/openapi.json", key=API_KEY)
+    assert status == 200 and "/v1/completions" in schema["paths"]
+
+
+def test_tokenizing_a_large_prompt_leaves_the_event_loop_free(api, served_name):
+    """A ~1 MB prompt takes the server about a second of CPU to tokenize (then it is refused as
+    longer than the context); /health answers within a fraction of that meanwhile."""
+    _, _, url = api
+    prompt = "A swarm of volunteers serves a model. " * 25_000  # 950 KB, under the 1 MiB limit
+    outcome = {}
+
+    def big_request():
+        began = time.monotonic()
+        outcome["status"] = post_json(f"{url}/completions", {"model": served_name, "prompt": prompt})
+        outcome["took"] = time.monotonic() - began
+
+    health_waits = []
+    worker = threading.Thread(target=big_request)
+    worker.start()
+    while worker.is_alive():
+        began = time.monotonic()
+        get(root(url) + "/health")
+        health_waits.append(time.monotonic() - began)
+    worker.join()
+    assert outcome["status"] == 400  # beyond the model's context, found by tokenizing it
+    assert len(health_waits) >= 3 and max(health_waits) < outcome["took"] / 3, (health_waits, outcome)
+
+
+def post_json(url: str, body: dict, key: str = API_KEY) -> int:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return answer.status
+    except urllib.error.HTTPError as refused:
+        return refused.code

@@ -1,0 +1,158 @@
+"""Admission control for the API: a bounded number of generations run, a bounded number wait.
+
+A server that queues without bound fails late and for everyone: waits grow until every client
+times out, and a flood of requests holds memory it never gives back. Production servers bound
+what they accept instead and refuse the rest at once: Hugging Face's TGI answers 429 past
+`--max-concurrent-requests`, and OpenAI's API answers 429 with a `Retry-After` header, which
+its client libraries honour before they retry.
+
+Here a request takes a *place* when it arrives (at most `max_running + max_queued` places) and
+a *run slot* (at most `max_running`) when its generation may start. Between the two it is
+queued: it is tokenized and checked, then waits in arrival order for a slot, for at most
+`queue_timeout_s`. A request cancelled while queued (its client left) gives its place back and
+never starts. A run slot is held until the generation's thread has ended, not merely until its
+client left: the step in flight and the session's close still use that thread.
+
+Everything here runs on the event loop; a generation thread hands its slot back through
+`loop.call_soon_threadsafe(ticket.done)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from client.api_schema import ApiError
+
+MAX_RETRY_AFTER_S = 60  # past a minute the estimate says little; a client may poll /health instead
+HOLD_TIME_SMOOTHING = 0.2  # weight of the newest hold time in the moving average
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """How many requests generate at once, how many may wait, and for how long."""
+
+    max_running: int = 16  # generations at once, each in its own thread with its own swarm session
+    # Four waiting per running slot: enough to ride out a burst, small enough that a queued
+    # request still starts within a few generations' time rather than after minutes.
+    max_queued: int = 64
+    # A queued request's longest wait for a run slot; past it the answer is 503 with Retry-After.
+    queue_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.max_running < 1:
+            raise ValueError(f"max_running must be at least 1, got {self.max_running}")
+        if self.max_queued < 0:
+            raise ValueError(f"max_queued must be 0 or more, got {self.max_queued}")
+        if not self.queue_timeout_s > 0:
+            raise ValueError(f"queue_timeout_s must be positive, got {self.queue_timeout_s}")
+
+
+class Admission:
+    """Places and run slots of one API server (see the module docstring)."""
+
+    def __init__(self, limits: AdmissionLimits):
+        self.limits = limits
+        self.places = 0  # requests admitted and not done: queued + running
+        self.running = 0  # run slots held
+        self.mean_hold_s = 0.0  # how long a run slot is held, smoothed; 0 until one is given back
+        self._waiters: deque[asyncio.Future] = deque()  # queued requests' wake-ups, oldest first
+
+    @property
+    def queued(self) -> int:
+        return self.places - self.running
+
+    def admit(self) -> Ticket:
+        """A place for one request; ApiError 429 with Retry-After, at once, when none is left."""
+        if self.places >= self.limits.max_running + self.limits.max_queued:
+            retry = self.retry_after_s()
+            raise ApiError(
+                429,
+                f"the API is at capacity ({self.running} generating, {self.queued} queued); "
+                f"retry after {retry} s",
+                "server_overloaded",
+                code="queue_full",
+                headers={"Retry-After": str(retry)},
+            )
+        self.places += 1
+        return Ticket(self)
+
+    def retry_after_s(self) -> int:
+        """Seconds until a place is likely free: a run slot's mean hold time over the slots
+        (one of them frees about that often), at least 1 and at most MAX_RETRY_AFTER_S."""
+        expected = self.mean_hold_s / self.limits.max_running
+        return min(MAX_RETRY_AFTER_S, max(1, math.ceil(expected)))
+
+    async def _take_slot(self) -> None:
+        """Waits (up to queue_timeout_s, TimeoutError after) for a run slot, in arrival order."""
+        if self.running < self.limits.max_running and not self._waiters:
+            self.running += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(self.limits.queue_timeout_s):
+                await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._hand_on()  # a slot was handed over just as this request gave up: pass it on
+            else:
+                waiter.cancel()
+                if waiter in self._waiters:  # _hand_on may have dropped it already, as cancelled
+                    self._waiters.remove(waiter)
+            raise
+
+    def _leave(self, held_slot_s: float | None) -> None:
+        self.places -= 1
+        if held_slot_s is not None:
+            self.mean_hold_s += HOLD_TIME_SMOOTHING * (held_slot_s - self.mean_hold_s)
+            self._hand_on()
+
+    def _hand_on(self) -> None:
+        """A run slot was given back: to the oldest queued request, else to the pool."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot moves over; `running` does not change
+                return
+        self.running -= 1
+
+
+class Ticket:
+    """One admitted request's place, and later its run slot."""
+
+    def __init__(self, admission: Admission):
+        self._admission = admission
+        self._slot_since: float | None = None  # monotonic time the run slot was taken
+        self._done = False
+
+    @property
+    def has_slot(self) -> bool:
+        return self._slot_since is not None
+
+    async def wait_turn(self) -> None:
+        """Waits in the queue for a run slot; ApiError 503 with Retry-After after queue_timeout_s."""
+        try:
+            await self._admission._take_slot()
+        except TimeoutError:
+            retry = self._admission.retry_after_s()
+            waited = self._admission.limits.queue_timeout_s
+            raise ApiError(
+                503,
+                f"no generation slot came free within {waited:g} s; retry after {retry} s",
+                "service_unavailable",
+                code="queue_timeout",
+                headers={"Retry-After": str(retry)},
+            ) from None
+        self._slot_since = time.monotonic()
+
+    def done(self) -> None:
+        """Gives back the place, and the run slot if held. Idempotent; call it on the event loop."""
+        if self._done:
+            return
+        self._done = True
+        held = None if self._slot_since is None else time.monotonic() - self._slot_since
+        self._admission._leave(held)

@@ -1,0 +1,136 @@
+"""The API's admission control: bounded places, run slots in arrival order, 429 and 503 with Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from client.api_admission import MAX_RETRY_AFTER_S, Admission, AdmissionLimits
+from client.api_schema import ApiError
+
+
+def run(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, timeout=10))
+
+
+async def settle() -> None:
+    for _ in range(5):  # let woken tasks run
+        await asyncio.sleep(0)
+
+
+def test_past_running_plus_queued_places_a_request_gets_429_with_retry_after_at_once():
+    admission = Admission(AdmissionLimits(max_running=2, max_queued=1))
+    tickets = [admission.admit() for _ in range(3)]
+    with pytest.raises(ApiError) as refused:
+        admission.admit()
+    assert refused.value.status == 429 and refused.value.code == "queue_full"
+    assert refused.value.headers == {"Retry-After": "1"}  # nothing measured yet: the floor
+    tickets[0].done()
+    admission.admit()  # a place came free
+
+
+def test_slots_go_to_queued_requests_in_arrival_order():
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_running=1, max_queued=3))
+        first = admission.admit()
+        await first.wait_turn()
+        order = []
+
+        async def queued(name: str):
+            ticket = admission.admit()
+            await ticket.wait_turn()
+            order.append(name)
+            return ticket
+
+        tasks = [asyncio.create_task(queued(n)) for n in "abc"]
+        await settle()
+        assert (admission.running, admission.queued) == (1, 3)
+        first.done()
+        for task in tasks:
+            (await task).done()
+        assert order == ["a", "b", "c"]
+        assert (admission.running, admission.places) == (0, 0)
+
+    run(scenario())
+
+
+async def two_queued_behind_one_running():
+    """(admission, running ticket, two queued tickets, their waiting tasks)."""
+    admission = Admission(AdmissionLimits(max_running=1, max_queued=2))
+    holder = admission.admit()
+    await holder.wait_turn()
+    queued = [admission.admit(), admission.admit()]
+    waits = [asyncio.create_task(ticket.wait_turn()) for ticket in queued]
+    await settle()
+    return admission, holder, queued, waits
+
+
+def test_a_request_cancelled_while_queued_gives_its_place_back_and_never_runs():
+    async def scenario():
+        admission, holder, (leaver, stayer), (leaving, staying) = await two_queued_behind_one_running()
+        leaving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+        leaver.done()
+        assert admission.queued == 1 and not leaver.has_slot
+        holder.done()
+        await staying
+        assert stayer.has_slot and admission.running == 1
+
+    run(scenario())
+
+
+def test_a_slot_handed_over_as_its_waiter_is_cancelled_passes_on():
+    async def scenario():
+        admission, holder, (late, next_one), (late_wait, next_wait) = await two_queued_behind_one_running()
+        holder.done()  # hands the slot to `late`, whose task has not resumed yet...
+        late_wait.cancel()  # ...and is cancelled before it does
+        with pytest.raises(asyncio.CancelledError):
+            await late_wait
+        late.done()
+        await next_wait
+        assert next_one.has_slot and admission.running == 1 and admission.places == 1
+
+    run(scenario())
+
+
+def test_a_request_queued_past_the_timeout_gets_503_with_retry_after():
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_running=1, max_queued=1, queue_timeout_s=0.05))
+        holder = admission.admit()
+        await holder.wait_turn()
+        waiting = admission.admit()
+        with pytest.raises(ApiError) as refused:
+            await waiting.wait_turn()
+        waiting.done()
+        assert refused.value.status == 503 and refused.value.code == "queue_timeout"
+        assert "Retry-After" in refused.value.headers
+        assert admission.places == 1 and not admission._waiters
+
+    run(scenario())
+
+
+def test_retry_after_follows_how_long_slots_are_held(monkeypatch):
+    import client.api_admission as module
+
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_running=2, max_queued=0))
+        clock = [100.0]
+        monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+        for _ in range(40):  # slots held 30 s each: one of the two frees every ~15 s
+            ticket = admission.admit()
+            await ticket.wait_turn()
+            clock[0] += 30.0
+            ticket.done()
+        assert admission.retry_after_s() == 15
+        admission.mean_hold_s = 10_000.0
+        assert admission.retry_after_s() == MAX_RETRY_AFTER_S
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("limits", [dict(max_running=0), dict(max_queued=-1), dict(queue_timeout_s=0)])
+def test_limits_out_of_range_are_refused(limits):
+    with pytest.raises(ValueError):
+        AdmissionLimits(**limits)
