@@ -118,7 +118,7 @@ class PeerCore:
         return self.cache_tokens_left if cap is None else min(cap, self.cache_tokens_left)
 
     def open(self, request: Open) -> Opened:
-        self._check_open(request)
+        self.check_open(request)
         self.sessions[request.session_id] = Session(
             session_id=request.session_id,
             start=request.start,
@@ -132,7 +132,8 @@ class PeerCore:
         logger.debug("session %s opened for [%d:%d)", request.session_id, request.start, request.end)
         return Opened(request.session_id)
 
-    def _check_open(self, r: Open) -> None:
+    def check_open(self, r: Open) -> None:
+        """Raises the ProtocolError that `open(r)` would, without opening anything."""
         limits = self.limits
         self._check_not_failed()
         if self.leaving:

@@ -243,6 +243,7 @@ class PeerServer:
             case Ping():
                 return Pong(message.nonce)
             case Open():
+                self.core.check_open(message)  # a malformed OPEN is told so before any share is counted
                 needed = message.batch_size * message.max_length
                 self.admission.check_open(remote, self.core.sessions, needed, self.core.limits.cache_tokens)
                 opened = self.core.open(message)
