@@ -177,6 +177,7 @@ def test_probes_go_to_peer_ids_through_p2p_and_never_to_an_announced_address(lin
     for name, other in (("a", "b"), ("b", "a")):
         rtt = dict(records[name].rtt_ms)[records[other].peer_id]
         assert 0 < rtt < 5000, (name, rtt)
+        print(f"{name} -> {other}: {rtt:.2f} ms (PING over a p2p stream, smoothed)")
     # The honest peers probed the hostile peer too: at its peer id, through p2p, as PINGs.
     assert hostile.frames["Ping"] > 0 and set(hostile.frames) == {"Ping"}, hostile.frames
 
