@@ -17,6 +17,13 @@ SmolLM2-135M's shapes, one with Llama-2-7B's layer shapes but 4 layers. Prints o
     python benchmarks/gpu_check.py --device cuda [--out gpu.json]   # the full check (one GPU)
     python benchmarks/gpu_check.py --device cpu --quick             # small shapes, under a minute
     python benchmarks/gpu_check.py --models llama2_7b_4layers --dtypes bfloat16 --sdpa flash efficient math
+
+--probe times peer/batch_forward.py's decode_batch directly instead, for each allowed set of
+attention kernels and each mask form / key padding (see PROBE_KERNELS, PROBE_VARIANTS), against
+every session stepped alone, plus a profile of one batched step:
+
+    python benchmarks/gpu_check.py --probe --models llama2_7b_4layers --dtypes bfloat16
+    python benchmarks/gpu_check.py --probe --probe-kernels default --probe-variants bool_exact shipped --probe-steps 70
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # None of these imports hivemind, gguf or pymoo at import time (checked with an import blocker),
 # so this runs on a machine that has only torch, transformers, safetensors, msgpack and numpy.
+from peer import batch_forward  # noqa: E402
 from peer.blocks import BlockStack  # noqa: E402
 from peer.core import PeerCore, PeerLimits  # noqa: E402
 from peer.scheduler import BatchPolicy, StepScheduler  # noqa: E402
@@ -304,6 +312,190 @@ def measure_speed(
     }
 
 
+# --probe: decode_batch timed directly (no scheduler, no CPU round trip) for each allowed set
+# of attention kernels and each way of padding the stacked keys, to find what makes batched
+# half-precision decode slow. Sessions have different lengths, so the padding mask matters.
+PROBE_CONTEXTS = tuple(32 + 5 * i for i in range(BATCH_SESSIONS))  # tokens cached per session
+PROBE_WARMUP = 2  # untimed steps first (kernel choice, allocations)
+PROBE_KERNELS = {  # name -> kernels torch may pick (None: its own choice)
+    "default": None,
+    "no_cudnn": ["flash", "efficient", "math"],
+    "efficient": ["efficient"],
+    "math": ["math"],
+    "cudnn": ["cudnn"],
+}
+# name -> (mask kind, multiple the key slots are rounded up to); "shipped": what decode_batch
+# does now; "bool_exact": what it did before the fix (a boolean mask, keys padded to the longest)
+PROBE_VARIANTS = {
+    "shipped": (None, None),
+    "bool_exact": ("bool", 1),
+    "float_exact": ("float", 1),
+    "bool_pad128": ("bool", 128),
+    "float_pad128": ("float", 128),
+}
+_SHIPPED_MASK = batch_forward.padding_mask
+
+
+def _kernels(name: str):
+    backends = PROBE_KERNELS[name]
+    return contextlib.nullcontext() if backends is None else sdpa_kernel([SDPA_BACKENDS[b] for b in backends])
+
+
+def _probe_mask(kind: str):
+    """padding_mask as `kind` ("bool" or additive "float"), whatever the shipped one returns."""
+
+    def make(rows, key_lengths, slots, dtype, device):
+        mask = _SHIPPED_MASK(rows, key_lengths, slots, dtype, device)
+        allowed = mask if mask.dtype == torch.bool else mask == 0  # before and after the fix
+        if kind == "bool":
+            return allowed
+        blocked = torch.zeros(allowed.shape, dtype=dtype, device=device)
+        return blocked.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+    return make
+
+
+@contextlib.contextmanager
+def _variant(name: str):
+    """Swaps decode_batch's key-slot count and mask form for one probe variant."""
+    kind, multiple = PROBE_VARIANTS[name]
+    if kind is None:
+        yield
+        return
+    saved = batch_forward.key_slots, batch_forward.padding_mask
+    batch_forward.key_slots = lambda lengths, device: -(-max(lengths) // multiple) * multiple
+    batch_forward.padding_mask = _probe_mask(kind)
+    try:
+        yield
+    finally:
+        batch_forward.key_slots, batch_forward.padding_mask = saved
+
+
+def _probe_inputs(hidden_size: int, dtype, device, steps: int) -> dict:
+    generator = torch.Generator().manual_seed(2)
+    prompts = [torch.randn(1, n, hidden_size, generator=generator) for n in PROBE_CONTEXTS]
+    tokens = [
+        [torch.randn(1, 1, hidden_size, generator=generator) for _ in PROBE_CONTEXTS] for _ in range(steps)
+    ]
+    return {
+        "prompts": [p.to(device, dtype) for p in prompts],
+        "tokens": [[t.to(device, dtype) for t in row] for row in tokens],
+    }
+
+
+def _prefilled(stack: BlockStack, prompts) -> list:
+    caches = [stack.new_cache(f"probe-{i}") for i in range(len(prompts))]
+    for cache, prompt in zip(caches, prompts, strict=True):
+        stack(prompt, cache, 0, stack.start, stack.end)
+    return caches
+
+
+def _timed(device, run) -> tuple[float, object]:
+    _sync(device)
+    began = time.perf_counter()
+    out = run()
+    _sync(device)
+    return time.perf_counter() - began, out
+
+
+def probe_alone(stack: BlockStack, inputs: dict, device) -> tuple[dict, list]:
+    """Every session stepped alone (batch 1): median step time, and each step's outputs."""
+    caches, times, outputs = _prefilled(stack, inputs["prompts"]), [], []
+    for k, row in enumerate(inputs["tokens"]):
+        step = []
+        for i, (cache, token) in enumerate(zip(caches, row, strict=True)):
+            run = functools.partial(stack, token, cache, PROBE_CONTEXTS[i] + k, stack.start, stack.end)
+            seconds, out = _timed(device, run)
+            times += [seconds] if k >= PROBE_WARMUP else []
+            step.append(out)
+        outputs.append(step)
+    median = statistics.median(times)
+    return {
+        "ms_per_step": round(1000 * median, 3),
+        "tokens_per_s_per_block": round(stack.end / median, 1),
+    }, outputs
+
+
+def probe_batched(stack: BlockStack, inputs: dict, expected: list, device) -> dict:
+    """All sessions stepped together through decode_batch; compared with `expected` (alone)."""
+    caches, times, worst = _prefilled(stack, inputs["prompts"]), [], 0.0
+    scale = max(e.abs().max().item() for step in expected for e in step)
+    for k, row in enumerate(inputs["tokens"]):
+        positions = [n + k for n in PROBE_CONTEXTS]
+        run = functools.partial(stack.forward_batch, row, caches, positions, stack.start, stack.end)
+        seconds, outs = _timed(device, run)
+        times += [seconds] if k >= PROBE_WARMUP else []
+        worst = max(worst, max((o - e).abs().max().item() for o, e in zip(outs, expected[k], strict=True)))
+    tokens = len(PROBE_CONTEXTS) * len(times) * stack.end
+    return {
+        "ms_per_step_median": round(1000 * statistics.median(times), 3),
+        "ms_per_step_max": round(1000 * max(times), 3),
+        "tokens_per_s_per_block": round(tokens / sum(times), 1),
+        "max_abs_diff_vs_alone": worst,
+        "max_abs_output": scale,  # what that difference is relative to
+    }
+
+
+def profile_batched_step(stack: BlockStack, inputs: dict, device, top: int = 12) -> list:
+    """The ops that take the most host time in one batched step (torch's own choices)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    caches = _prefilled(stack, inputs["prompts"])
+    step = functools.partial(
+        stack.forward_batch, inputs["tokens"][0], caches, list(PROBE_CONTEXTS), 0, stack.end
+    )
+    _timed(device, step)
+    with torch.profiler.profile(activities=activities) as profiler:
+        _timed(device, functools.partial(stack.forward_batch, inputs["tokens"][1], caches,
+                                         [n + 1 for n in PROBE_CONTEXTS], 0, stack.end))  # fmt: skip
+    events = sorted(profiler.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return [
+        [e.key[:80], e.count, round(e.self_cpu_time_total / 1000, 3),
+         round(getattr(e, "self_device_time_total", 0) / 1000, 3)]
+        for e in events
+    ]  # fmt: skip
+
+
+def probe_model(spec: ModelSpec, dtype, device, steps: int, kernels, variants) -> dict:
+    stack = BlockStack.load(spec, 0, spec.num_blocks, dtype, device)
+    inputs = _probe_inputs(spec.hidden_size, dtype, device, PROBE_WARMUP + steps)
+    result = {"contexts": list(PROBE_CONTEXTS), "steps": steps, "alone": {}, "batched": {}}
+    result["profile_default_shipped"] = profile_batched_step(stack, inputs, device)
+    log(f"profile: {json.dumps(result['profile_default_shipped'])}")
+    for kernel in kernels:
+        try:
+            with _kernels(kernel):
+                result["alone"][kernel], expected = probe_alone(stack, inputs, device)
+                for variant in variants:
+                    with _variant(variant):
+                        result["batched"][f"{kernel}/{variant}"] = probe_batched(
+                            stack, inputs, expected, device
+                        )
+        except Exception as e:  # a kernel set that cannot run these shapes: recorded, not fatal
+            result["alone"].setdefault(kernel, {"error": f"{type(e).__name__}: {e}"[:300]})
+        log(f"{kernel}: alone {result['alone'][kernel]}; batched "
+            + json.dumps({k: v for k, v in result["batched"].items() if k.startswith(kernel + "/")}))  # fmt: skip
+    return result
+
+
+def run_probe(args, result: dict, workdir: Path) -> None:
+    device = torch.device(args.device)
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    steps = args.probe_steps or (3 if args.quick else 12)
+    for name in args.models:
+        spec = make_checkpoint(workdir / name, shapes[name], device)
+        for dtype_name in args.dtypes:
+            run = functools.partial(
+                probe_model, spec, DTYPES[dtype_name], device, steps, args.probe_kernels, args.probe_variants
+            )
+            guarded(
+                result["models"].setdefault(name, {}), dtype_name, f"probe {name} {dtype_name}", device, run
+            )
+            if args.out:
+                args.out.write_text(json.dumps(result) + "\n")
+
+
 def environment(device: torch.device) -> dict:
     env = {
         "python": platform.python_version(),
@@ -319,6 +511,7 @@ def environment(device: torch.device) -> dict:
             memory_gib=round(props.total_memory / 2**30, 1),
             cuda=torch.version.cuda,
             tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+            cudnn=torch.backends.cudnn.version(),
         )
     else:
         env.update(device_name=platform.processor() or platform.machine(), threads=torch.get_num_threads())
@@ -377,6 +570,14 @@ def main() -> None:
         choices=SDPA_BACKENDS,
         help="allow only these attention kernels (default: torch's choice)",
     )
+    parser.add_argument("--probe", action="store_true", help="time decode_batch's variants instead")
+    parser.add_argument("--probe-steps", type=int, default=0, help="timed steps (default 12, quick 3)")
+    parser.add_argument(
+        "--probe-kernels", nargs="+", default=list(PROBE_KERNELS), choices=list(PROBE_KERNELS)
+    )
+    parser.add_argument(
+        "--probe-variants", nargs="+", default=list(PROBE_VARIANTS), choices=list(PROBE_VARIANTS)
+    )
     args = parser.parse_args()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()  # keep stderr to this check's own lines
@@ -393,8 +594,11 @@ def main() -> None:
         sdpa_kernel([SDPA_BACKENDS[name] for name in args.sdpa]) if args.sdpa else contextlib.nullcontext()
     )
     with tempfile.TemporaryDirectory(prefix="hexswarm-gpu-check-") as workdir, kernels:
-        run_checks(args, result, Path(workdir))
+        (run_probe if args.probe else run_checks)(args, result, Path(workdir))
     result["seconds"] = round(time.perf_counter() - began, 1)
+    # the order torch tried attention kernels in (3 cudnn, 1 flash, 2 efficient, 0 math); read
+    # after the run, as torch settles it on the first attention call
+    result["sdpa_priority"] = [int(b) for b in torch._C._get_sdp_priority_order()]
     result["all_match"] = all(
         entry.get("exactness", {}).get("match", False)
         for model in result["models"].values()

@@ -9,10 +9,22 @@ classes run over all of them:
 - the rows of all sessions are concatenated on the batch axis, each with its own position
   id (so rotary embeddings are each session's own);
 - `GatheredCache` stands in for the cache: in each layer it appends every session's new
-  keys/values to that session's cache, then returns all of them right-padded to the longest
-  and stacked, so attention runs as one batched call;
-- a boolean mask hides each row's padding. A decode step is one query token, so the mask
-  needs no causal part: the token may see all of its own session's keys.
+  keys/values to that session's cache, then returns all of them right-padded to a common
+  key length (`key_slots`) and stacked, so attention runs as one batched call;
+- an additive mask (0 or -inf) hides each row's padding. A decode step is one query token,
+  so the mask needs no causal part: the token may see all of its own session's keys.
+
+Why the common key length is rounded up on CUDA: for half precision on Hopper, torch 2.11
+tries cuDNN attention first, and cuDNN builds a graph on the host the first time it meets a
+shape (about 0.2-0.7 s seen on an H200). The key length used to grow by one every step, so
+every batched step was a new shape: 8 sessions of a 7B-shaped block decoded at 185 tokens/s
+per block instead of about 5,000 (benchmarks/gpu_check.py --probe). Rounded up to
+KEY_SLOT_MULTIPLE, one graph per (rows, slots, dtype) serves the next steps: a build is paid
+once per 128 tokens of growth for each batch size, and never again once cached. The padded
+keys are masked out and cost little (a decode step reads the weights, not the keys). The mask
+is float in the model's dtype, as torch would convert a boolean one anyway, because cuDNN ran
+faster with it (6.0 vs 10.6 ms a step on the same shapes). On the CPU no kernel is built per
+shape, so keys are not padded there.
 
 Only full-attention layers are batched (no sliding window: its cache keeps a rolling window
 whose mask would differ per layer kind); other stacks run their sessions one at a time.
@@ -38,14 +50,14 @@ class GatheredCache:
     attention modules of the batchable architectures (see BlockStack.supports_batching).
     """
 
-    def __init__(self, caches: Sequence[DynamicCache], rows: Sequence[int], key_lengths: Sequence[int]):
+    def __init__(self, caches: Sequence[DynamicCache], rows: Sequence[int], key_slots: int):
         self.caches, self.rows = list(caches), list(rows)
         self.total_rows = sum(rows)
-        self.max_keys = max(key_lengths)
+        self.key_slots = key_slots  # the padded key length every row is stacked to
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         _, heads, _, head_dim = key_states.shape
-        shape = (self.total_rows, heads, self.max_keys, head_dim)
+        shape = (self.total_rows, heads, self.key_slots, head_dim)
         keys = key_states.new_zeros(shape)
         values = value_states.new_zeros(shape)
         row = 0
@@ -58,13 +70,28 @@ class GatheredCache:
         return keys, values
 
 
-def padding_mask(rows: Sequence[int], key_lengths: Sequence[int], device: torch.device) -> torch.Tensor:
-    """(total_rows, 1, 1, max_keys) booleans: True where a row's query may attend (its own keys)."""
+# device type -> the multiple the stacked key length is rounded up to (see the module docstring)
+KEY_SLOT_MULTIPLE = {"cuda": 128}
+
+
+def key_slots(key_lengths: Sequence[int], device: torch.device) -> int:
+    """How many key positions the stacked keys/values have: the longest session's, rounded up
+    on devices whose attention kernels are built per shape."""
+    multiple = KEY_SLOT_MULTIPLE.get(device.type, 1)
+    return -(-max(key_lengths) // multiple) * multiple
+
+
+def padding_mask(
+    rows: Sequence[int], key_lengths: Sequence[int], slots: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """(total_rows, 1, 1, slots) additive mask in `dtype`: 0 on each row's own keys, -inf on
+    the padding after them (every row has at least its new key, so no row is all -inf)."""
     lengths = torch.tensor(
         [length for n, length in zip(rows, key_lengths, strict=True) for _ in range(n)], device=device
     )
-    keys = torch.arange(max(key_lengths), device=device)
-    return (keys.unsqueeze(0) < lengths.unsqueeze(1))[:, None, None, :]
+    keys = torch.arange(slots, device=device)
+    padding = (keys.unsqueeze(0) >= lengths.unsqueeze(1))[:, None, None, :]
+    return torch.zeros(padding.shape, dtype=dtype, device=device).masked_fill_(padding, float("-inf"))
 
 
 @torch.inference_mode()
@@ -89,8 +116,9 @@ def decode_batch(
         [[p] for n, p in zip(rows, positions, strict=True) for _ in range(n)], device=device
     )
     key_lengths = [p + 1 for p in positions]
-    mask = padding_mask(rows, key_lengths, device)
-    cache = GatheredCache(caches, rows, key_lengths)
+    slots = key_slots(key_lengths, device)
+    mask = padding_mask(rows, key_lengths, slots, hidden.dtype, device)
+    cache = GatheredCache(caches, rows, slots)
     position_embeddings = rotary_emb(hidden, position_ids)
     cache_kwarg = architectures.cache_argument(type(layers[first]).forward)
     for i in range(first, last):

@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 
+from peer import batch_forward
 from peer.blocks import BlockStack
 from peer.core import PeerCore, PeerLimits
 from peer.scheduler import BatchPolicy, StepScheduler
@@ -54,6 +55,23 @@ def test_forward_batch_equals_each_session_alone(stack):
         for i, output in enumerate(outputs):
             torch.testing.assert_close(output, expected[i][k + 1], **TOL)
         positions = [p + 1 for p in positions]
+
+
+def test_padded_key_slots_keep_each_session_exact(stack, monkeypatch):
+    """On CUDA the stacked keys are padded to a multiple of 128 (cuDNN reuses its graphs);
+    the same padding, forced here on the CPU, must leave every session's output unchanged."""
+    monkeypatch.setitem(batch_forward.KEY_SLOT_MULTIPLE, "cpu", 16)
+    assert batch_forward.key_slots([5, 17], CPU) == 32
+    test_forward_batch_equals_each_session_alone(stack)
+
+
+def test_padding_mask_is_additive_and_hides_only_padding():
+    mask = batch_forward.padding_mask([2, 1], [3, 5], 8, torch.float16, CPU)
+    assert mask.shape == (3, 1, 1, 8) and mask.dtype == torch.float16
+    visible = mask[:, 0, 0] == 0
+    assert visible.sum(dim=1).tolist() == [3, 3, 5]  # each row sees exactly its session's keys
+    assert visible[:, 0].all() and torch.isneginf(mask[:, 0, 0][~visible]).all()
+    assert batch_forward.key_slots([3, 5], CPU) == 5  # no padding on the CPU
 
 
 def test_sliding_window_stacks_do_not_batch(make_model, stack):
