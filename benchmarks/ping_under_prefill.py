@@ -1,12 +1,14 @@
 """Does a peer keep answering while it computes? PING round trips during a long prefill.
 
 One real peer serves blocks 0:N of SmolLM2-135M (the `smollm2-135m` built-in); a client opens a
-session and sends one prefill of `--tokens` tokens, while a second stream of the same client
-PINGs the peer every `--interval-ms`. The peer validates frames and answers pings on its event
+session and sends one prefill of `--tokens` / 2 tokens, then `--decode-steps` decode steps (the
+peer's only session), while a second stream of the same client PINGs the peer every
+`--interval-ms`. The peer validates frames and answers pings on its event
 loop and computes on its compute thread, so a ping should wait for nothing but the machine.
 
-Prints one JSON line: the prefill's duration, and the round trips measured while it ran
-(p50 / p99 / max), against `idle_*`: the same pings with nothing computing (the baseline).
+Prints one JSON line: the prefill's duration and the round trips measured while it ran
+(p50 / p99 / max), the same during the decode steps (`decode_*`), against `idle_*`: the same
+pings with nothing computing (the baseline).
 
 Run: python benchmarks/ping_under_prefill.py [--tokens 2048] [--blocks 30] [--prefills 3]
 """
@@ -47,6 +49,12 @@ async def ping_while(conn: PeerConnection, busy: asyncio.Future, interval_s: flo
     return rtts
 
 
+async def decode(conn: PeerConnection, session: str, position: int, steps: int) -> None:
+    """One session's decode steps back to back: the peer's only work."""
+    for i in range(steps):
+        await conn.step(session, position + i, torch.randn(1, 1, 576))
+
+
 async def measure(client: SwarmClient, peer_id: str, model_id: str, args) -> dict:
     from hivemind.p2p import PeerID
 
@@ -54,18 +62,21 @@ async def measure(client: SwarmClient, peer_id: str, model_id: str, args) -> dic
     idle_conn = await PeerConnection.connect(client.p2p, pid, "peer")
     idle = [await idle_conn.ping() for _ in range(50)]
     idle_conn.close()
-    during, prefill_s = [], []
+    during, during_decode, prefill_s = [], [], []
     for i in range(args.prefills):
         work = await PeerConnection.connect(client.p2p, pid, "peer", timeout=600)
         pinger = await PeerConnection.connect(client.p2p, pid, "peer")
         session = f"prefill-{i}"
         await work.open(session, model_id, 0, args.blocks, args.tokens, 1, torch.float32)
-        hidden = torch.randn(1, args.tokens, 576)
+        hidden = torch.randn(1, args.tokens // 2, 576)
         began = time.perf_counter()
         step = asyncio.ensure_future(work.step(session, 0, hidden))
         during += await ping_while(pinger, step, args.interval_ms / 1000)
         await step
         prefill_s.append(time.perf_counter() - began)
+        decoding = asyncio.ensure_future(decode(work, session, args.tokens // 2, args.decode_steps))
+        during_decode += await ping_while(pinger, decoding, args.interval_ms / 1000)
+        await decoding
         work.close()
         pinger.close()
     return {
@@ -74,6 +85,10 @@ async def measure(client: SwarmClient, peer_id: str, model_id: str, args) -> dic
         "p50_ms": round(percentile(during, 0.5), 2),
         "p99_ms": round(percentile(during, 0.99), 2),
         "max_ms": round(max(during), 2),
+        "decode_pings": len(during_decode),
+        "decode_p50_ms": round(percentile(during_decode, 0.5), 2),
+        "decode_p99_ms": round(percentile(during_decode, 0.99), 2),
+        "decode_max_ms": round(max(during_decode), 2),
         "idle_p50_ms": round(percentile(idle, 0.5), 2),
         "idle_max_ms": round(max(idle), 2),
     }
@@ -85,6 +100,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=30)
     parser.add_argument("--prefills", type=int, default=3)
     parser.add_argument("--interval-ms", type=float, default=10.0)
+    parser.add_argument("--decode-steps", type=int, default=64)
     args = parser.parse_args()
     model_id = load_model_spec("smollm2-135m").model_id
     with tempfile.TemporaryDirectory() as workdir, LocalSwarm(Path(workdir)) as local:
