@@ -12,7 +12,7 @@ import sys
 from dataclasses import asdict
 
 from swarm.builtin_models import builtin_names
-from swarm.coordinator.records import Coordination, read_coordination_sync, uncovered_text
+from swarm.coordinator.records import Coordination, read_coordination_sync, trust_from, uncovered_text
 from swarm.dht import public_initial_peers, start_dht
 from swarm.dht_process import shutdown_dht
 from swarm.dht_read import DHT_READ_TIMEOUT_S
@@ -37,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the same as JSON data")
     parser.add_argument(
+        "--coordinator-key",
+        nargs="+",
+        default=None,
+        metavar="PEER_ID",
+        help="show the lease and plans of these coordinator keys only, as peers that trust them see it "
+        "(default: any in a private swarm, none in the public one)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=DHT_READ_TIMEOUT_S,
@@ -49,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
     # as an escape rather than raising halfway through the table.
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="backslashreplace")
+    try:
+        trust = trust_from(args.coordinator_key, args.public)
+    except ValueError as e:
+        print(f"hexswarm status: {e}", file=sys.stderr)
+        return 2
     dht = start_dht(
         public_initial_peers() if args.public else args.initial_peers,
         identity=None,
@@ -64,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         aliases = {} if args.json else builtin_names()  # read once: it fingerprints each built-in's file
         for model_id, num_blocks in sorted(models.items()):
             records = read_peer_records(dht, model_id, args.timeout)
-            coordination = read_coordination_sync(dht, model_id, args.timeout)
+            coordination = read_coordination_sync(dht, model_id, args.timeout, trust)
             reports = read_reports(dht, model_id, args.timeout)
             if args.json:
                 report.append(
