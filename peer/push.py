@@ -33,6 +33,11 @@ once: the pushes still waiting on it fail now instead of at their own deadlines,
 push opens a fresh link. So that a dead peer is not re-dialed on every step, a peer whose link
 failed is not dialed again for RETRY_AFTER_S, doubling with each failure in a row up to
 MAX_RETRY_AFTER_S (`Backoff`); meanwhile pushes to it fail at once and the client relays.
+
+A push's deadline is its client's `ack_ms`, though, and a link is shared by every client's
+sessions. A deadline shorter than LINK_FAILURE_AFTER_S says more about that client's patience
+than about the link (ack_ms = 1 times out on a healthy one), so such a push fails alone: if it
+closed the link and backed the peer off, one client could cut the pushes of all the others.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ MAX_MEMBERS = 4096
 RETRY_AFTER_S = 1.0  # after a link to a peer failed, how long before it is dialed again ...
 MAX_RETRY_AFTER_S = 30.0  # ... doubling with each failure in a row, up to this
 MAX_BACKOFFS = 1024  # peers remembered as failing; the oldest is forgotten beyond this
+# A push that timed out fails its link (closed, the peer backed off) only if it waited this
+# long: a client's default push deadline (client/retry.py), far above an ACK's round trip.
+LINK_FAILURE_AFTER_S = 1.0
 
 
 class NotAMemberError(Exception):
@@ -71,6 +79,11 @@ class NotAMemberError(Exception):
 
 class BackingOffError(Exception):
     """The next hop's link failed a moment ago: it is not dialed again yet."""
+
+
+class PushInFlightError(Exception):
+    """A push of the same next-hop session already waits on the link: the client named one
+    session in two chains. Only this push fails; the link is fine."""
 
 
 class SwarmMembers:
@@ -158,7 +171,8 @@ class Backoff:
 class PushLinks:
     """A peer's outgoing links to next peers of its sessions' chains (on the peer's event loop).
 
-    `members`: the peers it may push to (None: any, for tests that have no DHT)."""
+    `members`: the peers it may push to (None: any, for tests that have no DHT);
+    `link_failure_after_s`: the shortest push deadline whose timeout fails the link."""
 
     def __init__(
         self,
@@ -166,9 +180,11 @@ class PushLinks:
         max_links: int = MAX_LINKS,
         members: SwarmMembers | None = None,
         backoff: Backoff | None = None,
+        link_failure_after_s: float = LINK_FAILURE_AFTER_S,
     ):
         self.connect, self.max_links, self.members = connect, max_links, members
         self.backoff = backoff or Backoff()
+        self.link_failure_after_s = link_failure_after_s
         self.links: dict[str, _Link] = {}
         self.locks: dict[str, asyncio.Lock] = {}  # one connect at a time per peer
 
@@ -200,10 +216,11 @@ class PushLinks:
             async with asyncio.timeout_at(deadline):
                 link = await self._link(peer_id)
                 ack = await link.send(step)
-        except BackingOffError as e:
+        except (BackingOffError, PushInFlightError) as e:
             return str(e)
         except TimeoutError:
-            self._failed(peer_id, link)
+            if timeout >= self.link_failure_after_s:
+                self._failed(peer_id, link)
             return f"{'no link to' if link is None else 'no PUSH_ACK from'} ...{name} within {timeout:.2f} s"
         except Exception as e:  # no link, or it broke: the next push opens a new one
             self._failed(peer_id, link)
@@ -261,7 +278,7 @@ class _Link:
         if self.closed:
             raise ConnectionError(f"link to ...{self.name} is closed")
         if step.session_id in self.pending:  # a session has one step at a time
-            raise RuntimeError(f"a push of session {step.session_id} is already waiting")
+            raise PushInFlightError(f"a push of session {step.session_id!r} is already waiting")
         future = asyncio.get_running_loop().create_future()
         self.pending[step.session_id] = future
         try:

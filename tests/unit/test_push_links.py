@@ -87,7 +87,7 @@ async def next_peers():
 async def test_a_link_whose_ack_times_out_is_replaced_by_a_fresh_one():
     async with next_peers() as (silent, acking):
         dial = Dialer(silent)
-        links = PushLinks(dial, backoff=Backoff(first_s=0.0))
+        links = PushLinks(dial, backoff=Backoff(first_s=0.0), link_failure_after_s=0.2)
         why = await links.push("QmB", step(), 0.2)
         assert "no PUSH_ACK" in why and "QmB" not in links.links  # closed and dropped
         dial.target = acking  # the peer is back (or was only slow): the next push dials again ...
@@ -101,7 +101,7 @@ async def test_a_link_whose_ack_times_out_is_replaced_by_a_fresh_one():
 
 async def test_pushes_waiting_on_a_link_that_timed_out_fail_at_once():
     async with next_peers() as (silent, _):
-        links = PushLinks(Dialer(silent))
+        links = PushLinks(Dialer(silent), link_failure_after_s=0.2)
         began = time.perf_counter()
         short, long = await asyncio.gather(
             links.push("QmB", step("a"), 0.2), links.push("QmB", step("b"), 30)
@@ -109,6 +109,32 @@ async def test_pushes_waiting_on_a_link_that_timed_out_fail_at_once():
         assert "no PUSH_ACK" in short and "closed" in long
         assert time.perf_counter() - began < 5  # not the 30 s of the second push's own deadline
         assert links.backoff.failing["QmB"][0] == 1  # one failure, however many pushes saw it
+        links.close()
+
+
+async def test_a_clients_short_push_deadline_fails_its_push_alone():
+    """ack_ms is the client's: one asking 1 ms must not close the link every client's pushes
+    share, nor back the next peer off for them."""
+    async with next_peers() as (silent, _):
+        dial = Dialer(silent)
+        links = PushLinks(dial, link_failure_after_s=0.5)
+        assert "within 0.00 s" in await links.push("QmB", step("hostile"), 0.001)  # while connecting
+        assert not links.backoff.failing
+        assert "no PUSH_ACK" in await links.push("QmB", step("a"), 0.3)
+        link = links.links["QmB"]
+        assert "no PUSH_ACK" in await links.push("QmB", step("hostile"), 0.001)
+        assert links.links["QmB"] is link and not link.closed and not links.backoff.failing
+        links.close()
+
+
+async def test_a_session_pushed_twice_at_once_fails_that_push_alone():
+    async with next_peers() as (silent, _):
+        links = PushLinks(Dialer(silent), link_failure_after_s=0.2)
+        waiting = asyncio.create_task(links.push("QmB", step("s"), 0.5))
+        await asyncio.sleep(0.05)
+        why = await links.push("QmB", step("s"), 5)  # a client naming one session in two chains
+        assert "already waiting" in why and not links.links["QmB"].closed and not links.backoff.failing
+        assert "no PUSH_ACK" in await waiting  # the first push keeps its own deadline
         links.close()
 
 
