@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -158,8 +159,11 @@ class ModelEntry:
     def from_bytes(cls, data: bytes) -> ModelEntry:
         body = unpack_map(data)
         model_id, num_blocks = body.get("model_id"), body.get("num_blocks")
-        if not isinstance(model_id, str) or not isinstance(num_blocks, int) or num_blocks <= 0:
-            raise ValueError("malformed model entry")
+        # Readers size per-block tables by num_blocks (`hexswarm status`, the monitor).
+        if not isinstance(model_id, str) or len(model_id) > MAX_TEXT:
+            raise ValueError(f"a model entry's model_id must be text of at most {MAX_TEXT} characters")
+        if not _is_int(num_blocks) or not 1 <= num_blocks <= MAX_BLOCKS:
+            raise ValueError(f"a model entry's num_blocks must be in [1, {MAX_BLOCKS}]")
         return cls(model_id=model_id, num_blocks=num_blocks)
 
 
@@ -233,8 +237,18 @@ def read_models(dht, timeout: float | None = None) -> dict[str, int]:
     from swarm.dht_read import get_latest
 
     value = get_latest(dht, MODELS_KEY, timeout)
+    return models_from(parse_signed_entries(value, ModelEntry.from_bytes))
+
+
+def models_from(entries: list[tuple[str, ModelEntry]]) -> dict[str, int]:
+    """model_id -> the number of blocks most of its signers announce (ties: the fewest), so one
+    peer announcing a count of its own for another model's id does not change it for readers."""
+    votes: dict[str, Counter[int]] = {}
+    for _, entry in entries:
+        votes.setdefault(entry.model_id, Counter())[entry.num_blocks] += 1
     return {
-        entry.model_id: entry.num_blocks for _, entry in parse_signed_entries(value, ModelEntry.from_bytes)
+        model_id: min(counts, key=lambda blocks: (-counts[blocks], blocks))
+        for model_id, counts in votes.items()
     }
 
 

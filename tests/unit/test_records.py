@@ -170,3 +170,28 @@ def test_a_bad_record_drops_its_peer_alone_and_is_logged_once(caplog):
 def test_a_joining_peer_may_announce_before_it_has_measured():
     record = make_record(state=PeerState.JOINING, throughput=0.0)
     assert PeerRecord.from_bytes(record.to_bytes()) == record
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model_id": "m-1", "num_blocks": 10**12},  # status and the monitor size tables by it
+        {"model_id": "m-1", "num_blocks": 0},
+        {"model_id": "m-1", "num_blocks": True},
+        {"model_id": "x" * 300, "num_blocks": 4},
+    ],
+)
+def test_malformed_model_entries_are_rejected(body):
+    from swarm.records import ModelEntry
+
+    with pytest.raises(ValueError):
+        ModelEntry.from_bytes(msgpack.packb({**body, "schema": 1}))
+
+
+def test_a_models_block_count_is_the_one_most_signers_announce():
+    from swarm.records import ModelEntry, models_from
+
+    honest = [(f"Qm{i}", ModelEntry("m-1", 30)) for i in range(2)]
+    hostile = [("QmX", ModelEntry("m-1", 100_000)), ("QmX", ModelEntry("other-2", 8))]
+    assert models_from(hostile[:1] + honest + hostile[1:]) == {"m-1": 30, "other-2": 8}
+    assert models_from([("QmA", ModelEntry("m-1", 30)), ("QmB", ModelEntry("m-1", 31))]) == {"m-1": 30}
