@@ -373,10 +373,10 @@ _INT_RANGES = {
     "next_end": (0, MAX_BLOCKS),
     "decode_batch_size": (1, MAX_BATCH),
 }
-_FLOAT_RANGES = {  # (low, high, low allowed)
-    "throughput": (0.0, MAX_SPEED, True),  # 0 until measured; an online peer has measured (below)
-    "decode_ms_per_block": (0.0, MAX_MS, True),
-    "decode_batch_tokens_per_s": (0.0, MAX_SPEED, True),
+_FLOAT_RANGES = {  # [low, high)
+    "throughput": (0.0, MAX_SPEED),  # 0 until measured; an online peer has measured (below)
+    "decode_ms_per_block": (0.0, MAX_MS),
+    "decode_batch_tokens_per_s": (0.0, MAX_SPEED),
 }
 
 
@@ -388,9 +388,9 @@ def _check_ranges(record: PeerRecord) -> None:
         value = getattr(record, name)
         if not _is_int(value) or not low <= value <= high:
             raise ValueError(f"field {name} must be an integer in [{low}, {high}], got {value!r}")
-    for name, (low, high, low_allowed) in _FLOAT_RANGES.items():
+    for name, (low, high) in _FLOAT_RANGES.items():
         value = getattr(record, name)
-        if not _is_number(value) or not (low <= value < high if low_allowed else low < value < high):
+        if not _is_number(value) or not low <= value < high:
             raise ValueError(f"field {name} must be a finite number in [{low}, {high}), got {value!r}")
     if not isinstance(record.auto, bool):
         raise ValueError("field auto must be a boolean")
