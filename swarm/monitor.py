@@ -15,6 +15,7 @@ from importlib import resources
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from swarm.coordinator.records import Trust, trust_from
 from swarm.monitor_data import collect
 
 logger = logging.getLogger(__name__)
@@ -23,9 +24,10 @@ logger = logging.getLogger(__name__)
 class SwarmWatcher:
     """Keeps the latest snapshot of the swarm, refreshed by a daemon thread."""
 
-    def __init__(self, swarm, refresh_s: float, models: dict[str, int] | None = None):
+    def __init__(self, swarm, refresh_s: float, models: dict[str, int] | None = None, trust: Trust = None):
         self.swarm, self.refresh_s = swarm, refresh_s
         self.models = models  # model id -> blocks to watch; None: every model announced
+        self.trust = trust  # whose coordinator lease and plans count, as for the swarm's peers
         self.latest: dict = {"time": None, "models": [], "error": "first snapshot not taken yet"}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="monitor-watcher", daemon=True)
@@ -41,7 +43,7 @@ class SwarmWatcher:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.latest = {**collect(self.swarm, self.models), "refresh_s": self.refresh_s}
+                self.latest = {**collect(self.swarm, self.models, self.trust), "refresh_s": self.refresh_s}
             except Exception as e:  # a DHT hiccup must not end the monitor; the page shows it
                 logger.warning("reading the swarm failed: %s", e)
                 self.latest = {**self.latest, "error": f"reading the swarm failed: {e}"}
@@ -98,7 +100,10 @@ def run(args: argparse.Namespace) -> int:
     swarm = SwarmClient.connect(
         public_initial_peers() if args.public else args.initial_peers, args.host_maddrs
     )
-    watcher = SwarmWatcher(swarm, args.refresh, models).start()
+    # The swarm's default trust (any member of a private swarm, none of the public one): a
+    # stranger's stolen lease is not shown as the holder, as `hexswarm status` does not show it.
+    trust = trust_from(None, args.public)
+    watcher = SwarmWatcher(swarm, args.refresh, models, trust).start()
     print(f"monitor: http://{args.host}:{args.port}/ (JSON at /api/swarm)", flush=True)
     try:
         uvicorn.run(create_app(watcher), host=args.host, port=args.port, log_level="warning")

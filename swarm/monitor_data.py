@@ -16,7 +16,7 @@ import dataclasses
 import time
 from typing import Any
 
-from swarm.coordinator.records import Coordination, read_coordination_sync
+from swarm.coordinator.records import Coordination, Trust, read_coordination_sync
 from swarm.records import PeerRecord, PeerState, online_peers_per_block, read_models, read_peer_records
 
 TOKENS_PER_S_NOTE = (
@@ -86,14 +86,15 @@ def model_entry(
     }
 
 
-def collect(swarm, only: dict[str, int] | None = None) -> dict[str, Any]:
+def collect(swarm, only: dict[str, int] | None = None, trust: Trust = None) -> dict[str, Any]:
     """A snapshot of the swarm seen through `swarm` (a client.SwarmClient): of the models in
-    `only` (model id -> blocks), or of every model some peer announced."""
+    `only` (model id -> blocks), or of every model some peer announced; the lease and plans
+    as peers that trust `trust` see them (swarm/coordinator/records.py)."""
     models = []
     for model_id, num_blocks in sorted((only if only is not None else read_models(swarm.dht)).items()):
         records = [r for r in read_peer_records(swarm.dht, model_id) if r.end <= num_blocks]
         rtts = swarm.round_trips([r for r in records if r.state != PeerState.JOINING])
-        coordination = read_coordination_sync(swarm.dht, model_id)
+        coordination = read_coordination_sync(swarm.dht, model_id, trust=trust)
         models.append(model_entry(model_id, num_blocks, records, rtts, coordination))
     rates = [m["estimated_tokens_per_s"] for m in models if m["estimated_tokens_per_s"] is not None]
     return {

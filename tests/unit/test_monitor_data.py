@@ -55,3 +55,30 @@ def test_model_entry_shows_the_coordinator_and_its_plan():
     assert entry["coordinator"] == "K"
     assert entry["plan"]["version"] == 3 and entry["plan"]["followers"] == ["A"]
     json.dumps(entry)
+
+
+def test_collect_shows_the_lease_only_of_trusted_coordinator_keys():
+    """The monitor of a public swarm (no key trusted) must not show a stranger's claim with
+    since = 0 as the coordinator, as the swarm's peers do not follow it."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from swarm.coordinator.records import Lease, lease_key
+    from swarm.identity import load_or_create_identity
+    from swarm.monitor_data import collect
+
+    stranger = load_or_create_identity(None)
+    claim = Lease("m-1", stranger.peer_id.to_base58(), 0.0)
+    values = {lease_key("m-1"): {stranger.owner_marker: SimpleNamespace(value=claim.to_bytes())}}
+
+    class Dht:
+        def get(self, key, latest, return_future):
+            future = Future()
+            entries = values.get(key)
+            future.set_result(None if entries is None else SimpleNamespace(value=entries))
+            return future
+
+    swarm = SimpleNamespace(dht=Dht(), round_trips=lambda records: {})
+    shown = collect(swarm, {"m-1": 4}, trust=None)["models"][0]["coordinator"]
+    assert shown == stranger.peer_id.to_base58()  # a private swarm trusts any member
+    assert collect(swarm, {"m-1": 4}, trust=frozenset())["models"][0]["coordinator"] is None
