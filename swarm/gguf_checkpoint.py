@@ -27,13 +27,11 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from swarm import cache_files, content_hash
+from swarm import content_hash
 from swarm.cache_files import cache_root, locked, write_atomically
 from swarm.model_id import readable_id
 
 logger = logging.getLogger(__name__)
-
-CACHE_ENV = cache_files.CACHE_ENV  # the cache folder's variable, where GGUF callers look for it
 
 GGUF_MAGIC = b"GGUF"
 MANIFEST = "gguf.json"  # marks a folder as a GGUF file's checkpoint; which tensors each weight file holds

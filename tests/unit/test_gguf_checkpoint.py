@@ -13,6 +13,7 @@ import torch
 
 from swarm import gguf_checkpoint
 from swarm.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path, resolve_builtin
+from swarm.cache_files import CACHE_ENV
 from swarm.model_spec import ModelSpecError, load_model_spec
 
 GGUF = builtin_path(BUILTIN_MODELS[DEFAULT_MODEL])
@@ -44,7 +45,7 @@ def test_one_changed_weight_anywhere_in_the_file_is_another_model(tmp_path, monk
     data = bytearray(GGUF.read_bytes())
     data[len(data) // 4] ^= 1
     changed.write_bytes(bytes(data))
-    monkeypatch.setenv(gguf_checkpoint.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     spec = load_model_spec(changed)
     assert spec.model_id != base_id and spec.model_id.startswith("smollm2-135M-")
     digest = content_hash.file_digest(changed)
@@ -61,7 +62,7 @@ def test_a_peer_reads_only_its_blocks_and_they_equal_transformers(tmp_path, monk
 
     from swarm.checkpoint import load_tensors
 
-    monkeypatch.setenv(gguf_checkpoint.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     spec = load_model_spec(DEFAULT_MODEL)
     tensors = load_tensors(
         spec.path, lambda name: name.startswith(("model.layers.3.", "model.layers.4.")), torch.float32
