@@ -288,7 +288,7 @@ def _log_refusal(request: Request, error: ApiError) -> None:
 
 def served_names(name: str, model_id: str | None) -> set[str]:
     """The names a request may use: the served name, and the swarm's model id (what `hexswarm
-    status` shows, `smollm2-135M-b83433b02745`) with or without its fingerprint."""
+    status` shows, `smollm2-135M-b83433b02745c1d9`) with or without its content hash."""
     names = {name}
     if model_id:
         names |= {model_id, model_id.rsplit("-", 1)[0]}
