@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             print("no models are announced in this swarm")
             return 1
         complete, report = bool(models), []
-        aliases = {} if args.json else builtin_names()  # read once: it looks up each built-in file's cached hash
+        aliases = {} if args.json else builtin_names()  # read once: a cache lookup per built-in
         for model_id, num_blocks in sorted(models.items()):
             records = read_peer_records(dht, model_id, args.timeout)
             coordination = read_coordination_sync(dht, model_id, args.timeout, trust)
