@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
@@ -191,6 +192,7 @@ def parse_signed_entries(
 
 
 _warned: dict[tuple[str, str], None] = {}  # (peer id, reason) already logged, oldest first
+_warned_lock = threading.Lock()  # a client reads records from several threads (the API's)
 MAX_WARNED = 4096
 
 
@@ -198,11 +200,12 @@ def warn_once(peer_id: str, message: str) -> None:
     """Logs a bad entry once per peer and reason: a record is re-read every few seconds, and
     a hostile peer must not be able to flood its readers' logs."""
     key = (peer_id, message)
-    if key in _warned:
-        return
-    if len(_warned) >= MAX_WARNED:
-        _warned.pop(next(iter(_warned)))
-    _warned[key] = None
+    with _warned_lock:
+        if key in _warned:
+            return
+        if len(_warned) >= MAX_WARNED:
+            del _warned[next(iter(_warned))]
+        _warned[key] = None
     logger.warning(message)
 
 
