@@ -74,9 +74,12 @@ class Admission:
         open_sessions: Mapping[str, Any] | Container[str],
         needed_tokens: int = 0,
         cache_tokens: int = 0,
+        session_tokens: int = 0,
     ) -> None:
         """Raises REMOTE_LIMIT if `remote` already holds its share of the sessions still open, or
-        if a new session of `needed_tokens` would take it over its share of `cache_tokens`."""
+        if a new session of `needed_tokens` would take it over its share of `cache_tokens`. The
+        share is never less than what one session may reserve (`session_tokens`): a peer whose
+        cache holds one or two sessions (`run-peer --max-sessions 1`) still serves a whole one."""
         self._forget_closed(open_sessions)
         cap = self.limits.sessions_per_remote
         held = [session for session, owner in self.owners.items() if owner == remote]
@@ -87,6 +90,7 @@ class Admission:
         share = int(self.limits.cache_share_per_remote * cache_tokens)
         if not share:
             return
+        share = max(share, session_tokens)
         reserved = sum(open_sessions[session].reserved_tokens for session in held)
         if reserved + needed_tokens > share:
             raise ProtocolError(

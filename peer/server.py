@@ -244,8 +244,10 @@ class PeerServer:
                 return Pong(message.nonce)
             case Open():
                 self.core.check_open(message)  # a malformed OPEN is told so before any share is counted
-                needed = message.batch_size * message.max_length
-                self.admission.check_open(remote, self.core.sessions, needed, self.core.limits.cache_tokens)
+                needed, limits = message.batch_size * message.max_length, self.core.limits
+                self.admission.check_open(
+                    remote, self.core.sessions, needed, limits.cache_tokens, limits.session_cache_tokens or 0
+                )
                 opened = self.core.open(message)
                 self.admission.opened(remote, message.session_id)
                 owned.add(message.session_id)

@@ -69,3 +69,11 @@ def test_one_remote_reserves_at_most_its_share_of_the_cache():
     admission.check_open("alice", sessions, 16000, cache_tokens=32768)  # another remote's share is whole
     del sessions["a"]
     admission.check_open("mallory", sessions, 8000, cache_tokens=32768)
+
+
+def test_a_remote_may_always_reserve_one_whole_session():
+    """With --max-sessions 1 the cache is one session long: half of it would refuse every
+    session longer than half the peer's --max-length, to every client."""
+    admission = Admission(AdmissionLimits(cache_share_per_remote=0.5))
+    admission.check_open("alice", {}, 2048, cache_tokens=2048, session_tokens=2048)
+    assert _code(admission.check_open, "alice", {}, 2048, 2048) == ErrorCode.REMOTE_LIMIT  # no floor
