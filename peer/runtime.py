@@ -160,6 +160,13 @@ def _start_coordinator(config: PeerConfig, dht, identity, stop: asyncio.Event) -
     return asyncio.create_task(Coordinator(dht, identity, config.coordinator).run(stop), name="coordinator")
 
 
+def _follower_trust(config: PeerConfig, peer_id: str) -> Trust:
+    """Whose plans this auto peer follows: the named keys, and its own coordinator candidate's
+    (`--coordinator` runs one with the peer's key, which trusts itself)."""
+    trust = config.coordinator_trust
+    return trust | {peer_id} if trust is not None and config.coordinator is not None else trust
+
+
 class _Peer:
     """The parts of a running peer, and the steps of its lifecycle."""
 
@@ -189,7 +196,7 @@ class _Peer:
                 config.spec.num_blocks,
                 self.mover.request,
                 config.rebalance_period,
-                trust=config.coordinator_trust,
+                trust=_follower_trust(config, peer_id),
             )
             if config.auto
             else None
