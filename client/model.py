@@ -260,7 +260,11 @@ class DistributedModelForCausalLM:
         """Loads embeddings, norm and LM head of `model_dir` and joins the swarm through `initial_peers`.
 
         `routing` picks how chains are chosen: "min_latency", "max_throughput" or "tradeoff"
-        (NSGA-II; `preference` in [0, 1] leans from latency to throughput, default the knee);
+        (NSGA-II over load-aware costs; `preference` in [0, 1] leans from latency to throughput,
+        or "knee"). The default, "tradeoff" at preference 0, takes the least latency *under the
+        swarm's announced load*, which is not `min_latency`'s idle cost: in the router benchmark
+        (docs/benchmarks.md, Router) it was never more than 2% behind `min_latency` and at 100
+        and 500 peers cut p99 latency by 35-65%, while the knee took longer chains and lost;
         `router` overrides it with any object that has the `routing.chains.swarm_view.Router` interface.
         `dtype` is the client's compute dtype and the dtype of hidden states on the wire.
         The first step of a session waits up to `coverage_timeout` seconds for every block

@@ -63,7 +63,7 @@ class CachedFront:
 
 # Chosen by benchmarks/router.py: under the simulated load the latency end of the load-aware
 # front beat the knee (which takes more hops; each costs a round trip per token) at every
-# size and load measured; see the README table.
+# size and load measured; see docs/benchmarks.md (Router).
 DEFAULT_PREFERENCE = 0.0
 KNEE = "knee"  # preference="knee": the knee of the front
 
