@@ -17,12 +17,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "models": ("swarm.models_command", "list the built-in model names and the files they resolve to"),
     "make-tiny-model": ("swarm.tiny_model", "write a small random-initialized checkpoint with a tokenizer"),
     "bootstrap": ("swarm.bootstrap", "start a DHT node that a private swarm joins through"),
-    "status": ("swarm.status", "print the peers of a swarm and the block coverage of each model"),
+    "status": ("client.status", "print the peers of a swarm and the block coverage of each model"),
     "demo": ("swarm.demo", "run a private swarm on this machine and generate text"),
-    "plan": ("swarm.plan_command", "plan a swarm over a cluster with the HexGen scheduler"),
-    "api": ("swarm.api_command", "serve an OpenAI-compatible HTTP API over the swarm"),
+    "plan": ("swarm.coordinator.plan_command", "plan a swarm over a cluster with the HexGen scheduler"),
+    "api": ("client.api_command", "serve an OpenAI-compatible HTTP API over the swarm"),
     "coordinator": ("swarm.coordinator.command", "run a coordinator that plans a model's swarm online"),
-    "monitor": ("swarm.monitor", "serve a live web page of the swarm's peers and block coverage"),
+    "monitor": ("client.monitor", "serve a live web page of the swarm's peers and block coverage"),
 }
 
 

@@ -76,11 +76,11 @@ def coordinator_config(args: argparse.Namespace, model_dir: str):
     """A CoordinatorConfig from the flags of `add_coordination_arguments`."""
     from routing.scheduler.genetic import SearchConfig
     from routing.scheduler.model_spec import Workload
+    from swarm.coordinator.plan_command import load_model
     from swarm.coordinator.records import trust_from
     from swarm.coordinator.service import CoordinatorConfig
     from swarm.coordinator.triggers import ReplanPolicy
     from swarm.model_spec import load_model_spec
-    from swarm.plan_command import load_model
 
     return CoordinatorConfig(
         model_id=load_model_spec(model_dir).model_id,

@@ -546,8 +546,8 @@ def test_coordinator_flags_choose_the_objective(make_model):
 
 
 def test_status_names_the_objective(capsys):
+    from client.status import print_plan
     from swarm.coordinator.records import Coordination
-    from swarm.status import print_plan
 
     for objective, words in (("slo", "estimated attainment 90.0%"), ("throughput", "planned for throughput")):
         record_ = replace(plan(2), objective=objective)
@@ -556,8 +556,8 @@ def test_status_names_the_objective(capsys):
 
 
 def test_status_says_loudly_when_no_plan_covers_the_model(capsys):
+    from client.status import print_plan
     from swarm.coordinator.records import Coordination
-    from swarm.status import print_plan
 
     uncovered = replace(plan(2), missing=(20, 21, 22, 29), memory_short_blocks=4)
     print_plan(Coordination(Lease("m", "A", 1.0), uncovered, 2), [record("p1", 0, 4)])

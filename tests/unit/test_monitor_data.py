@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from swarm.monitor_data import estimated_decode_tokens_per_s, model_entry, peer_entry
+from client.monitor_data import estimated_decode_tokens_per_s, model_entry, peer_entry
 from swarm.records import DeviceInfo, PeerState
 from tests.unit.record_cases import make_record
 
@@ -63,9 +63,9 @@ def test_collect_shows_the_lease_only_of_trusted_coordinator_keys():
     from concurrent.futures import Future
     from types import SimpleNamespace
 
+    from client.monitor_data import collect
     from swarm.coordinator.records import Lease, lease_key
     from swarm.identity import load_or_create_identity
-    from swarm.monitor_data import collect
 
     stranger = load_or_create_identity(None)
     claim = Lease("m-1", stranger.peer_id.to_base58(), 0.0)

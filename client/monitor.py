@@ -1,7 +1,7 @@
 """`hexswarm monitor`: a live web page of the swarm (block coverage map, peers, speeds).
 
 A background thread reads the DHT and pings the peers every `--refresh` seconds
-(swarm/monitor_data.py); the page (swarm/monitor_page.html, plain HTML and JavaScript, no
+(client/monitor_data.py); the page (client/monitor_page.html, plain HTML and JavaScript, no
 external assets) polls `/api/swarm` for that snapshot and redraws.
 """
 
@@ -15,8 +15,8 @@ from importlib import resources
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from client.monitor_data import collect
 from swarm.coordinator.records import Trust, trust_from
-from swarm.monitor_data import collect
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class SwarmWatcher:
 
 def create_app(watcher: SwarmWatcher) -> FastAPI:
     app = FastAPI(title="hexswarm monitor")
-    page = resources.files("swarm").joinpath("monitor_page.html").read_text(encoding="utf-8")
+    page = resources.files("client").joinpath("monitor_page.html").read_text(encoding="utf-8")
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> str:

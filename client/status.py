@@ -11,12 +11,12 @@ import json
 import sys
 from dataclasses import asdict
 
+from client.monitor_data import followers, model_entry
 from swarm.builtin_models import builtin_names
 from swarm.coordinator.records import Coordination, read_coordination_sync, trust_from, uncovered_text
 from swarm.dht import public_initial_peers, start_dht
 from swarm.dht_process import shutdown_dht
 from swarm.dht_read import DHT_READ_TIMEOUT_S
-from swarm.monitor_data import followers, model_entry
 from swarm.records import PeerRecord, online_peers_per_block, read_models, read_peer_records
 from swarm.reports import Report, read_reports
 from swarm.terminal_text import printable
