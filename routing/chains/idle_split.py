@@ -10,7 +10,7 @@ range looks busier and loses blocks to its neighbour, though the same sessions l
 The idle costs split blocks by each peer's measured step and round trip, which is what a
 boundary move changes. (The load test showed it: at 10 peers and 0.9 of the sustainable
 rate on seed 1, both modes used the same seven peers and the load-aware split lost 10% of
-p99 latency; README, "Routing requests through the swarm".)
+p99 latency; docs/routing.md "Where the load-aware costs must not decide".)
 
 So the trade-off mode answers with the idle chain's hops whenever its pick uses the idle
 chain's peers, with the estimate of those hops under the load-aware costs.

@@ -126,7 +126,7 @@ def session_step_ms(view: SwarmView, request: RouteRequest) -> float:
     a lighter load), so the fixed point is unique; it lies between the idle step and the price
     at the idle step, and bisection finds it. Taking the idle step instead (the earlier rule)
     overstates the utilisation of a peer that steps its sessions one at a time: its sessions
-    last several idle steps (README: "Peers that do not batch")."""
+    last several idle steps (docs/benchmarks.md "Router", peers that do not batch)."""
     return _session_step_ms(view, request, candidates(view, request))
 
 

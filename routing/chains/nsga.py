@@ -18,8 +18,8 @@ so their fronts live in one objective space and can be compared by hypervolume.
 What sets the front's quality is the seeding and the gap filling: at 100 and 500 peers
 NSGA-II from random chains reached 0.26-0.48 of the full sweep's hypervolume, from 16
 sweep solves 0.94-0.97, and splicing the final front's neighbours (routing.chains.relink)
-0.96-0.99; the generations in between add less than 0.01 (README, "Routing requests
-through the swarm"). So the default runs few generations.
+0.96-0.99; the generations in between add less than 0.01 (docs/routing.md "The front"). So
+the default runs few generations.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ _MATING_TRIES = 5
 class NsgaConfig:
     """Search budget and encoding of one NSGA-II run."""
 
-    pop_size: int = 40  # the seed used 100; the seeds, not the size, set the front (README)
+    # the seed used 100; the seeds, not the size, set the front (docs/routing.md "The front")
+    pop_size: int = 40
     generations: int = 4
     seed: int = 0
     encoding: str = "chain"  # "chain" (ours) or "matrix" (the seed's)
