@@ -15,7 +15,7 @@ initial swarm's upper bound in requests/s) is served under each policy
                run is deterministic per seed (the wall-clock budgets are only caps).
                Ablations: `--break-before-make` (value a moving peer as serving nothing while it
                loads), `--no-moves` (re-plans only place new or idle peers); knobs measured
-               and not adopted: `--tie`, `--reopen-regions`, `--plan-headroom` (README)
+               and not adopted: `--tie`, `--reopen-regions`, `--plan-headroom` (docs/benchmarks.md "Churn")
   petals       Petals' rule as Petals 2.2.0 runs it (`petals_rule.py`): join on the weakest
                blocks, a rebalance check per server after a uniform wait (mean 120 s); one
                server per machine over its largest power-of-two TP group (as if Petals' TP,

@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 # transformers 5 renamed the outputs' `past_key_values` to `cache` (the old name logs a deprecation)
 _OUTPUT_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 DEFAULT_COVERAGE_TIMEOUT_S = 60.0  # how long to wait for every block to have an online peer
-# The winner of the multi-client load benchmark (README "Routing requests through the swarm").
+# The winner of the multi-client load benchmark (docs/benchmarks.md "Router").
 DEFAULT_ROUTING = "tradeoff"
 ROUTE_LIMIT = 4096  # characters of `last_route`: dozens of hops of names cut to the records' limit
 
@@ -66,7 +66,8 @@ class DistributedMixin:
     spec: ModelSpec
     verify: float = 0.0  # share of hop steps a second peer recomputes (client/verify.py)
     # Peers push outputs to the next peer (peer/push.py): a step crosses n + 1 links instead of
-    # 2n, which saves one network latency per hop across real networks (README "Push between peers").
+    # 2n, which saves one network latency per hop across real networks (docs/reliability.md
+    # "Push between peers").
     push: bool = True
     threads: int | None = None  # torch threads for the client's own ops (None: the process's)
 
@@ -275,7 +276,7 @@ class DistributedModelForCausalLM:
         `generate(..., verify=p)` overrides it for one call.
         `push` (default True): each peer sends its output straight to the next peer of the chain,
         and the client reads every hop's output; False relays every hop through the client
-        (README "Push between peers"). Settable later as `model.push`.
+        (docs/reliability.md "Push between peers"). Settable later as `model.push`.
         `host_maddrs`: None (the default) dials out only: the client opens no port and asks no
         router for a NAT port mapping; give addresses to listen on, e.g. ["/ip4/0.0.0.0/tcp/0"].
         `threads` is the number of torch threads `generate` and `forward` use for the client's

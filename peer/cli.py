@@ -357,8 +357,8 @@ def exit_now(code: int) -> NoReturn:
 
     The atexit handlers still run (temporary identity files, multiprocessing's bookkeeping);
     what is skipped is tearing down torch's and transformers' modules object by object, which
-    takes seconds on a loaded machine and would break the bounded shutdown (README "Limits,
-    shutdown and verification").
+    takes seconds on a loaded machine and would break the bounded shutdown (docs/reliability.md
+    "Bounded shutdown").
     """
     atexit._run_exitfuncs()
     logging.shutdown()

@@ -85,7 +85,7 @@ def cpu_cores() -> int:
 
 # A decode step whose largest matmul is below this many multiply-adds per token (hidden x
 # intermediate) runs faster on one thread: waking a sleeping (OMP_WAIT_POLICY=PASSIVE) helper
-# thread for each ~20 us op costs more than it saves (README "Concurrency").
+# thread for each ~20 us op costs more than it saves (docs/benchmarks.md "Concurrency").
 SMALL_MODEL_MACS = 1 << 20
 
 

@@ -1,6 +1,6 @@
 """Moving a running peer to another layer range without a dip in coverage.
 
-Steps (README "Run a coordinator"): announce the new range as joining (the record's
+Steps (docs/scheduling.md "The coordinator"): announce the new range as joining (the record's
 `next_start:next_end`, the old range still online), load it while the old range keeps serving,
 wait until every block of the old range is served by another online peer or by the new range
 (at most `move_wait`: peers moving in a cycle would otherwise wait for each other forever),

@@ -10,7 +10,7 @@ A program that imports torch before hexswarm's client (as most do) keeps libgomp
 spinning policy, and nothing can change it afterwards. `openmp_spins()` tells the client so,
 and it then runs its own small per-token ops (embedding, norm, LM head) on one thread: with
 one thread there is no idle team to spin while the client waits for the swarm, so the peers
-computing the next step on the same machine keep their cores (README "Concurrency").
+computing the next step on the same machine keep their cores (docs/benchmarks.md "Concurrency").
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """`hexswarm plan`: plan a swarm over a cluster file with the HexGen scheduler (routing/scheduler/).
 
-Reads the cluster file (format in routing/scheduler/cluster.py and the README), searches for
-the plan with the best SLO attainment on the given workload (or, with `--objective throughput`,
-the most tokens/s with no deadline) under the chosen serving model
-(pipelined and batched by default, `--serving sequential` for one request per pipeline at a
-time), shows its progress on stderr (a bar on a terminal, else log lines) and the plan on stdout: a table by default, the plan's JSON
-with --json. Both give the plan's saturated capacity as a share of the cluster's upper bound.
+Reads the cluster file (format in routing/scheduler/cluster.py and docs/scheduling.md
+"Planning a cluster offline"), searches for the plan with the best SLO attainment on the given
+workload (or, with `--objective throughput`, the most tokens/s with no deadline) under the
+chosen serving model (pipelined and batched by default, `--serving sequential` for one request
+per pipeline at a time), shows its progress on stderr (a bar on a terminal, else log lines) and
+the plan on stdout: a table by default, the plan's JSON with --json. Both give the plan's
+saturated capacity as a share of the cluster's upper bound.
 """
 
 from __future__ import annotations

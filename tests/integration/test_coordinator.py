@@ -47,7 +47,8 @@ COORDINATOR_FLAGS = (
 )  # fmt: skip
 PLAN_BOUND_S = 120  # first plan over peers that start together, on 2 busy cores
 RESTORE_BOUND_S = 90  # record expiry (2.5 s) + debounce (2 s) + search + move
-LEASE_BOUND_S = 6 + 2 * 1 + 20  # lease ttl + 2 steps (README), plus slack for a busy machine
+# lease ttl + 2 steps (docs/scheduling.md "The coordinator"), plus slack for a busy machine
+LEASE_BOUND_S = 6 + 2 * 1 + 20
 
 
 def wait_until(condition, timeout: float, what: str):
