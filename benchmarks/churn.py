@@ -2,10 +2,10 @@
 
 A seeded swarm of about `--gpus` GPUs (the catalog's mix, `--regions` regions; peers are
 machines) churns for `--minutes`: sessions are exponential with a 30-minute mean and newcomers
-keep the population steady (`routing/scheduler/churn_process.py`). The same Poisson request
+keep the population steady (`routing/scenarios/churn_process.py`). The same Poisson request
 trace (Llama-2-70B, prompts 64-192 tokens, 32 output tokens, SLO scale 5, `--load` x the
 initial swarm's upper bound in requests/s) is served under each policy
-(`routing/scheduler/churn_policies.py`):
+(`routing/sim/churn_policy.py`, the baselines in `routing/baselines/petals_policy.py`):
 
   coordinator  hexswarm's: re-plan (`replan.py`: the genetic search warm-started, moves costed
                make-before-break) `--debounce-s` (20) after a join or leave, and every
@@ -36,7 +36,7 @@ per peer at a TP degree of at most its GPUs; two peers of one machine still talk
 Joiners serve once loaded (layer bytes / `--load-gbps`); a Petals server that moves restarts,
 a coordinator's peer moves make-before-break when its memory holds both ranges. Every 30 s the
 loaded peers' spans become disjoint chains and serve the next 8 s of the trace in the event
-simulation (`routing/scheduler/churn_sim.py`). One JSON line: per policy the SLO attainment and tokens/s
+simulation (`routing/sim/churn_sim.py`). One JSON line: per policy the SLO attainment and tokens/s
 per period (5 min) and over the run, split into samples within `--after-leave-s` (60) of a
 leave and the others, moves, ranges loaded; the coordinator's re-plan times
 (wall clock, noisy on a shared machine) p50 / p99; weights loaded (GB, all peers and by
@@ -58,13 +58,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from routing.scheduler.churn_policies import CoordinatorPolicy, PetalsPolicy, StaticPolicy  # noqa: E402
-from routing.scheduler.churn_process import draw_churn, split_machines  # noqa: E402
-from routing.scheduler.churn_sim import Sampling, run  # noqa: E402
+from routing.baselines.petals_policy import PetalsPolicy, StaticPolicy  # noqa: E402
+from routing.scenarios.churn_process import draw_churn, split_machines  # noqa: E402
 from routing.scheduler.model_spec import Workload, preset  # noqa: E402
 from routing.scheduler.replan import REPLAN_CONFIG, MoveCosts, replan  # noqa: E402
 from routing.scheduler.simulator import make_trace  # noqa: E402
 from routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
+from routing.sim.churn_policy import CoordinatorPolicy  # noqa: E402
+from routing.sim.churn_sim import Sampling, run  # noqa: E402
 
 MODEL = preset("Llama-2-70B")
 POLICIES = ("coordinator", "petals", "petals-gpu", "petals-peers", "no-replan")

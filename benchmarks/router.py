@@ -3,7 +3,7 @@
     python benchmarks/router.py --json [--sizes 10,100,500] [--requests 1000] [--loads 0.3,0.6,0.9]
         [--seeds 0] [--all-modes-max-peers 100] [--load-only | --fronts-only]
 
-Per size: a seeded synthetic swarm (routing.chains.synthetic_swarm, 80 blocks), then
+Per size: a seeded synthetic swarm (routing.scenarios.synthetic_swarm, 80 blocks), then
 - fresh_ms / fresh_ms_median: the fastest / median of 5 full NSGA-II runs (our chain
   encoding, seeded by routing.chains.sweep_seeds), and the seed's matrix encoding's (one run);
 - cached_decision_ms_p50/_p99: TradeoffRouter.choose served from the cached front (no own
@@ -12,8 +12,8 @@ Per size: a seeded synthetic swarm (routing.chains.synthetic_swarm, 80 blocks), 
 - front_size and hypervolume of our front, the seed encoding's and the epsilon-constraint
   sweep's (objectives normalised by the sweep front's ranges, reference point (1.1, 1.1));
 - latency_gap_vs_dijkstra: best latency on our front / the exact min-latency chain's;
-- load: routing.chains.load_sim with Poisson arrivals at each of `--loads` x the swarm's
-  sustainable rate (route_load_sim.sustainable_rate: compute LP and KV-cache bound), the
+- load: routing.sim.load_sim with Poisson arrivals at each of `--loads` x the swarm's
+  sustainable rate (load_sim.sustainable_rate: compute LP and KV-cache bound), the
   same arrivals for every mode: mean and p99 request latency (s, arrival to last token,
   waiting for cache included) and total generated tokens/s. Above `--all-modes-max-peers`
   only min_latency and the default tradeoff run: max_throughput and the knee take chains of
@@ -39,15 +39,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from routing.baselines.reference_front import normalised_hypervolume, sweep_front  # noqa: E402
 from routing.chains.cost import candidates  # noqa: E402
-from routing.chains.front import Front, normalised_hypervolume, sweep_front  # noqa: E402
-from routing.chains.load_sim import LoadSpec, simulate_load, sustainable_rate  # noqa: E402
+from routing.chains.front import Front  # noqa: E402
 from routing.chains.min_latency import min_latency_route  # noqa: E402
 from routing.chains.nsga import NsgaConfig, nsga_front  # noqa: E402
 from routing.chains.routers import make_router  # noqa: E402
 from routing.chains.swarm_view import RouteRequest, SwarmView  # noqa: E402
-from routing.chains.synthetic_swarm import SwarmSpec, generate_swarm  # noqa: E402
 from routing.chains.tradeoff import TradeoffRouter  # noqa: E402
+from routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm  # noqa: E402
+from routing.sim.load_sim import LoadSpec, simulate_load, sustainable_rate  # noqa: E402
 
 REQUEST = RouteRequest(prompt_tokens=128, new_tokens=32, batch_size=1)
 LOAD_MODES = (  # (column name, mode, options)
@@ -65,7 +66,7 @@ def timed_ms(fn) -> tuple[float, object]:
 
 
 def hypervolume(front: Front, reference: Front) -> float:
-    """routing.chains.front.normalised_hypervolume, rounded (the reference is the sweep's front)."""
+    """routing.baselines.reference_front.normalised_hypervolume, rounded (the reference is the sweep's front)."""
     return round(normalised_hypervolume(front, reference), 4)
 
 

@@ -49,6 +49,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scipy.stats import spearmanr  # noqa: E402
 
+from routing.baselines.table4 import table4_plan  # noqa: E402
+from routing.scenarios.hexgen_clusters import SCENARIOS, scenario  # noqa: E402
+from routing.scenarios.synthetic_cluster import synthetic_cluster  # noqa: E402
 from routing.scheduler.capacity import SATURATION, allreduce_share, plan_capacity  # noqa: E402
 from routing.scheduler.ga_fitness import estimated_score, simulated_score  # noqa: E402
 from routing.scheduler.genetic import SearchConfig, SearchResult, search  # noqa: E402
@@ -60,8 +63,6 @@ from routing.scheduler.plan_eval import (  # noqa: E402
     memory_violations,
     plan_layouts,
 )
-from routing.scheduler.scenarios import SCENARIOS, scenario, table4_plan  # noqa: E402
-from routing.scheduler.synthetic_cluster import synthetic_cluster  # noqa: E402
 from routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
 
 SYNTHETIC = "synthetic-1000"
@@ -88,7 +89,12 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
 
     def config(**kw) -> SearchConfig:
         # capacity is measured after the search (below), so schedule_s and replan_s time the planning
-        defaults = {"time_budget_s": budget, "stall_generations": args.stall, "seed": args.seed, "capacity": False}
+        defaults = {
+            "time_budget_s": budget,
+            "stall_generations": args.stall,
+            "seed": args.seed,
+            "capacity": False,
+        }
         return SearchConfig(**{**defaults, **kw})
 
     layouts: dict = {}  # layout cache shared by our search and the re-plan (same network)
@@ -126,8 +132,12 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
     seconds = args.capacity_1000_s if big else args.capacity_s
     our_layouts = plan_layouts(cluster, MODEL, workload, ours.plan)
     cap = plan_capacity(cluster, our_layouts, MODEL, workload, seconds)
-    cap_sym = plan_capacity(cluster, plan_layouts(cluster, MODEL, workload, symmetric.plan), MODEL, workload, seconds)
-    cap_after = plan_capacity(smaller, plan_layouts(smaller, MODEL, workload, replan.plan), MODEL, workload, seconds)
+    cap_sym = plan_capacity(
+        cluster, plan_layouts(cluster, MODEL, workload, symmetric.plan), MODEL, workload, seconds
+    )
+    cap_after = plan_capacity(
+        smaller, plan_layouts(smaller, MODEL, workload, replan.plan), MODEL, workload, seconds
+    )
     return {
         "scenario": name,
         "serving": serving,
@@ -181,7 +191,9 @@ def deep_rows(name: str, load: float, args: argparse.Namespace) -> list[dict]:
     [2, 2] (layers by memory), simulated at the row's rate like our plan."""
     cluster = scenario(name)
     base = Workload(s_in=128, s_out=32, slo_scale=args.slo_scale, seed=args.seed, max_batch=16)
-    rate = round(load * throughput_upper_bound(cluster, MODEL, base, max_batch=16, prompt_tokens=128).requests_s, 1)
+    rate = round(
+        load * throughput_upper_bound(cluster, MODEL, base, max_batch=16, prompt_tokens=128).requests_s, 1
+    )
     workload = replace(base, rate=rate, num_requests=max(1000, round(rate * args.trace_s)))
     rows = []
     for tps in DEEP_LAYOUTS:
@@ -190,20 +202,30 @@ def deep_rows(name: str, load: float, args: argparse.Namespace) -> list[dict]:
         result = evaluate_plan(cluster, MODEL, workload, plan)
         layouts = plan_layouts(cluster, MODEL, workload, plan)
         cap = plan_capacity(cluster, layouts, MODEL, workload, args.capacity_s)
-        rows.append({
-            "scenario": name, "hand_plan_8gpu": tps, "rate": rate,
-            "attainment": round(result.attainment, 4), "goodput_rps": round(result.goodput_rps, 2),
-            "throughput_tok_s": round(result.throughput_tok_s, 1), "capacity_tok_s": round(cap.capacity_tok_s, 1),
-            "bound_ratio": round(cap.bound_ratio, 3), "slo_capacity_tok_s": round(cap.slo_capacity_tok_s, 1),
-            "slo_bound_ratio": round(cap.slo_capacity_tok_s / cap.upper_bound_tok_s, 3),
-            "allreduce_share": round(allreduce_share(cluster, layouts, MODEL, workload), 3),
-            "within_memory": not memory_violations(cluster, MODEL, workload, plan),
-        })
+        rows.append(
+            {
+                "scenario": name,
+                "hand_plan_8gpu": tps,
+                "rate": rate,
+                "attainment": round(result.attainment, 4),
+                "goodput_rps": round(result.goodput_rps, 2),
+                "throughput_tok_s": round(result.throughput_tok_s, 1),
+                "capacity_tok_s": round(cap.capacity_tok_s, 1),
+                "bound_ratio": round(cap.bound_ratio, 3),
+                "slo_capacity_tok_s": round(cap.slo_capacity_tok_s, 1),
+                "slo_bound_ratio": round(cap.slo_capacity_tok_s / cap.upper_bound_tok_s, 3),
+                "allreduce_share": round(allreduce_share(cluster, layouts, MODEL, workload), 3),
+                "within_memory": not memory_violations(cluster, MODEL, workload, plan),
+            }
+        )
     return rows
 
 
 DEEP_LAYOUTS = ([1] * 8, [2, 2, 2, 2], [4, 4])
-SMALL_MACHINES = {3: [1, 2], 4: [2, 2]}  # TP layout of the machines with fewer GPUs, split in layers by memory
+SMALL_MACHINES = {
+    3: [1, 2],
+    4: [2, 2],
+}  # TP layout of the machines with fewer GPUs, split in layers by memory
 
 
 def _ids_of(cluster, machine: str) -> list[str]:
@@ -217,14 +239,20 @@ def hand_plan(cluster, layouts: dict[str, list[int]]) -> Plan:
     small = sorted({d.machine for d in cluster.devices} - set(layouts))
     threes = [m for m in small if len(_ids_of(cluster, m)) == 3]
     if threes:
-        groups.append(([i for m in threes for i in _ids_of(cluster, m)], SMALL_MACHINES[3] * len(threes), False))
-    groups += [(_ids_of(cluster, m), SMALL_MACHINES[4], False) for m in small if len(_ids_of(cluster, m)) == 4]
+        groups.append(
+            ([i for m in threes for i in _ids_of(cluster, m)], SMALL_MACHINES[3] * len(threes), False)
+        )
+    groups += [
+        (_ids_of(cluster, m), SMALL_MACHINES[4], False) for m in small if len(_ids_of(cluster, m)) == 4
+    ]
     pipelines = []
     for ids, tps, equal in groups:
         sizes = [float(t) if not equal else 1.0 for t in tps]
         bounds = [round(MODEL.num_layers * sum(sizes[:k]) / sum(sizes)) for k in range(len(tps) + 1)]
         cuts = [sum(tps[:k]) for k in range(len(tps) + 1)]
-        stages = [StagePlan(tuple(ids[cuts[k]:cuts[k + 1]]), bounds[k], bounds[k + 1]) for k in range(len(tps))]
+        stages = [
+            StagePlan(tuple(ids[cuts[k] : cuts[k + 1]]), bounds[k], bounds[k + 1]) for k in range(len(tps))
+        ]
         pipelines.append(PipelinePlan(tuple(stages)))
     return Plan(MODEL.name, MODEL.num_layers, tuple(pipelines))
 
@@ -266,12 +294,18 @@ def _agreement(pairs: list[tuple[float, float]], serving: str, relative: bool = 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="one JSON line per row (default: a table)")
-    parser.add_argument("--budget-s", type=float, default=15.0, help="budget of each §5.1 search (default 15)")
+    parser.add_argument(
+        "--budget-s", type=float, default=15.0, help="budget of each §5.1 search (default 15)"
+    )
     parser.add_argument("--budget-1000-s", type=float, default=48.0, help="budget on 1,000 GPUs (default 48)")
     parser.add_argument("--replan-s", type=float, default=2.5, help="re-plan budget (wall), §5.1 clusters")
-    parser.add_argument("--replan-stall", type=int, default=8, help="stop a re-plan after this many flat generations")
+    parser.add_argument(
+        "--replan-stall", type=int, default=8, help="stop a re-plan after this many flat generations"
+    )
     parser.add_argument("--replan-1000-s", type=float, default=4.0, help="re-plan budget, 1,000 GPUs")
-    parser.add_argument("--stall", type=int, default=30, help="stop a search after this many flat generations")
+    parser.add_argument(
+        "--stall", type=int, default=30, help="stop a search after this many flat generations"
+    )
     parser.add_argument("--loads", nargs="*", type=float, default=[0.5, 1.0], help="rates, x the bound")
     parser.add_argument("--trace-s", type=float, default=20.0, help="seconds of arrivals per trace")
     parser.add_argument("--trace-1000-s", type=float, default=4.0, help="the same on 1,000 GPUs")
@@ -288,7 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     names = (*SCENARIOS, SYNTHETIC)
     parser.add_argument("--scenarios", nargs="*", default=list(names), choices=names)
     parser.add_argument("--serving", nargs="*", default=["pipelined-batched", "sequential"])
-    parser.add_argument("--deep-plans", action="store_true", help="the deep-plan check: hand-built plans only")
+    parser.add_argument(
+        "--deep-plans", action="store_true", help="the deep-plan check: hand-built plans only"
+    )
     args = parser.parse_args(argv)
     if args.deep_plans:
         for name in ("heterogeneous-half-price", "heterogeneous-full-price"):

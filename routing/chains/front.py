@@ -1,4 +1,4 @@
-"""Pareto fronts of chains over (latency, load-adjusted throughput): filtering, picking, measuring.
+"""Pareto fronts of chains over (latency, load-adjusted throughput): filtering and picking.
 
 Seed 004 (§II-B1) keeps the non-dominated chains and lets the user trade one objective for
 the other. Here a front is a tuple of routes sorted by latency (and so by throughput too).
@@ -7,11 +7,8 @@ objectives (0: least latency, 1: most throughput), which reaches every point of 
 convex or not; with no preference we take the knee, the point farthest below the straight
 line between the two ends.
 
-`sweep_front` is the reference front of the benchmark: latency is a sum and throughput a
-bottleneck, so the epsilon-constraint sweep (raise the throughput floor just above the last
-chain's bottleneck, solve the floored shortest chain again) visits each trade-off once. It
-would be exact with an exact floored solver; routing.chains.min_latency's is repaired, so a few of
-its points can be dominated (the tests measure how many).
+The benchmark's reference front, and the hypervolume that measures a front against it, are
+`routing/baselines/reference_front.py`.
 """
 
 from __future__ import annotations
@@ -21,12 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from routing.chains.cost import Candidates, make_route
-from routing.chains.min_latency import shortest_chain
 from routing.chains.swarm_view import Route
-
-# Next floor = last bottleneck * (1 + this): strictly above it, far above float round-off.
-_FLOOR_STEP = 1e-6
 
 
 @dataclass(frozen=True)
@@ -82,45 +74,3 @@ def neighbours(latency_ms: np.ndarray, throughput: np.ndarray, index: int, radiu
     """Indices of the points within `radius` of point `index` in normalised objective space."""
     u, v = normalised(latency_ms, throughput)
     return np.flatnonzero(np.hypot(u - u[index], v - v[index]) <= radius)
-
-
-def sweep_front(cands: Candidates, max_points: int = 1000) -> Front:
-    """The front of the epsilon-constraint sweep (the benchmark's reference; see the module docstring)."""
-    routes: list[Route] = []
-    floor = 0.0
-    while len(routes) < max_points:
-        hops = shortest_chain(cands, min_throughput=floor)
-        if hops is None:
-            break
-        route = make_route(cands, hops)
-        routes.append(route)
-        floor = route.throughput * (1 + _FLOOR_STEP)
-    return Front.of(routes)
-
-
-def hypervolume_2d(points: np.ndarray, ref: tuple[float, float]) -> float:
-    """Area dominated by `points` (k, 2), both objectives minimised, bounded by `ref`."""
-    inside = points[(points[:, 0] < ref[0]) & (points[:, 1] < ref[1])]
-    if inside.size == 0:
-        return 0.0
-    inside = inside[np.lexsort((inside[:, 1], inside[:, 0]))]
-    area, best_y = 0.0, ref[1]
-    for x, y in inside:
-        if y < best_y:
-            area += (ref[0] - x) * (best_y - y)
-            best_y = y
-    return float(area)
-
-
-def normalised_hypervolume(front: Front, reference: Front) -> float:
-    """Hypervolume of `front` in objectives normalised to `reference`'s ranges, ref point (1.1, 1.1).
-
-    Both fronts are scaled by the same (reference) ranges, so comparing the reference's own
-    figure with another front's is fair; points beyond the reference's ends count in full.
-    """
-    if len(front) == 0 or len(reference) == 0:
-        return 0.0
-    lat0, lat_span = reference.latency_ms.min(), float(np.ptp(reference.latency_ms)) or 1.0
-    thr0, thr_span = reference.throughput.max(), float(np.ptp(reference.throughput)) or 1.0
-    pts = np.column_stack([(front.latency_ms - lat0) / lat_span, (thr0 - front.throughput) / thr_span])
-    return hypervolume_2d(pts, (1.1, 1.1))

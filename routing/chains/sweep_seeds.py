@@ -3,7 +3,7 @@
 Why: the chains on the high-throughput half of the front have many short hops on distinct
 peers, which random chains, hop mutation and crossover almost never assemble (at 500
 peers NSGA-II alone covered a quarter of the sweep's hypervolume). The epsilon-constraint
-sweep (routing.chains.front.sweep_front) finds them, but visits every trade-off, 100-200
+sweep (routing.baselines.reference_front.sweep_front) finds them, but visits every trade-off, 100-200
 solves. Here a fixed budget of solves is spent where it buys the most area:
 
 1. climb: from the exact min-latency chain, raise the throughput floor by `growth` x the

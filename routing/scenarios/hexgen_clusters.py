@@ -1,4 +1,5 @@
-"""The clusters of HexGen's evaluation (§5.1) and the plan it reported for one of them (Table 4).
+"""The clusters of HexGen's evaluation (§5.1); the plan it reported for one of them (Table 4) is
+`routing/baselines/table4.py`.
 
 * heterogeneous-full-price (58 GPUs): Iceland 2 x 8 RTX 3090 Ti; Norway 2 x 3 RTX 3090 Ti;
   Nevada 1 x 8 A5000; Illinois 2 x 8 A6000, 1 x 8 A5000, 1 x 4 A40.
@@ -14,8 +15,6 @@ from __future__ import annotations
 
 from routing.scheduler.cluster import Cluster, Device, Link, Network, build_cluster
 from routing.scheduler.gpu_catalog import lookup
-from routing.scheduler.model_spec import ModelSpec
-from routing.scheduler.plan import PipelinePlan, Plan, StagePlan
 
 PCIE = Link(1e-5, 16e9)  # PCIe 4.0 x16, ~16 GB/s achieved by NCCL between consumer GPUs
 NVLINK = Link(5e-6, 300e9)  # A100 NVLink 3 via NVSwitch, 300 GB/s each way
@@ -73,46 +72,3 @@ def scenario(name: str) -> Cluster:
         efa = Link(3e-5, 400e9 / 8)  # p4d: 4 x 100 Gbps EFA between instances
         return build_cluster(_devices(HOMOGENEOUS), Network(NVLINK, efa, efa))
     raise KeyError(f"unknown scenario {name!r}; scenarios: {', '.join(SCENARIOS)}")
-
-
-def _ids(machine: str, gpus: range | list[int]) -> tuple[str, ...]:
-    return tuple(f"{machine}-g{i}" for i in gpus)
-
-
-# HexGen Appendix F, Table 4: each pipeline as its stages' device ids ([TP degrees] in comments).
-TABLE4_STAGES: tuple[tuple[tuple[str, ...], ...], ...] = (
-    (_ids("iceland-0", range(0, 4)), _ids("iceland-0", range(4, 8))),  # [4, 4]
-    (_ids("iceland-1", range(0, 4)), _ids("iceland-1", range(4, 8))),  # [4, 4]
-    (
-        _ids("norway-0", [0, 1]),
-        _ids("norway-0", [2]),
-        _ids("norway-1", [0]),
-        _ids("norway-1", [1, 2]),
-    ),  # [2,1,1,2]
-    (_ids("nevada-0", range(0, 4)), _ids("nevada-0", range(4, 8))),  # [4, 4]
-    (_ids("illinois-a6000-0", [0, 1]), _ids("illinois-a6000-0", [2])),  # [2, 1]
-    (_ids("illinois-a6000-0", [3, 4]), _ids("illinois-a6000-0", [5])),  # [2, 1]
-    (_ids("illinois-a6000-1", [0, 1]), _ids("illinois-a6000-1", [2])),  # [2, 1]
-    (_ids("illinois-a6000-1", [3, 4]), _ids("illinois-a6000-1", [5])),  # [2, 1]
-    (_ids("illinois-a6000-0", [6, 7]), _ids("illinois-a5000", [0, 1])),  # [2, 2]
-    (_ids("illinois-a6000-1", [6, 7]), _ids("illinois-a5000", [2, 3])),  # [2, 2]
-    (_ids("illinois-a40", [0, 1]), _ids("illinois-a5000", [4, 5])),  # [2, 2]
-    (_ids("illinois-a40", [2, 3]), _ids("illinois-a5000", [6, 7])),  # [2, 2]
-)
-
-
-def table4_plan(cluster: Cluster, model: ModelSpec) -> Plan:
-    """Table 4 as a fixed Plan; layers split proportional to stage memory, as §4.3 prescribes."""
-    pipelines = []
-    for stages in TABLE4_STAGES:
-        memory = [sum(cluster.devices[cluster.index(d)].memory_bytes for d in ids) for ids in stages]
-        total, acc, bounds = sum(memory), 0.0, [0]
-        for m in memory:
-            acc += m
-            bounds.append(round(model.num_layers * acc / total))
-        pipelines.append(
-            PipelinePlan(
-                tuple(StagePlan(ids, a, b) for ids, a, b in zip(stages, bounds, bounds[1:], strict=False))
-            )
-        )
-    return Plan(model.name, model.num_layers, tuple(pipelines))

@@ -2,7 +2,7 @@
 
 HexGen evaluates on at most 58 GPUs (§5.1); a public swarm needs the scheduler to scale to 1,000
 GPUs in 50 regions. This module draws such a cluster from a seed, with every figure taken from the
-same sources as `scenarios.py`:
+same sources as `hexgen_clusters.py`:
 
 * GPUs: datasheet figures from `gpu_catalog`. A machine holds 1 to 8 GPUs of one type (as in
   §5.1's rented instances); about half the GPUs are consumer cards (RTX 3090 / 3090 Ti / 4090,
@@ -11,7 +11,7 @@ same sources as `scenarios.py`:
 * Network: HexGen footnote 3 (§5.1): 2 ms and 5 Gbps inside a region; 40-150 ms and 0.3-1.0 Gbps
   across regions. Regions are points on a unit square, so the draw is geographic: a region
   pair's latency grows and its bandwidth falls linearly with their distance, spanning the whole
-  range from the closest to the farthest pair. Inside a machine: PCIe 4.0 (`scenarios.PCIE`).
+  range from the closest to the farthest pair. Inside a machine: PCIe 4.0 (`hexgen_clusters.PCIE`).
 
 The N x N matrices are filled with numpy from region and machine indices (expanding 1,225
 region-pair overrides pair by pair, as `cluster.build_cluster` does, would take minutes at
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from routing.scenarios.hexgen_clusters import PCIE, SAME_REGION
 from routing.scheduler.cluster import Cluster, Device, Link, Network
 from routing.scheduler.gpu_catalog import lookup
-from routing.scheduler.scenarios import PCIE, SAME_REGION
 
 # (GPU type, relative weight) inside each family; weights follow how common the card is to rent.
 CONSUMER = (("RTX3090", 3), ("RTX3090TI", 2), ("RTX4090", 3), ("A5000", 2), ("A4000", 1))

@@ -54,7 +54,7 @@ class SwarmSpec:
     # (Petals' rule, what auto peers do without a coordinator); "uniform": a random window,
     # which leaves the first and last blocks to a few peers (the edge of every window).
     placement: str = "balanced"
-    # True: peers batch the decode steps of many sessions (peers batch decode steps), as routing.chains.load_sim
+    # True: peers batch the decode steps of many sessions (peers batch decode steps), as routing.sim.load_sim
     # runs them, and announce it; False: they decode one session at a time, and say so.
     batching: bool = True
 

@@ -1,9 +1,11 @@
 """Petals' block-selection rule: each server greedily takes the blocks with the least throughput.
 
 This is the policy hexswarm falls back to when no coordinator is live (an `--layers auto` peer
-picks its own range), and the baseline the churn benchmark compares the coordinator with. It is
-a port of Petals 2.2.0 (Borzunov et al., "Distributed Inference and Fine-tuning of Large
-Language Models Over The Internet", §3.2), written from its source, function by function:
+picks its own range), and the core of the baseline the churn benchmark compares the coordinator
+with (`routing/baselines/petals_policy.py`; how many blocks a Petals server takes and what it
+announces are `routing/baselines/petals_server.py`). It is a port of Petals 2.2.0 (Borzunov et
+al., "Distributed Inference and Fine-tuning of Large Language Models Over The Internet", §3.2),
+written from its source, function by function:
 
 - `block_throughputs` is `compute_spans` (petals/server/block_selection.py): every server that
   is not OFFLINE (JOINING ones included) adds its announced throughput to each of its blocks.
@@ -17,12 +19,6 @@ Language Models Over The Internet", §3.2), written from its source, function by
   and moves only if the weakest block gains: initial / new < balance_quality (0.75, i.e. the
   new minimum must be more than 1 / 0.75 = 1.33 x the current one; a gap, initial = 0, always
   passes when the settled layout has none). `balance_quality > 1` forces a move.
-- `announced_throughput` is `get_server_throughput` (petals/server/throughput.py): the
-  per-block forward rate divided by the mean blocks a request uses on the server,
-  (num_blocks + 1) / 2, capped by the network rate (tokens of hidden_size x 16 bits).
-- `server_num_blocks` is `Server._choose_num_blocks` (petals/server/server.py): as many blocks
-  as fit in the TP group's memory, each with its attention cache (8192 tokens, 32768 for
-  grouped-query attention), after 2 GiB x hidden / 14336 per device for autograd.
 - `check_delay` is the wait in `Server.run`: uniform in [0, 2 x mean_balance_check_period]
   (120 s by default), drawn afresh after each check; a server checks only once its blocks are
   loaded, and a server that moves shuts down its blocks and loads all of its new ones.
@@ -43,7 +39,6 @@ DEFAULT_BALANCE_QUALITY = 0.75
 MEAN_BALANCE_CHECK_PERIOD_S = 120.0
 _MAX_SETTLE_ROUNDS = 100  # Petals loops until stable; bound it so ties can never spin forever
 _EPS = 1e-3  # Petals' eps: a server takes itself out x (1 + eps), and a minimum below eps is a gap
-_GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -146,42 +141,6 @@ def _settle(totals: list[float], placed: list[Span], rng: random.Random) -> None
 def _add(totals: list[float], span: Span, factor: float) -> None:
     delta = factor * span.throughput
     totals[span.start : span.end] = [total + delta for total in totals[span.start : span.end]]
-
-
-def announced_throughput(forward_rps: float, num_blocks: int, network_rps: float) -> float:
-    """What a Petals server announces (tokens/s): its per-block forward rate over the mean blocks a
-    request uses on it, (num_blocks + 1) / 2 (requests start at a uniform block), capped by the
-    network rate."""
-    if num_blocks < 1:
-        raise ValueError("a server holds at least one block")
-    return min(forward_rps / ((num_blocks + 1) / 2), network_rps)
-
-
-def network_rps(bits_per_s: float, hidden_size: int) -> float:
-    """Petals' network rate: requests of one 16-bit hidden state per second of the link."""
-    return bits_per_s / (hidden_size * 16)
-
-
-def server_num_blocks(
-    memory_per_device: float,
-    num_devices: int,
-    block_bytes: float,
-    hidden_size: int,
-    kv_width: int,
-    dtype_bytes: int,
-) -> int:
-    """How many blocks a Petals server fills its memory with (0 if not even one fits).
-
-    A TP group's memory is its smallest device's times its size; each block needs its weights
-    and its attention cache (K and V of `kv_width` values for 8192 tokens, 32768 when the model
-    uses grouped-query attention, kv_width < hidden_size); autograd keeps 2 GiB per device
-    (scaled by hidden size / 14336)."""
-    grouped = kv_width < hidden_size
-    cache_tokens = 32768 if grouped else 8192
-    cache_bytes = 2 * kv_width * cache_tokens * dtype_bytes
-    autograd = 2 * _GIB * num_devices / 14336 * hidden_size
-    total = memory_per_device * num_devices
-    return max(0, int((total - autograd) // (block_bytes + cache_bytes)))
 
 
 def check_delay(rng: random.Random, mean_period_s: float = MEAN_BALANCE_CHECK_PERIOD_S) -> float:

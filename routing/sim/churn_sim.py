@@ -1,7 +1,7 @@
 """An hour of a churning swarm under one policy, scored by the pipelined serving simulator.
 
 The run replays a `churn_process.Churn` (joins and leaves) and asks the policy for decisions at
-every event and every `tick_s` (`churn_policies.py`). A peer given a new range is unavailable
+every event and every `tick_s` (`churn_policy.py`). A peer given a new range is unavailable
 until it has loaded it, `moves.load_seconds` after the decision, plus the re-plan's own wall
 time when the decision needed one (the coordinator publishes only when its search is done).
 How a peer moves depends on the policy. A Petals server restarts: it drops its blocks, loads
@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from routing.scheduler.churn_policies import Policy, SwarmView
-from routing.scheduler.churn_process import Churn
+from routing.scenarios.churn_process import Churn
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.moves import DEFAULT_LOAD_BANDWIDTH, Assignment, both_fit, load_seconds
 from routing.scheduler.pipeline_dp import PipelineDP
 from routing.scheduler.serving import simulate_serving
 from routing.scheduler.simulator import Trace
-from routing.scheduler.span_chains import PeerSpan, decompose
 from routing.scheduler.stage_costs import stage_costs
+from routing.sim.churn_policy import Policy, SwarmView
+from routing.sim.span_chains import PeerSpan, decompose
 
 
 @dataclass(frozen=True)

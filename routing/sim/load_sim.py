@@ -29,6 +29,7 @@ import numpy as np
 from scipy import optimize, sparse
 
 from routing.chains.cost import DEFAULT_RTT_MS, request_cache_tokens
+from routing.chains.min_latency import min_latency_route
 from routing.chains.swarm_view import NoRouteError, PeerView, Router, RouteRequest, SwarmView
 
 
@@ -238,8 +239,6 @@ def sustainable_rate(view: SwarmView, request: RouteRequest) -> float:
     (new + 1) idle steps of the exact min-latency chain; the scarcest block sets the bound.
     Both are optimistic, so a load of 1.0 is already more than any router can carry.
     """
-    from routing.chains.min_latency import min_latency_route  # only here: the simulator needs no solver
-
     need = request_cache_tokens(request)
     per_block = np.zeros(view.num_blocks)
     for p in view.peers:

@@ -16,10 +16,10 @@ from routing.chains.load_costs import (
     session_step_ms,
     utilisation,
 )
-from routing.chains.load_sim import LoadSpec, simulate_load
 from routing.chains.min_latency import MinLatencyRouter, shortest_chain
 from routing.chains.swarm_view import PeerView, RouteRequest, SwarmView
-from routing.chains.synthetic_swarm import SwarmSpec, generate_swarm
+from routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
+from routing.sim.load_sim import LoadSpec, simulate_load
 from tests.unit.record_cases import make_record
 
 REQ = RouteRequest(prompt_tokens=16, new_tokens=8)

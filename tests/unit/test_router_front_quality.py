@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from routing.baselines.reference_front import normalised_hypervolume, sweep_front
 from routing.chains.cost import candidates, evaluate_assignments, make_route, route_from_assignment
-from routing.chains.front import normalised_hypervolume, sweep_front
 from routing.chains.idle_split import keep_idle_split
 from routing.chains.load_costs import load_aware_candidates
 from routing.chains.loaded_pool import TOLERANCE
@@ -19,8 +19,8 @@ from routing.chains.own_picks import OwnPicks
 from routing.chains.relink import non_dominated, relink
 from routing.chains.swarm_view import Hop, PeerView, Route, SwarmView
 from routing.chains.sweep_seeds import sweep_seeds
-from routing.chains.synthetic_swarm import SwarmSpec, generate_swarm
 from routing.chains.tradeoff import TradeoffRouter
+from routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
 from tests.unit.router_cases import REQUEST, assert_covers
 
 SMALL = generate_swarm(SwarmSpec(num_peers=40, num_blocks=40, seed=0))

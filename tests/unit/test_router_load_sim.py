@@ -1,4 +1,4 @@
-"""Load simulator (routing.chains.load_sim): agrees with the route estimate alone, queues under load."""
+"""Load simulator (routing.sim.load_sim): agrees with the route estimate alone, queues under load."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 
 from routing.chains.cost import transfer_ms
-from routing.chains.load_sim import LoadSpec, compute_capacity, simulate_load, sustainable_rate
 from routing.chains.min_latency import MinLatencyRouter, min_latency_route
 from routing.chains.routers import make_router
 from routing.chains.swarm_view import PeerView, RouteRequest, SwarmView
-from routing.chains.synthetic_swarm import SwarmSpec, generate_swarm
+from routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
+from routing.sim.load_sim import LoadSpec, compute_capacity, simulate_load, sustainable_rate
 
 REQ = RouteRequest(prompt_tokens=8, new_tokens=4)
 

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from routing.scenarios.synthetic_cluster import synthetic_cluster
 from routing.scheduler.cluster import Cluster, Device, Network, build_cluster
 from routing.scheduler.genetic import SearchConfig, search
 from routing.scheduler.gpu_catalog import lookup
@@ -15,7 +16,6 @@ from routing.scheduler.pipeline_dp import PipelineDP
 from routing.scheduler.plan_eval import plan_layouts
 from routing.scheduler.serving import evaluate_layouts
 from routing.scheduler.simulator import make_trace
-from routing.scheduler.synthetic_cluster import synthetic_cluster
 from routing.scheduler.upper_bound import throughput_upper_bound
 
 SMALL = preset("Llama-2-7B")  # 12.6 GiB of layers: one to a few GPUs hold a replica

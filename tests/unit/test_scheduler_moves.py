@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from routing.scheduler.churn_sim import PolicyRun
 from routing.scheduler.cluster import Device, Network, build_cluster
 from routing.scheduler.fitness import PipelineCapacity
 from routing.scheduler.gpu_catalog import lookup
@@ -17,6 +16,7 @@ from routing.scheduler.moves import (
     old_pipeline_ends,
 )
 from routing.scheduler.pipeline_dp import PipelineLayout, StageLayout
+from routing.sim.churn_sim import PolicyRun
 
 MODEL = preset("Llama-2-70B")
 WORKLOAD = Workload(max_batch=8)

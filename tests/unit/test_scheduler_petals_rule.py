@@ -4,15 +4,13 @@ import random
 
 import pytest
 
+from routing.baselines.petals_server import announced_throughput, network_rps, server_num_blocks
 from routing.scheduler.petals_rule import (
     Span,
-    announced_throughput,
     best_start,
     block_throughputs,
     check_delay,
     choose_start,
-    network_rps,
-    server_num_blocks,
     should_move,
 )
 

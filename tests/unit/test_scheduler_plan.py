@@ -5,10 +5,11 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from routing.baselines.table4 import table4_plan
+from routing.scenarios.hexgen_clusters import scenario
 from routing.scheduler.cluster import Cluster, ClusterError
 from routing.scheduler.model_spec import ModelSpec, preset
 from routing.scheduler.plan import SCHEMA_VERSION, PipelinePlan, Plan, PlanError, PlanEstimate, StagePlan
-from routing.scheduler.scenarios import scenario, table4_plan
 
 
 def sample_plan() -> Plan:

@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from routing.baselines.table4 import table4_plan
+from routing.scenarios.hexgen_clusters import scenario
 from routing.scheduler.cluster import Device
 from routing.scheduler.ga_operators import elbow_k, kmeans_init
 from routing.scheduler.genetic import SearchConfig, search, warm_individual
@@ -14,7 +16,6 @@ from routing.scheduler.gpu_catalog import lookup
 from routing.scheduler.model_spec import Workload, preset
 from routing.scheduler.plan import validate
 from routing.scheduler.plan_eval import evaluate_plan, memory_violations
-from routing.scheduler.scenarios import scenario, table4_plan
 from routing.scheduler.simulator import Trace, simulate
 
 MODEL = preset("Llama-2-70B")
