@@ -54,7 +54,7 @@ from routing.scenarios.hexgen_clusters import SCENARIOS, scenario  # noqa: E402
 from routing.scenarios.synthetic_cluster import synthetic_cluster  # noqa: E402
 from routing.scheduler.capacity import SATURATION, allreduce_share, plan_capacity  # noqa: E402
 from routing.scheduler.ga_fitness import estimated_score, simulated_score  # noqa: E402
-from routing.scheduler.genetic import SearchConfig, SearchResult, search  # noqa: E402
+from routing.scheduler.genetic import SearchConfig  # noqa: E402
 from routing.scheduler.model_spec import OBJECTIVES, Workload, preset  # noqa: E402
 from routing.scheduler.plan import PipelinePlan, Plan, StagePlan  # noqa: E402
 from routing.scheduler.plan_eval import (  # noqa: E402
@@ -63,6 +63,8 @@ from routing.scheduler.plan_eval import (  # noqa: E402
     memory_violations,
     plan_layouts,
 )
+from routing.scheduler.search import search  # noqa: E402
+from routing.scheduler.search_result import SearchResult  # noqa: E402
 from routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
 
 SYNTHETIC = "synthetic-1000"

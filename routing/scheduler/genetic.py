@@ -20,23 +20,17 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from routing.scheduler.capacity import plan_capacity, saturating_workload
 from routing.scheduler.cluster import Cluster
-from routing.scheduler.ga_fitness import Evaluator, Fitness
+from routing.scheduler.ga_fitness import Evaluator
 from routing.scheduler.ga_operators import Individual, Mutator, canonical, kmeans_init
 from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.pipeline_dp import PipelineLayout
-from routing.scheduler.plan import PipelinePlan, Plan, PlanEstimate, StagePlan
-from routing.scheduler.plan_eval import upper_bound_tok_s
+from routing.scheduler.plan import Plan
+from routing.scheduler.plan_eval import make_plan
+from routing.scheduler.search_result import NoFeasiblePlanError, Progress, SearchResult
 from routing.scheduler.sim_polish import best_simulated, polish
-from routing.scheduler.simulator import SimResult
-
-
-class NoFeasiblePlanError(ValueError):
-    """No group of the cluster's devices can hold one replica of the model."""
 
 
 @dataclass(frozen=True)
@@ -65,32 +59,7 @@ class SearchConfig:
             raise ValueError(f"mutation must be 'hexgen' or 'random', got {self.mutation!r}")
 
 
-@dataclass(frozen=True)
-class Progress:
-    """Reported after every generation."""
-
-    generation: int
-    evaluations: int
-    best_attainment: float
-    best_mean_latency_s: float
-    elapsed_s: float
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """The best plan found, with how the search went."""
-
-    plan: Plan
-    result: SimResult
-    generations: int
-    evaluations: int
-    elapsed_s: float
-    history: tuple[float, ...]  # best attainment after each generation
-    finalists: tuple[tuple[Fitness, SimResult], ...] = ()  # (fitness, simulation) of the finalists
-    cpu_s: float = 0.0  # CPU time of this process during the search (elapsed_s is wall-clock)
-
-
-def search(
+def genetic_search(
     cluster: Cluster,
     model: ModelSpec,
     workload: Workload,
@@ -98,30 +67,14 @@ def search(
     previous: Plan | None = None,
     progress: Callable[[Progress], None] | None = None,
     layout_cache: dict | None = None,
-    pinned: Sequence[StagePlan] = (),
 ) -> SearchResult:
-    """Runs the genetic search (§4.3) and returns the best plan; raises NoFeasiblePlanError.
+    """Runs the genetic search (§4.3) over the whole cluster at once and returns the best plan;
+    raises NoFeasiblePlanError. Callers want `search.search`, which runs this on clusters of one
+    region or up to `hierarchical.FLAT_LIMIT` devices, and also takes pinned stages.
 
     `layout_cache`: a dict kept between searches on the same network (first plan, then re-plans
     after devices leave or join) so that a warm re-plan reuses the first search's layouts.
-
-    `pinned`: stages of fixed peers (their devices serving a fixed [start, end)); the plan uses
-    them in pipelines but never changes them (`pinned.py` says how).
-
-    Clusters of more than `hierarchical.FLAT_LIMIT` devices in several regions are searched
-    region by region (`hierarchical.py`, which calls back into this function per region).
     """
-    from routing.scheduler import hierarchical, pinned_stages  # imported here: they call this function
-
-    if workload.objective == "throughput":  # offer more than any plan serves: fitness ~ capacity
-        workload = saturating_workload(cluster, model, workload)
-    if pinned:
-        return pinned_stages.search_around(cluster, model, workload, config, previous, layout_cache, pinned)
-    if config.one_stage_per_machine:
-        check_one_type_per_machine(cluster)
-    regions = {d.region for d in cluster.devices}
-    if len(cluster) > hierarchical.FLAT_LIMIT and len(regions) > 1:
-        return hierarchical.search_by_region(cluster, model, workload, config, previous, layout_cache)
     start, cpu_start = time.perf_counter(), time.process_time()
     rng = random.Random(config.seed)
     whole = config.one_stage_per_machine
@@ -178,17 +131,6 @@ def _finalists_s(first: Individual, ev: Evaluator, config: SearchConfig) -> floa
     started = time.perf_counter()
     ev.simulate(first)  # cached: the estimate's best is a finalist
     return (time.perf_counter() - started) * config.finalists
-
-
-def check_one_type_per_machine(cluster: Cluster) -> None:
-    """A swarm peer is one TP group, of one GPU type (§4.2): a machine of mixed types would be
-    two buckets, which the DP could give two stages; refuse such clusters."""
-    types: dict[str, set[str]] = {}
-    for d in cluster.devices:
-        types.setdefault(f"{d.region}/{d.machine}", set()).add(d.type)
-    mixed = sorted(m for m, t in types.items() if len(t) > 1)
-    if mixed:
-        raise ValueError(f"one_stage_per_machine needs one GPU type per machine; mixed: {', '.join(mixed[:5])}")
 
 
 def _gib(cluster: Cluster) -> str:
@@ -261,43 +203,3 @@ def _select(candidates: list[Individual], ev: Evaluator, size: int) -> list[Indi
             seen.add(key)
             ranked.append(ind)
     return ranked[:size]
-
-
-def make_plan(
-    cluster: Cluster,
-    model: ModelSpec,
-    workload: Workload,
-    layouts: Sequence[PipelineLayout],
-    result: SimResult,
-    slo_s: float,
-    capacity: bool = True,
-) -> Plan:
-    """Turns layouts (device indices) into a Plan (device ids) with its estimate; with `capacity`,
-    also its capacity and bound ratio (`capacity.py`: two more event simulations)."""
-    pipelines = []
-    for layout in sorted(layouts, key=lambda lay: lay.latency_s):
-        stages = tuple(
-            StagePlan(tuple(cluster.devices[d].id for d in s.devices), s.start, s.end) for s in layout.stages
-        )
-        pipelines.append(PipelinePlan(stages, layout.latency_s, layout.prefill_s, layout.decode_s))
-    finite = result.served > 0
-    measured = plan_capacity(cluster, layouts, model, workload) if capacity else None
-    bound = upper_bound_tok_s(cluster, model, workload, result) if measured is None else measured.upper_bound_tok_s
-    estimate = PlanEstimate(
-        result.attainment,
-        result.goodput_rps,
-        result.mean_latency_s if finite else 0.0,
-        slo_s,
-        workload.rate,
-        workload.s_in,
-        workload.s_out,
-        workload.serving,
-        1 if workload.serving == "sequential" else workload.max_batch,
-        result.p99_latency_s if finite else 0.0,
-        result.throughput_tok_s,
-        bound,
-        0.0 if measured is None else measured.capacity_tok_s,
-        0.0 if measured is None else measured.slo_capacity_tok_s,
-        workload.objective,
-    )
-    return Plan(model.name, model.num_layers, tuple(pipelines), estimate)

@@ -9,7 +9,8 @@ slow, and HexGen's own initial K-means groups follow regions, so we search hiera
 1. Regions become *region groups*: a region whose GPUs cannot hold a replica (plus room for KV
    cache) is merged with the nearest region (lowest latency) that is also too small, or else
    the nearest region, until every group can hold one.
-2. Each region group gets its own genetic search (`genetic.search`) over its devices, with the
+2. Each region group gets its own search (`search.search`, handed in: it runs the genetic search
+   of `genetic.py` on a group of one region or a small one) over its devices, with the
    offered rate shared in proportion to the group's memory bandwidth (decode is bound by weight
    scans) and a time budget in proportion to its devices.
 3. The groups' pipelines form one plan, which the event simulation scores on the whole trace.
@@ -34,7 +35,8 @@ from routing.scheduler.ga_operators import Mutator
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import PipelineLayout
 from routing.scheduler.plan import Plan
-from routing.scheduler.plan_eval import plan_layouts
+from routing.scheduler.plan_eval import make_plan, plan_layouts
+from routing.scheduler.search_result import NoFeasiblePlanError, Search, SearchResult
 from routing.scheduler.serving import evaluate_layouts
 from routing.scheduler.simulator import make_trace
 
@@ -71,12 +73,11 @@ def search_by_region(
     model: ModelSpec,
     workload: Workload,
     config,
-    previous: Plan | None = None,
-    layout_cache: dict | None = None,
-):
-    """`genetic.search` for large clusters (module docstring); returns a `genetic.SearchResult`."""
-    from routing.scheduler.genetic import NoFeasiblePlanError, SearchResult, make_plan
-
+    previous: Plan | None,
+    layout_cache: dict | None,
+    search: Search,
+) -> SearchResult:
+    """The search of large clusters (module docstring); `search` searches each region group."""
     start, cpu_start = time.perf_counter(), time.process_time()
     groups = region_groups(cluster, model.weight_bytes)
     layouts: list[PipelineLayout] = []
@@ -85,7 +86,7 @@ def search_by_region(
         whole = getattr(config, "one_stage_per_machine", False)
         layouts = _repair(cluster, model, workload, groups, previous, layout_cache, whole)
     else:
-        for found in _search_groups(cluster, model, workload, config, groups, layout_cache):
+        for found in _search_groups(cluster, model, workload, config, groups, layout_cache, search):
             layouts += plan_layouts(cluster, model, workload, found.plan)
             generations += found.generations
             evaluations += found.evaluations
@@ -100,11 +101,15 @@ def search_by_region(
 
 
 def _search_groups(
-    cluster: Cluster, model: ModelSpec, workload: Workload, config, groups: list[list[int]], cache: dict | None
+    cluster: Cluster,
+    model: ModelSpec,
+    workload: Workload,
+    config,
+    groups: list[list[int]],
+    cache: dict | None,
+    search: Search,
 ):
-    """Yields a genetic.SearchResult for each region group that can hold a replica."""
-    from routing.scheduler.genetic import NoFeasiblePlanError, search
-
+    """Yields a SearchResult for each region group that can hold a replica."""
     bandwidth = [sum(cluster.devices[i].bandwidth for i in g) for g in groups]
     budget = config.time_budget_s * (1 - FINAL_SHARE)
     for n, group in enumerate(groups):
@@ -117,7 +122,11 @@ def _search_groups(
         )
         # one finalist and no simulated polish per region: the budget goes to the regions' searches
         sub_config = replace(
-            config, time_budget_s=budget * len(group) / len(cluster), finalists=1, polish_stall=0, capacity=False
+            config,
+            time_budget_s=budget * len(group) / len(cluster),
+            finalists=1,
+            polish_stall=0,
+            capacity=False,
         )
         sub = cluster.subset(frozenset(cluster.devices[i].id for i in group))
         try:
@@ -159,7 +168,9 @@ def _repair(
     return layouts
 
 
-def _lay_out(pool: tuple[int, ...], evaluator: Evaluator, mutator: Mutator, depth: int) -> list[PipelineLayout]:
+def _lay_out(
+    pool: tuple[int, ...], evaluator: Evaluator, mutator: Mutator, depth: int
+) -> list[PipelineLayout]:
     if not pool or not mutator.holds_replica(pool):
         return []
     layout = evaluator.dp.layout(pool) if evaluator.accept_group(pool) else None

@@ -27,7 +27,8 @@ their SLO capacities sharing the offered rate),
 
 Pipelines of the current plan that keep serving until some time e (a make-before-break move not
 yet switched) count in A(...) while t_k < e; their e are among the t_k. A plan that moves no
-peer has A_H = A. The re-planner (`replan.py`) compares plans by A_H.
+peer has A_H = A. The re-planner (`replan.py`) compares plans by A_H, with the load bandwidth,
+horizon and publishing margin of `MoveCosts`.
 """
 
 from __future__ import annotations
@@ -49,6 +50,24 @@ DEFAULT_LOAD_BANDWIDTH = 1e9  # bytes/s
 
 # The layer range a peer serves with which of its devices (leader first): a plan's stage.
 Assignment = StagePlan
+
+
+@dataclass(frozen=True)
+class MoveCosts:
+    """How moves are charged and when a new plan is worth publishing."""
+
+    load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH  # bytes/s a peer reads new layers at
+    horizon_s: float = 600.0  # H: the plan is valued over this long after publication
+    margin: float = 0.02  # publish only if A_H beats the current plan's by this much
+    tie: float = 0.005  # candidates within this of the best A_H are equally good
+    # a moved peer keeps serving its old range while it loads the new one when both fit
+    # (module docstring); False values every move as if the peer served nothing meanwhile
+    make_before_break: bool = True
+    move_placed: bool = True  # False: a re-plan only places new or idle peers (an ablation)
+
+    def __post_init__(self) -> None:
+        if self.load_bandwidth <= 0 or self.horizon_s < 0 or self.margin < 0 or self.tie < 0:
+            raise ValueError("load_bandwidth must be positive; horizon, margin and tie not negative")
 
 
 @dataclass(frozen=True)

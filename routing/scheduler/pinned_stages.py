@@ -1,7 +1,7 @@
 """Pinned stages: peers started with a fixed layer range, which a plan uses but never moves.
 
 Representation: a pinned stage is a `StagePlan` (the peer's device ids, leader first, serving
-the fixed layers [start, end)); `genetic.search(..., pinned=[...])` and `replan.replan` take a
+the fixed layers [start, end)); `search.search(..., pinned=[...])` and `replan.replan` take a
 list of them. The search plans around them in two steps:
 
 1. *Completion.* The pinned stages are chained (a stage is followed by a pinned stage that starts
@@ -12,7 +12,8 @@ list of them. The search plans around them in two steps:
    A previous plan's pipeline that holds pinned stages and is still whole is kept as it is.
    A chain whose gaps the free machines cannot fill stays out of the plan (its peers still
    serve their ranges; clients may route through them).
-2. *Search.* HexGen's genetic search (§4.3) plans the remaining free devices as usual.
+2. *Search.* The search that `search.search` hands in (HexGen's genetic search, §4.3, by region
+   on large clusters) plans the remaining free devices as usual.
 
 The completion is greedy, not searched: the genetic search never regroups the fillers of a
 pinned chain. That keeps pinned peers' neighbours stable too, at some cost in plan quality.
@@ -25,10 +26,15 @@ from collections.abc import Sequence
 from routing.scheduler.algorithm1 import TP_DEGREES
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.cost_model import comp_cost, max_layers, tp_comm_cost
+from routing.scheduler.fitness import pipeline_capacity
 from routing.scheduler.layer_split import balanced_split
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
 from routing.scheduler.plan import Plan, StagePlan
+from routing.scheduler.plan_eval import make_plan, plan_layouts
+from routing.scheduler.search_result import NoFeasiblePlanError, Search, SearchResult
+from routing.scheduler.serving import evaluate_layouts
+from routing.scheduler.simulator import make_trace
 
 
 def check_pinned(cluster: Cluster, num_layers: int, pinned: Sequence[StagePlan]) -> list[StagePlan]:
@@ -173,14 +179,11 @@ def fill_gap(model, workload, cluster, machines, start: int, end: int) -> list[S
     return stages
 
 
-def search_around(cluster, model, workload, config, previous, layout_cache, pinned):
-    """`genetic.search` with pinned stages: completion, then the search over the free devices, then
-    the whole plan simulated (returns a `genetic.SearchResult`)."""
-    from routing.scheduler.genetic import NoFeasiblePlanError, SearchResult, make_plan, search
-    from routing.scheduler.plan_eval import plan_layouts
-    from routing.scheduler.serving import evaluate_layouts
-    from routing.scheduler.simulator import make_trace
-
+def search_around(
+    cluster, model, workload, config, previous, layout_cache, pinned, search: Search
+) -> SearchResult:
+    """The search with pinned stages: completion, then `search` over the free devices, then the
+    whole plan simulated."""
     free = free_devices(cluster, pinned, config.one_stage_per_machine)
     layouts, used = pinned_pipelines(cluster, model, workload, pinned, free, previous)
     rest = [cluster.devices[i].id for i in free if i not in used]
@@ -214,8 +217,6 @@ def idle_pipelines(
     first, layers split by speed (as the completion fills gaps), kept only if they can serve
     within the SLO. The genetic search rates a region group's pipelines against the group's share
     of the offered rate, so once that share is met it has no reason to use the rest."""
-    from routing.scheduler.fitness import pipeline_capacity
-
     dp = PipelineDP(cluster, model, workload)
     out = []
     for region in sorted({cluster.devices[i].region for i in idle}):

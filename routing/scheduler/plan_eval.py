@@ -1,14 +1,19 @@
-"""Checks and scores a given Plan (a fixed one such as HexGen's Table 4, or one read back from disk),
-and computes the upper bound its throughput is compared with."""
+"""Plans and layouts, both ways: `make_plan` turns a search's layouts into a Plan with its
+estimate (capacity and bound included), and the rest checks and scores a given Plan (a fixed
+one such as HexGen's Table 4, or one read back from disk) and computes the upper bound its
+throughput is compared with. Every placement search ends in `make_plan`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from routing.scheduler.capacity import plan_capacity
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.cost_model import stage_memory
 from routing.scheduler.fitness import Estimate, estimate_layouts
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
-from routing.scheduler.plan import Plan
+from routing.scheduler.plan import PipelinePlan, Plan, PlanEstimate, StagePlan
 from routing.scheduler.serving import evaluate_layouts
 from routing.scheduler.simulator import SimResult, make_trace
 from routing.scheduler.upper_bound import throughput_upper_bound
@@ -66,3 +71,47 @@ def estimate_plan(cluster: Cluster, model: ModelSpec, workload: Workload, plan: 
     deadline = make_trace(model, workload).deadline_s
     layouts = plan_layouts(cluster, model, workload, plan)
     return estimate_layouts(cluster, layouts, model, workload, deadline)
+
+
+def make_plan(
+    cluster: Cluster,
+    model: ModelSpec,
+    workload: Workload,
+    layouts: Sequence[PipelineLayout],
+    result: SimResult,
+    slo_s: float,
+    capacity: bool = True,
+) -> Plan:
+    """Turns layouts (device indices) into a Plan (device ids) with its estimate; with `capacity`,
+    also its capacity and bound ratio (`capacity.py`: two more event simulations)."""
+    pipelines = []
+    for layout in sorted(layouts, key=lambda lay: lay.latency_s):
+        stages = tuple(
+            StagePlan(tuple(cluster.devices[d].id for d in s.devices), s.start, s.end) for s in layout.stages
+        )
+        pipelines.append(PipelinePlan(stages, layout.latency_s, layout.prefill_s, layout.decode_s))
+    finite = result.served > 0
+    measured = plan_capacity(cluster, layouts, model, workload) if capacity else None
+    bound = (
+        upper_bound_tok_s(cluster, model, workload, result)
+        if measured is None
+        else measured.upper_bound_tok_s
+    )
+    estimate = PlanEstimate(
+        result.attainment,
+        result.goodput_rps,
+        result.mean_latency_s if finite else 0.0,
+        slo_s,
+        workload.rate,
+        workload.s_in,
+        workload.s_out,
+        workload.serving,
+        1 if workload.serving == "sequential" else workload.max_batch,
+        result.p99_latency_s if finite else 0.0,
+        result.throughput_tok_s,
+        bound,
+        0.0 if measured is None else measured.capacity_tok_s,
+        0.0 if measured is None else measured.slo_capacity_tok_s,
+        workload.objective,
+    )
+    return Plan(model.name, model.num_layers, tuple(pipelines), estimate)

@@ -1,7 +1,7 @@
 """Warm-started re-planning of a swarm after peers join or leave, with the cost of moving peers.
 
 The engine is HexGen's genetic search (§4.3: K-means initial groups, merge / split / swap,
-Algorithm 1 per group; `genetic.search`), run warm-started from the current plan (`previous=`)
+Algorithm 1 per group; `search.search`), run warm-started from the current plan (`previous=`)
 with the swarm's constraints (`SearchConfig.one_stage_per_machine`: a peer is one process, one TP
 group on one machine; pinned peers are planned around, `pinned_stages.py`). HexGen plans once,
 offline; a swarm changes while it serves, so a re-plan must weigh what a better plan gains
@@ -44,20 +44,20 @@ from dataclasses import dataclass, replace
 
 from routing.scheduler.capacity import saturating_workload
 from routing.scheduler.cluster import Cluster
-from routing.scheduler.genetic import SearchConfig, make_plan, search
+from routing.scheduler.genetic import SearchConfig
 from routing.scheduler.hierarchical import region_groups
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.moves import (
-    DEFAULT_LOAD_BANDWIDTH,
     Assignment,
     Move,
+    MoveCosts,
     diff,
     layout_assignments,
     machine_of,
 )
 from routing.scheduler.pinned_stages import free_devices, pinned_pipelines
 from routing.scheduler.plan import Plan, StagePlan
-from routing.scheduler.plan_eval import plan_layouts
+from routing.scheduler.plan_eval import make_plan, plan_layouts
 from routing.scheduler.replan_candidates import (
     Valuer,
     device_ids_of,
@@ -67,6 +67,7 @@ from routing.scheduler.replan_candidates import (
     search_pool,
     taken,
 )
+from routing.scheduler.search import search
 from routing.scheduler.serving import evaluate_layouts
 from routing.scheduler.simulator import make_trace
 
@@ -78,24 +79,7 @@ REPLAN_CONFIG = SearchConfig(
     capacity=False,
     one_stage_per_machine=True,
 )
-
-
-@dataclass(frozen=True)
-class MoveCosts:
-    """How moves are charged and when a new plan is worth publishing."""
-
-    load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH  # bytes/s a peer reads new layers at
-    horizon_s: float = 600.0  # H: the plan is valued over this long after publication
-    margin: float = 0.02  # publish only if A_H beats the current plan's by this much
-    tie: float = 0.005  # candidates within this of the best A_H are equally good
-    # a moved peer keeps serving its old range while it loads the new one when both fit
-    # (`moves.py`); False values every move as if the peer served nothing meanwhile
-    make_before_break: bool = True
-    move_placed: bool = True  # False: a re-plan only places new or idle peers (an ablation)
-
-    def __post_init__(self) -> None:
-        if self.load_bandwidth <= 0 or self.horizon_s < 0 or self.margin < 0 or self.tie < 0:
-            raise ValueError("load_bandwidth must be positive; horizon, margin and tie not negative")
+DEFAULT_COSTS = MoveCosts()
 
 
 @dataclass(frozen=True)
@@ -119,7 +103,7 @@ def replan(
     workload: Workload,
     previous: Plan | None,
     config: SearchConfig = REPLAN_CONFIG,
-    costs: MoveCosts = MoveCosts(),
+    costs: MoveCosts = DEFAULT_COSTS,
     pinned: Sequence[StagePlan] = (),
     current: Mapping[str, Assignment] | None = None,
     known: frozenset[str] | None = None,
@@ -135,7 +119,7 @@ def replan(
     group at a time, so that a plan repaired many times is searched afresh within a bounded time).
     """
     start, cpu = time.perf_counter(), time.process_time()
-    if workload.objective == "throughput":  # as `genetic.search`: A_H then grows with capacity
+    if workload.objective == "throughput":  # as `search.search`: A_H then grows with capacity
         workload = saturating_workload(cluster, model, workload)
     if previous is None:
         return _cold(cluster, model, workload, config, costs, pinned, layout_cache, start, current or {})

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.fitness import pipeline_capacity
-from routing.scheduler.genetic import NoFeasiblePlanError, search
 from routing.scheduler.moves import (
     Move,
+    MoveCosts,
     diff,
     horizon_attainment,
     layout_assignments,
@@ -32,9 +31,8 @@ from routing.scheduler.pinned_stages import idle_pipelines
 from routing.scheduler.pipeline_dp import PipelineLayout
 from routing.scheduler.plan import Plan
 from routing.scheduler.plan_eval import plan_layouts
-
-if TYPE_CHECKING:  # replan.py imports this module
-    from routing.scheduler.replan import MoveCosts
+from routing.scheduler.search import search
+from routing.scheduler.search_result import NoFeasiblePlanError
 
 
 @dataclass(frozen=True)
@@ -88,7 +86,9 @@ def search_pool(cluster, model, workload, config, previous, pool, free, cache) -
     return plan_layouts(cluster, model, workload, found.plan)
 
 
-def patched_pipelines(cluster, model, workload, previous, open_devices, whole: bool, deadline) -> list[PipelineLayout]:
+def patched_pipelines(
+    cluster, model, workload, previous, open_devices, whole: bool, deadline
+) -> list[PipelineLayout]:
     """Broken pipelines patched around their survivors with open machines (`patch.py`)."""
     open_set = set(open_devices)
     broken = [[s for s in st if set(s.devices) <= open_set] for st in survivors(cluster, previous)]

@@ -25,9 +25,9 @@ from typing import Protocol
 
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.moves import Assignment
+from routing.scheduler.moves import Assignment, MoveCosts
 from routing.scheduler.plan import Plan
-from routing.scheduler.replan import REPLAN_CONFIG, MoveCosts, plan_assignments, replan
+from routing.scheduler.replan import REPLAN_CONFIG, plan_assignments, replan
 from routing.sim.span_chains import PeerSpan
 
 

@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from routing.scheduler.cluster import ClusterError
-    from routing.scheduler.genetic import NoFeasiblePlanError
+    from routing.scheduler.search_result import NoFeasiblePlanError
 
     try:
         return _run(args)
@@ -72,8 +72,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from routing.scheduler.genetic import Progress, SearchConfig, search
+    from routing.scheduler.genetic import SearchConfig
     from routing.scheduler.model_spec import Workload
+    from routing.scheduler.search import search
+    from routing.scheduler.search_result import Progress
 
     cluster = load_cluster(args.cluster)
     model = load_model(args.model)

@@ -32,12 +32,13 @@ from dataclasses import dataclass, replace
 
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.cost_model import swarm_reference_latency
-from routing.scheduler.genetic import NoFeasiblePlanError, SearchConfig
+from routing.scheduler.genetic import SearchConfig
 from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.moves import Assignment
+from routing.scheduler.moves import Assignment, MoveCosts
 from routing.scheduler.petals_rule import Span, choose_start
 from routing.scheduler.plan import Plan, StagePlan
-from routing.scheduler.replan import MoveCosts, replan
+from routing.scheduler.replan import replan
+from routing.scheduler.search_result import NoFeasiblePlanError
 from swarm.coordinator.cluster_view import (
     build_view,
     degree_choices,

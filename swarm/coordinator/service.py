@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 from hivemind.utils import get_dht_time
 
-from routing.scheduler.genetic import NoFeasiblePlanError, SearchConfig
+from routing.scheduler.genetic import SearchConfig
 from routing.scheduler.model_spec import ModelSpec, Workload
 from routing.scheduler.plan import Plan
+from routing.scheduler.search_result import NoFeasiblePlanError
 from swarm.coordinator.lease import LeaseKeeper
 from swarm.coordinator.moves import Placement, diff
 from swarm.coordinator.planner import Planned, compute_plan

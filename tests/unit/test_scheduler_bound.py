@@ -9,11 +9,12 @@ import pytest
 
 from routing.scenarios.synthetic_cluster import synthetic_cluster
 from routing.scheduler.cluster import Cluster, Device, Network, build_cluster
-from routing.scheduler.genetic import SearchConfig, search
+from routing.scheduler.genetic import SearchConfig
 from routing.scheduler.gpu_catalog import lookup
 from routing.scheduler.model_spec import ModelSpec, Workload, preset
 from routing.scheduler.pipeline_dp import PipelineDP
 from routing.scheduler.plan_eval import plan_layouts
+from routing.scheduler.search import search
 from routing.scheduler.serving import evaluate_layouts
 from routing.scheduler.simulator import make_trace
 from routing.scheduler.upper_bound import throughput_upper_bound

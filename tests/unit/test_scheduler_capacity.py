@@ -9,12 +9,13 @@ import pytest
 
 from routing.scheduler.capacity import plan_capacity
 from routing.scheduler.cluster import Device, Network, build_cluster
-from routing.scheduler.genetic import SearchConfig, search
+from routing.scheduler.genetic import SearchConfig
 from routing.scheduler.gpu_catalog import lookup
 from routing.scheduler.model_spec import Workload, preset
 from routing.scheduler.pipeline_dp import PipelineDP
 from routing.scheduler.plan import Plan
 from routing.scheduler.plan_eval import plan_layouts
+from routing.scheduler.search import search
 from routing.scheduler.serving import evaluate_layouts
 from routing.scheduler.simulator import make_trace
 from tests.unit.test_scheduler_bound import _random_cluster

@@ -11,9 +11,10 @@ import pytest
 from routing.baselines.petals_policy import PetalsPolicy, StaticPolicy
 from routing.scenarios.churn_process import draw_churn, split_machines
 from routing.scheduler.cluster import Device, Network, build_cluster
-from routing.scheduler.genetic import SearchConfig, search
+from routing.scheduler.genetic import SearchConfig
 from routing.scheduler.gpu_catalog import lookup
 from routing.scheduler.model_spec import Workload, preset
+from routing.scheduler.search import search
 from routing.scheduler.simulator import make_trace
 from routing.sim.churn_policy import SwarmView
 from routing.sim.churn_sim import Sampling, run

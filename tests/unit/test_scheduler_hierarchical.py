@@ -7,11 +7,12 @@ import math
 import pytest
 
 from routing.scenarios.synthetic_cluster import synthetic_cluster
-from routing.scheduler.genetic import SearchConfig, search
+from routing.scheduler.genetic import SearchConfig
 from routing.scheduler.hierarchical import FLAT_LIMIT, region_groups
 from routing.scheduler.model_spec import Workload, preset
 from routing.scheduler.plan import validate
 from routing.scheduler.plan_eval import memory_violations
+from routing.scheduler.search import search
 
 # Every search here stops after a set number of generations (or a stall), never on the clock: a
 # wall-clock budget would make the plan, and so these assertions, depend on the machine's load.

@@ -10,8 +10,9 @@ import pytest
 from routing.scenarios.hexgen_clusters import scenario
 from routing.scheduler.ga_fitness import Evaluator
 from routing.scheduler.ga_operators import Mutator
-from routing.scheduler.genetic import SearchConfig, search, warm_individual
+from routing.scheduler.genetic import SearchConfig, warm_individual
 from routing.scheduler.model_spec import Workload, preset
+from routing.scheduler.search import search
 from routing.scheduler.sim_polish import best_simulated, polish, simulated_rank
 
 # Every search here stops after a set number of generations (or a stall), never on the clock: a

@@ -12,12 +12,13 @@ import pytest
 from routing.scheduler.cluster import Device, Network, build_cluster
 from routing.scheduler.fitness import PipelineCapacity
 from routing.scheduler.ga_operators import Mutator
-from routing.scheduler.genetic import SearchConfig, search
+from routing.scheduler.genetic import SearchConfig
 from routing.scheduler.gpu_catalog import lookup
 from routing.scheduler.model_spec import Workload, preset
-from routing.scheduler.moves import Assignment, diff, horizon_attainment, load_seconds
+from routing.scheduler.moves import Assignment, MoveCosts, diff, horizon_attainment, load_seconds
 from routing.scheduler.plan import Plan, StagePlan, validate
-from routing.scheduler.replan import MoveCosts, plan_assignments, replan
+from routing.scheduler.replan import plan_assignments, replan
+from routing.scheduler.search import search
 
 MODEL = preset("OPT-30B")  # 60 GB: two 2 x RTX 3090 machines or one 4 x A4000 machine per replica
 WORKLOAD = Workload(rate=4.0, s_out=16, num_requests=120)

@@ -11,11 +11,12 @@ from routing.baselines.table4 import table4_plan
 from routing.scenarios.hexgen_clusters import scenario
 from routing.scheduler.cluster import Device
 from routing.scheduler.ga_operators import elbow_k, kmeans_init
-from routing.scheduler.genetic import SearchConfig, search, warm_individual
+from routing.scheduler.genetic import SearchConfig, warm_individual
 from routing.scheduler.gpu_catalog import lookup
 from routing.scheduler.model_spec import Workload, preset
 from routing.scheduler.plan import validate
 from routing.scheduler.plan_eval import evaluate_plan, memory_violations
+from routing.scheduler.search import search
 from routing.scheduler.simulator import Trace, simulate
 
 MODEL = preset("Llama-2-70B")
@@ -143,7 +144,7 @@ def test_warm_start_after_join(half_price, half_price_result):
 
 
 def test_cluster_too_small_is_a_clear_error():
-    from routing.scheduler.genetic import NoFeasiblePlanError
+    from routing.scheduler.search_result import NoFeasiblePlanError
 
     cluster = scenario("heterogeneous-half-price").subset({"norway-0-g0", "norway-0-g1"})
     with pytest.raises(NoFeasiblePlanError, match="GiB"):
