@@ -81,7 +81,10 @@ def bound_max_batch(workload: Workload) -> int:
 def saturating_rate(cluster: Cluster, model: ModelSpec, workload: Workload) -> float:
     """`SATURATION` x the cluster's bound in requests/s (0 when nothing fits): more than any plan serves."""
     max_batch = bound_max_batch(workload)
-    return SATURATION * throughput_upper_bound(cluster, model, workload, max_batch, float(workload.s_in)).requests_s
+    return (
+        SATURATION
+        * throughput_upper_bound(cluster, model, workload, max_batch, float(workload.s_in)).requests_s
+    )
 
 
 def saturating_workload(cluster: Cluster, model: ModelSpec, workload: Workload) -> Workload:
@@ -140,7 +143,11 @@ def _with_slo(
     result = summarize(finish[met] - trace.arrivals[met], trace.s_in[met], trace, last)
     shortest = float(workload.s_in_min)
     means = [float(trace.s_in[chosen == p].mean()) for p in range(len(costs)) if (chosen == p).any()]
-    met_means = [float(trace.s_in[met & (chosen == p)].mean()) for p in range(len(costs)) if (met & (chosen == p)).any()]
+    met_means = [
+        float(trace.s_in[met & (chosen == p)].mean())
+        for p in range(len(costs))
+        if (met & (chosen == p)).any()
+    ]
     return result, min(means, default=shortest), min(met_means, default=shortest)
 
 
@@ -173,11 +180,14 @@ def _moved(devices: Cluster, cluster: Cluster, layout: PipelineLayout) -> list[S
     """The layout's stages with device indices of `cluster` turned into those of `devices`."""
     index = {d.id: i for i, d in enumerate(devices.devices)}
     return [
-        StageLayout(tuple(index[cluster.devices[d].id] for d in s.devices), s.start, s.end) for s in layout.stages
+        StageLayout(tuple(index[cluster.devices[d].id] for d in s.devices), s.start, s.end)
+        for s in layout.stages
     ]
 
 
-def allreduce_share(cluster: Cluster, layouts: Sequence[PipelineLayout], model: ModelSpec, workload: Workload) -> float:
+def allreduce_share(
+    cluster: Cluster, layouts: Sequence[PipelineLayout], model: ModelSpec, workload: Workload
+) -> float:
     """Share of the plan's saturated work spent in TP all-reduce (HexGen Eq. 5), which the bound
     does not charge (`upper_bound.py`, relaxation 3): per pipeline, its busiest stage's seconds
     per request at full batches (prefill + s_out / max_batch decode steps) and the all-reduce
@@ -194,4 +204,3 @@ def allreduce_share(cluster: Cluster, layouts: Sequence[PipelineLayout], model: 
         rates.append(1.0 / work[j])
         shares.append((prefill + s_out / batch * step) / work[j])
     return float(np.dot(rates, shares) / sum(rates)) if rates else 0.0
-

@@ -79,7 +79,13 @@ def estimate(capacities: Sequence[PipelineCapacity], rate: float) -> Estimate:
 
 
 def estimate_layouts(
-    cluster: Cluster, layouts: Sequence[PipelineLayout], model: ModelSpec, workload: Workload, deadline_s: float
+    cluster: Cluster,
+    layouts: Sequence[PipelineLayout],
+    model: ModelSpec,
+    workload: Workload,
+    deadline_s: float,
 ) -> Estimate:
     """`estimate` of whole pipelines: each layout's SLO capacity, sharing the workload's rate."""
-    return estimate([pipeline_capacity(cluster, lay, model, workload, deadline_s) for lay in layouts], workload.rate)
+    return estimate(
+        [pipeline_capacity(cluster, lay, model, workload, deadline_s) for lay in layouts], workload.rate
+    )

@@ -46,7 +46,9 @@ def simulate_serving(costs: Sequence[StageCosts], trace: Trace) -> SimResult:
     count = len(trace.arrivals)
     if not costs or count == 0:
         return SimResult(0.0, 0.0, float("inf"), 0, count)
-    finish = serving_sim.simulate(costs, trace.arrivals, trace.s_in + trace.s_out, trace.s_out, Dispatcher(costs, trace))
+    finish = serving_sim.simulate(
+        costs, trace.arrivals, trace.s_in + trace.s_out, trace.s_out, Dispatcher(costs, trace)
+    )
     served = np.isfinite(finish)
     latency = finish[served] - trace.arrivals[served]
     last = float(finish[served].max()) if served.any() else 0.0
