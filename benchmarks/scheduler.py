@@ -49,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scipy.stats import spearmanr  # noqa: E402
 
+from routing.baselines.symmetric import SymmetricDP  # noqa: E402
 from routing.baselines.table4 import table4_plan  # noqa: E402
 from routing.scenarios.hexgen_clusters import SCENARIOS, scenario  # noqa: E402
 from routing.scenarios.synthetic_cluster import synthetic_cluster  # noqa: E402
@@ -103,7 +104,7 @@ def run_row(name: str, serving: str, load: float, args: argparse.Namespace) -> d
     ours = search(cluster, MODEL, workload, config(), layout_cache=layouts)
     # The baseline gets our whole budget and no early stop: stopped after 30 flat generations at
     # half the budget it settled, on some rows, on plans 3-10% worse than it finds by running on.
-    symmetric = search(cluster, MODEL, workload, config(symmetric=True, stall_generations=0))
+    symmetric = search(cluster, MODEL, workload, config(layout_dp=SymmetricDP, stall_generations=0))
     pairs = _pairs(ours, workload) + _pairs(symmetric, workload)
     table4 = None
     if name == "heterogeneous-full-price":

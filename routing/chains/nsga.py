@@ -1,19 +1,17 @@
-"""NSGA-II over chains of peers (Explorative Study, §II-B), with the seed's encoding and ours.
+"""NSGA-II over chains of peers (Explorative Study, §II-B), with our encoding of a chain.
 
-Both problems minimise (latency_ms, -throughput) of the decoded chain (routing.chains.cost),
-so their fronts live in one objective space and can be compared by hypervolume.
+The problem minimises (latency_ms, -throughput) of the decoded chain (routing.chains.cost).
+The encoding is one gene per block holding the peer that runs it, valid by construction (so no
+constraint and no wasted bits). Mutation reassigns a random contiguous sub-range of one peer's
+range to that peer, which makes or splits whole hops; crossover swaps the segment between two
+layer boundaries where both parents start a hop (a cut inside a hop would add a hop, a round
+trip per token). The initial population is random chains led by the chains of a short
+epsilon-constraint sweep (routing.chains.sweep_seeds), the exact min-latency chain first, so
+the front always holds the fastest chain.
 
-- "matrix" (the seed's, §II-B2..B4): a servers x blocks bit matrix, bit (i, b) = "server i
-  runs block b"; random bits, bit-flip mutation, single-point crossover, and the coverage
-  constraint "every block has a server" (number of uncovered blocks <= 0). A block runs on
-  the first set server that serves it; equal neighbours merge into one hop.
-- "chain" (ours): one gene per block holding the peer that runs it, valid by construction
-  (so no constraint and no wasted bits). Mutation reassigns a random contiguous sub-range of
-  one peer's range to that peer, which makes or splits whole hops; crossover swaps the
-  segment between two layer boundaries where both parents start a hop (a cut inside a hop
-  would add a hop, a round trip per token). The initial population is random chains led by
-  the chains of a short epsilon-constraint sweep (routing.chains.sweep_seeds), the exact
-  min-latency chain first, so the front always holds the fastest chain.
+The Explorative Study's own encoding, a servers x blocks bit matrix, is the router benchmark's
+baseline (routing.baselines.matrix_nsga); its fronts live in the same objective space, so the
+two compare by hypervolume.
 
 What sets the front's quality is the seeding and the gap filling: at 100 and 500 peers
 NSGA-II from random chains reached 0.26-0.48 of the full sweep's hypervolume, from 16
@@ -24,6 +22,7 @@ the default runs few generations.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,9 +31,6 @@ from pymoo.core.crossover import Crossover
 from pymoo.core.mutation import Mutation
 from pymoo.core.problem import Problem
 from pymoo.core.sampling import Sampling
-from pymoo.operators.crossover.pntx import SinglePointCrossover
-from pymoo.operators.mutation.bitflip import BitflipMutation
-from pymoo.operators.sampling.rnd import BinaryRandomSampling
 from pymoo.optimize import minimize
 
 from routing.chains.cost import Candidates, evaluate_assignments, missing_blocks, route_from_assignment
@@ -43,26 +39,22 @@ from routing.chains.min_latency import Hops
 from routing.chains.relink import non_dominated, relink
 from routing.chains.sweep_seeds import sweep_seeds
 
-ENCODINGS = ("chain", "matrix")
 _MATING_TRIES = 5
 
 
 @dataclass(frozen=True)
 class NsgaConfig:
-    """Search budget and encoding of one NSGA-II run."""
+    """Search budget of one NSGA-II run."""
 
     # the seed used 100; the seeds, not the size, set the front (docs/routing.md "The front")
     pop_size: int = 40
     generations: int = 4
     seed: int = 0
-    encoding: str = "chain"  # "chain" (ours) or "matrix" (the seed's)
-    anchors: bool = True  # chain encoding: start from chains of a short epsilon-constraint sweep
+    anchors: bool = True  # start from chains of a short epsilon-constraint sweep
     seed_solves: int = 16  # that sweep's budget of floored solves (routing.chains.sweep_seeds)
-    relink_rounds: int = 1  # chain encoding: splice neighbours of the final front (routing.chains.relink)
+    relink_rounds: int = 1  # splice neighbours of the final front (routing.chains.relink)
 
     def __post_init__(self) -> None:
-        if self.encoding not in ENCODINGS:
-            raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
         if self.pop_size < 4 or self.generations < 1:
             raise ValueError(
                 f"need pop_size >= 4 and generations >= 1, got {self.pop_size}, {self.generations}"
@@ -78,22 +70,6 @@ class ChainProblem(Problem):
 
     def _evaluate(self, x, out, *args, **kwargs):
         out["F"] = evaluate_assignments(self.cands, x.astype(np.int64))
-
-
-class MatrixProblem(Problem):
-    """The seed's encoding: x[i * L + b] = 1 when candidate i runs block b (§II-B2)."""
-
-    def __init__(self, cands: Candidates):
-        n, num_blocks = cands.size, cands.num_blocks
-        super().__init__(n_var=n * num_blocks, n_obj=2, n_ieq_constr=1, xl=0, xu=1, vtype=bool)
-        self.cands = cands
-        self.serves = cands.serves()  # (n, L)
-
-    def _evaluate(self, x, out, *args, **kwargs):
-        bits = x.reshape(len(x), self.cands.size, self.cands.num_blocks).astype(bool) & self.serves
-        covered = bits.any(axis=1)  # (pop, L)
-        out["F"] = evaluate_assignments(self.cands, bits.argmax(axis=1))
-        out["G"] = (~covered).sum(axis=1, keepdims=True).astype(float)  # uncovered blocks <= 0
 
 
 def _random_chain(cands: Candidates, rng: np.random.Generator) -> np.ndarray:
@@ -176,12 +152,6 @@ class HopMutation(Mutation):
 
 
 def _algorithm(cands: Candidates, config: NsgaConfig) -> tuple[Problem, NSGA2]:
-    if config.encoding == "matrix":
-        ops = {"sampling": BinaryRandomSampling(), "mutation": BitflipMutation()}
-        # Duplicate checks on n * L bits cost more than the whole search; the seed had none either.
-        return MatrixProblem(cands), NSGA2(
-            pop_size=config.pop_size, crossover=SinglePointCrossover(), eliminate_duplicates=False, **ops
-        )
     anchors = sweep_seeds(cands, config.seed_solves) if config.anchors else []
     algorithm = NSGA2(
         pop_size=config.pop_size,
@@ -198,16 +168,24 @@ def _algorithm(cands: Candidates, config: NsgaConfig) -> tuple[Problem, NSGA2]:
 
 def nsga_front(cands: Candidates, config: NsgaConfig = NsgaConfig()) -> Front:
     """The non-dominated chains NSGA-II finds (empty front when no chain covers the model)."""
-    if cands.size == 0 or missing_blocks(cands):
+    xs = run_nsga(cands, config, _algorithm)
+    if xs is None:
         return Front.of([])
-    problem, algorithm = _algorithm(cands, config)
-    result = minimize(problem, algorithm, ("n_gen", config.generations), seed=config.seed, verbose=False)
-    if result.X is None:  # the seed's encoding found no feasible chain
-        return Front.of([])
-    xs = np.atleast_2d(result.X)
-    if config.encoding == "matrix":
-        bits = xs.reshape(len(xs), cands.size, cands.num_blocks).astype(bool) & problem.serves
-        assigns = bits.argmax(axis=1)
-    else:
-        assigns = relink(cands, non_dominated(cands, xs.astype(np.int64)), config.relink_rounds)
+    assigns = relink(cands, non_dominated(cands, xs.astype(np.int64)), config.relink_rounds)
     return Front.of([route_from_assignment(cands, a) for a in assigns])
+
+
+def run_nsga(
+    cands: Candidates,
+    config: NsgaConfig,
+    algorithm: Callable[[Candidates, NsgaConfig], tuple[Problem, NSGA2]],
+) -> np.ndarray | None:
+    """The final population's genes (one row per chain) of NSGA-II on the problem and algorithm
+    that `algorithm` builds, or None when no chain covers the model or none was found."""
+    if cands.size == 0 or missing_blocks(cands):
+        return None
+    problem, nsga2 = algorithm(cands, config)
+    result = minimize(problem, nsga2, ("n_gen", config.generations), seed=config.seed, verbose=False)
+    if result.X is None:  # no feasible chain (an encoding with a coverage constraint)
+        return None
+    return np.atleast_2d(result.X)

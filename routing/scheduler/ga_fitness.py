@@ -49,7 +49,7 @@ class Evaluator:
         cluster: Cluster,
         model: ModelSpec,
         workload: Workload,
-        symmetric: bool = False,
+        layout_dp: type[PipelineDP] = PipelineDP,
         layout_cache: dict | None = None,
         whole_machines: bool = False,
     ):
@@ -57,8 +57,8 @@ class Evaluator:
         self.trace = make_trace(model, workload)
         self.whole_machines = whole_machines  # swarm: a machine serves at most one stage
         score = None if self.sequential else self._capacity_score
-        self.dp = PipelineDP(
-            cluster, model, workload, symmetric=symmetric, score=score, cache=layout_cache, whole_buckets=whole_machines
+        self.dp = layout_dp(
+            cluster, model, workload, score=score, cache=layout_cache, whole_buckets=whole_machines
         )
         keys = [bucket_key(cluster, i) for i in range(len(cluster))]
         ids = {k: n for n, k in enumerate(sorted(set(keys)))}
@@ -116,14 +116,18 @@ class Evaluator:
         key = self.key(ind)
         if key not in self._simulated:
             layouts = self.layouts(ind)
-            self._simulated[key] = evaluate_layouts(self.cluster, layouts, self.model, self.trace, self.workload)
+            self._simulated[key] = evaluate_layouts(
+                self.cluster, layouts, self.model, self.trace, self.workload
+            )
         return self._simulated[key]
 
     def _capacity_score(self, layout: PipelineLayout) -> tuple[float, float]:
         """Layouts by SLO capacity (more is better), then latency (for the DP; cached per layout)."""
         key = tuple((s.devices, s.start, s.end) for s in layout.stages)
         if key not in self._scores:
-            capacity = pipeline_capacity(self.cluster, layout, self.model, self.workload, self.trace.deadline_s)
+            capacity = pipeline_capacity(
+                self.cluster, layout, self.model, self.workload, self.trace.deadline_s
+            )
             self._scores[key] = (-capacity.slo_rps, layout.latency_s)
         return self._scores[key]
 
@@ -136,7 +140,9 @@ class Evaluator:
                 self._group[key] = None
             elif self.sequential:
                 w = self.workload
-                self._group[key] = pipeline_latencies(self.cluster, [layout], self.model, self.trace, w.batch_size)[0]
+                self._group[key] = pipeline_latencies(
+                    self.cluster, [layout], self.model, self.trace, w.batch_size
+                )[0]
             else:
                 self._group[key] = pipeline_capacity(
                     self.cluster, layout, self.model, self.workload, self.trace.deadline_s

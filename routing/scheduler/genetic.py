@@ -27,6 +27,7 @@ from routing.scheduler.cluster import Cluster
 from routing.scheduler.ga_fitness import Evaluator
 from routing.scheduler.ga_operators import Individual, Mutator, canonical, kmeans_init
 from routing.scheduler.model_spec import ModelSpec, Workload
+from routing.scheduler.pipeline_dp import PipelineDP
 from routing.scheduler.plan import Plan
 from routing.scheduler.plan_eval import make_plan
 from routing.scheduler.search_result import NoFeasiblePlanError, Progress, SearchResult
@@ -44,7 +45,9 @@ class SearchConfig:
     stall_generations: int = 0  # stop after this many generations without improvement; 0 = never
     seed: int = 0
     mutation: str = "hexgen"  # "hexgen" (merge/split/swap) or "random" (§5.4 ablation)
-    symmetric: bool = False  # stages share one TP degree and equal layer counts (baseline ii of §5.1)
+    # the DP that lays out each group; routing.baselines.symmetric.SymmetricDP gives §5.1's
+    # baseline ii (stages share one TP degree and equal layer counts)
+    layout_dp: type[PipelineDP] = PipelineDP
     finalists: int = 12  # best individuals re-scored by the event simulation at the end (12: all)
     polish_stall: int = 4  # then hill-climb on the simulation until this many flat rounds (`sim_polish.py`)
     capacity: bool = True  # measure the plan's capacity and bound ratio (`capacity.py`) at the end
@@ -78,7 +81,7 @@ def genetic_search(
     start, cpu_start = time.perf_counter(), time.process_time()
     rng = random.Random(config.seed)
     whole = config.one_stage_per_machine
-    ev = Evaluator(cluster, model, workload, config.symmetric, layout_cache, whole_machines=whole)
+    ev = Evaluator(cluster, model, workload, config.layout_dp, layout_cache, whole_machines=whole)
     replica = model.weight_bytes
     mutator = Mutator(cluster, replica, ev.accept_group, whole_machines=whole)
     if sum(d.memory_bytes for d in cluster.devices) < replica:

@@ -120,7 +120,9 @@ class PipelineDP:
     """Finds the cheapest layout of a device group (Alg. 1 + §4.3 partition), with a cache.
 
     Groups with the same bucket vector get the same layout, so the genetic search, which
-    re-evaluates such groups constantly, pays for each DP once.
+    re-evaluates such groups constantly, pays for each DP once. A subclass may restrict the
+    layouts it tries (`searches`, `layer_splits`), as HexGen's symmetric baseline does
+    (routing/baselines/symmetric.py).
     """
 
     def __init__(
@@ -128,14 +130,12 @@ class PipelineDP:
         cluster: Cluster,
         model: ModelSpec,
         workload: Workload,
-        symmetric: bool = False,
         max_stages: int = 16,
         score: Callable[[PipelineLayout], tuple] | None = None,
         cache: dict | None = None,
         whole_buckets: bool = False,
     ):
         self.cluster, self.model, self.workload = cluster, model, workload
-        self.symmetric = symmetric  # every stage: one TP degree, equal layer counts (the paper's baseline ii)
         self.max_stages = max_stages
         self.whole_buckets = whole_buckets  # swarm: one stage per bucket at most (`algorithm1.dp`)
         # Lower is better. None: Eq. 2 latency (one request alone, the sequential model). With
@@ -147,7 +147,8 @@ class PipelineDP:
         # cached layout stays valid on any subset of the cluster.
         self._cache: dict[tuple, PipelineLayout | None] = {} if cache is None else cache
         lengths = replace(workload, rate=1.0, num_requests=1, seed=0)  # what layouts depend on
-        self._mode = (model, lengths, symmetric, max_stages, score is None, whole_buckets)
+        # type(self): a subclass that searches other layouts (a baseline's) never shares an entry
+        self._mode = (model, lengths, type(self), max_stages, score is None, whole_buckets)
 
     def layout(self, devs: Sequence[int]) -> PipelineLayout | None:
         """The best layout for a group, or None when it cannot hold a replica."""
@@ -182,7 +183,7 @@ class PipelineDP:
             return None
         tables = Tables(self.cluster, buckets, self.model, self.workload)
         best: PipelineLayout | None = None
-        for rule, stages_count, degrees in self._searches(sum(tables.counts), states):
+        for rule, stages_count, degrees in self.searches(sum(tables.counts), states):
             _, path = dp(tables, self.model.num_layers, rule, stages_count, degrees, self.whole_buckets)
             if not path:
                 continue
@@ -195,10 +196,9 @@ class PipelineDP:
     def _key(self, layout: PipelineLayout) -> tuple:
         return (layout.latency_s,) if self.score is None else self.score(layout)
 
-    def _searches(self, num_devices: int, states: int):
+    def searches(self, num_devices: int, states: int) -> list[tuple[str, int, Sequence[int]]]:
+        """The DP runs to try: (layer rule, number of stages or 0 for any, TP degrees allowed)."""
         top = min(self.max_stages, num_devices, self.model.num_layers)
-        if self.symmetric:
-            return [("even", s, (t,)) for t in TP_DEGREES for s in range(1, top + 1)]
         searches = [("proportional", 0, TP_DEGREES)]
         if self.score is not None:  # narrower TP groups in more stages: less all-reduce per step
             degrees = THROUGHPUT_DEGREES if self.workload.has_deadline else ((1,),) + THROUGHPUT_DEGREES
@@ -207,20 +207,23 @@ class PipelineDP:
             searches += [("even", s, TP_DEGREES) for s in range(1, min(top, MAX_EVEN_STAGES) + 1)]
         return searches
 
-    def _refits(self, stages: list[StageLayout], tables: Tables, path) -> list[PipelineLayout]:
-        """The DP's own split, then the splits of `layer_split.py` (balanced only for throughput)."""
+    def layer_splits(self, stages: list[StageLayout], tables: Tables, path) -> list[list[int]]:
+        """Layer counts to try on the DP's stages: the DP's own split, then the splits of
+        `layer_split.py` (balanced only for throughput)."""
+        memory = [sum(self.cluster.devices[d].memory_bytes for d in s.devices) for s in stages]
+        unit = [tables.unit[k, t] for k, t, _, _ in path]
+        caps = [tables.cap[k, t] for k, t, _, _ in path]
         splits = [[s.layers for s in stages]]
-        if not self.symmetric:
-            memory = [sum(self.cluster.devices[d].memory_bytes for d in s.devices) for s in stages]
-            unit = [tables.unit[k, t] for k, t, _, _ in path]
-            caps = [tables.cap[k, t] for k, t, _, _ in path]
-            splits.append(proportional_split(memory, self.model.num_layers))
-            splits.append(greedy_split(unit, caps, self.model.num_layers))
-            if self.score is not None:
-                splits.append(balanced_split(unit, caps, self.model.num_layers))
-            splits = [split for split in splits if split is not None]
+        splits.append(proportional_split(memory, self.model.num_layers))
+        splits.append(greedy_split(unit, caps, self.model.num_layers))
+        if self.score is not None:
+            splits.append(balanced_split(unit, caps, self.model.num_layers))
+        return [split for split in splits if split is not None]
+
+    def _refits(self, stages: list[StageLayout], tables: Tables, path) -> list[PipelineLayout]:
+        """The stages under each of `layer_splits` that fits their memory caps."""
         out = []
-        for split in splits:
+        for split in self.layer_splits(stages, tables, path):
             caps_ok = all(n <= tables.cap[k, t] for n, (k, t, _, _) in zip(split, path, strict=False))
             if caps_ok and sum(split) == self.model.num_layers:
                 out.append(self.evaluate(_resplit(stages, split)))

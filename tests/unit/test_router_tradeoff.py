@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from routing.baselines.matrix_nsga import matrix_front
 from routing.baselines.reference_front import hypervolume_2d
 from routing.chains.cost import candidates, request_cache_tokens
 from routing.chains.front import pick_index
@@ -34,7 +35,7 @@ def test_front_is_non_dominated_covering_and_holds_min_latency() -> None:
 
 
 def test_seed_matrix_encoding_runs_and_covers() -> None:
-    front = nsga_front(candidates(VIEW, REQUEST), replace(FAST, encoding="matrix"))
+    front = matrix_front(candidates(VIEW, REQUEST), FAST)
     for route in front.routes:
         assert_covers(route, VIEW)
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from routing.baselines.symmetric import SymmetricDP
 from routing.scenarios.hexgen_clusters import scenario
 from routing.scheduler.cluster import Cluster
 from routing.scheduler.cost_model import stage_memory
@@ -131,7 +132,7 @@ def test_norway_needs_the_memory_proportional_split():
 
 def test_symmetric_layouts_share_degree_and_layer_counts():
     cluster = scenario("heterogeneous-half-price")
-    dp = PipelineDP(cluster, preset("Llama-2-70B"), WORKLOAD, symmetric=True)
+    dp = SymmetricDP(cluster, preset("Llama-2-70B"), WORKLOAD)
     iceland = [i for i, d in enumerate(cluster.devices) if d.machine == "iceland-0"]
     layout = dp.layout(iceland)
     assert layout is not None

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from routing.baselines.symmetric import SymmetricDP
 from routing.baselines.table4 import table4_plan
 from routing.scenarios.hexgen_clusters import scenario
 from routing.scheduler.cluster import Device
@@ -68,7 +69,7 @@ def test_search_is_deterministic_for_a_seed(half_price, half_price_result):
 def test_every_plan_fits_memory(half_price, half_price_result):
     configs = [
         SearchConfig(max_generations=5, time_budget_s=math.inf, seed=1, mutation="random"),
-        SearchConfig(max_generations=5, time_budget_s=math.inf, symmetric=True),
+        SearchConfig(max_generations=5, time_budget_s=math.inf, layout_dp=SymmetricDP),
     ]
     plans = [half_price_result.plan] + [search(half_price, MODEL, WORKLOAD, c).plan for c in configs]
     for plan in plans:
