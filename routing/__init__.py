@@ -1,17 +1,27 @@
 """Pure solvers for hexswarm: plain data in, plain data out (no torch, no network, no I/O).
 
-Two halves, each answering one question:
+The solvers, what a live swarm calls:
 
 - ``routing.scheduler`` — *which peer serves which layers, at which TP degree.* HexGen's
   placement search (HexGen, §3–4): GPU catalog and cluster model, the Table 1 / Appendix B
-  cost model, the pipeline DP of Algorithm 1, the genetic search of §4.3 (region by region on
-  large clusters), the event-driven serving simulator (pipelined, batched) that scores a plan,
-  the upper bound on tokens/s a plan is measured against, and the ``Plan`` record the
-  coordinator publishes.
+  cost model, the pipeline DP of Algorithm 1, the serving simulation, analytic estimate and
+  bounds that score a plan, the genetic search of §4.3 (region by region on large clusters,
+  around pinned stages), re-planning with the cost of moves, Petals' rule for peers without a
+  coordinator, and the ``Plan`` record the coordinator publishes.
 - ``routing.chains`` — *which peers one request passes through.* The per-request chain
-  routers (Explorative Study, §II): the ``SwarmView`` snapshot and ``Router`` interface, the chain cost
-  model, exact min-latency and max-throughput solvers, the NSGA-II trade-off router, and a
-  multi-client load simulator used by the benchmarks.
+  routers (Explorative Study, §II): the ``SwarmView`` snapshot and ``Router`` interface, the
+  chain cost model, exact min-latency and max-throughput solvers, and the NSGA-II trade-off
+  router.
+
+What only the benchmarks and tests use, standing on the solvers and never under them
+(tests/unit/test_layering.py keeps it so):
+
+- ``routing.scenarios`` — seeded inputs: HexGen's clusters, synthetic clusters and swarms,
+  churn processes.
+- ``routing.sim`` — simulators of a swarm over time: churn, and many clients under load.
+- ``routing.baselines`` — what the solvers are compared with: Petals' rule as Petals runs it,
+  HexGen's Table 4 plan and symmetric pipelines, the study's NSGA-II encoding, the reference
+  front of chains.
 
 The coordinator, the client and the benchmarks call these with plain data; nothing here
 imports torch or opens a socket, so every solver can be unit-tested and timed on its own.

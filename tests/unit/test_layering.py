@@ -7,6 +7,12 @@ package of the role it runs, so the commands are a floor of modules rather than 
 other module imports one. The `hexswarm` dispatcher (swarm/cli.py) sits above everything: it
 names every command's module in its table and imports it only when that verb runs.
 
+Inside `routing/`, the solver packages a live swarm calls (`routing.scheduler`: placement, for
+the coordinator and `hexswarm plan`; `routing.chains`: chain routing, for the client) stand on
+nothing that only measures them: the seeded scenarios, the simulators of a swarm over time and
+the baselines sit on floors above them. `routing/` imports nothing of ours above it and no
+library beyond its numeric ones (no torch, no network), and no import in it runs in a circle.
+
 Every import counts: at module level, inside a function, and `importlib.import_module` with a
 literal name.
 """
@@ -15,7 +21,8 @@ from __future__ import annotations
 
 import ast
 import configparser
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +33,21 @@ ROOT = Path(__file__).resolve().parents[2]
 FLOORS = {"routing": 0, "swarm": 1, "peer": 2, "client": 2}
 ROLES = ("peer", "client")
 DISPATCHER = "swarm.cli"
+
+# routing's packages -> floor: the solvers a live swarm calls at the bottom, then what only
+# benchmarks and tests use; a module may import from its own floor and the ones below
+ROUTING_FLOORS = {
+    "routing.scheduler": 0,  # placement (HexGen): the coordinator and `hexswarm plan`
+    "routing.chains": 0,  # chain routers: the client
+    "routing.scenarios": 1,  # seeded clusters, swarms and churn
+    "routing.sim": 2,  # simulators of a swarm over time
+    "routing.baselines": 3,  # what the benchmarks compare the solvers with
+}
+SOLVERS = tuple(package for package, floor in ROUTING_FLOORS.items() if floor == 0)
+# DESIGN.md: routing/ is pure algorithms on these libraries, besides Python's own modules but
+# those that reach the network or other processes
+ROUTING_LIBRARIES = {"numpy", "scipy", "pymoo", "networkx"}
+NETWORK_MODULES = {"socket", "ssl", "asyncio", "http", "urllib", "subprocess", "multiprocessing"}
 
 
 def module_name(path: Path) -> str:
@@ -78,6 +100,51 @@ def package_modules() -> Iterator[tuple[str, Path]]:
 
 def top(name: str) -> str:
     return name.split(".")[0]
+
+
+def package_of(name: str, packages: Iterable[str]) -> str | None:
+    """The package of `packages` that holds module `name` (itself or a parent), if any."""
+    return next((p for p in packages if name == p or name.startswith(p + ".")), None)
+
+
+def import_graph(prefix: str) -> dict[str, set[str]]:
+    """Module -> the modules it imports, for the modules under `prefix` (e.g. "routing") and
+    only the imports among them."""
+    modules = {name: path for name, path in package_modules() if package_of(name, [prefix])}
+    return {name: imports_of(path) & modules.keys() - {name} for name, path in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of `graph`: its strongly connected components of more than one module
+    (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
 
 
 def dispatched_modules() -> dict[str, str]:
@@ -164,3 +231,63 @@ def test_each_verb_names_a_command_module_of_a_package(verb, module):
     assert top(module) in FLOORS and path.is_file(), f"hexswarm {verb}: no module {module}"
     defined = {node.name for node in ast.parse(path.read_text()).body if isinstance(node, ast.FunctionDef)}
     assert {"add_arguments", "run"} <= defined, f"hexswarm {verb}: {module} is not a command"
+
+
+def test_circles_finds_each_circle_once():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": {"d", "a"}, "f": {"a"}}
+    assert sorted(circles(graph)) == [["a", "b", "c"], ["d", "e"]]
+
+
+def test_solvers_import_nothing_that_only_measures():
+    """The solver packages hold what a live swarm calls; simulators, baselines and scenarios
+    stand on them, never the other way."""
+    apart = [package for package, floor in ROUTING_FLOORS.items() if floor > 0]
+    wrong = [
+        f"{name} imports {imported}"
+        for name, path in package_modules()
+        if package_of(name, SOLVERS)
+        for imported in sorted(imports_of(path))
+        if package_of(imported, apart)
+    ]
+    assert not wrong, "a solver imports a simulator, baseline or scenario:\n" + "\n".join(wrong)
+
+
+def test_routing_packages_import_only_from_their_floor_or_below():
+    upward = []
+    for name, path in package_modules():
+        own = package_of(name, ROUTING_FLOORS)
+        for imported in sorted(imports_of(path)):
+            other = package_of(imported, ROUTING_FLOORS)
+            if own and other and ROUTING_FLOORS[other] > ROUTING_FLOORS[own]:
+                upward.append(
+                    f"{name} ({own}, floor {ROUTING_FLOORS[own]}) imports {imported} (floor {ROUTING_FLOORS[other]})"
+                )
+    assert not upward, "\n".join(upward)
+
+
+def test_every_routing_module_is_in_a_package_with_a_floor():
+    """A new package under routing/ says where it stands (ROUTING_FLOORS) before it is used."""
+    homeless = [
+        name
+        for name, _ in package_modules()
+        if top(name) == "routing" and name != "routing" and not package_of(name, ROUTING_FLOORS)
+    ]
+    assert not homeless
+
+
+def test_routing_imports_nothing_of_ours_above_it_nor_torch_or_the_network():
+    """Pure algorithms: Python's own modules, routing's, and its numeric libraries only."""
+    allowed = (set(sys.stdlib_module_names) - NETWORK_MODULES) | ROUTING_LIBRARIES | {"routing"}
+    foreign = [
+        f"{name} imports {imported}"
+        for name, path in package_modules()
+        if top(name) == "routing"
+        for imported in sorted(imports_of(path))
+        if top(imported) not in allowed
+    ]
+    assert not foreign, "\n".join(foreign)
+
+
+def test_no_import_circle_in_routing():
+    found = circles(import_graph("routing"))
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
