@@ -11,12 +11,14 @@ import argparse
 import logging
 import threading
 from importlib import resources
+from typing import TYPE_CHECKING
 
-from fastapi import FastAPI
-from fastapi.responses import HTMLResponse, JSONResponse
+from swarm import cli_args
 
-from client.monitor_data import collect
-from swarm.coordinator.records import Trust, trust_from
+if TYPE_CHECKING:  # fastapi and hivemind load when the monitor runs, not for --help
+    from fastapi import FastAPI
+
+    from swarm.coordinator.records import Trust
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ class SwarmWatcher:
         self._thread.join(timeout=self.refresh_s + 15)
 
     def _loop(self) -> None:
+        from client.monitor_data import collect
+
         while not self._stop.is_set():
             try:
                 self.latest = {**collect(self.swarm, self.models, self.trust), "refresh_s": self.refresh_s}
@@ -51,58 +55,52 @@ class SwarmWatcher:
 
 
 def create_app(watcher: SwarmWatcher) -> FastAPI:
+    from fastapi import FastAPI
+    from fastapi.responses import HTMLResponse, JSONResponse
+
     app = FastAPI(title="hexswarm monitor")
     page = resources.files("client").joinpath("monitor_page.html").read_text(encoding="utf-8")
 
+    # no return annotations: FastAPI would resolve them in this module's globals, which lack these names
     @app.get("/", response_class=HTMLResponse)
-    async def index() -> str:
+    async def index():
         return page
 
     @app.get("/api/swarm")
-    async def snapshot() -> JSONResponse:
+    async def snapshot():
         return JSONResponse(watcher.latest, headers={"Cache-Control": "no-store"})
 
     return app
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members")
-    where.add_argument("--public", action="store_true", help="watch the public swarm")
+    cli_args.add_initial_peers(parser)
     parser.add_argument(
         "--host-maddrs",
         nargs="+",
         default=None,
+        metavar="MADDR",
         help="p2p addresses to listen on (default: none; this client only dials out and asks no router for a port)",
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--refresh", type=float, default=2.0, help="seconds between snapshots")
+    parser.add_argument("--host", default="127.0.0.1", help="address the web page is served on")
+    parser.add_argument("--port", type=cli_args.port, default=8080, help="port the web page is served on")
     parser.add_argument(
-        "--model",
-        default=None,
-        help="only this model: a built-in name, a GGUF file or a checkpoint directory",
+        "--refresh", type=cli_args.positive_float, default=2.0, help="seconds between snapshots"
     )
+    cli_args.add_model_argument(parser, required=False)
 
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from client.swarm_client import SwarmClient
-    from swarm.dht import public_initial_peers
+    from swarm.coordinator.records import trust_from
 
-    models = None
-    if args.model is not None:
-        from swarm.model_spec import model_identity
-
-        model_id, num_blocks = model_identity(args.model)
-        models = {model_id: num_blocks}
-    swarm = SwarmClient.connect(
-        public_initial_peers() if args.public else args.initial_peers, args.host_maddrs
-    )
-    # The swarm's default trust (any member of a private swarm, none of the public one): a
-    # stranger's stolen lease is not shown as the holder, as `hexswarm status` does not show it.
-    trust = trust_from(None, args.public)
+    models = None if args.model is None else dict([cli_args.model_identity(args.model)])
+    swarm = SwarmClient.connect(args.initial_peers, args.host_maddrs)
+    # The swarm's default trust (any member of a private swarm): as `hexswarm status` does, the
+    # monitor shows the lease and plans that the swarm's own peers follow.
+    trust = trust_from(None)
     watcher = SwarmWatcher(swarm, args.refresh, models, trust).start()
     print(f"monitor: http://{args.host}:{args.port}/ (JSON at /api/swarm)", flush=True)
     try:

@@ -10,16 +10,16 @@ import io
 import json
 import sys
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
-from client.monitor_data import followers, model_entry
-from swarm.builtin_models import builtin_names
-from swarm.coordinator.records import Coordination, read_coordination_sync, trust_from, uncovered_text
-from swarm.dht import public_initial_peers, start_dht
-from swarm.dht_process import shutdown_dht
+from swarm import cli_args
 from swarm.dht_read import DHT_READ_TIMEOUT_S
-from swarm.records import PeerRecord, online_peers_per_block, read_models, read_peer_records
-from swarm.reports import Report, read_reports
 from swarm.terminal_text import printable
+
+if TYPE_CHECKING:  # hivemind loads when the command runs, not for --help
+    from swarm.coordinator.records import Coordination
+    from swarm.records import PeerRecord
+    from swarm.reports import Report
 
 # Peer-supplied text is escaped (swarm.terminal_text) and cut to these lengths, in characters.
 MODEL_ID_LIMIT = 120
@@ -27,14 +27,8 @@ ADDRESS_LIMIT = 80
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members")
-    where.add_argument("--public", action="store_true", help="look at the public swarm")
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="only this model: a built-in model name (hexswarm models), a GGUF file or a checkpoint directory",
-    )
+    cli_args.add_initial_peers(parser)
+    cli_args.add_model_argument(parser, required=False)
     parser.add_argument("--json", action="store_true", help="print the same as JSON data")
     parser.add_argument(
         "--coordinator-key",
@@ -42,11 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PEER_ID",
         help="show the lease and plans of these coordinator keys only, as peers that trust them see it "
-        "(default: any in a private swarm, none in the public one)",
+        "(default: any member of the swarm)",
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=cli_args.positive_float,
         default=DHT_READ_TIMEOUT_S,
         help="seconds each DHT read may take; a read that takes longer counts as no entries",
     )
@@ -57,19 +51,23 @@ def run(args: argparse.Namespace) -> int:
     # as an escape rather than raising halfway through the table.
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="backslashreplace")
+    watched = None if args.model is None else dict([cli_args.model_identity(args.model)])
+
+    from client.monitor_data import model_entry
+    from swarm.builtin_models import builtin_names
+    from swarm.coordinator.records import read_coordination_sync, trust_from
+    from swarm.dht import start_dht
+    from swarm.dht_process import shutdown_dht
+    from swarm.records import read_models, read_peer_records
+    from swarm.reports import read_reports
+
     try:
-        trust = trust_from(args.coordinator_key, args.public)
+        trust = trust_from(args.coordinator_key)
     except ValueError as e:
-        print(f"hexswarm status: {e}", file=sys.stderr)
-        return 2
-    dht = start_dht(
-        public_initial_peers() if args.public else args.initial_peers,
-        identity=None,
-        client_mode=True,
-        listen=False,
-    )
+        raise cli_args.UsageError(str(e)) from None
+    dht = start_dht(args.initial_peers, identity=None, client_mode=True, listen=False)
     try:
-        models = _models(dht, args.model, args.timeout)
+        models = read_models(dht, args.timeout) if watched is None else watched
         if not models and not args.json:
             print("no models are announced in this swarm")
             return 1
@@ -96,15 +94,6 @@ def run(args: argparse.Namespace) -> int:
         shutdown_dht(dht, 5)
 
 
-def _models(dht, model_dir: str | None, timeout: float) -> dict[str, int]:
-    if model_dir is None:
-        return read_models(dht, timeout)
-    from swarm.model_spec import model_identity
-
-    model_id, num_blocks = model_identity(model_dir)
-    return {model_id: num_blocks}
-
-
 def print_model(model_id: str, num_blocks: int, records: list[PeerRecord], alias: str | None = None) -> bool:
     """Prints the peer table and coverage line of one model (`alias`: the name users type for it);
     True if every block has an online peer."""
@@ -120,6 +109,8 @@ def print_model(model_id: str, num_blocks: int, records: list[PeerRecord], alias
             f"{describe_tp(r):>9} {printable(describe_devices(r), 14):<14} {r.throughput:>9.0f} {r.decode_ms_per_block:>7.2f} {r.open_sessions:>8} {r.cache_tokens_left:>10}  "
             f"{address}"
         )
+    from swarm.records import online_peers_per_block
+
     online = online_peers_per_block(records, num_blocks)
     missing = [b for b, n in enumerate(online) if n == 0]
     print("  coverage: " + " ".join(str(min(n, 9)) for n in online) + "  (online peers per block)")
@@ -167,6 +158,9 @@ def describe_devices(record: PeerRecord) -> str:
 
 def print_plan(coordination: Coordination, records: list[PeerRecord]) -> None:
     """The coordinator and its plan, in two lines."""
+    from client.monitor_data import followers
+    from swarm.coordinator.records import uncovered_text
+
     holder, plan = coordination.holder, coordination.plan
     if holder is None:
         auto = sum(r.auto for r in records)

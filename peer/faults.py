@@ -1,6 +1,7 @@
 """Fault injection for failover tests: a peer that answers some steps wrongly on purpose.
 
-Hidden `run-peer` flags (not in --help; for tests, the chaos suite and benchmarks only):
+Hidden `run-peer` flags (not in --help, defined in peer/flags.py; for tests, the chaos suite and
+benchmarks only):
 
   --debug-fail-after N     every session's steps after its first N are faulty
   --debug-error-rate P     each step is faulty with probability P ...
@@ -48,21 +49,6 @@ class FaultPlan:
     @property
     def active(self) -> bool:
         return self.fail_after is not None or self.error_rate > 0 or self.on_signal or bool(self.push)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The hidden --debug-* flags."""
-    hidden = argparse.SUPPRESS
-    parser.add_argument("--debug-fail-after", type=int, default=None, help=hidden)
-    parser.add_argument("--debug-error-rate", type=float, default=0.0, help=hidden)
-    parser.add_argument("--debug-seed", type=int, default=0, help=hidden)
-    parser.add_argument("--debug-fault-on-signal", action="store_true", help=hidden)
-    parser.add_argument("--debug-fault", choices=["error", "nan"], default="error", help=hidden)
-    parser.add_argument("--debug-push", choices=["refuse", "drop"], default="", help=hidden)
-    # add noise to every output (peer/debug.py), so tests can check the client's verification
-    parser.add_argument("--debug-corrupt-outputs", action="store_true", help=hidden)
-    # announce FIELD=JSON over the honest record (peer/debug.py), so tests can check its readers
-    parser.add_argument("--debug-record", action="append", default=[], help=hidden)
 
 
 def plan_from_args(args: argparse.Namespace) -> FaultPlan | None:

@@ -2,4 +2,4 @@
 role; the commands that run no one role and the `hexswarm` dispatcher (docs/architecture.md
 "Folder layout")."""
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # setup.cfg reads it; every command's --version prints it

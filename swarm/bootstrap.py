@@ -7,10 +7,6 @@ import logging
 import signal
 import threading
 
-from swarm.dht import start_dht
-from swarm.dht_process import shutdown_dht
-from swarm.identity import load_or_create_identity
-
 logger = logging.getLogger(__name__)
 
 
@@ -19,18 +15,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--host-maddrs",
         nargs="+",
         default=["/ip4/0.0.0.0/tcp/0"],
-        help="multiaddrs to listen on, e.g. /ip4/0.0.0.0/tcp/31337",
+        metavar="MADDR",
+        help="multiaddrs to listen on, e.g. /ip4/0.0.0.0/tcp/31337 (a fixed port keeps the address you hand out valid)",
     )
-    parser.add_argument("--announce-maddrs", nargs="+", default=[], help="public multiaddrs to tell others")
+    parser.add_argument(
+        "--announce-maddrs", nargs="+", default=[], metavar="MADDR", help="public multiaddrs to tell others"
+    )
     parser.add_argument(
         "--identity",
         default=None,
-        help="identity key file (created if missing); keeps the peer id stable across restarts",
+        help="identity key file (created if missing); keeps the peer id stable across restarts "
+        "(default: a new peer id each start)",
     )
-    parser.add_argument("--initial-peers", nargs="*", default=[], help="other bootstrap nodes to join")
+    parser.add_argument(
+        "--initial-peers", nargs="*", default=[], metavar="MADDR", help="other bootstrap nodes to join"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from swarm.dht import start_dht
+    from swarm.dht_process import shutdown_dht
+    from swarm.identity import load_or_create_identity
+
     identity = load_or_create_identity(args.identity)
     dht = start_dht(
         args.initial_peers, identity, host_maddrs=args.host_maddrs, announce_maddrs=args.announce_maddrs

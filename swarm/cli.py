@@ -1,16 +1,18 @@
 """The `hexswarm` command: one subcommand per module, imported only when used.
 
-Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int`. Every
-subcommand also takes --quiet and --log-level (swarm/log_setup.py), set up before it runs.
+Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int` (and may set
+`LOG_LEVEL`, its default log level). Every subcommand's parser comes from
+`swarm.cli_args.new_parser`: --version, -v / --quiet / --log-level (set up before it runs),
+defaults in --help, and one line with exit status 2 for a bad value, found by the parser or
+raised by `run` as `UsageError`.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 
-from swarm import log_setup
+from swarm import cli_args, log_setup
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -19,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bootstrap": ("swarm.bootstrap", "start a DHT node that a private swarm joins through"),
     "status": ("client.status", "print the peers of a swarm and the block coverage of each model"),
     "demo": ("swarm.demo", "run a private swarm on this machine and generate text"),
+    "generate": ("client.generate_command", "generate text through a swarm from the shell"),
     "plan": ("swarm.coordinator.plan_command", "plan a swarm over a cluster with the HexGen scheduler"),
     "api": ("client.api_command", "serve an OpenAI-compatible HTTP API over the swarm"),
     "coordinator": ("swarm.coordinator.command", "run a coordinator that plans a model's swarm online"),
@@ -28,23 +31,45 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="hexswarm", description=__doc__.splitlines()[0])
+    parser = cli_args.Parser(
+        prog="hexswarm",
+        description=__doc__.splitlines()[0] + " Serving a model's layers is `run-peer`.",
+        formatter_class=cli_args.HelpFormatter,
+    )
+    cli_args.add_version(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (_, help_text) in SUBCOMMANDS.items():
         subparsers.add_parser(name, help=help_text, add_help=False)
 
     # Parse the command name first, so only the chosen module gets imported (torch is slow to import).
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
-        parser.parse_args(argv)
+    if not argv or argv[0] not in SUBCOMMANDS:
+        parser.parse_args(argv)  # --help, --version, or a usage error
         return 2
-    name = argv[0]
+    return run_command(argv[0], argv[1:])
+
+
+def build_parser(name: str, prog: str | None = None) -> cli_args.Parser:
+    """The parser of the verb `name` (its module imported); `prog` names it in help and errors."""
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    sub = argparse.ArgumentParser(prog=f"hexswarm {name}", description=SUBCOMMANDS[name][1])
-    module.add_arguments(sub)
-    log_setup.add_log_arguments(sub)
-    args = sub.parse_args(argv[1:])
-    log_setup.setup_logging(args, f"hexswarm {name}")
-    return int(module.run(args) or 0)
+    parser = cli_args.new_parser(
+        prog or f"hexswarm {name}", SUBCOMMANDS[name][1], getattr(module, "LOG_LEVEL", "info")
+    )
+    module.add_arguments(parser)
+    return parser
+
+
+def run_command(name: str, argv: list[str], prog: str | None = None) -> int:
+    """Parses `argv` for the verb `name` and runs it; `prog` names it in help and errors."""
+    parser = build_parser(name, prog)
+    args = parser.parse_args(argv)
+    log_setup.setup_logging(args, parser.prog)
+    module = importlib.import_module(SUBCOMMANDS[name][0])  # imported by build_parser already
+    try:
+        return int(module.run(args) or 0)
+    except cli_args.UsageError as e:
+        return cli_args.usage_error(parser.prog, str(e))
+    except KeyboardInterrupt:  # Ctrl-C where the verb sets no handler of its own: no traceback
+        return 130
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from swarm import cli_args
 from swarm.builtin_models import DEFAULT_MODEL
 from swarm.launcher import COLOCATED_ENV, LocalSwarm, stop_process
 
@@ -92,13 +93,22 @@ class StopSignals:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to complete greedily")
     parser.add_argument(
-        "--chat", default=DEFAULT_CHAT, help="a user message answered through the chat template"
+        "--chat",
+        default=DEFAULT_CHAT,
+        help="a user message answered through the chat template (not with --tiny)",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--max-new-tokens", type=cli_args.positive_int, default=32, help="tokens to generate for each"
+    )
     parser.add_argument(
         "--tiny", action="store_true", help="serve a random 8-layer Llama instead of SmolLM2 (gibberish)"
     )
-    parser.add_argument("--workdir", type=Path, default=None, help="where logs (and the tiny model) go")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where logs (and the tiny model) go, kept afterwards (default: a temporary folder, removed)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,7 +179,8 @@ def _run_swarm(swarm: LocalSwarm, model, ranges, args: argparse.Namespace) -> in
         swarm.wait_for_log(proc, "online:", timeout=300)
         print(f"[demo] peer {name} serves layers [{layers.replace(':', ', ')})", flush=True)
     print(f"[demo] swarm up in {time.monotonic() - began:.1f} s; generating", flush=True)
-    client = [sys.executable, "-m", "client", str(model), "--initial-peers", *peers, "--prompt", args.prompt]
+    generate = [sys.executable, "-m", "swarm.cli", "generate", str(model), "--initial-peers", *peers]
+    client = [*generate, "--prompt", args.prompt]
     if not args.tiny:
         client += ["--chat", args.chat]
     client += ["--max-new-tokens", str(args.max_new_tokens)]

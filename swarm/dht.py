@@ -7,11 +7,16 @@ import os
 import signal
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from swarm.identity import Identity
+if (
+    TYPE_CHECKING
+):  # hivemind loads when a node starts: `--help` of the commands that join does not wait for it
+    from swarm.identity import Identity
 
 # The public swarm's bootstrap nodes, overridable with HEXSWARM_INITIAL_PEERS (space- or
-# comma-separated multiaddrs). Empty until a public swarm runs; `--public` then says so clearly.
+# comma-separated multiaddrs). Empty until a public swarm runs: the commands offer no `--public`
+# yet, and `from_pretrained(public=True)` says so clearly.
 PUBLIC_INITIAL_PEERS: tuple[str, ...] = ()
 INITIAL_PEERS_ENV = "HEXSWARM_INITIAL_PEERS"
 

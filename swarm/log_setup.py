@@ -1,10 +1,10 @@
-"""Logging and progress bars for every command: `--quiet`, `--log-level`, and who a line is about.
+"""Logging and progress bars for every command: `-v`, `--quiet`, `--log-level`, and who a line is about.
 
-Every command (run-peer, each `hexswarm` subcommand, `python -m client`) calls
-`add_log_arguments` on its parser and `setup_logging` once it knows what it is about. Each
-log line then starts with that context, e.g. `peer alice tiny-3f2a[0:4)`, so lines from
-many processes of one swarm can be told apart. A peer learns its name only after joining
-the DHT and updates the context then (`set_context`).
+Every command (run-peer, each `hexswarm` subcommand, `python -m client`) gets the flags from
+`add_log_arguments` (through `swarm.cli_args.new_parser`) and calls `setup_logging` once it
+knows what it is about. Each log line then starts with that context, e.g. `peer alice
+tiny-3f2a[0:4)`, so lines from many processes of one swarm can be told apart. A peer learns
+its name only after joining the DHT and updates the context then (`set_context`).
 
 Progress bars (tqdm) are drawn on stderr only when it is a terminal and `--quiet` is off:
 logs redirected to a file never fill up with bar updates.
@@ -37,8 +37,9 @@ def _record_with_context(*args, **kwargs) -> logging.LogRecord:
 
 
 def add_log_arguments(parser: argparse.ArgumentParser, default: str = "info") -> None:
-    """Adds --quiet and --log-level; `default` is the level without either (the client's is warning)."""
+    """Adds -v, --quiet and --log-level; `default` is the level without them (the client's is warning)."""
     group = parser.add_argument_group("output")
+    group.add_argument("-v", "--verbose", action="store_true", help="the same as --log-level debug")
     group.add_argument(
         "-q", "--quiet", action="store_true", help="log only warnings and errors; no progress bars"
     )
@@ -46,14 +47,17 @@ def add_log_arguments(parser: argparse.ArgumentParser, default: str = "info") ->
         "--log-level",
         choices=LEVELS,
         default=None,
-        help=f"log level (default: {default}{', or warning with --quiet' if default != 'warning' else ''})",
+        help=f"log level (default: {default}{', or warning with --quiet' if default != 'warning' else ''}; "
+        "debug with -v)",
     )
     parser.set_defaults(default_log_level=default)
 
 
 def log_level(args: argparse.Namespace) -> int:
-    """The level `--log-level` / `--quiet` ask for (an explicit --log-level wins)."""
+    """The level `--log-level` / `-v` / `--quiet` ask for (an explicit --log-level wins)."""
     name = getattr(args, "log_level", None)
+    if name is None and getattr(args, "verbose", False):
+        name = "debug"
     if name is None:
         name = "warning" if getattr(args, "quiet", False) else getattr(args, "default_log_level", "info")
     return getattr(logging, name.upper())

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from swarm import cli_args
+
 # A short text the byte-level BPE tokenizer learns its merges from. Any text works (byte-level
 # BPE can encode every string); English prose gives merges that make demo output readable.
 _TOKENIZER_CORPUS = (
@@ -37,33 +39,44 @@ CHAT_TEMPLATE = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    positive = cli_args.positive_int
     parser.add_argument("directory", type=Path, help="where to write the checkpoint")
-    parser.add_argument("--arch", choices=ARCHS, default="llama")
-    parser.add_argument("--layers", type=int, default=8, help="transformer layers (blocks)")
-    parser.add_argument("--hidden", type=int, default=256, help="hidden size")
-    parser.add_argument("--heads", type=int, default=8, help="attention heads")
-    parser.add_argument("--kv-heads", type=int, default=4, help="key/value heads (GQA)")
+    parser.add_argument("--arch", choices=ARCHS, default="llama", help="the model family (its model_type)")
+    parser.add_argument("--layers", type=positive, default=8, help="transformer layers (blocks)")
+    parser.add_argument("--hidden", type=positive, default=256, help="hidden size")
+    parser.add_argument("--heads", type=positive, default=8, help="attention heads (they divide --hidden)")
     parser.add_argument(
-        "--intermediate", type=int, default=None, help="MLP size (default: about 2.7 x hidden)"
+        "--kv-heads", type=positive, default=4, help="key/value heads (GQA; they divide --heads)"
     )
-    parser.add_argument("--vocab", type=int, default=512, help="tokenizer vocabulary size to train")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--intermediate", type=positive, default=None, help="MLP size (default: about 2.7 x hidden)"
+    )
+    parser.add_argument("--vocab", type=positive, default=512, help="tokenizer vocabulary size to train")
+    parser.add_argument(
+        "--seed",
+        type=cli_args.non_negative_int,
+        default=0,
+        help="seed of the random weights: same seed, same files",
+    )
     parser.add_argument("--max-shard-size", default=None, help="split weights into shards, e.g. 500KB")
 
 
 def run(args: argparse.Namespace) -> int:
-    path = make_tiny_model(
-        args.directory,
-        arch=args.arch,
-        layers=args.layers,
-        hidden=args.hidden,
-        heads=args.heads,
-        kv_heads=args.kv_heads,
-        intermediate=args.intermediate,
-        vocab=args.vocab,
-        seed=args.seed,
-        max_shard_size=args.max_shard_size,
-    )
+    try:
+        path = make_tiny_model(
+            args.directory,
+            arch=args.arch,
+            layers=args.layers,
+            hidden=args.hidden,
+            heads=args.heads,
+            kv_heads=args.kv_heads,
+            intermediate=args.intermediate,
+            vocab=args.vocab,
+            seed=args.seed,
+            max_shard_size=args.max_shard_size,
+        )
+    except ValueError as e:  # heads that do not divide the hidden size, a bad --max-shard-size
+        raise cli_args.UsageError(str(e)) from None
     print(path)
     return 0
 
@@ -151,7 +164,12 @@ _ARCH_CONFIGS = {
     ),
     "gemma3": (
         "Gemma3TextConfig",
-        {"sliding_window": 5, "layer_types": _ALTERNATING, "final_logit_softcapping": 3.0, "query_pre_attn_scalar": 32},
+        {
+            "sliding_window": 5,
+            "layer_types": _ALTERNATING,
+            "final_logit_softcapping": 3.0,
+            "query_pre_attn_scalar": 32,
+        },
     ),
     "phi3": ("Phi3Config", {}),
     "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),

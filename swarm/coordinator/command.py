@@ -10,9 +10,9 @@ import argparse
 import asyncio
 import logging
 import signal
-import sys
 
 from routing.scheduler.model_spec import OBJECTIVES
+from swarm import cli_args
 
 logger = logging.getLogger(__name__)
 
@@ -25,50 +25,78 @@ def add_coordination_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="PEER_ID",
-        help="coordinator keys (peer ids) whose lease and plans count; default: any in a private swarm, "
-        "none in the public one",
+        help="coordinator keys (peer ids) whose lease and plans count (default: any member of the swarm)",
     )
     g.add_argument(
-        "--lease-ttl", type=float, default=30.0, help="seconds a lease lives unrenewed (default 30)"
+        "--lease-ttl", type=cli_args.positive_float, default=30.0, help="seconds a lease lives unrenewed"
     )
-    g.add_argument("--coordinator-period", type=float, default=5.0, help="seconds between steps (default 5)")
     g.add_argument(
-        "--debounce", type=float, default=5.0, help="quiet seconds after a join/leave before re-planning"
+        "--coordinator-period", type=cli_args.positive_float, default=5.0, help="seconds between steps"
     )
-    g.add_argument("--replan-period", type=float, default=300.0, help="seconds between periodic re-plans")
-    g.add_argument("--budget-s", type=float, default=5.0, help="search time budget per re-plan (seconds)")
-    g.add_argument("--rate", type=float, default=1.0, help="requests per second to plan for")
-    g.add_argument("--s-in", type=int, default=128, help="mean prompt tokens to plan for")
-    g.add_argument("--s-out", type=int, default=32, help="generated tokens per request to plan for")
+    g.add_argument(
+        "--debounce",
+        type=cli_args.non_negative_float,
+        default=5.0,
+        help="quiet seconds after a join/leave before re-planning",
+    )
+    g.add_argument(
+        "--replan-period",
+        type=cli_args.positive_float,
+        default=300.0,
+        help="seconds between periodic re-plans",
+    )
+    g.add_argument(
+        "--budget-s",
+        type=cli_args.positive_float,
+        default=5.0,
+        help="search time budget per re-plan (seconds)",
+    )
+    add_workload_arguments(g)
     g.add_argument(
         "--slo-scale",
-        type=float,
+        type=cli_args.positive_float,
         default=5.0,
         help="deadline in units of the swarm's own latency: one request through the whole model on its fastest "
-        "peer alone, from the peers' measured speeds (default 5)",
+        "peer alone, from the peers' measured speeds",
     )
-    g.add_argument(
+
+
+def add_workload_arguments(group) -> None:
+    """--rate, --s-in, --s-out and --objective: the workload a plan is for (here and `hexswarm plan`)."""
+    group.add_argument(
+        "--rate", type=cli_args.positive_float, default=1.0, help="requests per second to plan for"
+    )
+    group.add_argument(
+        "--s-in", type=cli_args.positive_int, default=128, help="mean prompt tokens to plan for"
+    )
+    group.add_argument(
+        "--s-out", type=cli_args.positive_int, default=32, help="generated tokens per request to plan for"
+    )
+    group.add_argument(
         "--objective",
         choices=OBJECTIVES,
         default="slo",
-        help="slo (default): most requests within the deadline at --rate; throughput: most tokens/s, no deadline",
+        help="slo: most requests within the deadline at --rate; throughput: most tokens/s, no deadline "
+        "(--rate and --slo-scale then unused)",
     )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--initial-peers", nargs="+", help="multiaddrs of swarm members")
-    where.add_argument("--public", action="store_true", help="join the public swarm")
+    cli_args.add_initial_peers(parser)
+    cli_args.add_model_argument(parser)
     parser.add_argument(
-        "--model",
-        required=True,
-        help="a built-in model name (hexswarm models), a GGUF file or a checkpoint directory",
+        "--identity",
+        default=None,
+        help="identity key file (created if missing): a stable key for the peers' --coordinator-key "
+        "(default: a new key each start)",
     )
-    parser.add_argument("--identity", default=None, help="identity key file (created if missing)")
     parser.add_argument(
-        "--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], help="multiaddrs to listen on"
+        "--host-maddrs",
+        nargs="+",
+        default=["/ip4/0.0.0.0/tcp/0"],
+        metavar="MADDR",
+        help="multiaddrs to listen on",
     )
-    parser.add_argument("-v", "--verbose", action="store_true")
     add_coordination_arguments(parser)
 
 
@@ -100,26 +128,24 @@ def coordinator_config(args: argparse.Namespace, model_dir: str):
         ),
         lease_ttl=args.lease_ttl,
         period=args.coordinator_period,
-        trust=trust_from(args.coordinator_key, args.public),
+        trust=trust_from(args.coordinator_key),
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm.dht import public_initial_peers, start_dht
+    from swarm.dht import start_dht
     from swarm.dht_process import shutdown_dht
     from swarm.identity import load_or_create_identity
 
-    if args.verbose:  # logging itself is set up by swarm/cli.py (--quiet, --log-level)
-        logging.getLogger().setLevel(logging.DEBUG)
+    cli_args.check_model(args.model)
     try:
         config = coordinator_config(args, args.model)
-    except (OSError, ValueError) as e:
-        print(f"hexswarm coordinator: {e}", file=sys.stderr)
-        return 2
+    except (OSError, ValueError) as e:  # a model that cannot be read, a bad --coordinator-key
+        raise cli_args.UsageError(str(e)) from None
     identity = load_or_create_identity(args.identity)
     # Peers name this key with --coordinator-key to follow this coordinator's plans.
     logger.info("coordinator key: %s", identity.peer_id.to_base58())
-    dht = start_dht(public_initial_peers() if args.public else args.initial_peers, identity, args.host_maddrs)
+    dht = start_dht(args.initial_peers, identity, args.host_maddrs)
     try:
         return asyncio.run(_serve(dht, identity, config))
     finally:

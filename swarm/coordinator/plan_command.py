@@ -15,48 +15,51 @@ import argparse
 import json
 import logging
 import os
-import sys
 
-from routing.scheduler.model_spec import OBJECTIVES
-from swarm import log_setup
+from swarm import cli_args, log_setup
 
 logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from swarm.coordinator.command import add_workload_arguments
+
     parser.add_argument("--cluster", required=True, help="cluster JSON file (devices and network)")
     parser.add_argument(
         "--model",
         required=True,
-        help="preset (Llama-2-70B, Llama-2-7B, OPT-30B), a built-in model name, a GGUF file or a checkpoint directory",
+        help=f"{cli_args.MODEL_HELP}, or a preset of the HexGen paper's models (Llama-2-70B, Llama-2-7B, OPT-30B)",
     )
-    parser.add_argument("--s-in", type=int, default=128, help="mean prompt tokens (default 128)")
-    parser.add_argument("--s-out", type=int, default=32, help="generated tokens per request (default 32)")
-    parser.add_argument("--rate", type=float, default=1.0, help="requests per second to plan for (default 1)")
-    parser.add_argument("--slo-scale", type=float, default=5.0, help="deadline in units of the A100 latency")
+    add_workload_arguments(parser)
     parser.add_argument(
-        "--objective",
-        choices=OBJECTIVES,
-        default="slo",
-        help="slo (default): most requests within the deadline at --rate; throughput: most tokens/s, "
-        "no deadline (batch work; --rate and --slo-scale are not used)",
+        "--slo-scale",
+        type=cli_args.positive_float,
+        default=5.0,
+        help="deadline in units of the model's latency on one 8 x A100 machine",
     )
     parser.add_argument(
-        "--budget-s", type=float, default=20.0, help="search time budget in seconds (default 20)"
+        "--budget-s", type=cli_args.positive_float, default=20.0, help="search time budget in seconds"
     )
     parser.add_argument(
         "--serving",
         choices=("pipelined-batched", "sequential"),
         default="pipelined-batched",
-        help="serving model to plan for (default pipelined-batched; sequential: one request per pipeline)",
+        help="serving model to plan for (sequential: one request per pipeline at a time)",
     )
     parser.add_argument(
-        "--max-batch",
-        type=int,
+        "--max-batch-sequences",
+        type=cli_args.positive_int,
         default=16,
-        help="decode steps a stage batches (default 16; 1: pipelining alone)",
+        help="most sequences a stage batches in one decode step, as run-peer's flag of that name "
+        "(1: pipelining alone); was --max-batch",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the search and of the simulated trace")
+    cli_args.hidden_alias(parser, "--max-batch", "--max-batch-sequences", cli_args.positive_int)
+    parser.add_argument(
+        "--seed",
+        type=cli_args.non_negative_int,
+        default=0,
+        help="seed of the search and of the simulated trace",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -67,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except (ClusterError, NoFeasiblePlanError, ValueError, OSError) as exc:
-        print(f"hexswarm plan: error: {exc}", file=sys.stderr)
-        return 2
+        return cli_args.usage_error("hexswarm plan", str(exc))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -86,15 +88,12 @@ def _run(args: argparse.Namespace) -> int:
         slo_scale=args.slo_scale,
         seed=args.seed,
         serving=args.serving,
-        max_batch=args.max_batch,
+        max_batch=args.max_batch_sequences,
         objective=args.objective,
     )
-    if args.budget_s <= 0:
-        raise ValueError("--budget-s must be positive")
-
     logger.info(
         "planning %s on %d devices for %s (budget %g s, serving %s, max batch %d)",
-        model.name, len(cluster), args.objective, args.budget_s, args.serving, args.max_batch,
+        model.name, len(cluster), args.objective, args.budget_s, args.serving, args.max_batch_sequences,
     )  # fmt: skip
     measure = "attainment" if workload.has_deadline else "req/s"
     config = SearchConfig(time_budget_s=args.budget_s, seed=args.seed, stall_generations=100)
@@ -131,7 +130,7 @@ def load_cluster(path: str):
 
 def load_model(name_or_dir: str):
     """A preset by name, or the config.json of a built-in model, a GGUF file or a checkpoint directory."""
-    from routing.scheduler.model_spec import ModelSpec, preset
+    from routing.scheduler.model_spec import PRESETS, ModelSpec, preset
     from swarm.builtin_models import BUILTIN_MODELS
     from swarm.model_spec import resolve_checkpoint
 
@@ -152,8 +151,11 @@ def load_model(name_or_dir: str):
         return ModelSpec.from_hf_config(config, os.path.basename(os.path.normpath(name_or_dir)))
     try:
         return preset(name_or_dir)
-    except KeyError as exc:
-        raise ValueError(f"{exc.args[0]}, and {name_or_dir!r} is not a model directory") from None
+    except KeyError:
+        raise ValueError(
+            f"model {name_or_dir!r} is not a built-in name ({', '.join(BUILTIN_MODELS)}), a GGUF file, "
+            f"a checkpoint folder or a preset ({', '.join(PRESETS)})"
+        ) from None
 
 
 def format_plan(plan) -> str:

@@ -45,9 +45,10 @@ MAX_PLAN_VERSION = 1 << 31  # one plan a second for 68 years; larger versions ar
 Trust = frozenset[str] | None
 
 
-def trust_from(keys: list[str] | None, public: bool) -> Trust:
+def trust_from(keys: list[str] | None, public: bool = False) -> Trust:
     """The trust of `--coordinator-key KEY ...`: those keys; with none, any member of a private
-    swarm and nobody in the public one. ValueError on a key that is not a peer id."""
+    swarm and nobody in a public one (no public swarm runs yet: the commands join private ones
+    only). ValueError on a key that is not a peer id."""
     from hivemind.p2p import PeerID
 
     if keys:

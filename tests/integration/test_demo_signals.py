@@ -66,15 +66,15 @@ class Demo:
                 pytest.fail(f"the demo was not ready within {timeout} s:\n{self.output()[-3000:]}")
             time.sleep(0.1)
 
-    def running_module(self, module: str) -> int:
-        """How many of the demo's own children run `python -m <module>` now (their forked DHT
-        processes carry the same command line, and are not counted)."""
+    def running_module(self, module: str, verb: str | None = None) -> int:
+        """How many of the demo's own children run `python -m <module> [<verb>]` now (their
+        forked DHT processes carry the same command line, and are not counted)."""
         self.watch()
         try:
             children = self.process.children()
         except psutil.NoSuchProcess:
             return 0
-        return sum(_runs_module(p, module) for p in running(children))
+        return sum(_runs_module(p, module, verb) for p in running(children))
 
     def wait_for_exit(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
@@ -92,12 +92,15 @@ class Demo:
             proc.kill()
 
 
-def _runs_module(proc: psutil.Process, module: str) -> bool:
+def _runs_module(proc: psutil.Process, module: str, verb: str | None = None) -> bool:
     try:
         cmdline = proc.cmdline()
     except psutil.Error:
         return False
-    return any(a == "-m" and b == module for a, b in zip(cmdline, cmdline[1:], strict=False))
+    return any(
+        a == "-m" and b == module and verb in (None, c)
+        for a, b, c in zip(cmdline, cmdline[1:], [*cmdline[2:], None], strict=False)
+    )
 
 
 def running(procs: list[psutil.Process]) -> list[psutil.Process]:
@@ -132,11 +135,12 @@ def test_demo_stops_everything_and_removes_its_folder_on_a_signal(tmp_path, sig,
     try:
         if when == "serving":  # every peer online, and the client generating through them
             demo.wait_until(
-                lambda: "swarm up" in demo.output() and demo.running_module("client"), START_TIMEOUT_S
+                lambda: "swarm up" in demo.output() and demo.running_module("swarm.cli", "generate"),
+                START_TIMEOUT_S,
             )
         else:  # the bootstrap node up, the peers loading
             demo.wait_until(lambda: demo.running_module("peer.cli") == 3, START_TIMEOUT_S)
-        assert "[demo] bootstrap:" in demo.output() and demo.running_module("swarm.cli") == 1
+        assert "[demo] bootstrap:" in demo.output() and demo.running_module("swarm.cli", "bootstrap") == 1
         demo.popen.send_signal(sig)
 
         code = demo.wait_for_exit(STOP_TIMEOUT_S)

@@ -38,6 +38,8 @@ def _args(*argv, default="info"):
         (("--quiet", "--log-level", "debug"), "info", logging.DEBUG),  # an explicit level wins
         (("--log-level", "error"), "info", logging.ERROR),
         ((), "warning", logging.WARNING),  # the client's default
+        (("-v",), "warning", logging.DEBUG),
+        (("-v", "--log-level", "info"), "info", logging.INFO),  # an explicit level wins here too
     ],
 )
 def test_levels(argv, default, level):
@@ -83,9 +85,10 @@ def test_every_hexswarm_command_takes_the_flags(command, capsys):
 
 
 def test_run_peer_and_the_client_take_the_flags():
-    args = run_peer_parser().parse_args(["m", "--layers", "0:1", "--public", "--quiet", "--log-level", "debug"])
+    peer = ["m", "--layers", "0:1", "--initial-peers", "/ip4/127.0.0.1/tcp/1"]
+    args = run_peer_parser().parse_args([*peer, "--quiet", "--log-level", "debug"])
     assert args.quiet and args.log_level == "debug"
     help_text = subprocess.run(
         [sys.executable, "-m", "client", "--help"], capture_output=True, text=True, timeout=120
     ).stdout
-    assert "--quiet" in help_text and "--log-level" in help_text
+    assert "--quiet" in help_text and "--log-level" in help_text and "--verbose" in help_text

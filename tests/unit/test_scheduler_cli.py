@@ -77,7 +77,7 @@ def test_plan_prints_a_table_for_a_model_directory(tmp_path, capsys):
     [
         ([{"id": "x", "type": "GTX480"}], "Llama-2-7B", "unknown GPU type"),
         ([{"id": "x", "type": "T4"}], "Llama-2-70B", "less than"),
-        ([{"id": "x", "type": "T4"}], "No-Such-Model", "unknown model preset"),
+        ([{"id": "x", "type": "T4"}], "No-Such-Model", "a checkpoint folder or a preset (Llama-2-70B"),
     ],
 )
 def test_errors_are_one_line_without_traceback(tmp_path, capsys, devices, model, message):
@@ -98,7 +98,17 @@ def test_malformed_and_missing_files(tmp_path, capsys):
 
 def test_plan_for_throughput_has_no_deadline(tmp_path, capsys):
     cluster = write_cluster(tmp_path, a6000s(4) + a6000s(4, "m2"))
-    argv = ["plan", "--cluster", cluster, "--model", "Llama-2-70B", "--budget-s", "2"] + ["--objective", "throughput"]
+    argv = [
+        "plan",
+        "--cluster",
+        cluster,
+        "--model",
+        "Llama-2-70B",
+        "--budget-s",
+        "2",
+        "--objective",
+        "throughput",
+    ]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert "no deadline" in out and "of the upper bound" in out and "within the SLO" not in out

@@ -1,0 +1,88 @@
+"""`hexswarm generate MODEL --initial-peers ... --prompt ...`: generate text through a swarm.
+
+Also `python -m client` (client/__main__.py), the same command under its older name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from swarm import cli_args, log_setup
+
+LOG_LEVEL = "warning"  # the output is the generated text; a library's INFO lines would bury it
+DEFAULT_PROMPT = "A swarm of volunteers"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    cli_args.add_model_argument(parser, positional=True)
+    cli_args.add_initial_peers(parser)
+    parser.add_argument(
+        "--prompt",
+        default=None,
+        help=f"text to complete (default: {DEFAULT_PROMPT!r}, unless only --chat is given)",
+    )
+    parser.add_argument(
+        "--chat", default=None, help="a user message, answered through the model's chat template"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=cli_args.positive_int, default=32, help="tokens to generate for each"
+    )
+    parser.add_argument("--sample", action="store_true", help="sample (seed 0) instead of greedy decoding")
+
+
+def run(args: argparse.Namespace) -> int:
+    cli_args.check_model(args.model)  # before torch and transformers load
+    log_setup.set_context(f"client {os.path.basename(os.path.normpath(args.model))}")
+    from transformers import AutoTokenizer
+
+    from client import DistributedModelForCausalLM
+    from swarm.model_spec import ModelSpecError
+
+    try:
+        model = DistributedModelForCausalLM.from_pretrained(args.model, initial_peers=args.initial_peers)
+    except ModelSpecError as e:
+        raise cli_args.UsageError(str(e)) from None
+    tokenizer = AutoTokenizer.from_pretrained(model.spec.path)  # a GGUF file's: from its metadata
+    prompt = args.prompt if args.prompt is not None or args.chat else DEFAULT_PROMPT
+    try:
+        if prompt is not None:
+            _generate(
+                model, tokenizer, "prompt", prompt, tokenizer(prompt, return_tensors="pt").input_ids, args
+            )
+        if args.chat:
+            messages = [{"role": "user", "content": args.chat}]
+            input_ids = _chat_ids(tokenizer, messages)
+            _generate(model, tokenizer, "chat", args.chat, input_ids, args)
+        return 0
+    finally:
+        model.shutdown()
+
+
+def _generate(model, tokenizer, kind: str, text: str, input_ids, args) -> None:
+    """Generates from `input_ids` and prints the chain, the text, the output and the speed."""
+    import torch
+
+    torch.manual_seed(0)
+    began = time.perf_counter()
+    output = model.generate(
+        input_ids,
+        max_new_tokens=args.max_new_tokens,
+        do_sample=args.sample,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    elapsed = time.perf_counter() - began
+    new_tokens = output.shape[1] - input_ids.shape[1]
+    print(f"{kind}: {text!r}")
+    print(f"output: {tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True)!r}")
+    print(f"chain: {model.last_route}")
+    print(f"{new_tokens} tokens in {elapsed:.2f} s: {new_tokens / elapsed:.1f} tokens/s", flush=True)
+
+
+def _chat_ids(tokenizer, messages: list[dict]):
+    """The chat template applied to `messages`, ending where the assistant's answer begins: (1, T) ids."""
+    import torch
+
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+    return encoded["input_ids"] if not isinstance(encoded, torch.Tensor) else encoded

@@ -1,0 +1,264 @@
+"""`run-peer`'s own flags; peer/cli.py adds the coordinator's (swarm/coordinator/command.py) and
+runs them. Nothing here imports anything heavy, so `run-peer --help` answers at once; every
+value is range-checked by the parser (exit status 2, one line).
+
+The defaults of the admission and batching flags are written out here rather than read from
+`AdmissionLimits` and `BatchPolicy`, whose modules load torch; tests/unit/test_cli.py checks
+that both agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from swarm import cli_args
+from swarm.dht import DEFAULT_HOST_MADDRS
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def peer_parser() -> argparse.ArgumentParser:
+    """The parser of run-peer's own flags, the hidden --debug-* ones included."""
+    p = cli_args.new_parser("run-peer", "Serve a range of a model's transformer layers to the swarm.")
+    cli_args.add_model_argument(p, positional=True)
+    _placement(p.add_argument_group("layers and placement"))
+    _swarm(p.add_argument_group("swarm and network"))
+    _devices(p.add_argument_group("devices and tensor parallelism"))
+    _limits(p.add_argument_group("sessions and limits"))
+    _announcing(p.add_argument_group("announcing and shutdown"))
+    _batching(p.add_argument_group("batching"))
+    add_debug_arguments(p)
+    return p
+
+
+def _placement(g) -> None:
+    g.add_argument(
+        "--layers",
+        required=True,
+        help="blocks to serve, A:B for [A, B) (never moved), or auto: the coordinator's plan "
+        "(or, with no coordinator, Petals' rule) chooses and may move them",
+    )
+    g.add_argument(
+        "--max-blocks",
+        type=cli_args.non_negative_int,
+        default=0,
+        help="with --layers auto: most blocks to hold (default: 0, no limit)",
+    )
+    g.add_argument("--region", default="", help="a region label for the coordinator (default: inferred)")
+    g.add_argument(
+        "--rebalance-period",
+        type=cli_args.positive_float,
+        default=60.0,
+        help="seconds between Petals' rule checks (no coordinator)",
+    )
+    g.add_argument(
+        "--move-wait",
+        type=cli_args.non_negative_float,
+        default=30.0,
+        help="longest a move waits for its old range to be covered (seconds)",
+    )
+    g.add_argument(
+        "--coordinator",
+        action="store_true",
+        help="also run a coordinator candidate for this model in this peer (flags below)",
+    )
+
+
+def _swarm(g) -> None:
+    cli_args.add_initial_peers(g)
+    g.add_argument(
+        "--host-maddrs",
+        nargs="+",
+        default=list(DEFAULT_HOST_MADDRS),
+        metavar="MADDR",
+        help="multiaddrs to listen on",
+    )
+    g.add_argument(
+        "--announce-maddrs",
+        nargs="+",
+        default=[],
+        metavar="MADDR",
+        help="public multiaddrs to tell others (behind NAT or in docker)",
+    )
+    g.add_argument(
+        "--identity",
+        default=None,
+        help="identity key file (created if missing): a stable peer id (default: a new id each start)",
+    )
+    g.add_argument(
+        "--name",
+        default=None,
+        help="a human-friendly name shown in status (default: host name and peer-id suffix)",
+    )
+
+
+def _devices(g) -> None:
+    g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N; auto: cuda if present, else cpu")
+    g.add_argument(
+        "--tp",
+        type=cli_args.auto_or(cli_args.positive_int),
+        default=1,
+        metavar="auto|K",
+        help="tensor-parallel degree: split every layer over K ranks, one process per device "
+        "(auto: one rank per device of --devices; with --layers auto the plan chooses the degree)",
+    )
+    g.add_argument(
+        "--devices",
+        default=None,
+        help="device of each rank, e.g. cuda:0,cuda:1 or cpu,cpu (default: cuda:0..K-1 on GPU, else cpu x K)",
+    )
+    g.add_argument(
+        "--tp-timeout",
+        type=cli_args.positive_float,
+        default=30.0,
+        help="seconds any collective may take and a rank may stay silent before the group is declared failed",
+    )
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *DTYPES],
+        help="compute dtype; auto: the checkpoint's on GPU, float32 on CPU",
+    )
+    g.add_argument(
+        "--threads",
+        type=cli_args.positive_int,
+        default=None,
+        help="torch compute threads (default on CPU: 1 for models whose hidden x intermediate size "
+        "is under 1M, else the cores this process may use)",
+    )
+
+
+def _limits(g) -> None:
+    g.add_argument(
+        "--max-sessions", type=cli_args.positive_int, default=16, help="concurrent inference sessions"
+    )
+    g.add_argument(
+        "--max-length",
+        type=cli_args.positive_int,
+        default=2048,
+        help="longest sequence a session may reach (tokens)",
+    )
+    g.add_argument(
+        "--max-sequences-per-session",
+        type=cli_args.positive_int,
+        default=16,
+        help="most sequences one session may carry (its batch size); was --max-batch",
+    )
+    cli_args.hidden_alias(g, "--max-batch", "--max-sequences-per-session", cli_args.positive_int)
+    g.add_argument(
+        "--cache-tokens",
+        type=cli_args.positive_int,
+        default=None,
+        help="KV-cache budget in tokens over all sessions (default: --max-sessions x --max-length)",
+    )
+    g.add_argument(
+        "--max-session-cache-tokens",
+        type=cli_args.positive_int,
+        default=None,
+        help="most KV-cache tokens one session may reserve (default: a quarter of --cache-tokens, "
+        "at least --max-length)",
+    )
+    g.add_argument(
+        "--cache-share-per-peer",
+        type=cli_args.fraction,
+        default=0.5,
+        help="share of the KV cache one remote peer id's sessions may reserve together (0: no limit)",
+    )
+    g.add_argument(
+        "--max-sessions-per-peer",
+        type=cli_args.non_negative_int,
+        default=8,
+        help="open sessions one remote peer id may hold here (0: no limit)",
+    )
+    g.add_argument(
+        "--max-steps-per-second",
+        type=cli_args.non_negative_float,
+        default=100.0,
+        help="steps per second one session may send, with 2 s of burst (0: no limit)",
+    )
+    g.add_argument(
+        "--session-idle-timeout",
+        type=cli_args.positive_float,
+        default=300.0,
+        help="seconds before an idle session is freed",
+    )
+    g.add_argument(
+        "--handshake-timeout",
+        type=cli_args.positive_float,
+        default=30.0,
+        help="seconds a stream may stay open before it opens a session",
+    )
+    g.add_argument(
+        "--max-frame-mb", type=cli_args.positive_float, default=64.0, help="largest frame accepted (MiB)"
+    )
+
+
+def _announcing(g) -> None:
+    g.add_argument(
+        "--announce-period",
+        type=cli_args.positive_float,
+        default=15.0,
+        help="seconds between DHT record refreshes (and link probes)",
+    )
+    g.add_argument(
+        "--drain-timeout",
+        type=cli_args.non_negative_float,
+        default=30.0,
+        help="seconds open sessions get to finish on exit",
+    )
+    g.add_argument(
+        "--throughput",
+        type=cli_args.auto_or(cli_args.positive_float),
+        default=None,
+        metavar="auto|TOKENS_PER_S",
+        help="announce this prefill throughput (tokens/s per block) instead of measuring it, "
+        "e.g. to draw less traffic (default: auto, measured)",
+    )
+    g.add_argument(
+        "--decode-ms",
+        type=cli_args.auto_or(cli_args.positive_float),
+        default=None,
+        metavar="auto|MS",
+        help="announce this decode time (ms per block) instead of measuring it (default: auto, measured)",
+    )
+
+
+def _batching(g) -> None:
+    g.add_argument(
+        "--batch-window-ms",
+        type=cli_args.non_negative_float,
+        default=2.0,
+        help="longest wait for other sessions' decode steps to join a batch (ms); a batch runs "
+        "at once when every open session has a step waiting",
+    )
+    g.add_argument(
+        "--max-batch-sequences",
+        type=cli_args.positive_int,
+        default=64,
+        help="most sequences (one decode row each, over all sessions) in one batched forward; "
+        "was --max-batch-tokens",
+    )
+    cli_args.hidden_alias(g, "--max-batch-tokens", "--max-batch-sequences", cli_args.positive_int)
+    g.add_argument(
+        "--prefill-chunk-tokens",
+        type=cli_args.non_negative_int,
+        default=256,
+        help="run prompts this many tokens at a time, between other sessions' decode steps (0: whole)",
+    )
+    # every step on its own, in arrival order: the baseline of benchmarks/concurrency.py
+    g.add_argument("--no-batching", action="store_true", help=argparse.SUPPRESS)
+
+
+def add_debug_arguments(parser: argparse.ArgumentParser) -> None:
+    """The hidden --debug-* flags of the failover, chaos and hostile tests (peer/faults.py, peer/debug.py)."""
+    hidden = argparse.SUPPRESS
+    parser.add_argument("--debug-fail-after", type=cli_args.non_negative_int, default=None, help=hidden)
+    parser.add_argument("--debug-error-rate", type=cli_args.fraction, default=0.0, help=hidden)
+    parser.add_argument("--debug-seed", type=int, default=0, help=hidden)
+    parser.add_argument("--debug-fault-on-signal", action="store_true", help=hidden)
+    parser.add_argument("--debug-fault", choices=["error", "nan"], default="error", help=hidden)
+    parser.add_argument("--debug-push", choices=["refuse", "drop"], default="", help=hidden)
+    # add noise to every output (peer/debug.py), so tests can check the client's verification
+    parser.add_argument("--debug-corrupt-outputs", action="store_true", help=hidden)
+    # announce FIELD=JSON over the honest record (peer/debug.py), so tests can check its readers
+    parser.add_argument("--debug-record", action="append", default=[], help=hidden)

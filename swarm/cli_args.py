@@ -1,0 +1,190 @@
+"""What every command's parser shares: one-line usage errors, defaults in help, `--version`,
+the log flags, the model and swarm arguments, and argparse types that check a value's range.
+
+`run-peer`, each `hexswarm` verb and `python -m client` build their parsers with `new_parser`,
+so they answer the same way: `--help` lists every option with its default, `--version` prints
+the package version, and a bad value is one line on stderr with exit status 2. A value that can
+only be checked once the command runs (a model that does not exist) raises `UsageError`, which
+the commands turn into the same one line and status.
+
+This module imports nothing heavy: `--help` must not wait for torch or hivemind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from swarm import __version__, log_setup
+
+MODEL_HELP = (
+    "a built-in model name (hexswarm models), a GGUF file or a checkpoint folder (config.json + safetensors)"
+)
+
+
+class UsageError(Exception):
+    """A bad value found after parsing: the command prints it as one line and exits 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (with where to find help), not the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default after its help, unless the help already says it or there is
+    none to show (an unset value, an off switch)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        unset = default is None or default is False or default is argparse.SUPPRESS
+        if "default" in text or unset or (isinstance(default, str | list | tuple) and not default):
+            return text
+        if not action.option_strings and action.nargs not in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, list | tuple) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+    def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
+        """N for a count, X for a number, F for a fraction, PORT: shorter than the flag's name."""
+        return getattr(action.type, "metavar", None) or action.dest.upper()
+
+
+def new_parser(prog: str, description: str | None, log_default: str = "info") -> Parser:
+    """A parser with --version and the log flags (-v, -q, --log-level) every command takes."""
+    parser = Parser(prog=prog, description=description, formatter_class=HelpFormatter)
+    add_version(parser)
+    log_setup.add_log_arguments(parser, default=log_default)
+    return parser
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--version", action="version", version=f"hexswarm {__version__}", help="print the version and exit"
+    )
+
+
+def usage_error(prog: str, message: str) -> int:
+    """Prints a usage error in the parser's one-line form; the exit status to return."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def add_model_argument(
+    parser: argparse.ArgumentParser, *, positional: bool = False, required: bool = True
+) -> None:
+    """MODEL (run-peer, generate) or --model (the other commands): always the same three forms."""
+    if positional:
+        parser.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    elif required:
+        parser.add_argument("--model", required=True, help=MODEL_HELP)
+    else:
+        parser.add_argument(
+            "--model", default=None, help=f"only this model: {MODEL_HELP} (default: every model)"
+        )
+
+
+def add_initial_peers(parser: argparse.ArgumentParser) -> None:
+    """The swarm to join: required wherever a command joins one (there is no public swarm yet)."""
+    parser.add_argument(
+        "--initial-peers",
+        nargs="+",
+        required=True,
+        metavar="MADDR",
+        help="multiaddrs of swarm members to join through, e.g. what `hexswarm bootstrap` prints",
+    )
+
+
+def check_model(model: str) -> None:
+    """Raises UsageError unless `model` names a model in one of the three forms. Cheap: reads
+    no weights (loading the model later reports what is wrong inside it, in one line too)."""
+    from swarm.builtin_models import BUILTIN_MODELS, BuiltinModelMissing, resolve_builtin
+
+    if model in BUILTIN_MODELS:
+        try:
+            resolve_builtin(model)
+        except BuiltinModelMissing as e:
+            raise UsageError(str(e)) from None
+        return
+    path = Path(model).expanduser()
+    if path.is_file():
+        return
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UsageError(f"{model} has no config.json: not a checkpoint folder")
+        return
+    raise UsageError(
+        f"model {model!r} is not a built-in name ({', '.join(BUILTIN_MODELS)}), a GGUF file or a checkpoint folder"
+    )
+
+
+def model_identity(model: str) -> tuple[str, int]:
+    """(model id, number of blocks) of a model named on the command line; UsageError if it is none."""
+    check_model(model)
+    from swarm.model_spec import ModelSpecError
+    from swarm.model_spec import model_identity as identity
+
+    try:
+        return identity(model)
+    except (ModelSpecError, OSError) as e:
+        raise UsageError(str(e)) from None
+
+
+def hidden_alias(parser: argparse.ArgumentParser, old: str, new: str, type: Callable) -> None:
+    """`old` keeps working as a hidden spelling of `new` (a renamed flag; scripts still use it)."""
+    dest = new.lstrip("-").replace("-", "_")
+    parser.add_argument(old, dest=dest, type=type, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+# argparse types: each returns the value or raises ArgumentTypeError, which the parser prints
+# as `prog: error: argument --flag: must be ...` with exit status 2.
+
+
+def _number(text: str, kind: type) -> int | float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+        ) from None
+    if value != value or value in (float("inf"), float("-inf")):  # NaN, infinities
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _ranged(name: str, kind: type, allowed: Callable[[int | float], bool], rule: str, metavar: str):
+    """An argparse type: a `kind` number for which `allowed` holds, else `rule` as the error.
+    `metavar` stands for its value in --help (HelpFormatter reads it)."""
+
+    def parse(text: str) -> int | float:
+        value = _number(text, kind)
+        if not allowed(value):
+            raise argparse.ArgumentTypeError(f"{rule}, got {text}")
+        return value
+
+    parse.__name__, parse.metavar = name, metavar
+    return parse
+
+
+positive_int = _ranged("positive_int", int, lambda v: v >= 1, "must be at least 1", "N")
+non_negative_int = _ranged("non_negative_int", int, lambda v: v >= 0, "must not be negative", "N")
+positive_float = _ranged("positive_float", float, lambda v: v > 0, "must be positive", "X")
+non_negative_float = _ranged("non_negative_float", float, lambda v: v >= 0, "must not be negative", "X")
+fraction = _ranged("fraction", float, lambda v: 0 <= v <= 1, "must be in [0, 1]", "F")
+port = _ranged("port", int, lambda v: 1 <= v <= 65535, "must be a TCP port in 1..65535", "PORT")
+
+
+def auto_or(parse: Callable[[str], int | float]) -> Callable[[str], int | float | None]:
+    """'auto' (None: decided at run time) or what `parse` accepts."""
+
+    def parse_auto(text: str) -> int | float | None:
+        return None if text == "auto" else parse(text)
+
+    parse_auto.__name__ = f"auto or {parse.__name__}"
+    return parse_auto
