@@ -6,7 +6,8 @@ workload (or, with `--objective throughput`, the most tokens/s with no deadline)
 chosen serving model (pipelined and batched by default, `--serving sequential` for one request
 per pipeline at a time), shows its progress on stderr (a bar on a terminal, else log lines) and
 the plan on stdout: a table by default, the plan's JSON with --json. Both give the plan's
-saturated capacity as a share of the cluster's upper bound.
+saturated capacity as a share of the cluster's upper bound. `--evaluate PLAN.json` scores a
+plan the user wrote instead of searching, the same way and in the same shape.
 """
 
 from __future__ import annotations
@@ -61,6 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seed of the search and of the simulated trace",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument(
+        "--evaluate",
+        metavar="PLAN.json",
+        default=None,
+        help="score this plan instead of searching: a plan printed by --json, or pipelines written by hand "
+        '({"pipelines": [{"stages": [{"device_ids": [...], "start": 0, "end": 40}, ...]}, ...]}); '
+        "the same estimate and bound ratio, in the same shape",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,10 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from routing.scheduler.genetic import SearchConfig
     from routing.scheduler.model_spec import Workload
-    from routing.scheduler.search import search
-    from routing.scheduler.search_result import Progress
 
     cluster = load_cluster(args.cluster)
     model = load_model(args.model)
@@ -91,6 +97,20 @@ def _run(args: argparse.Namespace) -> int:
         max_batch=args.max_batch_sequences,
         objective=args.objective,
     )
+    if args.evaluate:
+        plan = evaluate(args.evaluate, cluster, model, workload)
+    else:
+        plan = _search(args, cluster, model, workload)
+    print(plan.to_json(indent=2) if args.json else format_plan(plan))
+    return 0
+
+
+def _search(args: argparse.Namespace, cluster, model, workload):
+    """The best plan the search finds in --budget-s, its progress on stderr."""
+    from routing.scheduler.genetic import SearchConfig
+    from routing.scheduler.search import search
+    from routing.scheduler.search_result import Progress
+
     logger.info(
         "planning %s on %d devices for %s (budget %g s, serving %s, max batch %d)",
         model.name, len(cluster), args.objective, args.budget_s, args.serving, args.max_batch_sequences,
@@ -112,8 +132,42 @@ def _run(args: argparse.Namespace) -> int:
 
         result = search(cluster, model, workload, config, progress=report)
     logger.info("done: %d generations, %.1f s", result.generations, result.elapsed_s)
-    print(result.plan.to_json(indent=2) if args.json else format_plan(result.plan))
-    return 0
+    return result.plan
+
+
+def evaluate(path: str, cluster, model, workload):
+    """The plan in `path` scored as the search scores its own (same trace, serving model,
+    capacity and bound), so a layout written by hand compares with a searched one. ValueError
+    (PlanError) for a plan that does not fit the model or the cluster."""
+    from routing.scheduler.capacity import saturating_workload
+    from routing.scheduler.plan import SCHEMA_VERSION, Plan, PlanError
+    from routing.scheduler.plan_eval import make_plan, memory_violations, plan_layouts
+    from routing.scheduler.serving import evaluate_layouts
+    from routing.scheduler.simulator import make_trace
+
+    with open(path, encoding="utf-8") as f:
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"{path} is not valid JSON: {exc}") from exc
+    if isinstance(raw, dict):  # what a hand-written plan may leave out
+        raw = {"schema_version": SCHEMA_VERSION, "model": model.name, "num_layers": model.num_layers, **raw}
+    plan = Plan.from_dict(raw)
+    if plan.num_layers != model.num_layers:
+        raise PlanError(f"{path} covers {plan.num_layers} layers; {model.name} has {model.num_layers}")
+    known = {d.id for d in cluster.devices}
+    unknown = sorted(set(plan.device_ids) - known)
+    if unknown:
+        raise PlanError(f"{path} names devices that are not in the cluster: {', '.join(unknown)}")
+    too_small = memory_violations(cluster, model, workload, plan)
+    if too_small:
+        raise PlanError(f"{path} does not fit in memory: {'; '.join(too_small)}")
+    if workload.objective == "throughput":  # as the search: offer more than the plan serves
+        workload = saturating_workload(cluster, model, workload)
+    layouts = plan_layouts(cluster, model, workload, plan)
+    trace = make_trace(model, workload)
+    result = evaluate_layouts(cluster, layouts, model, trace, workload)
+    return make_plan(cluster, model, workload, layouts, result, trace.deadline_s)
 
 
 def load_cluster(path: str):

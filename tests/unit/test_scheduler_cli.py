@@ -116,3 +116,52 @@ def test_plan_for_throughput_has_no_deadline(tmp_path, capsys):
     assert main(argv + ["--json"]) == 0
     estimate = json.loads(capsys.readouterr().out)["estimate"]
     assert estimate["objective"] == "throughput" and estimate["slo_s"] is None and estimate["bound_ratio"] > 0
+
+
+def test_evaluate_scores_a_searched_plan_as_the_search_did(tmp_path, capsys):
+    cluster = write_cluster(tmp_path, a6000s(4) + a6000s(4, "m2"))
+    argv = ["plan", "--cluster", cluster, "--model", "Llama-2-70B", "--rate", "0.5", "--json"]
+    assert main([*argv, "--budget-s", "2"]) == 0
+    searched = tmp_path / "searched.json"
+    searched.write_text(capsys.readouterr().out)
+    assert main([*argv, "--evaluate", str(searched)]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(searched.read_text())  # same shape, same figures
+
+
+def test_evaluate_scores_a_plan_written_by_hand(tmp_path, capsys):
+    cluster = write_cluster(tmp_path, a6000s(4) + a6000s(4, "m2"))
+    stages = [
+        {"device_ids": [f"m1-g{i}" for i in range(4)], "start": 0, "end": 40},
+        {"device_ids": [f"m2-g{i}" for i in range(4)], "start": 40, "end": 80},
+    ]
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"pipelines": [{"stages": stages}]}))
+    argv = ["plan", "--cluster", cluster, "--model", "Llama-2-70B", "--rate", "0.5", "--evaluate", str(mine)]
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["model"] == "Llama-2-70B" and plan["pipelines"][0]["latency_s"] > 0
+    estimate = plan["estimate"]
+    assert (
+        0 < estimate["attainment"] <= 1
+        and estimate["throughput_tok_s"] > 0
+        and 0 < estimate["bound_ratio"] <= 1
+    )
+    assert main(argv) == 0
+    assert "strategy [4, 4]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "stages, message",
+    [
+        ([{"device_ids": ["m1-g0"], "start": 0, "end": 80}], "does not fit in memory: m1-g0"),
+        ([{"device_ids": ["elsewhere"], "start": 0, "end": 80}], "not in the cluster: elsewhere"),
+        ([{"device_ids": ["m1-g0"], "start": 0, "end": 70}], "covers layers [0, 70), not [0, 80)"),
+    ],
+)
+def test_evaluate_refuses_a_plan_that_does_not_fit_in_one_line(tmp_path, capsys, stages, message):
+    cluster = write_cluster(tmp_path, a6000s(4))
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"pipelines": [{"stages": stages}]}))
+    assert main(["plan", "--cluster", cluster, "--model", "Llama-2-70B", "--evaluate", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
