@@ -64,7 +64,11 @@ def direct_stream(model, prompt: list[int], new_tokens: int) -> tuple[float, flo
 def api_stream(client, name: str, prompt: list[int], new_tokens: int) -> tuple[float, float]:
     began, first, last, tokens = time.perf_counter(), None, None, 0
     stream = client.completions.create(
-        model=name, prompt=prompt, max_tokens=new_tokens, temperature=0, stream=True,
+        model=name,
+        prompt=prompt,
+        max_tokens=new_tokens,
+        temperature=0,
+        stream=True,
         stream_options={"include_usage": True},
     )
     for chunk in stream:
@@ -96,8 +100,10 @@ def one_round(one_stream, prompts: list[list[int]], concurrency: int) -> list[tu
 def summary(samples: list[tuple[float, float]]) -> dict:
     ttft, per_token = [t for t, _ in samples], [p for _, p in samples]
     return {
-        "ttft_ms": round(statistics.median(ttft), 1), "ttft_ms_min": round(min(ttft), 1),
-        "ms_per_token": round(statistics.median(per_token), 2), "ms_per_token_min": round(min(per_token), 2),
+        "ttft_ms": round(statistics.median(ttft), 1),
+        "ttft_ms_min": round(min(ttft), 1),
+        "ms_per_token": round(statistics.median(per_token), 2),
+        "ms_per_token_min": round(min(per_token), 2),
     }
 
 
@@ -109,7 +115,8 @@ def compare(direct, api, prompts: list[list[int]], concurrency: int, repeats: in
         a += one_round(api, prompts, concurrency)
     d, a = summary(d), summary(a)
     return {
-        "direct": d, "api": a,
+        "direct": d,
+        "api": a,
         "added_ttft_ms": round(a["ttft_ms"] - d["ttft_ms"], 1),
         "added_ms_per_token": round(a["ms_per_token"] - d["ms_per_token"], 2),
     }
@@ -121,7 +128,10 @@ def pick_prompts(model_dir: Path, count: int, new_tokens: int) -> list[list[int]
     would delay its first chunk by a token and make TTFT unfair to it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    local, tokenizer = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    local, tokenizer = (
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        AutoTokenizer.from_pretrained(model_dir),
+    )
     gen, prompts = torch.Generator().manual_seed(0), []
     while len(prompts) < count:
         prompt = torch.randint(3, 400, (1, PROMPT_TOKENS), generator=gen)
@@ -147,21 +157,43 @@ def main() -> None:
         half = SHAPE["layers"] // 2
         with LocalSwarm(Path(tmp) / "logs", env={"HEXSWARM_CACHE_DIR": str(Path(tmp) / "cache")}) as swarm:
             swarm.start_bootstrap()
-            peers = [swarm.start_peer(model_dir, r, f"peer{i}", wait=False) for i, r in enumerate((f"0:{half}", f"{half}:8"))]
+            peers = [
+                swarm.start_peer(model_dir, r, f"peer{i}", wait=False)
+                for i, r in enumerate((f"0:{half}", f"{half}:8"))
+            ]
             for proc in peers:
                 swarm.wait_for_log(proc, "online:", timeout=300)
             port = free_port()
-            swarm.start_command("api", [sys.executable, "-m", "swarm.cli", "api", "--initial-peers",
-                                        *swarm.initial_peers, "--model", str(model_dir), "--port", str(port)],
-                                ready="api: serving", timeout=300)
+            swarm.start_command(
+                "api",
+                [
+                    sys.executable,
+                    "-m",
+                    "swarm.cli",
+                    "api",
+                    "--initial-peers",
+                    *swarm.initial_peers,
+                    "--model",
+                    str(model_dir),
+                    "--port",
+                    str(port),
+                ],
+                ready="api: serving",
+                timeout=300,
+            )
             client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=5)
             model = DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=swarm.initial_peers)
             try:
                 direct = lambda p: direct_stream(model, p, args.new_tokens)  # noqa: E731
                 api = lambda p: api_stream(client, "tiny", p, args.new_tokens)  # noqa: E731
                 direct(prompts[0]), api(prompts[0])  # warm up: first sessions, RTT measurements
-                result = {"bench": "api", "new_tokens": args.new_tokens, "prompt_tokens": PROMPT_TOKENS,
-                          "repeats": args.repeats, "torch_threads": torch.get_num_threads()}
+                result = {
+                    "bench": "api",
+                    "new_tokens": args.new_tokens,
+                    "prompt_tokens": PROMPT_TOKENS,
+                    "repeats": args.repeats,
+                    "torch_threads": torch.get_num_threads(),
+                }
                 for c in CONCURRENCY:
                     result[f"streams_{c}"] = compare(direct, api, prompts, c, args.repeats)
             finally:

@@ -36,7 +36,11 @@ CACHED_TOKENS = 40
 def step_ms(model: LlamaModel, config: LlamaConfig, batch: int, steps: int) -> float:
     """Median CPU ms of one decode forward at `batch` rows after a prefill of CACHED_TOKENS."""
     cache = DynamicCache(config=config)
-    model(inputs_embeds=torch.randn(batch, CACHED_TOKENS, config.hidden_size), past_key_values=cache, use_cache=True)
+    model(
+        inputs_embeds=torch.randn(batch, CACHED_TOKENS, config.hidden_size),
+        past_key_values=cache,
+        use_cache=True,
+    )
     times = []
     for _ in range(steps):
         token = torch.randn(batch, 1, config.hidden_size)

@@ -43,12 +43,17 @@ from swarm.launcher import LocalSwarm  # noqa: E402
 from swarm.tiny_model import make_tiny_model  # noqa: E402
 
 ANNOUNCE_PERIOD = 2.0  # the peers log their hop cost once per period
-HOP_LINE = re.compile(r"hop cost over (\d+) steps \(ms/step\): in ([\d.]+) queue ([\d.]+) window ([\d.]+) "
-                      r"compute ([\d.]+) out ([\d.]+)")
+HOP_LINE = re.compile(
+    r"hop cost over (\d+) steps \(ms/step\): in ([\d.]+) queue ([\d.]+) window ([\d.]+) "
+    r"compute ([\d.]+) out ([\d.]+)"
+)
 
 
 def prompts(n: int) -> list[torch.Tensor]:
-    return [torch.randint(3, 400, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(i)) for i in range(n)]
+    return [
+        torch.randint(3, 400, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(i))
+        for i in range(n)
+    ]
 
 
 def run_clients(model, inputs: list[torch.Tensor], new_tokens: int) -> dict:
@@ -63,8 +68,12 @@ def run_clients(model, inputs: list[torch.Tensor], new_tokens: int) -> dict:
         first = time.perf_counter()
         out = model.generate(inputs[i], max_new_tokens=new_tokens, do_sample=False)
         ended = time.perf_counter()
-        results[i] = dict(began=began, ended=ended, output=out,
-                          ms_per_token=1000 * (ended - first - (first - began)) / (new_tokens - 1))
+        results[i] = dict(
+            began=began,
+            ended=ended,
+            output=out,
+            ms_per_token=1000 * (ended - first - (first - began)) / (new_tokens - 1),
+        )
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(inputs))]
     for t in threads:
@@ -100,9 +109,20 @@ def bench_mode(model_dir, shape, name, workdir, flags, counts, new_tokens, expec
     env = {"HEXSWARM_CACHE_DIR": str(workdir / "cache")}
     with LocalSwarm(workdir / f"{name}-logs-{len(flags)}", env=env) as swarm:
         swarm.start_bootstrap()
-        peers = [swarm.start_peer(model_dir, layers, f"{name}-{i}", "--announce-period", str(ANNOUNCE_PERIOD),
-                                  "--max-sessions", "32", *flags, wait=False)
-                 for i, layers in enumerate((f"0:{half}", f"{half}:{shape['layers']}"))]
+        peers = [
+            swarm.start_peer(
+                model_dir,
+                layers,
+                f"{name}-{i}",
+                "--announce-period",
+                str(ANNOUNCE_PERIOD),
+                "--max-sessions",
+                "32",
+                *flags,
+                wait=False,
+            )
+            for i, layers in enumerate((f"0:{half}", f"{half}:{shape['layers']}"))
+        ]
         for proc in peers:
             swarm.wait_for_log(proc, "online:", timeout=300)
         model = DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=swarm.initial_peers)
@@ -113,9 +133,13 @@ def bench_mode(model_dir, shape, name, workdir, flags, counts, new_tokens, expec
                 time.sleep(ANNOUNCE_PERIOD + 0.5)  # the last period's hop line is out
                 marks = [len(p.log()) for p in peers]
                 run = run_clients(model, prompts(n), new_tokens)
-                figures[n] = dict(agg_tok_s=round(run["agg_tok_s"], 2), ms_per_token=round(run["ms_per_token"], 2),
-                                  outputs_equal=all(torch.equal(o, e) for o, e in zip(run["outputs"], expected,
-                                                                                      strict=False)))
+                figures[n] = dict(
+                    agg_tok_s=round(run["agg_tok_s"], 2),
+                    ms_per_token=round(run["ms_per_token"], 2),
+                    outputs_equal=all(
+                        torch.equal(o, e) for o, e in zip(run["outputs"], expected, strict=False)
+                    ),
+                )
                 if n == 1:
                     time.sleep(ANNOUNCE_PERIOD + 0.5)
                     figures[n]["hop_ms"] = hop_cost(peers, marks)
@@ -124,8 +148,15 @@ def bench_mode(model_dir, shape, name, workdir, flags, counts, new_tokens, expec
     return figures
 
 
-def bench_size(name: str, shape: dict, workdir: Path, counts: list[int], new_tokens: int,
-               peer_flags: list[str], skip_baseline: bool) -> dict:
+def bench_size(
+    name: str,
+    shape: dict,
+    workdir: Path,
+    counts: list[int],
+    new_tokens: int,
+    peer_flags: list[str],
+    skip_baseline: bool,
+) -> dict:
     from transformers import AutoModelForCausalLM
 
     model_dir = make_tiny_model(workdir / name, seed=0, **shape)
@@ -143,12 +174,14 @@ def bench_size(name: str, shape: dict, workdir: Path, counts: list[int], new_tok
     result["one_client_x_local"] = round(batched[counts[0]]["ms_per_token"] / local_ms, 2)
     if skip_baseline:
         return {**result, **{f"{n}_clients": batched[n] for n in counts}}
-    baseline = bench_mode(model_dir, shape, name, workdir, [*peer_flags, "--no-batching"], counts, new_tokens,
-                          expected)
+    baseline = bench_mode(
+        model_dir, shape, name, workdir, [*peer_flags, "--no-batching"], counts, new_tokens, expected
+    )
     for n in counts:
         b, u = batched[n], baseline[n]
         result[f"{n}_clients"] = {
-            "batched": b, "no_batching": u,
+            "batched": b,
+            "no_batching": u,
             "x_no_batching": round(b["agg_tok_s"] / u["agg_tok_s"], 2),
             "x_one_client": round(b["agg_tok_s"] / batched[counts[0]]["agg_tok_s"], 2),
         }
@@ -164,11 +197,24 @@ def main() -> None:
     parser.add_argument("--skip-baseline", action="store_true", help="no --no-batching run")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hexswarm-bench-") as tmp:
-        result = {"bench": "concurrency", "peer_flags": args.peer_flags, "new_tokens": args.new_tokens, "prompt_tokens": PROMPT_TOKENS,
-                  "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count()}
+        result = {
+            "bench": "concurrency",
+            "peer_flags": args.peer_flags,
+            "new_tokens": args.new_tokens,
+            "prompt_tokens": PROMPT_TOKENS,
+            "torch_threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(),
+        }
         for name in args.sizes:
-            result[name] = bench_size(name, SIZES[name], Path(tmp), args.clients, args.new_tokens,
-                                      args.peer_flags.split(), args.skip_baseline)
+            result[name] = bench_size(
+                name,
+                SIZES[name],
+                Path(tmp),
+                args.clients,
+                args.new_tokens,
+                args.peer_flags.split(),
+                args.skip_baseline,
+            )
     print(json.dumps(result), flush=True)
 
 

@@ -72,7 +72,9 @@ def time_modes(remote, input_ids, new_tokens: int, repeats: int) -> dict:
     return modes
 
 
-def bench_size(name: str, shape: dict, workdir: Path, new_tokens: int, repeats: int, n_peers: int = 2) -> dict:
+def bench_size(
+    name: str, shape: dict, workdir: Path, new_tokens: int, repeats: int, n_peers: int = 2
+) -> dict:
     from transformers import AutoModelForCausalLM
 
     from client import DistributedModelForCausalLM
@@ -86,8 +88,10 @@ def bench_size(name: str, shape: dict, workdir: Path, new_tokens: int, repeats: 
     cuts = [round(i * shape["layers"] / n_peers) for i in range(n_peers + 1)]
     with LocalSwarm(workdir / f"{name}-logs", env={"HEXSWARM_CACHE_DIR": str(workdir / "cache")}) as swarm:
         swarm.start_bootstrap()
-        peers = [swarm.start_peer(model_dir, f"{a}:{b}", f"{name}-{i}", wait=False)
-                 for i, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False))]
+        peers = [
+            swarm.start_peer(model_dir, f"{a}:{b}", f"{name}-{i}", wait=False)
+            for i, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False))
+        ]
         for proc in peers:
             swarm.wait_for_log(proc, "online:", timeout=300)
         remote = DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=swarm.initial_peers)
@@ -98,13 +102,19 @@ def bench_size(name: str, shape: dict, workdir: Path, new_tokens: int, repeats: 
             remote.shutdown()
     (swarm_ms, swarm_ttft, swarm_out), (push_ms, push_ttft, push_out) = modes[False], modes[True]
     return {
-        "hidden": shape["hidden"], "layers": shape["layers"],
-        "local_ms_per_token": round(local_ms, 2), "swarm_ms_per_token": round(swarm_ms, 2),
+        "hidden": shape["hidden"],
+        "layers": shape["layers"],
+        "local_ms_per_token": round(local_ms, 2),
+        "swarm_ms_per_token": round(swarm_ms, 2),
         "ratio": round(swarm_ms / local_ms, 3),
-        "local_ttft_ms": round(local_ttft, 1), "swarm_ttft_ms": round(swarm_ttft, 1),
-        "outputs_equal": bool(torch.equal(local_out, swarm_out)), "chain": route,
-        "push_ms_per_token": round(push_ms, 2), "push_ttft_ms": round(push_ttft, 1),
-        "push_vs_relay": round(push_ms / swarm_ms, 3), "push_vs_relay_paired": round(modes["paired"], 3),
+        "local_ttft_ms": round(local_ttft, 1),
+        "swarm_ttft_ms": round(swarm_ttft, 1),
+        "outputs_equal": bool(torch.equal(local_out, swarm_out)),
+        "chain": route,
+        "push_ms_per_token": round(push_ms, 2),
+        "push_ttft_ms": round(push_ttft, 1),
+        "push_vs_relay": round(push_ms / swarm_ms, 3),
+        "push_vs_relay_paired": round(modes["paired"], 3),
         "push_outputs_equal": bool(torch.equal(local_out, push_out)),
     }
 
@@ -114,11 +124,18 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--peers", type=int, default=2, help="peers the layers are split over (a chain of that many hops)")
+    parser.add_argument(
+        "--peers", type=int, default=2, help="peers the layers are split over (a chain of that many hops)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hexswarm-bench-") as tmp:
-        result = {"bench": "overhead", "new_tokens": args.new_tokens, "prompt_tokens": PROMPT_TOKENS,
-                  "torch_threads": torch.get_num_threads(), "peers": args.peers}
+        result = {
+            "bench": "overhead",
+            "new_tokens": args.new_tokens,
+            "prompt_tokens": PROMPT_TOKENS,
+            "torch_threads": torch.get_num_threads(),
+            "peers": args.peers,
+        }
         for name in args.sizes:
             result[name] = bench_size(name, SIZES[name], Path(tmp), args.new_tokens, args.repeats, args.peers)
     print(json.dumps(result), flush=True)

@@ -34,7 +34,9 @@ from swarm.tiny_model import make_tiny_model  # noqa: E402
 DEGREES = (1, 2)
 
 
-def bench_degree(swarm: LocalSwarm, model_dir: Path, tp: int, input_ids, new_tokens: int, repeats: int) -> dict:
+def bench_degree(
+    swarm: LocalSwarm, model_dir: Path, tp: int, input_ids, new_tokens: int, repeats: int
+) -> dict:
     from client import DistributedModelForCausalLM
 
     layers = SIZES["medium"]["layers"]
@@ -71,7 +73,10 @@ def main() -> None:
         env = {"HEXSWARM_CACHE_DIR": str(Path(tmp) / "cache")}
         with LocalSwarm(Path(tmp) / "logs", env=env) as swarm:
             swarm.start_bootstrap()
-            runs = {tp: bench_degree(swarm, model_dir, tp, input_ids, args.new_tokens, args.repeats) for tp in DEGREES}
+            runs = {
+                tp: bench_degree(swarm, model_dir, tp, input_ids, args.new_tokens, args.repeats)
+                for tp in DEGREES
+            }
     outputs = [run.pop("output") for run in runs.values()]
     result.update({f"tp{tp}": run for tp, run in runs.items()})
     result["tp2_vs_tp1_ms_per_token"] = round(runs[2]["ms_per_token"] / runs[1]["ms_per_token"], 3)

@@ -162,7 +162,9 @@ class Verifier:
         try:
             shadow = self.shadows.get(key) or await self._open_shadow(witness, start, end)
             self.shadows[key] = shadow
-            chunk = torch.cat([past[:, shadow.position :], hidden_in], dim=1)  # the inputs it has not seen, in one step
+            chunk = torch.cat(
+                [past[:, shadow.position :], hidden_in], dim=1
+            )  # the inputs it has not seen, in one step
             result = await shadow.conn.step(shadow.session_id, shadow.position, chunk)
             shadow.position = position + hidden_in.shape[1]
             return result[:, -hidden_in.shape[1] :]

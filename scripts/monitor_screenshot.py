@@ -35,28 +35,65 @@ def main() -> None:
         small = make_tiny_model(tmp / "tiny-qwen2", arch="qwen2", layers=4, hidden=128, heads=4, kv_heads=2)
         with LocalSwarm(tmp / "logs", env={"HEXSWARM_CACHE_DIR": str(tmp / "cache")}) as swarm:
             swarm.start_bootstrap()
-            peers = [swarm.start_peer(demo, r, n, "--announce-period", "1", wait=False)
-                     for n, r in (("alice", "0:4"), ("bob", "2:8"), ("carol", "4:8"))]
-            peers += [swarm.start_peer(small, r, n, "--announce-period", "1", wait=False)
-                      for n, r in (("dave", "0:2"), ("erin", "2:4"))]
+            peers = [
+                swarm.start_peer(demo, r, n, "--announce-period", "1", wait=False)
+                for n, r in (("alice", "0:4"), ("bob", "2:8"), ("carol", "4:8"))
+            ]
+            peers += [
+                swarm.start_peer(small, r, n, "--announce-period", "1", wait=False)
+                for n, r in (("dave", "0:2"), ("erin", "2:4"))
+            ]
             for proc in peers:
                 swarm.wait_for_log(proc, "online:", timeout=300)
             swarm.stop(peers[-1])  # erin leaves: blocks 2:4 of the second model go missing
             api_port, monitor_port = free_port(), free_port()
-            swarm.start_command("api", [sys.executable, "-m", "swarm.cli", "api", "--initial-peers",
-                                        *swarm.initial_peers, "--model", str(demo), "--port", str(api_port)],
-                                ready="api: serving", timeout=300)
-            swarm.start_command("monitor", [sys.executable, "-m", "swarm.cli", "monitor", "--initial-peers",
-                                            *swarm.initial_peers, "--port", str(monitor_port), "--refresh", "1"],
-                                ready="monitor: http", timeout=300)
+            swarm.start_command(
+                "api",
+                [
+                    sys.executable,
+                    "-m",
+                    "swarm.cli",
+                    "api",
+                    "--initial-peers",
+                    *swarm.initial_peers,
+                    "--model",
+                    str(demo),
+                    "--port",
+                    str(api_port),
+                ],
+                ready="api: serving",
+                timeout=300,
+            )
+            swarm.start_command(
+                "monitor",
+                [
+                    sys.executable,
+                    "-m",
+                    "swarm.cli",
+                    "monitor",
+                    "--initial-peers",
+                    *swarm.initial_peers,
+                    "--port",
+                    str(monitor_port),
+                    "--refresh",
+                    "1",
+                ],
+                ready="monitor: http",
+                timeout=300,
+            )
             streams = [threading.Thread(target=_stream, args=(api_port,), daemon=True) for _ in range(2)]
             for thread in streams:
                 thread.start()
             time.sleep(6)  # sessions announced, snapshot refreshed
             options = webdriver.ChromeOptions()
             options.binary_location = "/usr/bin/chromium"
-            for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,900",
-                        "--hide-scrollbars"):
+            for arg in (
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-dev-shm-usage",
+                "--window-size=1400,900",
+                "--hide-scrollbars",
+            ):
                 options.add_argument(arg)
             browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
             try:
@@ -84,7 +121,9 @@ def _stream(port: int) -> None:
 
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=5)
     try:
-        for _ in client.completions.create(model="tiny-llama", prompt="A swarm", max_tokens=1800, stream=True):
+        for _ in client.completions.create(
+            model="tiny-llama", prompt="A swarm", max_tokens=1800, stream=True
+        ):
             pass
     except Exception:  # the swarm is torn down under it at the end
         pass

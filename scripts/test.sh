@@ -15,4 +15,7 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
         echo "[test] no chromium/chromedriver: the monitor's browser test will be skipped"
     fi
 fi
+# Lint and formatting are part of the suite: CI runs this script.
+ruff check .
+ruff format --check .
 exec python -m pytest -q "$@"

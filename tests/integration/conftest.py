@@ -17,7 +17,16 @@ PEERS = {
     "p3": ("3:6", ()),
     "guard": (
         "0:3",
-        ("--max-sessions", "2", "--max-length", "32", "--max-frame-mb", "1", "--max-session-cache-tokens", "64")
+        (
+            "--max-sessions",
+            "2",
+            "--max-length",
+            "32",
+            "--max-frame-mb",
+            "1",
+            "--max-session-cache-tokens",
+            "64",
+        )
         + ("--handshake-timeout", "8"),
     ),
 }

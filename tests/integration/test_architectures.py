@@ -62,7 +62,9 @@ def test_greedy_equals_local(bootstrap, make_model, arch):
             assert f"{arch}-0" in model.last_route and f"{arch}-1" in model.last_route
             assert f"INFO peer {arch}-1 {model.spec.model_id}[1:4): online:" in peers[1].log()
             with torch.no_grad():
-                torch.testing.assert_close(model(expected).logits, local(expected).logits, atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(
+                    model(expected).logits, local(expected).logits, atol=1e-4, rtol=1e-4
+                )
         finally:
             model.shutdown()
     finally:
@@ -78,7 +80,16 @@ def test_every_supported_family_is_tested():
 def test_unsupported_architecture_fails_at_start_with_one_line(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
     result = subprocess.run(
-        [sys.executable, "-m", "peer.cli", str(tmp_path), "--layers", "0:1", "--initial-peers", "/ip4/127.0.0.1/tcp/1"],
+        [
+            sys.executable,
+            "-m",
+            "peer.cli",
+            str(tmp_path),
+            "--layers",
+            "0:1",
+            "--initial-peers",
+            "/ip4/127.0.0.1/tcp/1",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -97,7 +108,9 @@ def test_gemma3_tensor_parallel_equals_local(bootstrap, make_model):
     from client import DistributedModelForCausalLM
 
     model_dir = make_model(arch="gemma3", layers=4)
-    peer = bootstrap.start_peer(model_dir, "0:4", "gemma3-tp", "--tp", "2", "--announce-period", "1", wait=False)
+    peer = bootstrap.start_peer(
+        model_dir, "0:4", "gemma3-tp", "--tp", "2", "--announce-period", "1", wait=False
+    )
     try:
         bootstrap.wait_for_log(peer, "online:", timeout=240)
         model = DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=bootstrap.initial_peers)

@@ -318,7 +318,9 @@ def test_a_coordinator_stopped_cleanly_hands_over_before_its_lease_expires(coord
     coordinated.local.stop(holder)  # SIGTERM: a clean stop
     began = time.monotonic()
     standby = wait_until(
-        lambda: next((p for p in standbys if "took the coordinator lease" in p.log()[logged[p.name] :]), None),
+        lambda: next(
+            (p for p in standbys if "took the coordinator lease" in p.log()[logged[p.name] :]), None
+        ),
         LEASE_BOUND_S,
         "a standby takes the lease",
     )

@@ -76,7 +76,9 @@ def test_mixed_degree_chain_equals_local(tp_swarm, arch, names):
         assert torch.equal(model.generate(input_ids, max_new_tokens=12, do_sample=False), expected)
         assert all(f"{name}[" in model.last_route for name in names), model.last_route
         with torch.no_grad():
-            torch.testing.assert_close(model(input_ids).logits, reference(input_ids).logits, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(
+                model(input_ids).logits, reference(input_ids).logits, atol=1e-4, rtol=1e-4
+            )
     finally:
         model.shutdown()
 

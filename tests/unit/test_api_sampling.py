@@ -33,14 +33,19 @@ def test_temperature_zero_is_greedy(local_model):
     prompt = torch.tensor([[5, 17, 42, 99]])
     settings = SamplingSettings(max_tokens=16, temperature=0)
     expected = local_model.generate(prompt, max_new_tokens=16, do_sample=False)
-    assert local_model.generate(prompt, **generation_kwargs(local_model, settings)).tolist() == expected.tolist()
+    assert (
+        local_model.generate(prompt, **generation_kwargs(local_model, settings)).tolist() == expected.tolist()
+    )
 
 
 def test_ignore_eos_runs_to_max_tokens_past_the_models_end(make_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = make_model(arch="llama")  # greedy output of this prompt ends after 22 tokens
-    model, tokenizer = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    model, tokenizer = (
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        AutoTokenizer.from_pretrained(model_dir),
+    )
     prompt = tokenizer("The quick brown fox", return_tensors="pt").input_ids
     ended = model.generate(prompt, **generation_kwargs(model, SamplingSettings(max_tokens=64, temperature=0)))
     assert ended[0, -1].item() == tokenizer.eos_token_id and ended.shape[1] < prompt.shape[1] + 64

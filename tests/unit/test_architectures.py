@@ -32,7 +32,9 @@ def test_the_table_lists_each_family_once():
 
 def test_unsupported_architecture_names_itself_and_the_supported_ones(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "falcon", "architectures": ["FalconForCausalLM"]}')
-    with pytest.raises(ModelSpecError, match=r"'falcon' \(FalconForCausalLM\) is not supported; supported: Llama"):
+    with pytest.raises(
+        ModelSpecError, match=r"'falcon' \(FalconForCausalLM\) is not supported; supported: Llama"
+    ):
         load_model_spec(tmp_path)
 
 
@@ -44,7 +46,9 @@ def test_moe_layers_are_renumbered_for_a_slice():
 
 
 def test_layer_types_follow_the_config():
-    assert architectures.layer_types(CONFIG_MAPPING["mistral"](num_hidden_layers=2)) == ["sliding_attention"] * 2
+    assert (
+        architectures.layer_types(CONFIG_MAPPING["mistral"](num_hidden_layers=2)) == ["sliding_attention"] * 2
+    )
     assert architectures.layer_types(CONFIG_MAPPING["llama"](num_hidden_layers=2)) == ["full_attention"] * 2
     gemma = config_for_blocks(CONFIG_MAPPING["gemma2"](num_hidden_layers=4), 1, 3)
     assert architectures.layer_types(gemma) == ["full_attention", "sliding_attention"]

@@ -50,9 +50,10 @@ def test_a_batched_step_costs_the_scan_once():
     model = preset("Llama-2-7B")
     layout = PipelineLayout((StageLayout((0,), 0, 32),), 0.0, 0.0)
     table = stage_costs(cluster, layout, model, [128.0], max_batch=4)
-    scan = comp_cost(cluster, (0,), model, 32, 128.0, 1).decode - comp_cost(
-        cluster, (0,), model, 32, 128.0, 1
-    ).prefill / 128
+    scan = (
+        comp_cost(cluster, (0,), model, 32, 128.0, 1).decode
+        - comp_cost(cluster, (0,), model, 32, 128.0, 1).prefill / 128
+    )
     flops = table.step_s[0, 2] - table.step_s[0, 1]
     assert table.step_s[0, 4] == pytest.approx(scan + 4 * flops)
     assert table.step_s[0, 1] == pytest.approx(scan + flops)

@@ -90,4 +90,6 @@ def test_never_below_a_plans_tokens_within_the_slo(seed, slo_scale):
 def test_no_deadline_is_the_plain_bound():
     cluster = _random_cluster(random.Random(3))
     plain = throughput_upper_bound(cluster, SMALL, WORKLOAD, 8, 90.0, 80.0).tok_s
-    assert slo_upper_bound(cluster, SMALL, WORKLOAD, float("inf"), 8, 90.0, 80.0).tok_s == pytest.approx(plain)
+    assert slo_upper_bound(cluster, SMALL, WORKLOAD, float("inf"), 8, 90.0, 80.0).tok_s == pytest.approx(
+        plain
+    )
