@@ -12,8 +12,6 @@ import json
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
@@ -147,24 +145,36 @@ def test_an_abandoned_non_streaming_request_stops_generating(overloaded, model, 
 def test_an_oversized_body_gets_413_before_it_is_read(overloaded, served_name):
     client, _, url = overloaded
     body = json.dumps({"model": served_name, "prompt": "x" * (2 * BODY_LIMIT)}).encode()
-    request = urllib.request.Request(
-        f"{url}/completions",
-        data=body,
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
-    )
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=30)
-    assert refused.value.code == 413
-    assert json.loads(refused.value.read())["error"]["code"] == "request_too_large"
-    # Without a Content-Length (chunked), the body is counted as it arrives.
+    # A declared length over the limit is refused before the body is read: only its first KiB is sent.
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     try:
-        chunks = (body[i : i + 1024] for i in range(0, len(body), 1024))
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"}
-        connection.request(
-            "POST", f"{parts.path}/completions", body=chunks, headers=headers, encode_chunked=True
-        )
+        connection.putrequest("POST", f"{parts.path}/completions")
+        for name, value in (("Content-Type", "application/json"), ("Authorization", f"Bearer {API_KEY}")):
+            connection.putheader(name, value)
+        connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body[:1024])
+        answer = connection.getresponse()
+        assert answer.status == 413
+        assert json.loads(answer.read())["error"]["code"] == "request_too_large"
+    finally:
+        connection.close()
+    # Without a Content-Length (chunked), the body is counted as it arrives: a little past the
+    # limit is sent, and no end, so only the count can have stopped it (sending all of it would
+    # race the server's close with a broken pipe).
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        connection.putrequest("POST", f"{parts.path}/completions")
+        for name, value in (("Content-Type", "application/json"), ("Authorization", f"Bearer {API_KEY}")):
+            connection.putheader(name, value)
+        connection.putheader("Transfer-Encoding", "chunked")
+        connection.endheaders()
+        try:
+            for i in range(0, BODY_LIMIT + 4096, 1024):
+                chunk = body[i : i + 1024]
+                connection.send(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed: its answer is read below
         answer = connection.getresponse()
         assert answer.status == 413
         assert json.loads(answer.read())["error"]["code"] == "request_too_large"
