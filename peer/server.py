@@ -71,6 +71,8 @@ class PeerServer:
         self.max_frame_bytes = max_frame_bytes
         self.max_streams = max_streams
         self.open_streams = 0
+        # Streams that have opened no session yet, oldest first: the first to go when slots run out.
+        self.waiting: dict[asyncio.StreamWriter, None] = {}
         self.scheduler = StepScheduler(core, policy or BatchPolicy())
         self.hop_stats = HopStats()
         self.faults: FaultInjector | None = None  # debug fault injection (peer/faults.py); tests only
@@ -89,14 +91,18 @@ class PeerServer:
         remote_id = str(getattr(stream_info, "peer_id", "?"))
         remote = remote_id[-8:]
         try:
-            if self.open_streams >= self.max_streams:
-                raise ProtocolError(ErrorCode.BUSY, f"all {self.max_streams} stream slots are taken")
             self.admission.enter_stream(remote_id)
         except ProtocolError as e:
             await self._send(writer, Error(e.code, e.message))
             writer.close()
             return
+        if self.open_streams >= self.max_streams and not self._evict_a_waiting_stream():
+            self.admission.leave_stream(remote_id)
+            await self._send(writer, Error(ErrorCode.BUSY, f"all {self.max_streams} stream slots are taken"))
+            writer.close()
+            return
         self.open_streams += 1
+        self.waiting[writer] = None
         owned: set[str] = set()  # sessions opened on this stream; freed when it ends
         try:
             await self._serve(reader, writer, owned, remote_id)
@@ -109,14 +115,30 @@ class PeerServer:
                 self.core.drop(session_id)
                 self.clients.pop(session_id, None)
             self.open_streams -= 1
+            self.waiting.pop(writer, None)
             self.admission.leave_stream(remote_id)
             writer.close()
+
+    def _evict_a_waiting_stream(self) -> bool:
+        """Closes the longest-waiting stream that has no session yet, so a newcomer gets its slot:
+        identities are free to make, so streams without a session must not be able to hold
+        every slot between them (each one still lives at most the handshake timeout)."""
+        if not self.waiting:
+            return False
+        oldest = next(iter(self.waiting))
+        del self.waiting[oldest]
+        oldest.close()  # its read ends, and its own handler frees the slot
+        return True
 
     async def _serve(self, reader, writer, owned: set[str], remote: str = "?") -> None:
         is_link = False  # a previous peer's push link: it owns no session but must stay open
         handshake_ends = time.monotonic() + self.handshake_timeout
         while True:
             in_session = owned or is_link
+            if in_session:
+                self.waiting.pop(writer, None)  # it holds its slot for its sessions now
+            else:
+                self.waiting.setdefault(writer, None)  # its sessions all closed: evictable again
             if in_session:  # a stream whose sessions all close gets a fresh window to open another
                 handshake_ends = time.monotonic() + self.handshake_timeout
             timeout = (
