@@ -11,13 +11,7 @@ from swarm import cli_args
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_initial_peers(parser)
     cli_args.add_model_argument(parser)
-    parser.add_argument(
-        "--host-maddrs",
-        nargs="+",
-        default=None,
-        metavar="MADDR",
-        help="p2p addresses to listen on (default: none; this client only dials out and asks no router for a port)",
-    )
+    cli_args.add_client_host_maddrs(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address the HTTP server listens on")
     parser.add_argument("--port", type=cli_args.port, default=8000, help="port the HTTP server listens on")
     parser.add_argument(

@@ -75,13 +75,7 @@ def create_app(watcher: SwarmWatcher) -> FastAPI:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_initial_peers(parser)
-    parser.add_argument(
-        "--host-maddrs",
-        nargs="+",
-        default=None,
-        metavar="MADDR",
-        help="p2p addresses to listen on (default: none; this client only dials out and asks no router for a port)",
-    )
+    cli_args.add_client_host_maddrs(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address the web page is served on")
     parser.add_argument("--port", type=cli_args.port, default=8080, help="port the web page is served on")
     parser.add_argument(

@@ -102,7 +102,6 @@ class PeerServer:
             writer.close()
             return
         self.open_streams += 1
-        self.waiting[writer] = None
         owned: set[str] = set()  # sessions opened on this stream; freed when it ends
         try:
             await self._serve(reader, writer, owned, remote_id)
@@ -137,10 +136,10 @@ class PeerServer:
             in_session = owned or is_link
             if in_session:
                 self.waiting.pop(writer, None)  # it holds its slot for its sessions now
-            else:
-                self.waiting.setdefault(writer, None)  # its sessions all closed: evictable again
-            if in_session:  # a stream whose sessions all close gets a fresh window to open another
+                # and should they all close, it gets a fresh window to open another
                 handshake_ends = time.monotonic() + self.handshake_timeout
+            else:
+                self.waiting.setdefault(writer, None)  # new, or its sessions all closed: evictable
             timeout = (
                 self.core.limits.session_idle_timeout if in_session else handshake_ends - time.monotonic()
             )

@@ -101,6 +101,17 @@ def add_initial_peers(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_client_host_maddrs(parser: argparse.ArgumentParser) -> None:
+    """--host-maddrs of a command that reads the swarm as a client (api, monitor)."""
+    parser.add_argument(
+        "--host-maddrs",
+        nargs="+",
+        default=None,
+        metavar="MADDR",
+        help="p2p addresses to listen on (default: none; this client only dials out and asks no router for a port)",
+    )
+
+
 def check_model(model: str) -> None:
     """Raises UsageError unless `model` names a model in one of the three forms. Cheap: reads
     no weights (loading the model later reports what is wrong inside it, in one line too)."""
