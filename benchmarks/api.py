@@ -27,12 +27,10 @@ from pathlib import Path
 # Before torch loads: this process, the API server and the peers share this machine's cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from swarm.launcher import LocalSwarm, free_port  # noqa: E402
-from swarm.tiny_model import make_tiny_model  # noqa: E402
+from hexswarm.swarm.launcher import LocalSwarm, free_port
+from hexswarm.swarm.tiny_model import make_tiny_model
 
 SHAPE = dict(hidden=256, layers=8, heads=8, kv_heads=4)  # the "tiny" model of benchmarks/overhead.py
 PROMPT_TOKENS = 16
@@ -149,7 +147,7 @@ def main() -> None:
     args = parser.parse_args()
     import openai
 
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     with tempfile.TemporaryDirectory(prefix="hexswarm-bench-") as tmp:
         model_dir = make_tiny_model(Path(tmp) / "tiny", seed=0, **SHAPE)
@@ -169,7 +167,7 @@ def main() -> None:
                 [
                     sys.executable,
                     "-m",
-                    "swarm.cli",
+                    "hexswarm.swarm.cli",
                     "api",
                     "--initial-peers",
                     *swarm.initial_peers,

@@ -15,19 +15,14 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm/threads.py)
 
-import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaModel  # noqa: E402
-from transformers.cache_utils import DynamicCache  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+import torch
 from overhead import SIZES  # noqa: E402  (the same model shapes as the overhead benchmark)
+from transformers import LlamaConfig, LlamaModel
+from transformers.cache_utils import DynamicCache
 
 BATCHES = (1, 4, 8)
 CACHED_TOKENS = 40

@@ -25,11 +25,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from routing.scenarios.hexgen_clusters import SCENARIOS, scenario  # noqa: E402
-from routing.scenarios.synthetic_cluster import synthetic_cluster  # noqa: E402
-from routing.scheduler.cluster import Cluster  # noqa: E402
-from routing.scheduler.model_spec import Workload, preset  # noqa: E402
-from routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
+from hexswarm.routing.scenarios.hexgen_clusters import SCENARIOS, scenario  # noqa: E402
+from hexswarm.routing.scenarios.synthetic_cluster import synthetic_cluster  # noqa: E402
+from hexswarm.routing.scheduler.cluster import Cluster  # noqa: E402
+from hexswarm.routing.scheduler.model_spec import Workload, preset  # noqa: E402
+from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
 
 OUTPUT_LENGTHS = (32, 64, 128)  # §5.1
 

@@ -23,13 +23,11 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm.launcher)
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from swarm.chaos import LAYOUT, ChaosSwarm, chaos_run, child_processes  # noqa: E402
-from swarm.launcher import LocalSwarm  # noqa: E402
-from swarm.tiny_model import make_tiny_model  # noqa: E402
+from hexswarm.swarm.chaos import LAYOUT, ChaosSwarm, chaos_run, child_processes
+from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.tiny_model import make_tiny_model
 
 RUNS_PER_CLIENT = 10  # a fresh client now and then, so its bans of healed peers do not pile up
 
@@ -37,7 +35,7 @@ RUNS_PER_CLIENT = 10  # a fresh client now and then, so its bans of healed peers
 def run_all(workdir: Path, runs: int, faults: int, new_tokens: int, seed: int) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     model_dir = make_tiny_model(workdir / "model", layers=6, hidden=128, heads=4, kv_heads=2, seed=0)
     local = AutoModelForCausalLM.from_pretrained(model_dir)

@@ -34,13 +34,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import PROMPT_TOKENS, SIZES  # noqa: E402  (the same models and prompt as the overhead benchmark)
 
-from swarm.launcher import LocalSwarm  # noqa: E402
-from swarm.tiny_model import make_tiny_model  # noqa: E402
+from hexswarm.swarm.launcher import LocalSwarm  # noqa: E402
+from hexswarm.swarm.tiny_model import make_tiny_model  # noqa: E402
 
 ANNOUNCE_PERIOD = 2.0  # the peers log their hop cost once per period
 HOP_LINE = re.compile(
@@ -103,7 +102,7 @@ def hop_cost(peers, marks: list[int]) -> dict:
 
 
 def bench_mode(model_dir, shape, name, workdir, flags, counts, new_tokens, expected) -> dict:
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     half = shape["layers"] // 2
     env = {"HEXSWARM_CACHE_DIR": str(workdir / "cache")}

@@ -47,18 +47,16 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 # None of these imports hivemind, gguf or pymoo at import time (checked with an import blocker),
 # so this runs on a machine that has only torch, transformers, safetensors, msgpack and numpy.
-from peer import batch_forward  # noqa: E402
-from peer.blocks import BlockStack  # noqa: E402
-from peer.core import PeerCore, PeerLimits  # noqa: E402
-from peer.scheduler import BatchPolicy, StepScheduler  # noqa: E402
-from peer.throughput import measure  # noqa: E402
-from swarm.model_spec import ModelSpec, load_model_spec  # noqa: E402
-from swarm.protocol import Close, Open, Step  # noqa: E402
-from swarm.wire_tensors import DTYPE_NAMES  # noqa: E402
+from hexswarm.peer import batch_forward
+from hexswarm.peer.blocks import BlockStack
+from hexswarm.peer.core import PeerCore, PeerLimits
+from hexswarm.peer.scheduler import BatchPolicy, StepScheduler
+from hexswarm.peer.throughput import measure
+from hexswarm.swarm.model_spec import ModelSpec, load_model_spec
+from hexswarm.swarm.protocol import Close, Open, Step
+from hexswarm.swarm.wire_tensors import DTYPE_NAMES
 
 # name -> LlamaConfig shape; `ranges`: the block ranges of the exactness chain.
 SHAPES = {

@@ -53,15 +53,14 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from concurrency import hop_cost  # noqa: E402  (the honest peers' per-step cost, from their logs)
 
-from swarm.identity import load_or_create_identity  # noqa: E402
-from swarm.launcher import LOOPBACK, LocalSwarm, Managed  # noqa: E402
-from swarm.model_spec import load_model_spec  # noqa: E402
-from swarm.records import read_peer_records  # noqa: E402
+from hexswarm.swarm.identity import load_or_create_identity  # noqa: E402
+from hexswarm.swarm.launcher import LOOPBACK, LocalSwarm, Managed  # noqa: E402
+from hexswarm.swarm.model_spec import load_model_spec  # noqa: E402
+from hexswarm.swarm.records import read_peer_records  # noqa: E402
 
 ACTOR = str(Path(__file__).resolve().parent / "hostile_actor.py")
 HONEST_FLAGS = tuple("--announce-period 2 --handshake-timeout 5 --throughput 100 --decode-ms 1".split())
@@ -195,7 +194,7 @@ def rss_mb(proc: Managed) -> float | None:
 def run_phase(bench: Bench, attack, seconds: float | None = None) -> dict:
     """The honest load under `attack` (a context manager yielding its evidence dict; None: none)
     for `seconds` (default: --seconds or --requests)."""
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     before = {name: rss_mb(p) for name, p in bench.peers.items()}
     began = time.monotonic()
@@ -237,8 +236,8 @@ def run_phase(bench: Bench, attack, seconds: float | None = None) -> dict:
 @contextlib.contextmanager
 def dht_node(bench: Bench, key_name: str):
     """A DHT node of this process with an identity of its own (the attacker's)."""
-    from swarm.dht import start_dht
-    from swarm.dht_process import shutdown_dht
+    from hexswarm.swarm.dht import start_dht
+    from hexswarm.swarm.dht_process import shutdown_dht
 
     identity = load_or_create_identity(bench.workdir / f"{key_name}.key")
     dht = start_dht(bench.initial_peers, identity, host_maddrs=[LOOPBACK])
@@ -254,7 +253,7 @@ def steps_served(proc: Managed) -> int:
 
 @contextlib.contextmanager
 def bad_record(bench: Bench):
-    from swarm.records import model_key, parse_signed_entries
+    from hexswarm.swarm.records import model_key, parse_signed_entries
     from tests.integration.test_hostile_records import HOSTILE_FIELDS
 
     flags = [arg for f in HOSTILE_FIELDS for arg in ("--debug-record", f)]
@@ -273,7 +272,14 @@ def bad_record(bench: Bench):
 def stolen_lease(bench: Bench):
     from hivemind.utils import get_dht_time
 
-    from swarm.coordinator.records import MAX_PLAN_VERSION, Assignment, Lease, PlanRecord, lease_key, plan_key
+    from hexswarm.swarm.coordinator.records import (
+        MAX_PLAN_VERSION,
+        Assignment,
+        Lease,
+        PlanRecord,
+        lease_key,
+        plan_key,
+    )
 
     marks = {name: len(p.log()) for name, p in bench.peers.items()}
     with dht_node(bench, "usurper") as (dht, identity):
@@ -465,13 +471,13 @@ def prepare(bench: Bench) -> None:
 
 
 def run_all(args: argparse.Namespace, workdir: Path) -> dict:
-    from swarm.tiny_model import make_tiny_model
+    from hexswarm.swarm.tiny_model import make_tiny_model
 
     began = time.monotonic()
     if args.model == "tiny":
         model = str(make_tiny_model(workdir / "model", layers=8, hidden=256, heads=8, kv_heads=4, seed=0))
     else:
-        from swarm import gguf_checkpoint
+        from hexswarm.swarm import gguf_checkpoint
 
         model = args.model
         gguf_checkpoint.materialize_all(load_model_spec(model).path)  # the weights, for the local model

@@ -42,17 +42,16 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see s
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ping_under_prefill import percentile, ping_while  # noqa: E402
 
-from client.remote import PeerConnection, PeerError  # noqa: E402
-from client.swarm_client import SwarmClient  # noqa: E402
-from client.worker import run_sync  # noqa: E402
-from swarm.model_spec import load_model_spec  # noqa: E402
-from swarm.protocol import Error, ErrorCode, Ping, Pong, read_frame, write_frame  # noqa: E402
-from swarm.records import PeerState, read_peer_records  # noqa: E402
+from hexswarm.client.remote import PeerConnection, PeerError  # noqa: E402
+from hexswarm.client.swarm_client import SwarmClient  # noqa: E402
+from hexswarm.client.worker import run_sync  # noqa: E402
+from hexswarm.swarm.model_spec import load_model_spec  # noqa: E402
+from hexswarm.swarm.protocol import Error, ErrorCode, Ping, Pong, read_frame, write_frame  # noqa: E402
+from hexswarm.swarm.records import PeerState, read_peer_records  # noqa: E402
 from tests.integration.test_peer_links import Outsider  # noqa: E402
 
 KEEPALIVE_S = 5.0  # hoard: a step on every hoarded session this often (the idle timeout is 300 s)
@@ -214,8 +213,8 @@ async def hold_streams(swarms, record, wanted: int, stop: threading.Event) -> di
 async def slots(swarms, targets, spec, args, stop: threading.Event) -> dict:
     print("attacking", flush=True)
     held = await asyncio.gather(*(hold_streams(swarms, r, args.streams, stop) for r in targets))
-    from peer.admission import AdmissionLimits
-    from peer.runtime import PeerConfig
+    from hexswarm.peer.admission import AdmissionLimits
+    from hexswarm.peer.runtime import PeerConfig
 
     return {
         "identities": len(swarms),
@@ -355,14 +354,13 @@ def probe(args, stop: threading.Event) -> dict:
 def stranger(args, stop: threading.Event) -> dict:
     from transformers import AutoModelForCausalLM
 
-    import client.failover
-    from client import DistributedModelForCausalLM
-    from swarm.protocol import NextHop
+    from hexswarm.client import DistributedModelForCausalLM, failover
+    from hexswarm.swarm.protocol import NextHop
 
     spec = load_model_spec(args.model)
     node = Outsider(args.initial_peers, Path(args.out).with_suffix(".key"))
     # Every step this client sends names the stranger as the next hop (with the real session ids).
-    client.failover.NextHop = lambda peer_id, session: NextHop(node.peer_id, session)
+    failover.NextHop = lambda peer_id, session: NextHop(node.peer_id, session)
     model = DistributedModelForCausalLM.from_pretrained(
         args.model, initial_peers=args.initial_peers, push=True
     )

@@ -22,17 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from swarm import content_hash  # noqa: E402
-from swarm.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path  # noqa: E402
-from swarm.cache_files import CACHE_ENV  # noqa: E402
+from hexswarm.swarm import content_hash
+from hexswarm.swarm.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path
+from hexswarm.swarm.cache_files import CACHE_ENV
 
 MODEL_GB = 140
 
@@ -51,7 +48,7 @@ def timed(action) -> float:
 
 def builtin_costs() -> dict:
     """Cold and cached hash and id of the built-in GGUF, in a fresh model cache."""
-    from swarm.model_spec import model_identity
+    from hexswarm.swarm.model_spec import model_identity
 
     gguf = builtin_path(BUILTIN_MODELS[DEFAULT_MODEL])
     if gguf is None:

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,12 +23,10 @@ from pathlib import Path
 # Before torch loads: local baseline, client and peers share this machine's cores (see swarm.launcher).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from swarm.launcher import LocalSwarm  # noqa: E402
-from swarm.tiny_model import make_tiny_model  # noqa: E402
+from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.tiny_model import make_tiny_model
 
 SIZES = {
     "tiny": dict(hidden=256, layers=8, heads=8, kv_heads=4),
@@ -77,7 +74,7 @@ def bench_size(
 ) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     model_dir = make_tiny_model(workdir / name, seed=0, **shape)
     input_ids = torch.randint(3, 400, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))

@@ -19,21 +19,18 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from client.remote import PeerConnection  # noqa: E402
-from client.swarm_client import SwarmClient  # noqa: E402
-from client.worker import run_sync  # noqa: E402
-from swarm.launcher import LocalSwarm  # noqa: E402
-from swarm.model_spec import load_model_spec  # noqa: E402
-from swarm.records import read_peer_records  # noqa: E402
+from hexswarm.client.remote import PeerConnection
+from hexswarm.client.swarm_client import SwarmClient
+from hexswarm.client.worker import run_sync
+from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.model_spec import load_model_spec
+from hexswarm.swarm.records import read_peer_records
 
 
 def percentile(values: list[float], q: float) -> float:

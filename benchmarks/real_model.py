@@ -35,13 +35,11 @@ from pathlib import Path
 # Before torch loads: local baseline, client and peers share this machine's cores (see swarm.launcher).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from swarm import gguf_checkpoint  # noqa: E402
-from swarm.builtin_models import DEFAULT_MODEL  # noqa: E402
-from swarm.launcher import COLOCATED_ENV, LocalSwarm  # noqa: E402
+from hexswarm.swarm import gguf_checkpoint
+from hexswarm.swarm.builtin_models import DEFAULT_MODEL
+from hexswarm.swarm.launcher import COLOCATED_ENV, LocalSwarm
 
 PEERS = {"left": "0:15", "right": "15:30"}
 TEXT = (Path(__file__).resolve().parents[1] / "tests" / "data" / "two_cities.txt").read_text()
@@ -60,7 +58,7 @@ def main() -> None:
         return
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from swarm.model_spec import load_model_spec
+    from hexswarm.swarm.model_spec import load_model_spec
 
     spec = load_model_spec(DEFAULT_MODEL)  # converts the GGUF's metadata once (cached)
     gguf_checkpoint.materialize_all(spec.path)  # every weight file, for the local baseline
@@ -112,9 +110,9 @@ def measure_load(child: str) -> dict:
     import transformers.models.llama.modeling_llama  # noqa: F401 - imported by both ways of loading
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from peer.blocks import BlockStack
-    from swarm.builtin_models import BUILTIN_MODELS, builtin_path
-    from swarm.model_spec import load_model_spec
+    from hexswarm.peer.blocks import BlockStack
+    from hexswarm.swarm.builtin_models import BUILTIN_MODELS, builtin_path
+    from hexswarm.swarm.model_spec import load_model_spec
 
     spec = load_model_spec(DEFAULT_MODEL)
     token = torch.tensor([[1]])
@@ -178,7 +176,7 @@ def start_swarm(swarm: LocalSwarm) -> dict:
     status = [
         sys.executable,
         "-m",
-        "swarm.cli",
+        "hexswarm.swarm.cli",
         "status",
         "--initial-peers",
         *peers,
@@ -218,7 +216,7 @@ def watch_online(procs, online: dict[str, float], began: float) -> None:
 
 
 def swarm_figures(swarm: LocalSwarm, short: torch.Tensor, long: torch.Tensor, local_out, args) -> dict:
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     model = DistributedModelForCausalLM.from_pretrained(DEFAULT_MODEL, initial_peers=swarm.initial_peers)
     try:

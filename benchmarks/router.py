@@ -30,26 +30,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from routing.baselines.matrix_nsga import matrix_front  # noqa: E402
-from routing.baselines.reference_front import normalised_hypervolume, sweep_front  # noqa: E402
-from routing.chains.cost import candidates  # noqa: E402
-from routing.chains.front import Front  # noqa: E402
-from routing.chains.min_latency import min_latency_route  # noqa: E402
-from routing.chains.nsga import NsgaConfig, nsga_front  # noqa: E402
-from routing.chains.routers import make_router  # noqa: E402
-from routing.chains.swarm_view import RouteRequest, SwarmView  # noqa: E402
-from routing.chains.tradeoff import TradeoffRouter  # noqa: E402
-from routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm  # noqa: E402
-from routing.sim.load_sim import LoadSpec, simulate_load, sustainable_rate  # noqa: E402
+from hexswarm.routing.baselines.matrix_nsga import matrix_front
+from hexswarm.routing.baselines.reference_front import normalised_hypervolume, sweep_front
+from hexswarm.routing.chains.cost import candidates
+from hexswarm.routing.chains.front import Front
+from hexswarm.routing.chains.min_latency import min_latency_route
+from hexswarm.routing.chains.nsga import NsgaConfig, nsga_front
+from hexswarm.routing.chains.routers import make_router
+from hexswarm.routing.chains.swarm_view import RouteRequest, SwarmView
+from hexswarm.routing.chains.tradeoff import TradeoffRouter
+from hexswarm.routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
+from hexswarm.routing.sim.load_sim import LoadSpec, simulate_load, sustainable_rate
 
 REQUEST = RouteRequest(prompt_tokens=128, new_tokens=32, batch_size=1)
 LOAD_MODES = (  # (column name, mode, options)
@@ -67,7 +63,7 @@ def timed_ms(fn) -> tuple[float, object]:
 
 
 def hypervolume(front: Front, reference: Front) -> float:
-    """routing.baselines.reference_front.normalised_hypervolume, rounded (the reference is the sweep's front)."""
+    """hexswarm.routing.baselines.reference_front.normalised_hypervolume, rounded (the reference is the sweep's front)."""
     return round(normalised_hypervolume(front, reference), 4)
 
 

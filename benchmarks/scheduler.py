@@ -49,24 +49,24 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scipy.stats import spearmanr  # noqa: E402
 
-from routing.baselines.symmetric import SymmetricDP  # noqa: E402
-from routing.baselines.table4 import table4_plan  # noqa: E402
-from routing.scenarios.hexgen_clusters import SCENARIOS, scenario  # noqa: E402
-from routing.scenarios.synthetic_cluster import synthetic_cluster  # noqa: E402
-from routing.scheduler.capacity import SATURATION, allreduce_share, plan_capacity  # noqa: E402
-from routing.scheduler.ga_fitness import estimated_score, simulated_score  # noqa: E402
-from routing.scheduler.genetic import SearchConfig  # noqa: E402
-from routing.scheduler.model_spec import OBJECTIVES, Workload, preset  # noqa: E402
-from routing.scheduler.plan import PipelinePlan, Plan, StagePlan  # noqa: E402
-from routing.scheduler.plan_eval import (  # noqa: E402
+from hexswarm.routing.baselines.symmetric import SymmetricDP  # noqa: E402
+from hexswarm.routing.baselines.table4 import table4_plan  # noqa: E402
+from hexswarm.routing.scenarios.hexgen_clusters import SCENARIOS, scenario  # noqa: E402
+from hexswarm.routing.scenarios.synthetic_cluster import synthetic_cluster  # noqa: E402
+from hexswarm.routing.scheduler.capacity import SATURATION, allreduce_share, plan_capacity  # noqa: E402
+from hexswarm.routing.scheduler.ga_fitness import estimated_score, simulated_score  # noqa: E402
+from hexswarm.routing.scheduler.genetic import SearchConfig  # noqa: E402
+from hexswarm.routing.scheduler.model_spec import OBJECTIVES, Workload, preset  # noqa: E402
+from hexswarm.routing.scheduler.plan import PipelinePlan, Plan, StagePlan  # noqa: E402
+from hexswarm.routing.scheduler.plan_eval import (  # noqa: E402
     estimate_plan,
     evaluate_plan,
     memory_violations,
     plan_layouts,
 )
-from routing.scheduler.search import search  # noqa: E402
-from routing.scheduler.search_result import SearchResult  # noqa: E402
-from routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
+from hexswarm.routing.scheduler.search import search  # noqa: E402
+from hexswarm.routing.scheduler.search_result import SearchResult  # noqa: E402
+from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
 
 SYNTHETIC = "synthetic-1000"
 REPLAN_POPULATION = 6  # a re-plan's population, offspring and finalists (all of it simulated)

@@ -22,14 +22,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import PROMPT_TOKENS, SIZES, time_generation  # noqa: E402
 
-from swarm.launcher import LocalSwarm  # noqa: E402
-from swarm.records import read_peer_records  # noqa: E402
-from swarm.tiny_model import make_tiny_model  # noqa: E402
+from hexswarm.swarm.launcher import LocalSwarm  # noqa: E402
+from hexswarm.swarm.records import read_peer_records  # noqa: E402
+from hexswarm.swarm.tiny_model import make_tiny_model  # noqa: E402
 
 DEGREES = (1, 2)
 
@@ -37,7 +36,7 @@ DEGREES = (1, 2)
 def bench_degree(
     swarm: LocalSwarm, model_dir: Path, tp: int, input_ids, new_tokens: int, repeats: int
 ) -> dict:
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     layers = SIZES["medium"]["layers"]
     peer = swarm.start_peer(model_dir, f"0:{layers}", f"tp{tp}", "--tp", str(tp), timeout=600)

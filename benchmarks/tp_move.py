@@ -28,14 +28,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see s
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import SIZES  # noqa: E402  (the same model shapes as the overhead benchmark)
 
-from peer.tp_group import TPGroup  # noqa: E402
-from swarm.model_spec import load_model_spec  # noqa: E402
-from swarm.tiny_model import make_tiny_model  # noqa: E402
+from hexswarm.peer.tp_group import TPGroup  # noqa: E402
+from hexswarm.swarm.model_spec import load_model_spec  # noqa: E402
+from hexswarm.swarm.tiny_model import make_tiny_model  # noqa: E402
 
 CPU = torch.device("cpu")
 PREFILL_TOKENS = 16

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import importlib
 
-from swarm.threads import configure_openmp
+from hexswarm.swarm.threads import configure_openmp
 
 configure_openmp()  # before torch loads, if it has not yet (see swarm/threads.py)
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "DistributedModelForCausalLM": "client.model",
-    "PeerError": "client.remote",
-    "FailoverError": "client.retry",
-    "RetryPolicy": "client.retry",
-    "MissingBlocksError": "client.swarm_client",
-    "ModelMismatchError": "client.swarm_client",
-    "NoChainError": "client.failover",
+    "DistributedModelForCausalLM": "hexswarm.client.model",
+    "PeerError": "hexswarm.client.remote",
+    "FailoverError": "hexswarm.client.retry",
+    "RetryPolicy": "hexswarm.client.retry",
+    "MissingBlocksError": "hexswarm.client.swarm_client",
+    "ModelMismatchError": "hexswarm.client.swarm_client",
+    "NoChainError": "hexswarm.client.failover",
 }
 
 __all__ = list(_EXPORTS)

@@ -25,7 +25,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from client.api_schema import ApiError
+from hexswarm.client.api_schema import ApiError
 
 MAX_RETRY_AFTER_S = 60  # past a minute the estimate says little; a client may poll /health instead
 HOLD_TIME_SMOOTHING = 0.2  # weight of the newest hold time in the moving average

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from swarm import cli_args
+from hexswarm.swarm import cli_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,10 +67,10 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
     from transformers import AutoTokenizer
 
-    from client import DistributedModelForCausalLM
-    from client.api_admission import AdmissionLimits
-    from client.api_server import ApiConfig, create_app
-    from swarm.model_spec import ModelSpecError
+    from hexswarm.client import DistributedModelForCausalLM
+    from hexswarm.client.api_admission import AdmissionLimits
+    from hexswarm.client.api_server import ApiConfig, create_app
+    from hexswarm.swarm.model_spec import ModelSpecError
 
     try:
         model = DistributedModelForCausalLM.from_pretrained(

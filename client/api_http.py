@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from client.api_schema import ApiError
+from hexswarm.client.api_schema import ApiError
 
 logger = logging.getLogger(__name__)
 

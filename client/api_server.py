@@ -33,10 +33,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from client.api_admission import Admission, AdmissionLimits, Ticket
-from client.api_generation import GenerationHooks, SamplingSettings, start_generation
-from client.api_http import BodyLimit, BodyTooLarge, CoverageProbe, unless_client_leaves
-from client.api_schema import (
+from hexswarm.client.api_admission import Admission, AdmissionLimits, Ticket
+from hexswarm.client.api_generation import GenerationHooks, SamplingSettings, start_generation
+from hexswarm.client.api_http import BodyLimit, BodyTooLarge, CoverageProbe, unless_client_leaves
+from hexswarm.client.api_schema import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     ApiError,
     ChatRequest,
@@ -44,11 +44,11 @@ from client.api_schema import (
     ResponseShape,
     bad_request,
 )
-from client.api_text import Finished, TextAssembler, text_deltas
-from client.remote import PeerError
-from client.session import SequenceTooLongError
-from client.swarm_client import MissingBlocksError, uncovered_blocks
-from swarm.records import block_ranges
+from hexswarm.client.api_text import Finished, TextAssembler, text_deltas
+from hexswarm.client.remote import PeerError
+from hexswarm.client.session import SequenceTooLongError
+from hexswarm.client.swarm_client import MissingBlocksError, uncovered_blocks
+from hexswarm.swarm.records import block_ranges
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from client.api_generation import TokenStream
+from hexswarm.client.api_generation import TokenStream
 
 _INCOMPLETE = "\ufffd"  # what decode() makes of a character whose bytes are not all there yet
 

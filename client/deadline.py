@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from client.retry import RetryPolicy
+from hexswarm.client.retry import RetryPolicy
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from client.deadline import PeerSpeed, step_deadline_s
-from client.remote import PeerConnection, PeerError
-from client.retry import Attempt, BanList, RetryBudget, RetryPolicy, backoff_delay
-from client.swarm_client import PING_TIMEOUT_S, MissingBlocksError, SwarmClient
-from routing.chains.span import route_span
-from routing.chains.swarm_view import Hop, NoRouteError, Route, Router, RouteRequest
-from swarm.model_spec import ModelSpec
-from swarm.protocol import NextHop, Step
-from swarm.records import PeerRecord
+from hexswarm.client.deadline import PeerSpeed, step_deadline_s
+from hexswarm.client.remote import PeerConnection, PeerError
+from hexswarm.client.retry import Attempt, BanList, RetryBudget, RetryPolicy, backoff_delay
+from hexswarm.client.swarm_client import PING_TIMEOUT_S, MissingBlocksError, SwarmClient
+from hexswarm.routing.chains.span import route_span
+from hexswarm.routing.chains.swarm_view import Hop, NoRouteError, Route, Router, RouteRequest
+from hexswarm.swarm.model_spec import ModelSpec
+from hexswarm.swarm.protocol import NextHop, Step
+from hexswarm.swarm.records import PeerRecord
 
 logger = logging.getLogger(__name__)
 

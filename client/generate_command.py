@@ -1,7 +1,4 @@
-"""`hexswarm generate MODEL --initial-peers ... --prompt ...`: generate text through a swarm.
-
-Also `python -m client` (client/__main__.py), the same command under its older name.
-"""
+"""`hexswarm generate MODEL --initial-peers ... --prompt ...`: generate text through a swarm."""
 
 from __future__ import annotations
 
@@ -9,7 +6,7 @@ import argparse
 import os
 import time
 
-from swarm import cli_args, log_setup
+from hexswarm.swarm import cli_args, log_setup
 
 LOG_LEVEL = "warning"  # the output is the generated text; a library's INFO lines would bury it
 DEFAULT_PROMPT = "A swarm of volunteers"
@@ -37,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
     log_setup.set_context(f"client {os.path.basename(os.path.normpath(args.model))}")
     from transformers import AutoTokenizer
 
-    from client import DistributedModelForCausalLM
-    from swarm.model_spec import ModelSpecError
+    from hexswarm.client import DistributedModelForCausalLM
+    from hexswarm.swarm.model_spec import ModelSpecError
 
     try:
         model = DistributedModelForCausalLM.from_pretrained(args.model, initial_peers=args.initial_peers)

@@ -23,18 +23,18 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from client.failover import Failover
-from client.retry import BanList, RetryPolicy
-from client.session import InferenceSession
-from client.swarm_client import SwarmClient
-from client.verify import Verifier, VerifyStats
-from routing.chains.swarm_view import Router
-from swarm import architectures
-from swarm.checkpoint import load_tensors
-from swarm.dht import public_initial_peers
-from swarm.model_spec import ModelSpec, config_for_blocks, load_model_spec
-from swarm.terminal_text import printable
-from swarm.threads import openmp_spins, torch_threads
+from hexswarm.client.failover import Failover
+from hexswarm.client.retry import BanList, RetryPolicy
+from hexswarm.client.session import InferenceSession
+from hexswarm.client.swarm_client import SwarmClient
+from hexswarm.client.verify import Verifier, VerifyStats
+from hexswarm.routing.chains.swarm_view import Router
+from hexswarm.swarm import architectures
+from hexswarm.swarm.checkpoint import load_tensors
+from hexswarm.swarm.dht import public_initial_peers
+from hexswarm.swarm.model_spec import ModelSpec, config_for_blocks, load_model_spec
+from hexswarm.swarm.terminal_text import printable
+from hexswarm.swarm.threads import openmp_spins, torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ class DistributedModelForCausalLM:
             raise ValueError("pass initial_peers=[...] (the bootstrap's multiaddrs) or public=True")
         model = _build_local_parts(spec, dtype)
         if router is None:
-            from routing.chains.routers import make_router
+            from hexswarm.routing.chains.routers import make_router
 
             router = make_router(routing, preference)
         swarm = SwarmClient.connect(peers, host_maddrs)

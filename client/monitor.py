@@ -13,12 +13,12 @@ import threading
 from importlib import resources
 from typing import TYPE_CHECKING
 
-from swarm import cli_args
+from hexswarm.swarm import cli_args
 
 if TYPE_CHECKING:  # fastapi and hivemind load when the monitor runs, not for --help
     from fastapi import FastAPI
 
-    from swarm.coordinator.records import Trust
+    from hexswarm.swarm.coordinator.records import Trust
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class SwarmWatcher:
         self._thread.join(timeout=self.refresh_s + 15)
 
     def _loop(self) -> None:
-        from client.monitor_data import collect
+        from hexswarm.client.monitor_data import collect
 
         while not self._stop.is_set():
             try:
@@ -87,8 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from client.swarm_client import SwarmClient
-    from swarm.coordinator.records import trust_from
+    from hexswarm.client.swarm_client import SwarmClient
+    from hexswarm.swarm.coordinator.records import trust_from
 
     models = None if args.model is None else dict([cli_args.model_identity(args.model)])
     swarm = SwarmClient.connect(args.initial_peers, args.host_maddrs)

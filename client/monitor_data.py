@@ -16,8 +16,14 @@ import dataclasses
 import time
 from typing import Any
 
-from swarm.coordinator.records import Coordination, Trust, read_coordination_sync
-from swarm.records import PeerRecord, PeerState, online_peers_per_block, read_models, read_peer_records
+from hexswarm.swarm.coordinator.records import Coordination, Trust, read_coordination_sync
+from hexswarm.swarm.records import (
+    PeerRecord,
+    PeerState,
+    online_peers_per_block,
+    read_models,
+    read_peer_records,
+)
 
 TOKENS_PER_S_NOTE = (
     "estimate, not a measurement: one sequence's decode rate along the fastest chain, from the "

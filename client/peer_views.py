@@ -7,8 +7,8 @@ sessions as if it ran them one at a time.
 
 from __future__ import annotations
 
-from routing.chains.swarm_view import PeerView
-from swarm.records import PeerRecord
+from hexswarm.routing.chains.swarm_view import PeerView
+from hexswarm.swarm.records import PeerRecord
 
 
 def peer_view(record: PeerRecord) -> PeerView:

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from swarm.protocol import (
+from hexswarm.swarm.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     SESSION_PROTOCOL,
     Close,
@@ -26,7 +26,7 @@ from swarm.protocol import (
     read_frame,
     write_frame,
 )
-from swarm.wire_tensors import DTYPE_NAMES
+from hexswarm.swarm.wire_tensors import DTYPE_NAMES
 
 
 class PeerError(RuntimeError):

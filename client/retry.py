@@ -18,8 +18,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from client.remote import PeerError
-from swarm.protocol import ErrorCode
+from hexswarm.client.remote import PeerError
+from hexswarm.swarm.protocol import ErrorCode
 
 
 @dataclass(frozen=True)

@@ -30,15 +30,15 @@ from collections import Counter
 
 import torch
 
-from client.failover import Failover, Hops, LiveHop
-from client.history import InputHistory
-from client.remote import PeerError
-from client.retry import BanList, RetryPolicy
-from client.swarm_client import SwarmClient, uncovered_blocks
-from client.worker import run_sync
-from routing.chains.swarm_view import Router, RouteRequest
-from swarm.model_spec import ModelSpec
-from swarm.records import block_ranges
+from hexswarm.client.failover import Failover, Hops, LiveHop
+from hexswarm.client.history import InputHistory
+from hexswarm.client.remote import PeerError
+from hexswarm.client.retry import BanList, RetryPolicy
+from hexswarm.client.swarm_client import SwarmClient, uncovered_blocks
+from hexswarm.client.worker import run_sync
+from hexswarm.routing.chains.swarm_view import Router, RouteRequest
+from hexswarm.swarm.model_spec import ModelSpec
+from hexswarm.swarm.records import block_ranges
 
 logger = logging.getLogger(__name__)
 

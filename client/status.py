@@ -12,14 +12,14 @@ import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from swarm import cli_args
-from swarm.dht_read import DHT_READ_TIMEOUT_S
-from swarm.terminal_text import printable
+from hexswarm.swarm import cli_args
+from hexswarm.swarm.dht_read import DHT_READ_TIMEOUT_S
+from hexswarm.swarm.terminal_text import printable
 
 if TYPE_CHECKING:  # hivemind loads when the command runs, not for --help
-    from swarm.coordinator.records import Coordination
-    from swarm.records import PeerRecord
-    from swarm.reports import Report
+    from hexswarm.swarm.coordinator.records import Coordination
+    from hexswarm.swarm.records import PeerRecord
+    from hexswarm.swarm.reports import Report
 
 # Peer-supplied text is escaped (swarm.terminal_text) and cut to these lengths, in characters.
 MODEL_ID_LIMIT = 120
@@ -53,13 +53,13 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.reconfigure(errors="backslashreplace")
     watched = None if args.model is None else dict([cli_args.model_identity(args.model)])
 
-    from client.monitor_data import model_entry
-    from swarm.builtin_models import builtin_names
-    from swarm.coordinator.records import read_coordination_sync, trust_from
-    from swarm.dht import start_dht
-    from swarm.dht_process import shutdown_dht
-    from swarm.records import read_models, read_peer_records
-    from swarm.reports import read_reports
+    from hexswarm.client.monitor_data import model_entry
+    from hexswarm.swarm.builtin_models import builtin_names
+    from hexswarm.swarm.coordinator.records import read_coordination_sync, trust_from
+    from hexswarm.swarm.dht import start_dht
+    from hexswarm.swarm.dht_process import shutdown_dht
+    from hexswarm.swarm.records import read_models, read_peer_records
+    from hexswarm.swarm.reports import read_reports
 
     try:
         trust = trust_from(args.coordinator_key)
@@ -109,7 +109,7 @@ def print_model(model_id: str, num_blocks: int, records: list[PeerRecord], alias
             f"{describe_tp(r):>9} {printable(describe_devices(r), 14):<14} {r.throughput:>9.0f} {r.decode_ms_per_block:>7.2f} {r.open_sessions:>8} {r.cache_tokens_left:>10}  "
             f"{address}"
         )
-    from swarm.records import online_peers_per_block
+    from hexswarm.swarm.records import online_peers_per_block
 
     online = online_peers_per_block(records, num_blocks)
     missing = [b for b, n in enumerate(online) if n == 0]
@@ -158,8 +158,8 @@ def describe_devices(record: PeerRecord) -> str:
 
 def print_plan(coordination: Coordination, records: list[PeerRecord]) -> None:
     """The coordinator and its plan, in two lines."""
-    from client.monitor_data import followers
-    from swarm.coordinator.records import uncovered_text
+    from hexswarm.client.monitor_data import followers
+    from hexswarm.swarm.coordinator.records import uncovered_text
 
     holder, plan = coordination.holder, coordination.plan
     if holder is None:

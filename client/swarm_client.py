@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 
 from hivemind.p2p import PeerID
 
-from client.peer_views import peer_view
-from client.remote import PeerConnection, PeerError
-from client.worker import run_sync
-from routing.chains.swarm_view import SwarmView
-from swarm.dht import start_dht
-from swarm.dht_process import shutdown_dht
-from swarm.dht_read import DHT_READ_TIMEOUT_S
-from swarm.records import (
+from hexswarm.client.peer_views import peer_view
+from hexswarm.client.remote import PeerConnection, PeerError
+from hexswarm.client.worker import run_sync
+from hexswarm.routing.chains.swarm_view import SwarmView
+from hexswarm.swarm.dht import start_dht
+from hexswarm.swarm.dht_process import shutdown_dht
+from hexswarm.swarm.dht_read import DHT_READ_TIMEOUT_S
+from hexswarm.swarm.records import (
     PeerRecord,
     PeerState,
     block_ranges,
@@ -29,7 +29,7 @@ from swarm.records import (
     read_models,
     read_peer_records,
 )
-from swarm.terminal_text import printable
+from hexswarm.swarm.terminal_text import printable
 
 logger = logging.getLogger(__name__)
 

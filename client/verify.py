@@ -31,12 +31,12 @@ from dataclasses import dataclass
 import torch
 from hivemind.utils import get_dht_time
 
-from client.remote import PeerConnection, PeerError
-from client.worker import run_sync
-from swarm.identity import peer_id_from_owner_marker
-from swarm.records import PeerRecord
-from swarm.reports import REPORT_TTL_S, Report, publish_report, tensor_hash
-from swarm.wire_tensors import DTYPE_NAMES
+from hexswarm.client.remote import PeerConnection, PeerError
+from hexswarm.client.worker import run_sync
+from hexswarm.swarm.identity import peer_id_from_owner_marker
+from hexswarm.swarm.records import PeerRecord
+from hexswarm.swarm.reports import REPORT_TTL_S, Report, publish_report, tensor_hash
+from hexswarm.swarm.wire_tensors import DTYPE_NAMES
 
 logger = logging.getLogger(__name__)
 

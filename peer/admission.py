@@ -25,7 +25,7 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarm.protocol import ErrorCode, ProtocolError
+from hexswarm.swarm.protocol import ErrorCode, ProtocolError
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from swarm import architectures
+from hexswarm.swarm import architectures
 
 
 class GatheredCache:

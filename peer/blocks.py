@@ -21,11 +21,11 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-from peer.batch_forward import decode_batch
-from peer.tp_shard import AllReduce, ShardPlan, all_reduce_after_row_parallel, shard_config
-from swarm import architectures
-from swarm.checkpoint import CheckpointError, load_tensors, strip_prefix
-from swarm.model_spec import ModelSpec, config_for_blocks
+from hexswarm.peer.batch_forward import decode_batch
+from hexswarm.peer.tp_shard import AllReduce, ShardPlan, all_reduce_after_row_parallel, shard_config
+from hexswarm.swarm import architectures
+from hexswarm.swarm.checkpoint import CheckpointError, load_tensors, strip_prefix
+from hexswarm.swarm.model_spec import ModelSpec, config_for_blocks
 
 logger = logging.getLogger(__name__)
 

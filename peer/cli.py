@@ -15,15 +15,15 @@ import os
 import sys
 from typing import NoReturn
 
-from swarm.threads import configure_openmp
+from hexswarm.swarm.threads import configure_openmp
 
 configure_openmp()  # before torch loads (see swarm/threads.py)
 
 # ruff: noqa: E402
-from peer.flags import peer_parser
-from swarm import cli_args, log_setup
-from swarm.cli_args import UsageError
-from swarm.coordinator.command import add_coordination_arguments
+from hexswarm.peer.flags import peer_parser
+from hexswarm.swarm import cli_args, log_setup
+from hexswarm.swarm.cli_args import UsageError
+from hexswarm.swarm.coordinator.command import add_coordination_arguments
 
 
 def build_parser():
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         config = peer_config(args)
     except UsageError as e:
         return cli_args.usage_error("run-peer", str(e))
-    from peer.runtime import serve
+    from hexswarm.peer.runtime import serve
 
     layers = "[auto]" if config.auto else f"[{config.start}:{config.end})"
     # the name, when not given, is known once the peer has joined (peer/runtime.py updates it)
@@ -52,13 +52,13 @@ def main(argv: list[str] | None = None) -> int:
 def peer_config(args: argparse.Namespace):
     """The PeerConfig the flags ask for; UsageError for what the parser alone cannot check."""
     cli_args.check_model(args.model)  # before torch loads
-    from peer import faults
-    from peer.admission import AdmissionLimits
-    from peer.core import PeerLimits
-    from peer.debug import parse_record_override
-    from peer.runtime import PeerConfig
-    from swarm.coordinator.command import coordinator_config
-    from swarm.coordinator.records import trust_from
+    from hexswarm.peer import faults
+    from hexswarm.peer.admission import AdmissionLimits
+    from hexswarm.peer.core import PeerLimits
+    from hexswarm.peer.debug import parse_record_override
+    from hexswarm.peer.runtime import PeerConfig
+    from hexswarm.swarm.coordinator.command import coordinator_config
+    from hexswarm.swarm.coordinator.records import trust_from
 
     spec, (start, end), devices, tp_choices, prefill_threads = _load(args)
     try:
@@ -120,9 +120,9 @@ def _load(args: argparse.Namespace):
     model, --layers, --tp and the devices; sets torch's threads. UsageError on a bad one."""
     import torch
 
-    from peer.devices import DeviceError, cpu_cores, default_cpu_threads, parse_devices
-    from peer.tp_shard import TPDegreeError, check_degree, valid_degrees
-    from swarm.model_spec import ModelSpecError, load_model_spec
+    from hexswarm.peer.devices import DeviceError, cpu_cores, default_cpu_threads, parse_devices
+    from hexswarm.peer.tp_shard import TPDegreeError, check_degree, valid_degrees
+    from hexswarm.swarm.model_spec import ModelSpecError, load_model_spec
 
     try:
         spec = load_model_spec(args.model)
@@ -174,7 +174,7 @@ def choose_dtype(name: str, device, checkpoint_dtype):
 
 def batch_policy(args: argparse.Namespace):
     """The compute thread's BatchPolicy from the batching flags (their ranges are checked by the parser)."""
-    from peer.scheduler import BatchPolicy
+    from hexswarm.peer.scheduler import BatchPolicy
 
     return BatchPolicy(
         batching=not args.no_batching,

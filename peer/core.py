@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from swarm.model_spec import ModelSpec
-from swarm.protocol import (
+from hexswarm.swarm.model_spec import ModelSpec
+from hexswarm.swarm.protocol import (
     Close,
     Closed,
     ErrorCode,
@@ -26,8 +26,8 @@ from swarm.protocol import (
     Step,
     StepResult,
 )
-from swarm.threads import torch_threads
-from swarm.wire_tensors import NUMPY_DTYPES, WIRE_DTYPES
+from hexswarm.swarm.threads import torch_threads
+from hexswarm.swarm.wire_tensors import NUMPY_DTYPES, WIRE_DTYPES
 
 # A step of at least this many tokens (batch x new tokens) is a prefill: compute-bound, so it runs
 # on `prefill_threads` where a small model decodes on one thread (peer/devices.default_cpu_threads).

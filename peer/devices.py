@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from swarm.records import DeviceInfo
+from hexswarm.swarm.records import DeviceInfo
 
 
 class DeviceError(ValueError):

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from peer.core import PeerCore, Session
-from swarm.protocol import ErrorCode, ProtocolError, StepResult
+from hexswarm.peer.core import PeerCore, Session
+from hexswarm.swarm.protocol import ErrorCode, ProtocolError, StepResult
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from swarm import cli_args
-from swarm.dht import DEFAULT_HOST_MADDRS
+from hexswarm.swarm import cli_args
+from hexswarm.swarm.dht import DEFAULT_HOST_MADDRS
 
 DTYPES = ("float32", "bfloat16", "float16")
 

@@ -30,9 +30,9 @@ import random
 import time
 from collections.abc import Sequence
 
-from peer.push import Connect
-from swarm.protocol import Error, Ping, Pong, read_frame, write_frame
-from swarm.records import PeerRecord, PeerState
+from hexswarm.peer.push import Connect
+from hexswarm.swarm.protocol import Error, Ping, Pong, read_frame, write_frame
+from hexswarm.swarm.records import PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 

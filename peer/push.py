@@ -49,7 +49,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
-from swarm.protocol import Error, ErrorCode, ProtocolError, PushAck, Step, read_frame, write_frame
+from hexswarm.swarm.protocol import Error, ErrorCode, ProtocolError, PushAck, Step, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
 

@@ -21,13 +21,13 @@ import asyncio
 import logging
 import time
 
-from peer.admission import Admission
-from peer.blocks import BlockStack
-from peer.core import PeerCore
-from peer.plan_follower import old_range_covered
-from peer.server import PeerServer
-from swarm import log_setup
-from swarm.records import PeerState
+from hexswarm.peer.admission import Admission
+from hexswarm.peer.blocks import BlockStack
+from hexswarm.peer.core import PeerCore
+from hexswarm.peer.plan_follower import old_range_covered
+from hexswarm.peer.server import PeerServer
+from hexswarm.swarm import log_setup
+from hexswarm.swarm.records import PeerState
 
 logger = logging.getLogger(__name__)
 

@@ -21,31 +21,31 @@ from typing import Any
 import torch
 from hivemind.p2p import PeerID
 
-import swarm
-from peer.admission import Admission, AdmissionLimits
-from peer.announcer import Announcer
-from peer.blocks import BlockStack
-from peer.core import Blocks, PeerCore, PeerLimits
-from peer.debug import CorruptOutputs, tampered_encoder
-from peer.devices import describe
-from peer.faults import FaultInjector, FaultPlan
-from peer.link_probe import LinkProbe
-from peer.plan_follower import PlanFollower, join_range
-from peer.push import PushLinks, SwarmMembers
-from peer.range_move import RangeMover
-from peer.scheduler import BatchPolicy
-from peer.server import PeerServer
-from peer.throughput import measure_or_load
-from peer.tp_group import TPGroup, TPGroupError
-from swarm import log_setup
-from swarm.coordinator.records import Trust, dht_get
-from swarm.dht import start_dht
-from swarm.dht_process import shutdown_dht
-from swarm.identity import load_or_create_identity
-from swarm.model_spec import ModelSpec
-from swarm.protocol import SESSION_PROTOCOL, ProtocolError
-from swarm.records import PeerRecord, PeerState, model_key, peer_records_from
-from swarm.wire_tensors import DTYPE_NAMES
+from hexswarm import swarm
+from hexswarm.peer.admission import Admission, AdmissionLimits
+from hexswarm.peer.announcer import Announcer
+from hexswarm.peer.blocks import BlockStack
+from hexswarm.peer.core import Blocks, PeerCore, PeerLimits
+from hexswarm.peer.debug import CorruptOutputs, tampered_encoder
+from hexswarm.peer.devices import describe
+from hexswarm.peer.faults import FaultInjector, FaultPlan
+from hexswarm.peer.link_probe import LinkProbe
+from hexswarm.peer.plan_follower import PlanFollower, join_range
+from hexswarm.peer.push import PushLinks, SwarmMembers
+from hexswarm.peer.range_move import RangeMover
+from hexswarm.peer.scheduler import BatchPolicy
+from hexswarm.peer.server import PeerServer
+from hexswarm.peer.throughput import measure_or_load
+from hexswarm.peer.tp_group import TPGroup, TPGroupError
+from hexswarm.swarm import log_setup
+from hexswarm.swarm.coordinator.records import Trust, dht_get
+from hexswarm.swarm.dht import start_dht
+from hexswarm.swarm.dht_process import shutdown_dht
+from hexswarm.swarm.identity import load_or_create_identity
+from hexswarm.swarm.model_spec import ModelSpec
+from hexswarm.swarm.protocol import SESSION_PROTOCOL, ProtocolError
+from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
+from hexswarm.swarm.wire_tensors import DTYPE_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def _start_coordinator(config: PeerConfig, dht, identity, stop: asyncio.Event) -
     """`--coordinator`: a coordinator candidate on this peer's DHT node, ended by `stop`."""
     if config.coordinator is None:
         return None
-    from swarm.coordinator.service import Coordinator
+    from hexswarm.swarm.coordinator.service import Coordinator
 
     return asyncio.create_task(Coordinator(dht, identity, config.coordinator).run(stop), name="coordinator")
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from peer.core import PeerCore, Session
-from swarm.protocol import ErrorCode, ProtocolError, StepResult
+from hexswarm.peer.core import PeerCore, Session
+from hexswarm.swarm.protocol import ErrorCode, ProtocolError, StepResult
 
 logger = logging.getLogger(__name__)
 

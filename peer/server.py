@@ -19,13 +19,13 @@ import logging
 import time
 from dataclasses import replace
 
-from peer.admission import Admission, AdmissionLimits
-from peer.core import PeerCore
-from peer.faults import FaultInjector
-from peer.hop_stats import HopStats
-from peer.push import PushLinks
-from peer.scheduler import BatchPolicy, Job, StepScheduler
-from swarm.protocol import (
+from hexswarm.peer.admission import Admission, AdmissionLimits
+from hexswarm.peer.core import PeerCore
+from hexswarm.peer.faults import FaultInjector
+from hexswarm.peer.hop_stats import HopStats
+from hexswarm.peer.push import PushLinks
+from hexswarm.peer.scheduler import BatchPolicy, Job, StepScheduler
+from hexswarm.swarm.protocol import (
     Close,
     Error,
     ErrorCode,

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from peer.core import Blocks
-from swarm import log_setup
-from swarm.threads import torch_threads
+from hexswarm.peer.core import Blocks
+from hexswarm.swarm import log_setup
+from hexswarm.swarm.threads import torch_threads
 
 logger = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ import torch
 import torch.distributed as dist
 from transformers import DynamicCache
 
-from peer.blocks import BlockStack
-from peer.devices import describe, threads_per_rank
-from peer.tp_rank import (
+from hexswarm.peer.blocks import BlockStack
+from hexswarm.peer.devices import describe, threads_per_rank
+from hexswarm.peer.tp_rank import (
     HEARTBEAT_S,
     DropStack,
     Failed,
@@ -55,11 +55,11 @@ from peer.tp_rank import (
     rank_main,
     subgroups,
 )
-from swarm import log_setup
-from swarm.launcher import free_port
-from swarm.model_spec import ModelSpec
-from swarm.protocol import ErrorCode, ProtocolError
-from swarm.records import DeviceInfo
+from hexswarm.swarm import log_setup
+from hexswarm.swarm.launcher import free_port
+from hexswarm.swarm.model_spec import ModelSpec
+from hexswarm.swarm.protocol import ErrorCode, ProtocolError
+from hexswarm.swarm.records import DeviceInfo
 
 logger = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from swarm import log_setup
-from swarm.records import DeviceInfo
+from hexswarm.swarm import log_setup
+from hexswarm.swarm.records import DeviceInfo
 
 logger = logging.getLogger(__name__)
 
@@ -178,8 +178,8 @@ def broadcast_from_leader(tensor: torch.Tensor, group=None) -> None:
 
 def load_shard(spec, start: int, end: int, dtype: torch.dtype, device, rank: int, tp: int, group):
     """This rank's share of blocks [start, end) at degree `tp` (whole blocks at degree 1)."""
-    from peer.blocks import BlockStack
-    from peer.tp_shard import ShardPlan
+    from hexswarm.peer.blocks import BlockStack
+    from hexswarm.peer.tp_shard import ShardPlan
 
     if tp == 1:
         return BlockStack.load(spec, start, end, dtype, device)
@@ -195,8 +195,8 @@ def rank_main(setup: RankSetup, conn) -> None:
     log_setup.disable_progress()  # the leader draws the group's progress bars
     if setup.threads is not None:
         torch.set_num_threads(setup.threads)
-    from peer.devices import describe  # heavy imports after the process is set up
-    from swarm.model_spec import load_model_spec
+    from hexswarm.peer.devices import describe  # heavy imports after the process is set up
+    from hexswarm.swarm.model_spec import load_model_spec
 
     device = torch.device(setup.device)
     conn.send(Joining(setup.rank))

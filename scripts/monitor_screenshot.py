@@ -16,10 +16,8 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from swarm.launcher import LocalSwarm, free_port  # noqa: E402
-from swarm.tiny_model import make_tiny_model  # noqa: E402
+from hexswarm.swarm.launcher import LocalSwarm, free_port
+from hexswarm.swarm.tiny_model import make_tiny_model
 
 
 def main() -> None:
@@ -52,7 +50,7 @@ def main() -> None:
                 [
                     sys.executable,
                     "-m",
-                    "swarm.cli",
+                    "hexswarm.swarm.cli",
                     "api",
                     "--initial-peers",
                     *swarm.initial_peers,
@@ -69,7 +67,7 @@ def main() -> None:
                 [
                     sys.executable,
                     "-m",
-                    "swarm.cli",
+                    "hexswarm.swarm.cli",
                     "monitor",
                     "--initial-peers",
                     *swarm.initial_peers,

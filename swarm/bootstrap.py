@@ -33,9 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm.dht import start_dht
-    from swarm.dht_process import shutdown_dht
-    from swarm.identity import load_or_create_identity
+    from hexswarm.swarm.dht import start_dht
+    from hexswarm.swarm.dht_process import shutdown_dht
+    from hexswarm.swarm.identity import load_or_create_identity
 
     identity = load_or_create_identity(args.identity)
     dht = start_dht(

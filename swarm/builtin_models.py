@@ -59,7 +59,7 @@ def builtin_path(model: BuiltinModel) -> Path | None:
 def builtin_names() -> dict[str, str]:
     """Model id -> built-in name, for the built-in models installed here whose file has been read
     once (so `hexswarm status` can show the name a user types beside the id)."""
-    from swarm.gguf_checkpoint import cached_model_id
+    from hexswarm.swarm.gguf_checkpoint import cached_model_id
 
     names = {}
     for model in BUILTIN_MODELS.values():

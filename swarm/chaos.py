@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from transformers import StoppingCriteria
 
-from swarm.launcher import LaunchError, LocalSwarm, Managed
+from hexswarm.swarm.launcher import LaunchError, LocalSwarm, Managed
 
 ACTIONS = ("kill", "stop", "error")
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "error": signal.SIGUSR1}

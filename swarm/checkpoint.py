@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from swarm import gguf_checkpoint, log_setup
+from hexswarm.swarm import gguf_checkpoint, log_setup
 
 
 class CheckpointError(ValueError):

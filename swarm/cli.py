@@ -12,20 +12,32 @@ from __future__ import annotations
 import importlib
 import sys
 
-from swarm import cli_args, log_setup
+from hexswarm.swarm import cli_args, log_setup
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "models": ("swarm.models_command", "list the built-in model names and the files they resolve to"),
-    "make-tiny-model": ("swarm.tiny_model", "write a small random-initialized checkpoint with a tokenizer"),
-    "bootstrap": ("swarm.bootstrap", "start a DHT node that a private swarm joins through"),
-    "status": ("client.status", "print the peers of a swarm and the block coverage of each model"),
-    "demo": ("swarm.demo", "run a private swarm on this machine and generate text"),
-    "generate": ("client.generate_command", "generate text through a swarm from the shell"),
-    "plan": ("swarm.coordinator.plan_command", "plan a swarm over a cluster with the HexGen scheduler"),
-    "api": ("client.api_command", "serve an OpenAI-compatible HTTP API over the swarm"),
-    "coordinator": ("swarm.coordinator.command", "run a coordinator that plans a model's swarm online"),
-    "monitor": ("client.monitor", "serve a live web page of the swarm's peers and block coverage"),
+    "models": (
+        "hexswarm.swarm.models_command",
+        "list the built-in model names and the files they resolve to",
+    ),
+    "make-tiny-model": (
+        "hexswarm.swarm.tiny_model",
+        "write a small random-initialized checkpoint with a tokenizer",
+    ),
+    "bootstrap": ("hexswarm.swarm.bootstrap", "start a DHT node that a private swarm joins through"),
+    "status": ("hexswarm.client.status", "print the peers of a swarm and the block coverage of each model"),
+    "demo": ("hexswarm.swarm.demo", "run a private swarm on this machine and generate text"),
+    "generate": ("hexswarm.client.generate_command", "generate text through a swarm from the shell"),
+    "plan": (
+        "hexswarm.swarm.coordinator.plan_command",
+        "plan a swarm over a cluster with the HexGen scheduler",
+    ),
+    "api": ("hexswarm.client.api_command", "serve an OpenAI-compatible HTTP API over the swarm"),
+    "coordinator": (
+        "hexswarm.swarm.coordinator.command",
+        "run a coordinator that plans a model's swarm online",
+    ),
+    "monitor": ("hexswarm.client.monitor", "serve a live web page of the swarm's peers and block coverage"),
 }
 
 

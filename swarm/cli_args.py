@@ -1,7 +1,7 @@
 """What every command's parser shares: one-line usage errors, defaults in help, `--version`,
 the log flags, the model and swarm arguments, and argparse types that check a value's range.
 
-`run-peer`, each `hexswarm` verb and `python -m client` build their parsers with `new_parser`,
+`run-peer` and each `hexswarm` verb build their parsers with `new_parser`,
 so they answer the same way: `--help` lists every option with its default, `--version` prints
 the package version, and a bad value is one line on stderr with exit status 2. A value that can
 only be checked once the command runs (a model that does not exist) raises `UsageError`, which
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from swarm import __version__, log_setup
+from hexswarm.swarm import __version__, log_setup
 
 MODEL_HELP = (
     "a built-in model name (hexswarm models), a GGUF file or a checkpoint folder (config.json + safetensors)"
@@ -115,7 +115,7 @@ def add_client_host_maddrs(parser: argparse.ArgumentParser) -> None:
 def check_model(model: str) -> None:
     """Raises UsageError unless `model` names a model in one of the three forms. Cheap: reads
     no weights (loading the model later reports what is wrong inside it, in one line too)."""
-    from swarm.builtin_models import BUILTIN_MODELS, BuiltinModelMissing, resolve_builtin
+    from hexswarm.swarm.builtin_models import BUILTIN_MODELS, BuiltinModelMissing, resolve_builtin
 
     if model in BUILTIN_MODELS:
         try:
@@ -138,8 +138,8 @@ def check_model(model: str) -> None:
 def model_identity(model: str) -> tuple[str, int]:
     """(model id, number of blocks) of a model named on the command line; UsageError if it is none."""
     check_model(model)
-    from swarm.model_spec import ModelSpecError
-    from swarm.model_spec import model_identity as identity
+    from hexswarm.swarm.model_spec import ModelSpecError
+    from hexswarm.swarm.model_spec import model_identity as identity
 
     try:
         return identity(model)

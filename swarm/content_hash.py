@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from swarm.cache_files import cache_root, locked, write_atomically
+from hexswarm.swarm.cache_files import cache_root, locked, write_atomically
 
 logger = logging.getLogger(__name__)
 

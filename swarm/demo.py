@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swarm import cli_args
-from swarm.builtin_models import DEFAULT_MODEL
-from swarm.launcher import COLOCATED_ENV, LocalSwarm, stop_process
+from hexswarm.swarm import cli_args
+from hexswarm.swarm.builtin_models import DEFAULT_MODEL
+from hexswarm.swarm.launcher import COLOCATED_ENV, LocalSwarm, stop_process
 
 TINY_LAYERS = 8
 # (name, layers) of the real model's 30 layers, and of the tiny model's 8: overlapping ranges,
@@ -147,7 +147,7 @@ def _say(text: str) -> None:
 def _tiny_model(workdir: Path) -> Path:
     model_dir = workdir / "tiny-llama"
     if not (model_dir / "config.json").exists():
-        from swarm.tiny_model import make_tiny_model
+        from hexswarm.swarm.tiny_model import make_tiny_model
 
         print(f"[demo] writing a tiny random Llama ({TINY_LAYERS} layers) to {model_dir}", flush=True)
         make_tiny_model(model_dir, layers=TINY_LAYERS, seed=0)
@@ -156,7 +156,7 @@ def _tiny_model(workdir: Path) -> Path:
 
 def _prepare_real_model() -> bool:
     """Converts the GGUF file's metadata once (cached), so the peers start from the cache."""
-    from swarm.model_spec import ModelSpecError, load_model_spec
+    from hexswarm.swarm.model_spec import ModelSpecError, load_model_spec
 
     began = time.monotonic()
     try:
@@ -179,7 +179,7 @@ def _run_swarm(swarm: LocalSwarm, model, ranges, args: argparse.Namespace) -> in
         swarm.wait_for_log(proc, "online:", timeout=300)
         print(f"[demo] peer {name} serves layers [{layers.replace(':', ', ')})", flush=True)
     print(f"[demo] swarm up in {time.monotonic() - began:.1f} s; generating", flush=True)
-    generate = [sys.executable, "-m", "swarm.cli", "generate", str(model), "--initial-peers", *peers]
+    generate = [sys.executable, "-m", "hexswarm.swarm.cli", "generate", str(model), "--initial-peers", *peers]
     client = [*generate, "--prompt", args.prompt]
     if not args.tiny:
         client += ["--chat", args.chat]

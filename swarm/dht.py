@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 if (
     TYPE_CHECKING
 ):  # hivemind loads when a node starts: `--help` of the commands that join does not wait for it
-    from swarm.identity import Identity
+    from hexswarm.swarm.identity import Identity
 
 # The public swarm's bootstrap nodes, overridable with HEXSWARM_INITIAL_PEERS (space- or
 # comma-separated multiaddrs). Empty until a public swarm runs: the commands offer no `--public`
@@ -50,7 +50,7 @@ def start_dht(
     """
     from hivemind.dht.crypto import RSASignatureValidator
 
-    from swarm.dht_process import OwnedDHT
+    from hexswarm.swarm.dht_process import OwnedDHT
 
     validator = RSASignatureValidator(identity.private_key if identity else None)
     kwargs = dict(

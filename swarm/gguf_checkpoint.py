@@ -27,9 +27,9 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from swarm import content_hash
-from swarm.cache_files import cache_root, locked, write_atomically
-from swarm.model_id import readable_id
+from hexswarm.swarm import content_hash
+from hexswarm.swarm.cache_files import cache_root, locked, write_atomically
+from hexswarm.swarm.model_id import readable_id
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def _convert_metadata(gguf_path: Path, digest: str, folder: Path) -> None:
     logger.info("%s: converting GGUF metadata (config, tokenizer) once into %s", gguf_path.name, folder)
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from swarm.architectures import UnsupportedArchitectureError, check_supported
+    from hexswarm.swarm.architectures import UnsupportedArchitectureError, check_supported
 
     config = _read_with(AutoConfig, gguf_path)
     try:

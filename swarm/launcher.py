@@ -65,7 +65,7 @@ class LocalSwarm:
             [
                 sys.executable,
                 "-m",
-                "swarm.cli",
+                "hexswarm.swarm.cli",
                 "bootstrap",
                 "--host-maddrs",
                 LOOPBACK,
@@ -93,7 +93,7 @@ class LocalSwarm:
         args = [
             sys.executable,
             "-m",
-            "peer.cli",
+            "hexswarm.peer.cli",
             str(model_dir),
             "--layers",
             layers,

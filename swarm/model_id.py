@@ -24,7 +24,7 @@ import math
 import re
 from pathlib import Path
 
-from swarm import content_hash
+from hexswarm.swarm import content_hash
 
 ID_HASH_CHARS = 16  # hex digits of the content hash in an id
 # config.json fields that say who saved the file, not what the model is: two saves of one

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swarm import gguf_checkpoint, model_id
-from swarm.architectures import SUPPORTED_FAMILIES, check_supported, localize_layer_settings
-from swarm.builtin_models import BuiltinModelMissing, resolve_builtin
+from hexswarm.swarm import gguf_checkpoint, model_id
+from hexswarm.swarm.architectures import SUPPORTED_FAMILIES, check_supported, localize_layer_settings
+from hexswarm.swarm.builtin_models import BuiltinModelMissing, resolve_builtin
 
 if TYPE_CHECKING:  # transformers is imported where a config is parsed: `model_identity` needs none
     from transformers import PretrainedConfig

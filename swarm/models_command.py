@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from swarm.builtin_models import BUILTIN_MODELS, builtin_path
+from hexswarm.swarm.builtin_models import BUILTIN_MODELS, builtin_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -28,8 +28,8 @@ from typing import Any
 import msgpack
 import torch
 
-from swarm.wire_checks import ErrorCode, ProtocolError, field, optional_field, require_map
-from swarm.wire_tensors import decode_tensor, encode_tensor
+from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError, field, optional_field, require_map
+from hexswarm.swarm.wire_tensors import decode_tensor, encode_tensor
 
 PROTOCOL_VERSION = 1
 SESSION_PROTOCOL = "/hexswarm/session/1"  # hivemind stream handler name

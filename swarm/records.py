@@ -24,7 +24,7 @@ from typing import Any
 
 import msgpack
 
-from swarm.identity import peer_id_from_owner_marker
+from hexswarm.swarm.identity import peer_id_from_owner_marker
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def warn_once(peer_id: str, message: str) -> None:
 def read_peer_records(dht, model_id: str, timeout: float | None = None) -> list[PeerRecord]:
     """Every well-formed, correctly signed record of `model_id` currently in the DHT; none (logged)
     if the DHT does not answer within `timeout` seconds (swarm.dht_read.DHT_READ_TIMEOUT_S)."""
-    from swarm.dht_read import get_latest
+    from hexswarm.swarm.dht_read import get_latest
 
     return peer_records_from(get_latest(dht, model_key(model_id), timeout), model_id)
 
@@ -237,7 +237,7 @@ def peer_records_from(value, model_id: str) -> list[PeerRecord]:
 def read_models(dht, timeout: float | None = None) -> dict[str, int]:
     """model_id -> number of blocks, for every model some peer announced; none (logged) if the
     DHT does not answer within `timeout` seconds (swarm.dht_read.DHT_READ_TIMEOUT_S)."""
-    from swarm.dht_read import get_latest
+    from hexswarm.swarm.dht_read import get_latest
 
     value = get_latest(dht, MODELS_KEY, timeout)
     return models_from(parse_signed_entries(value, ModelEntry.from_bytes))

@@ -23,8 +23,8 @@ from typing import Any
 import msgpack
 import torch
 
-from swarm.dht_read import get_latest
-from swarm.records import parse_signed_entries, unpack_map
+from hexswarm.swarm.dht_read import get_latest
+from hexswarm.swarm.records import parse_signed_entries, unpack_map
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from swarm import cli_args
+from hexswarm.swarm import cli_args
 
 # A short text the byte-level BPE tokenizer learns its merges from. Any text works (byte-level
 # BPE can encode every string); English prose gives merges that make demo output readable.

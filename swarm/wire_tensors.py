@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from swarm.wire_checks import ErrorCode, ProtocolError, field, require_map
+from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError, field, require_map
 
 # torch dtype <-> wire name. Only what a hidden state can be; bfloat16 has no numpy twin,
 # so tensors go through their raw bytes (`view(torch.uint8)`) rather than numpy.

@@ -16,9 +16,9 @@ from pymoo.operators.crossover.pntx import SinglePointCrossover
 from pymoo.operators.mutation.bitflip import BitflipMutation
 from pymoo.operators.sampling.rnd import BinaryRandomSampling
 
-from routing.chains.cost import Candidates, evaluate_assignments, route_from_assignment
-from routing.chains.front import Front
-from routing.chains.nsga import NsgaConfig, run_nsga
+from hexswarm.routing.chains.cost import Candidates, evaluate_assignments, route_from_assignment
+from hexswarm.routing.chains.front import Front
+from hexswarm.routing.chains.nsga import NsgaConfig, run_nsga
 
 
 class MatrixProblem(Problem):

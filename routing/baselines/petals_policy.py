@@ -23,11 +23,11 @@ import random
 from collections.abc import Mapping
 from dataclasses import replace
 
-from routing.baselines.petals_server import announced_throughput, network_rps, server_num_blocks
-from routing.scheduler.algorithm1 import TP_DEGREES
-from routing.scheduler.cluster import DEFAULT_SAME_REGION, Cluster
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.petals_rule import (
+from hexswarm.routing.baselines.petals_server import announced_throughput, network_rps, server_num_blocks
+from hexswarm.routing.scheduler.algorithm1 import TP_DEGREES
+from hexswarm.routing.scheduler.cluster import DEFAULT_SAME_REGION, Cluster
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.petals_rule import (
     DEFAULT_BALANCE_QUALITY,
     MEAN_BALANCE_CHECK_PERIOD_S,
     Span,
@@ -35,9 +35,9 @@ from routing.scheduler.petals_rule import (
     choose_start,
     should_move,
 )
-from routing.scheduler.plan import Plan
-from routing.sim.churn_policy import Decision, SwarmView, plan_spans
-from routing.sim.span_chains import PeerSpan
+from hexswarm.routing.scheduler.plan import Plan
+from hexswarm.routing.sim.churn_policy import Decision, SwarmView, plan_spans
+from hexswarm.routing.sim.span_chains import PeerSpan
 
 
 def petals_servers(

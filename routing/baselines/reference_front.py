@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from routing.chains.cost import Candidates, make_route
-from routing.chains.front import Front
-from routing.chains.min_latency import shortest_chain
-from routing.chains.swarm_view import Route
+from hexswarm.routing.chains.cost import Candidates, make_route
+from hexswarm.routing.chains.front import Front
+from hexswarm.routing.chains.min_latency import shortest_chain
+from hexswarm.routing.chains.swarm_view import Route
 
 # Next floor = last bottleneck * (1 + this): strictly above it, far above float round-off.
 _FLOOR_STEP = 1e-6

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from routing.scheduler.algorithm1 import TP_DEGREES, Tables
-from routing.scheduler.pipeline_dp import PipelineDP, StageLayout
+from hexswarm.routing.scheduler.algorithm1 import TP_DEGREES, Tables
+from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, StageLayout
 
 
 class SymmetricDP(PipelineDP):

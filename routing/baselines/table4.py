@@ -4,9 +4,9 @@ scheduler benchmark replays."""
 
 from __future__ import annotations
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.model_spec import ModelSpec
-from routing.scheduler.plan import PipelinePlan, Plan, StagePlan
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.model_spec import ModelSpec
+from hexswarm.routing.scheduler.plan import PipelinePlan, Plan, StagePlan
 
 
 def _ids(machine: str, gpus: range | list[int]) -> tuple[str, ...]:

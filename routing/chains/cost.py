@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from routing.chains.swarm_view import Hop, NoRouteError, PeerView, Route, RouteRequest, SwarmView
+from hexswarm.routing.chains.swarm_view import Hop, NoRouteError, PeerView, Route, RouteRequest, SwarmView
 
 # An unmeasured peer is assumed to be this far away: still usable, but measured ones win.
 DEFAULT_RTT_MS = 100.0

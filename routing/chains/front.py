@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from routing.chains.swarm_view import Route
+from hexswarm.routing.chains.swarm_view import Route
 
 
 @dataclass(frozen=True)

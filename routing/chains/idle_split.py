@@ -21,10 +21,10 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-from routing.chains.cost import candidates, make_route
-from routing.chains.load_costs import load_aware_candidates
-from routing.chains.min_latency import shortest_chain
-from routing.chains.swarm_view import Route, RouteRequest, SwarmView
+from hexswarm.routing.chains.cost import candidates, make_route
+from hexswarm.routing.chains.load_costs import load_aware_candidates
+from hexswarm.routing.chains.min_latency import shortest_chain
+from hexswarm.routing.chains.swarm_view import Route, RouteRequest, SwarmView
 
 
 def peers_of(route: Route) -> frozenset[str]:

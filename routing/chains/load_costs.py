@@ -53,9 +53,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from routing.chains.cost import Candidates, candidates, make_route, transfer_ms
-from routing.chains.min_latency import shortest_chain
-from routing.chains.swarm_view import RouteRequest, SwarmView
+from hexswarm.routing.chains.cost import Candidates, candidates, make_route, transfer_ms
+from hexswarm.routing.chains.min_latency import shortest_chain
+from hexswarm.routing.chains.swarm_view import RouteRequest, SwarmView
 
 # Utilisation is clipped here (inflation <= 20x): a snapshot's load is an estimate, and a
 # finite cost keeps a busy peer usable when it is the only one serving some blocks.

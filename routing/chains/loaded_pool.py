@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from routing.chains.cost import evaluate_assignments, make_route, no_route_error
-from routing.chains.front import Front
-from routing.chains.load_costs import load_aware_candidates
-from routing.chains.min_latency import shortest_chain
-from routing.chains.swarm_view import Route, RouteRequest, SwarmView
+from hexswarm.routing.chains.cost import evaluate_assignments, make_route, no_route_error
+from hexswarm.routing.chains.front import Front
+from hexswarm.routing.chains.load_costs import load_aware_candidates
+from hexswarm.routing.chains.min_latency import shortest_chain
+from hexswarm.routing.chains.swarm_view import Route, RouteRequest, SwarmView
 
 TOLERANCE = 0.02  # a pooled chain within 2% of the lower bound answers without a new solve
 

@@ -20,9 +20,9 @@ from collections import OrderedDict
 
 import numpy as np
 
-from routing.chains.cost import Candidates, candidates, make_route, no_route_error
-from routing.chains.min_latency import Hops, shortest_chain
-from routing.chains.swarm_view import Route, RouteRequest, SwarmView
+from hexswarm.routing.chains.cost import Candidates, candidates, make_route, no_route_error
+from hexswarm.routing.chains.min_latency import Hops, shortest_chain
+from hexswarm.routing.chains.swarm_view import Route, RouteRequest, SwarmView
 
 
 def hop_widest_bottleneck(cands: Candidates) -> float:

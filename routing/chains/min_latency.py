@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from routing.chains.cost import Candidates, candidates, make_route, no_route_error
-from routing.chains.swarm_view import Route, RouteRequest, SwarmView
+from hexswarm.routing.chains.cost import Candidates, candidates, make_route, no_route_error
+from hexswarm.routing.chains.swarm_view import Route, RouteRequest, SwarmView
 
 Hops = list[tuple[int, int, int]]  # (candidate index, start block, end block)
 

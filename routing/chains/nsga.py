@@ -33,11 +33,16 @@ from pymoo.core.problem import Problem
 from pymoo.core.sampling import Sampling
 from pymoo.optimize import minimize
 
-from routing.chains.cost import Candidates, evaluate_assignments, missing_blocks, route_from_assignment
-from routing.chains.front import Front
-from routing.chains.min_latency import Hops
-from routing.chains.relink import non_dominated, relink
-from routing.chains.sweep_seeds import sweep_seeds
+from hexswarm.routing.chains.cost import (
+    Candidates,
+    evaluate_assignments,
+    missing_blocks,
+    route_from_assignment,
+)
+from hexswarm.routing.chains.front import Front
+from hexswarm.routing.chains.min_latency import Hops
+from hexswarm.routing.chains.relink import non_dominated, relink
+from hexswarm.routing.chains.sweep_seeds import sweep_seeds
 
 _MATING_TRIES = 5
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-from routing.chains.swarm_view import Route, SwarmView
+from hexswarm.routing.chains.swarm_view import Route, SwarmView
 
 
 class OwnPicks:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from routing.chains.cost import Candidates, evaluate_assignments
+from hexswarm.routing.chains.cost import Candidates, evaluate_assignments
 
 # Children scored per call of evaluate_assignments: bounds its (rows x peers) count matrix.
 _CHUNK = 2048

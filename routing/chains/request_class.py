@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from routing.chains.cost import request_cache_tokens
-from routing.chains.swarm_view import RouteRequest
+from hexswarm.routing.chains.cost import request_cache_tokens
+from hexswarm.routing.chains.swarm_view import RouteRequest
 
 # (batch_size, cache tokens, new tokens), the counts rounded up to powers of two
 RequestClass = tuple[int, int, int]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from routing.chains.max_throughput import MaxThroughputRouter
-from routing.chains.min_latency import MinLatencyRouter
-from routing.chains.swarm_view import Router
-from routing.chains.tradeoff import TradeoffRouter
+from hexswarm.routing.chains.max_throughput import MaxThroughputRouter
+from hexswarm.routing.chains.min_latency import MinLatencyRouter
+from hexswarm.routing.chains.swarm_view import Router
+from hexswarm.routing.chains.tradeoff import TradeoffRouter
 
 MODES = ("min_latency", "max_throughput", "tradeoff")
 

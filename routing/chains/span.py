@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from routing.chains.swarm_view import Hop, NoRouteError, Route, Router, RouteRequest, SwarmView
+from hexswarm.routing.chains.swarm_view import Hop, NoRouteError, Route, Router, RouteRequest, SwarmView
 
 
 def span_view(view: SwarmView, start: int, end: int) -> SwarmView:

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from routing.chains.cost import Candidates, make_route
-from routing.chains.max_throughput import hop_widest_bottleneck
-from routing.chains.min_latency import Hops, shortest_chain
+from hexswarm.routing.chains.cost import Candidates, make_route
+from hexswarm.routing.chains.max_throughput import hop_widest_bottleneck
+from hexswarm.routing.chains.min_latency import Hops, shortest_chain
 
 # A gap to the ceiling narrower than this share of the widest chain found is not worth a solve.
 _MIN_GAP = 1e-3

@@ -34,16 +34,21 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from routing.chains.cost import candidates, make_route, no_route_error, request_cache_tokens
-from routing.chains.front import Front, neighbours, pick_index
-from routing.chains.idle_split import IdleChains, keep_idle_split
-from routing.chains.load_costs import load_aware_candidates, session_step_ms
-from routing.chains.loaded_pool import Pool, loaded_front
-from routing.chains.max_throughput import floor_route
-from routing.chains.nsga import NsgaConfig, nsga_front
-from routing.chains.own_picks import OwnPicks
-from routing.chains.request_class import RequestClass, class_cache_floor, class_request, request_class
-from routing.chains.swarm_view import Route, RouteRequest, SwarmView
+from hexswarm.routing.chains.cost import candidates, make_route, no_route_error, request_cache_tokens
+from hexswarm.routing.chains.front import Front, neighbours, pick_index
+from hexswarm.routing.chains.idle_split import IdleChains, keep_idle_split
+from hexswarm.routing.chains.load_costs import load_aware_candidates, session_step_ms
+from hexswarm.routing.chains.loaded_pool import Pool, loaded_front
+from hexswarm.routing.chains.max_throughput import floor_route
+from hexswarm.routing.chains.nsga import NsgaConfig, nsga_front
+from hexswarm.routing.chains.own_picks import OwnPicks
+from hexswarm.routing.chains.request_class import (
+    RequestClass,
+    class_cache_floor,
+    class_request,
+    request_class,
+)
+from hexswarm.routing.chains.swarm_view import Route, RouteRequest, SwarmView
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from routing.scenarios.synthetic_cluster import synthetic_cluster
-from routing.scheduler.cluster import Cluster
+from hexswarm.routing.scenarios.synthetic_cluster import synthetic_cluster
+from hexswarm.routing.scheduler.cluster import Cluster
 
 POOL_FACTOR = 4  # the pool holds this many times the swarm's GPUs (joiners come from it)
 

@@ -13,8 +13,8 @@ geography (Iceland-Norway closest, Norway-Nevada farthest). Inside a machine: PC
 
 from __future__ import annotations
 
-from routing.scheduler.cluster import Cluster, Device, Link, Network, build_cluster
-from routing.scheduler.gpu_catalog import lookup
+from hexswarm.routing.scheduler.cluster import Cluster, Device, Link, Network, build_cluster
+from hexswarm.routing.scheduler.gpu_catalog import lookup
 
 PCIE = Link(1e-5, 16e9)  # PCIe 4.0 x16, ~16 GB/s achieved by NCCL between consumer GPUs
 NVLINK = Link(5e-6, 300e9)  # A100 NVLink 3 via NVSwitch, 300 GB/s each way

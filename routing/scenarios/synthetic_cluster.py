@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from routing.scenarios.hexgen_clusters import PCIE, SAME_REGION
-from routing.scheduler.cluster import Cluster, Device, Link, Network
-from routing.scheduler.gpu_catalog import lookup
+from hexswarm.routing.scenarios.hexgen_clusters import PCIE, SAME_REGION
+from hexswarm.routing.scheduler.cluster import Cluster, Device, Link, Network
+from hexswarm.routing.scheduler.gpu_catalog import lookup
 
 # (GPU type, relative weight) inside each family; weights follow how common the card is to rent.
 CONSUMER = (("RTX3090", 3), ("RTX3090TI", 2), ("RTX4090", 3), ("A5000", 2), ("A4000", 1))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from routing.chains.swarm_view import PeerView, SwarmView
+from hexswarm.routing.chains.swarm_view import PeerView, SwarmView
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.cost_model import comp_cost, max_layers, pp_comm_cost, tp_comm_cost
-from routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cost_model import comp_cost, max_layers, pp_comm_cost, tp_comm_cost
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 
 INF = float("inf")
 TP_DEGREES = (1, 2, 4, 8)

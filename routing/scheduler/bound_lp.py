@@ -27,7 +27,7 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
-from routing.scheduler.model_spec import ModelSpec
+from hexswarm.routing.scheduler.model_spec import ModelSpec
 
 DEFAULT_MAX_BATCH = 16  # the serving model's default (decode steps a stage batches)
 _VARS = 5  # per cell: N, Y, Z, W, H

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from routing.scheduler.gpu_catalog import GIB, GpuSpec, UnknownGpuError, lookup
+from hexswarm.routing.scheduler.gpu_catalog import GIB, GpuSpec, UnknownGpuError, lookup
 
 
 class ClusterError(ValueError):

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.model_spec import ModelSpec
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.model_spec import ModelSpec
 
 ArrayLike = float | np.ndarray
 
@@ -201,8 +201,8 @@ def reference_latency(model: ModelSpec, s_in: float, s_out: int, batch: int = 1)
     p4d.24xlarge, the paper's homogeneous baseline), from this same cost model; memory is not
     checked, so the unit exists for any model.
     """
-    from routing.scheduler.cluster import Device, Link, Network, build_cluster
-    from routing.scheduler.gpu_catalog import lookup
+    from hexswarm.routing.scheduler.cluster import Device, Link, Network, build_cluster
+    from hexswarm.routing.scheduler.gpu_catalog import lookup
 
     a100 = lookup("A100-40G")
     devices = [Device.from_spec(f"ref{i}", a100, "ref", "ref") for i in range(8)]

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.pipeline_dp import PipelineLayout
-from routing.scheduler.serving import loaded_latency
-from routing.scheduler.stage_costs import stage_costs
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
+from hexswarm.routing.scheduler.serving import loaded_latency
+from hexswarm.routing.scheduler.stage_costs import stage_costs
 
 
 @dataclass(frozen=True, eq=False)

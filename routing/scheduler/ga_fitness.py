@@ -20,13 +20,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.fitness import Estimate, PipelineCapacity, estimate, pipeline_capacity
-from routing.scheduler.ga_operators import Individual
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.pipeline_dp import MAX_DP_STATES, PipelineDP, PipelineLayout, bucket_key, dp_states
-from routing.scheduler.serving import evaluate_layouts
-from routing.scheduler.simulator import SimResult, make_trace, pipeline_latencies, simulate
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.fitness import Estimate, PipelineCapacity, estimate, pipeline_capacity
+from hexswarm.routing.scheduler.ga_operators import Individual
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.pipeline_dp import (
+    MAX_DP_STATES,
+    PipelineDP,
+    PipelineLayout,
+    bucket_key,
+    dp_states,
+)
+from hexswarm.routing.scheduler.serving import evaluate_layouts
+from hexswarm.routing.scheduler.simulator import SimResult, make_trace, pipeline_latencies, simulate
 
 Fitness = tuple[float, float]  # (attainment, or requests/s without a deadline; -mean latency)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from scipy.cluster.vq import kmeans2
 
-from routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cluster import Cluster
 
 Group = tuple[int, ...]
 Individual = tuple[Group, ...]

@@ -23,15 +23,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.ga_fitness import Evaluator
-from routing.scheduler.ga_operators import Individual, Mutator, canonical, kmeans_init
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.pipeline_dp import PipelineDP
-from routing.scheduler.plan import Plan
-from routing.scheduler.plan_eval import make_plan
-from routing.scheduler.search_result import NoFeasiblePlanError, Progress, SearchResult
-from routing.scheduler.sim_polish import best_simulated, polish
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.ga_fitness import Evaluator
+from hexswarm.routing.scheduler.ga_operators import Individual, Mutator, canonical, kmeans_init
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.pipeline_dp import PipelineDP
+from hexswarm.routing.scheduler.plan import Plan
+from hexswarm.routing.scheduler.plan_eval import make_plan
+from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError, Progress, SearchResult
+from hexswarm.routing.scheduler.sim_polish import best_simulated, polish
 
 
 @dataclass(frozen=True)

@@ -28,17 +28,17 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.fitness import estimate_layouts
-from routing.scheduler.ga_fitness import Evaluator, estimated_score
-from routing.scheduler.ga_operators import Mutator
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.pipeline_dp import PipelineLayout
-from routing.scheduler.plan import Plan
-from routing.scheduler.plan_eval import make_plan, plan_layouts
-from routing.scheduler.search_result import NoFeasiblePlanError, Search, SearchResult
-from routing.scheduler.serving import evaluate_layouts
-from routing.scheduler.simulator import make_trace
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.fitness import estimate_layouts
+from hexswarm.routing.scheduler.ga_fitness import Evaluator, estimated_score
+from hexswarm.routing.scheduler.ga_operators import Mutator
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
+from hexswarm.routing.scheduler.plan import Plan
+from hexswarm.routing.scheduler.plan_eval import make_plan, plan_layouts
+from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError, Search, SearchResult
+from hexswarm.routing.scheduler.serving import evaluate_layouts
+from hexswarm.routing.scheduler.simulator import make_trace
 
 FLAT_LIMIT = 128  # devices; larger clusters with several regions are searched region by region
 ROOM_FOR_KV = 1.25  # a region group holds at least this many replicas' worth of weights

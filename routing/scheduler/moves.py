@@ -36,12 +36,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.cost_model import max_layers
-from routing.scheduler.fitness import PipelineCapacity, estimate
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.pipeline_dp import PipelineLayout
-from routing.scheduler.plan import StagePlan
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cost_model import max_layers
+from hexswarm.routing.scheduler.fitness import PipelineCapacity, estimate
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
+from hexswarm.routing.scheduler.plan import StagePlan
 
 # A peer reads its new layers at this rate by default: a local NVMe read of cached weights with
 # their conversion (~1 GB/s); a peer that downloads them over the network is slower (pass less).

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.fitness import pipeline_capacity
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.pinned_stages import fill_gap, free_machines
-from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
-from routing.scheduler.plan import Plan
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.fitness import pipeline_capacity
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.pinned_stages import fill_gap, free_machines
+from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
+from hexswarm.routing.scheduler.plan import Plan
 
 
 def survivors(cluster: Cluster, previous: Plan) -> list[list[StageLayout]]:

@@ -23,18 +23,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from routing.scheduler.algorithm1 import TP_DEGREES
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.cost_model import comp_cost, max_layers, tp_comm_cost
-from routing.scheduler.fitness import pipeline_capacity
-from routing.scheduler.layer_split import balanced_split
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
-from routing.scheduler.plan import Plan, StagePlan
-from routing.scheduler.plan_eval import make_plan, plan_layouts
-from routing.scheduler.search_result import NoFeasiblePlanError, Search, SearchResult
-from routing.scheduler.serving import evaluate_layouts
-from routing.scheduler.simulator import make_trace
+from hexswarm.routing.scheduler.algorithm1 import TP_DEGREES
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cost_model import comp_cost, max_layers, tp_comm_cost
+from hexswarm.routing.scheduler.fitness import pipeline_capacity
+from hexswarm.routing.scheduler.layer_split import balanced_split
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
+from hexswarm.routing.scheduler.plan import Plan, StagePlan
+from hexswarm.routing.scheduler.plan_eval import make_plan, plan_layouts
+from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError, Search, SearchResult
+from hexswarm.routing.scheduler.serving import evaluate_layouts
+from hexswarm.routing.scheduler.simulator import make_trace
 
 
 def check_pinned(cluster: Cluster, num_layers: int, pinned: Sequence[StagePlan]) -> list[StagePlan]:

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from routing.scheduler.model_spec import OBJECTIVES
+from hexswarm.routing.scheduler.model_spec import OBJECTIVES
 
 SCHEMA_VERSION = 1
 

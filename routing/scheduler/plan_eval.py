@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from routing.scheduler.capacity import plan_capacity
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.cost_model import stage_memory
-from routing.scheduler.fitness import Estimate, estimate_layouts
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
-from routing.scheduler.plan import PipelinePlan, Plan, PlanEstimate, StagePlan
-from routing.scheduler.serving import evaluate_layouts
-from routing.scheduler.simulator import SimResult, make_trace
-from routing.scheduler.upper_bound import throughput_upper_bound
+from hexswarm.routing.scheduler.capacity import plan_capacity
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cost_model import stage_memory
+from hexswarm.routing.scheduler.fitness import Estimate, estimate_layouts
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
+from hexswarm.routing.scheduler.plan import PipelinePlan, Plan, PlanEstimate, StagePlan
+from hexswarm.routing.scheduler.serving import evaluate_layouts
+from hexswarm.routing.scheduler.simulator import SimResult, make_trace
+from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound
 
 
 def plan_layouts(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> list[PipelineLayout]:

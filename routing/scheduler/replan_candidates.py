@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.fitness import pipeline_capacity
-from routing.scheduler.moves import (
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.fitness import pipeline_capacity
+from hexswarm.routing.scheduler.moves import (
     Move,
     MoveCosts,
     diff,
@@ -26,13 +26,13 @@ from routing.scheduler.moves import (
     old_pipeline_ends,
     ready_times,
 )
-from routing.scheduler.patch import patch_pipelines, survivors
-from routing.scheduler.pinned_stages import idle_pipelines
-from routing.scheduler.pipeline_dp import PipelineLayout
-from routing.scheduler.plan import Plan
-from routing.scheduler.plan_eval import plan_layouts
-from routing.scheduler.search import search
-from routing.scheduler.search_result import NoFeasiblePlanError
+from hexswarm.routing.scheduler.patch import patch_pipelines, survivors
+from hexswarm.routing.scheduler.pinned_stages import idle_pipelines
+from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
+from hexswarm.routing.scheduler.plan import Plan
+from hexswarm.routing.scheduler.plan_eval import plan_layouts
+from hexswarm.routing.scheduler.search import search
+from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from routing.scheduler.plan import Plan
-from routing.scheduler.simulator import SimResult
+from hexswarm.routing.scheduler.plan import Plan
+from hexswarm.routing.scheduler.simulator import SimResult
 
 
 class NoFeasiblePlanError(ValueError):

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.cost_model import StageSpec, pipeline_cost, reference_latency
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.pipeline_dp import PipelineLayout
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cost_model import StageSpec, pipeline_cost, reference_latency
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
 
 
 @dataclass(frozen=True, eq=False)

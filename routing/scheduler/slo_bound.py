@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from routing.scheduler.bound_lp import (
+from hexswarm.routing.scheduler.bound_lp import (
     DEFAULT_MAX_BATCH,
     BoundCells,
     Deadline,
@@ -47,9 +47,9 @@ from routing.scheduler.bound_lp import (
     level_caps,
     solve_bound,
 )
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.upper_bound import throughput_upper_bound
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound
 
 MAX_DEGREE = 64  # TP degrees tried per class at most (the convexity stop comes far earlier)
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.cost_model import comp_cost, pp_comm_cost, stage_memory, tp_comm_cost
-from routing.scheduler.model_spec import ModelSpec
-from routing.scheduler.pipeline_dp import PipelineLayout
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cost_model import comp_cost, pp_comm_cost, stage_memory, tp_comm_cost
+from hexswarm.routing.scheduler.model_spec import ModelSpec
+from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
 
 
 @dataclass(frozen=True, eq=False)

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from routing.scheduler.bound_lp import (
+from hexswarm.routing.scheduler.bound_lp import (
     DEFAULT_MAX_BATCH,
     BoundCells,
     UpperBound,
@@ -72,8 +72,8 @@ from routing.scheduler.bound_lp import (
     level_caps,
     solve_bound,
 )
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 
 __all__ = ["DEFAULT_MAX_BATCH", "UpperBound", "batch_levels", "throughput_upper_bound"]
 

@@ -23,12 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.moves import Assignment, MoveCosts
-from routing.scheduler.plan import Plan
-from routing.scheduler.replan import REPLAN_CONFIG, plan_assignments, replan
-from routing.sim.span_chains import PeerSpan
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.moves import Assignment, MoveCosts
+from hexswarm.routing.scheduler.plan import Plan
+from hexswarm.routing.scheduler.replan import REPLAN_CONFIG, plan_assignments, replan
+from hexswarm.routing.sim.span_chains import PeerSpan
 
 
 @dataclass(frozen=True)

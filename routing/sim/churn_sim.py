@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from routing.scenarios.churn_process import Churn
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.moves import DEFAULT_LOAD_BANDWIDTH, Assignment, both_fit, load_seconds
-from routing.scheduler.pipeline_dp import PipelineDP
-from routing.scheduler.serving import simulate_serving
-from routing.scheduler.simulator import Trace
-from routing.scheduler.stage_costs import stage_costs
-from routing.sim.churn_policy import Policy, SwarmView
-from routing.sim.span_chains import PeerSpan, decompose
+from hexswarm.routing.scenarios.churn_process import Churn
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.moves import DEFAULT_LOAD_BANDWIDTH, Assignment, both_fit, load_seconds
+from hexswarm.routing.scheduler.pipeline_dp import PipelineDP
+from hexswarm.routing.scheduler.serving import simulate_serving
+from hexswarm.routing.scheduler.simulator import Trace
+from hexswarm.routing.scheduler.stage_costs import stage_costs
+from hexswarm.routing.sim.churn_policy import Policy, SwarmView
+from hexswarm.routing.sim.span_chains import PeerSpan, decompose
 
 
 @dataclass(frozen=True)

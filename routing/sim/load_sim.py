@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy import optimize, sparse
 
-from routing.chains.cost import DEFAULT_RTT_MS, request_cache_tokens
-from routing.chains.min_latency import min_latency_route
-from routing.chains.swarm_view import NoRouteError, PeerView, Router, RouteRequest, SwarmView
+from hexswarm.routing.chains.cost import DEFAULT_RTT_MS, request_cache_tokens
+from hexswarm.routing.chains.min_latency import min_latency_route
+from hexswarm.routing.chains.swarm_view import NoRouteError, PeerView, Router, RouteRequest, SwarmView
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.pipeline_dp import StageLayout
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.pipeline_dp import StageLayout
 
 
 @dataclass(frozen=True)

@@ -46,11 +46,11 @@ from collections.abc import Sequence
 import networkx as nx
 import numpy as np
 
-from routing.scheduler.algorithm1 import TP_DEGREES
-from routing.scheduler.cluster import Cluster, Device, Network, build_cluster
-from routing.scheduler.cost_model import stage_memory
-from routing.scheduler.model_spec import ModelSpec, Workload
-from swarm.records import PeerRecord
+from hexswarm.routing.scheduler.algorithm1 import TP_DEGREES
+from hexswarm.routing.scheduler.cluster import Cluster, Device, Network, build_cluster
+from hexswarm.routing.scheduler.cost_model import stage_memory
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.swarm.records import PeerRecord
 
 REGION_RTT_MS = 20.0  # peers closer than this are in one region (same city / cloud zone)
 DEFAULT_REGION = "default"

@@ -11,8 +11,8 @@ import asyncio
 import logging
 import signal
 
-from routing.scheduler.model_spec import OBJECTIVES
-from swarm import cli_args
+from hexswarm.routing.scheduler.model_spec import OBJECTIVES
+from hexswarm.swarm import cli_args
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +102,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def coordinator_config(args: argparse.Namespace, model_dir: str):
     """A CoordinatorConfig from the flags of `add_coordination_arguments`."""
-    from routing.scheduler.genetic import SearchConfig
-    from routing.scheduler.model_spec import Workload
-    from swarm.coordinator.plan_command import load_model
-    from swarm.coordinator.records import trust_from
-    from swarm.coordinator.service import CoordinatorConfig
-    from swarm.coordinator.triggers import ReplanPolicy
-    from swarm.model_spec import load_model_spec
+    from hexswarm.routing.scheduler.genetic import SearchConfig
+    from hexswarm.routing.scheduler.model_spec import Workload
+    from hexswarm.swarm.coordinator.plan_command import load_model
+    from hexswarm.swarm.coordinator.records import trust_from
+    from hexswarm.swarm.coordinator.service import CoordinatorConfig
+    from hexswarm.swarm.coordinator.triggers import ReplanPolicy
+    from hexswarm.swarm.model_spec import load_model_spec
 
     return CoordinatorConfig(
         model_id=load_model_spec(model_dir).model_id,
@@ -133,9 +133,9 @@ def coordinator_config(args: argparse.Namespace, model_dir: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm.dht import start_dht
-    from swarm.dht_process import shutdown_dht
-    from swarm.identity import load_or_create_identity
+    from hexswarm.swarm.dht import start_dht
+    from hexswarm.swarm.dht_process import shutdown_dht
+    from hexswarm.swarm.identity import load_or_create_identity
 
     cli_args.check_model(args.model)
     try:
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(dht, identity, config) -> int:
-    from swarm.coordinator.service import Coordinator
+    from hexswarm.swarm.coordinator.service import Coordinator
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -23,8 +23,8 @@ import logging
 
 from hivemind.utils import get_dht_time
 
-from swarm.coordinator.records import Lease, Trust, current_holder, lease_key, read_leases
-from swarm.identity import Identity
+from hexswarm.swarm.coordinator.records import Lease, Trust, current_holder, lease_key, read_leases
+from hexswarm.swarm.identity import Identity
 
 logger = logging.getLogger(__name__)
 

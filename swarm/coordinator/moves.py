@@ -21,8 +21,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from routing.scheduler.cluster import Device
-from swarm.records import PeerRecord
+from hexswarm.routing.scheduler.cluster import Device
+from hexswarm.swarm.records import PeerRecord
 
 
 class Placement(NamedTuple):

@@ -17,13 +17,13 @@ import json
 import logging
 import os
 
-from swarm import cli_args, log_setup
+from hexswarm.swarm import cli_args, log_setup
 
 logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from swarm.coordinator.command import add_workload_arguments
+    from hexswarm.swarm.coordinator.command import add_workload_arguments
 
     parser.add_argument("--cluster", required=True, help="cluster JSON file (devices and network)")
     parser.add_argument(
@@ -73,8 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from routing.scheduler.cluster import ClusterError
-    from routing.scheduler.search_result import NoFeasiblePlanError
+    from hexswarm.routing.scheduler.cluster import ClusterError
+    from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
 
     try:
         return _run(args)
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from routing.scheduler.model_spec import Workload
+    from hexswarm.routing.scheduler.model_spec import Workload
 
     cluster = load_cluster(args.cluster)
     model = load_model(args.model)
@@ -107,9 +107,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _search(args: argparse.Namespace, cluster, model, workload):
     """The best plan the search finds in --budget-s, its progress on stderr."""
-    from routing.scheduler.genetic import SearchConfig
-    from routing.scheduler.search import search
-    from routing.scheduler.search_result import Progress
+    from hexswarm.routing.scheduler.genetic import SearchConfig
+    from hexswarm.routing.scheduler.search import search
+    from hexswarm.routing.scheduler.search_result import Progress
 
     logger.info(
         "planning %s on %d devices for %s (budget %g s, serving %s, max batch %d)",
@@ -139,11 +139,11 @@ def evaluate(path: str, cluster, model, workload):
     """The plan in `path` scored as the search scores its own (same trace, serving model,
     capacity and bound), so a layout written by hand compares with a searched one. ValueError
     (PlanError) for a plan that does not fit the model or the cluster."""
-    from routing.scheduler.capacity import saturating_workload
-    from routing.scheduler.plan import SCHEMA_VERSION, Plan, PlanError
-    from routing.scheduler.plan_eval import make_plan, memory_violations, plan_layouts
-    from routing.scheduler.serving import evaluate_layouts
-    from routing.scheduler.simulator import make_trace
+    from hexswarm.routing.scheduler.capacity import saturating_workload
+    from hexswarm.routing.scheduler.plan import SCHEMA_VERSION, Plan, PlanError
+    from hexswarm.routing.scheduler.plan_eval import make_plan, memory_violations, plan_layouts
+    from hexswarm.routing.scheduler.serving import evaluate_layouts
+    from hexswarm.routing.scheduler.simulator import make_trace
 
     with open(path, encoding="utf-8") as f:
         try:
@@ -172,7 +172,7 @@ def evaluate(path: str, cluster, model, workload):
 
 def load_cluster(path: str):
     """Reads and parses a cluster file; errors are ClusterError / OSError with the path in them."""
-    from routing.scheduler.cluster import Cluster, ClusterError
+    from hexswarm.routing.scheduler.cluster import Cluster, ClusterError
 
     with open(path, encoding="utf-8") as f:
         try:
@@ -184,9 +184,9 @@ def load_cluster(path: str):
 
 def load_model(name_or_dir: str):
     """A preset by name, or the config.json of a built-in model, a GGUF file or a checkpoint directory."""
-    from routing.scheduler.model_spec import PRESETS, ModelSpec, preset
-    from swarm.builtin_models import BUILTIN_MODELS
-    from swarm.model_spec import resolve_checkpoint
+    from hexswarm.routing.scheduler.model_spec import PRESETS, ModelSpec, preset
+    from hexswarm.swarm.builtin_models import BUILTIN_MODELS
+    from hexswarm.swarm.model_spec import resolve_checkpoint
 
     if name_or_dir in BUILTIN_MODELS or os.path.isfile(name_or_dir):
         folder = resolve_checkpoint(name_or_dir)  # a GGUF file's converted config

@@ -30,16 +30,16 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.cost_model import swarm_reference_latency
-from routing.scheduler.genetic import SearchConfig
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.moves import Assignment, MoveCosts
-from routing.scheduler.petals_rule import Span, choose_start
-from routing.scheduler.plan import Plan, StagePlan
-from routing.scheduler.replan import replan
-from routing.scheduler.search_result import NoFeasiblePlanError
-from swarm.coordinator.cluster_view import (
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cost_model import swarm_reference_latency
+from hexswarm.routing.scheduler.genetic import SearchConfig
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.moves import Assignment, MoveCosts
+from hexswarm.routing.scheduler.petals_rule import Span, choose_start
+from hexswarm.routing.scheduler.plan import Plan, StagePlan
+from hexswarm.routing.scheduler.replan import replan
+from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
+from hexswarm.swarm.coordinator.cluster_view import (
     build_view,
     degree_choices,
     device_ids,
@@ -47,8 +47,8 @@ from swarm.coordinator.cluster_view import (
     serving_ids,
     stage_degree,
 )
-from swarm.coordinator.moves import Placement, kind_of, rematch
-from swarm.records import PeerRecord
+from hexswarm.swarm.coordinator.moves import Placement, kind_of, rematch
+from hexswarm.swarm.records import PeerRecord
 
 
 @dataclass(frozen=True)

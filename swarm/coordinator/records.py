@@ -29,8 +29,8 @@ from typing import Any
 
 import msgpack
 
-from routing.scheduler.model_spec import OBJECTIVES
-from swarm.records import block_ranges, parse_signed_entries, unpack_map, warn_once
+from hexswarm.routing.scheduler.model_spec import OBJECTIVES
+from hexswarm.swarm.records import block_ranges, parse_signed_entries, unpack_map, warn_once
 
 logger = logging.getLogger(__name__)
 
@@ -351,7 +351,7 @@ def read_coordination_sync(
     """`read_coordination` for synchronous callers (`hexswarm status`, the monitor); each of its
     two reads waits at most `timeout` seconds (swarm.dht_read.DHT_READ_TIMEOUT_S), and a read
     that does not finish in time counts as no entries."""
-    from swarm.dht_read import get_latest
+    from hexswarm.swarm.dht_read import get_latest
 
     leases = parse_signed_entries(get_latest(dht, lease_key(model_id), timeout), Lease.from_bytes)
     entries = parse_signed_entries(get_latest(dht, plan_key(model_id), timeout), PlanRecord.from_bytes)

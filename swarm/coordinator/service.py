@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 from hivemind.utils import get_dht_time
 
-from routing.scheduler.genetic import SearchConfig
-from routing.scheduler.model_spec import ModelSpec, Workload
-from routing.scheduler.plan import Plan
-from routing.scheduler.search_result import NoFeasiblePlanError
-from swarm.coordinator.lease import LeaseKeeper
-from swarm.coordinator.moves import Placement, diff
-from swarm.coordinator.planner import Planned, compute_plan
-from swarm.coordinator.records import (
+from hexswarm.routing.scheduler.genetic import SearchConfig
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.plan import Plan
+from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
+from hexswarm.swarm.coordinator.lease import LeaseKeeper
+from hexswarm.swarm.coordinator.moves import Placement, diff
+from hexswarm.swarm.coordinator.planner import Planned, compute_plan
+from hexswarm.swarm.coordinator.records import (
     Assignment,
     PlanRecord,
     Trust,
@@ -32,9 +32,9 @@ from swarm.coordinator.records import (
     read_coordination,
     uncovered_text,
 )
-from swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, beats
-from swarm.identity import Identity
-from swarm.records import PeerRecord, PeerState, model_key, peer_records_from
+from hexswarm.swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, beats
+from hexswarm.swarm.identity import Identity
+from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
 
 logger = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from swarm.chaos import LAYOUT, ChaosSwarm
-from swarm.launcher import LocalSwarm
+from hexswarm.swarm.chaos import LAYOUT, ChaosSwarm
+from hexswarm.swarm.launcher import LocalSwarm
 
 RUNS_PER_CLIENT = 5  # a fresh client now and then, so its bans of healed peers do not pile up
 
@@ -27,7 +27,7 @@ class Clients:
         self.chaos, self.model, self.group = chaos, None, None
 
     def for_run(self, run: int):
-        from client import DistributedModelForCausalLM
+        from hexswarm.client import DistributedModelForCausalLM
 
         if self.group != run // RUNS_PER_CLIENT:
             self.close()

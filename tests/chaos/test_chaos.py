@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from swarm.chaos import chaos_run, child_processes, group_members
+from hexswarm.swarm.chaos import chaos_run, child_processes, group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.chaos]
 
@@ -38,8 +38,8 @@ def test_chaos_run_is_exact(run, chaos, clients, local_model):
 def test_spent_budget_raises_an_error_that_lists_what_was_tried(chaos, local_model):
     from transformers import StoppingCriteriaList
 
-    from client import DistributedModelForCausalLM, FailoverError, RetryPolicy
-    from swarm.chaos import ChaosMonkey
+    from hexswarm.client import DistributedModelForCausalLM, FailoverError, RetryPolicy
+    from hexswarm.swarm.chaos import ChaosMonkey
 
     chaos.settle(max_starting=0)
     model = DistributedModelForCausalLM.from_pretrained(

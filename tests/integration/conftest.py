@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.launcher import LocalSwarm, Managed
+from hexswarm.swarm.launcher import LocalSwarm, Managed
 
 # name -> (layers, extra run-peer flags). p2 and p3 overlap on 3:6 so a chain survives either
 # leaving; "guard" has tight limits for the bad-input tests.
@@ -55,7 +55,7 @@ def swarm(make_model, tmp_path_factory):
 
 
 def peer_id_of(model, name: str) -> str:
-    from swarm.records import read_peer_records
+    from hexswarm.swarm.records import read_peer_records
 
     ids = [r.peer_id for r in read_peer_records(model.swarm.dht, model.spec.model_id) if r.name == name]
     if not ids:
@@ -65,7 +65,7 @@ def peer_id_of(model, name: str) -> str:
 
 @pytest.fixture(scope="session")
 def model(swarm):
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     model = DistributedModelForCausalLM.from_pretrained(
         swarm.model_dir, initial_peers=swarm.initial_peers, coverage_timeout=60

@@ -1,6 +1,6 @@
 """`hexswarm api` against a real swarm, through the official `openai` package.
 
-The server runs as its own process (`python -m swarm.cli api ...`); what it answers is checked
+The server runs as its own process (`hexswarm api ...`); what it answers is checked
 against `generate()` of an in-process DistributedModelForCausalLM on the same swarm.
 """
 
@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from swarm.launcher import free_port
-from swarm.records import read_peer_records
+from hexswarm.swarm.launcher import free_port
+from hexswarm.swarm.records import read_peer_records
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ def start_api(swarm, name: str, model_dir, *extra: str):
     args = [
         sys.executable,
         "-m",
-        "swarm.cli",
+        "hexswarm.swarm.cli",
         "api",
         "--initial-peers",
         *swarm.initial_peers,

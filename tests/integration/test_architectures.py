@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from swarm.architectures import SUPPORTED_FAMILIES
-from swarm.launcher import LocalSwarm
+from hexswarm.swarm.architectures import SUPPORTED_FAMILIES
+from hexswarm.swarm.launcher import LocalSwarm
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def bootstrap(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", list(FAMILIES))
 def test_greedy_equals_local(bootstrap, make_model, arch):
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     model_dir = make_model(arch=arch, layers=4, max_shard_size="300KB" if arch == "qwen2" else None)
     peers = [
@@ -83,7 +83,7 @@ def test_unsupported_architecture_fails_at_start_with_one_line(tmp_path):
         [
             sys.executable,
             "-m",
-            "peer.cli",
+            "hexswarm.peer.cli",
             str(tmp_path),
             "--layers",
             "0:1",
@@ -105,7 +105,7 @@ def test_unsupported_architecture_fails_at_start_with_one_line(tmp_path):
 def test_gemma3_tensor_parallel_equals_local(bootstrap, make_model):
     """A newer family through `--tp 2` (its q/k norms replicated, heads split): one TP-2 peer
     serves the whole model."""
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     model_dir = make_model(arch="gemma3", layers=4)
     peer = bootstrap.start_peer(

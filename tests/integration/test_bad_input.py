@@ -10,9 +10,9 @@ import pytest
 import torch
 from hivemind.p2p import PeerID
 
-from client.remote import PeerConnection, PeerError
-from client.worker import run_sync
-from swarm.protocol import (
+from hexswarm.client.remote import PeerConnection, PeerError
+from hexswarm.client.worker import run_sync
+from hexswarm.swarm.protocol import (
     PROTOCOL_VERSION,
     SESSION_PROTOCOL,
     Close,
@@ -28,7 +28,7 @@ from swarm.protocol import (
     encode,
     read_frame,
 )
-from swarm.records import read_peer_records
+from hexswarm.swarm.records import read_peer_records
 from tests.integration.conftest import peer_id_of
 
 pytestmark = pytest.mark.integration
@@ -221,7 +221,7 @@ def test_flood_of_garbage_streams(model, local_model):
 
 
 def test_abandoned_session_is_freed_on_disconnect(model):
-    from swarm.records import read_peer_records
+    from hexswarm.swarm.records import read_peer_records
 
     def guard_record():
         return next(r for r in read_peer_records(model.swarm.dht, model.spec.model_id) if r.name == "guard")

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from swarm.launcher import LocalSwarm
+from hexswarm.swarm.launcher import LocalSwarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -21,7 +21,7 @@ CLIENTS = 8
 @pytest.fixture(scope="module")
 def pair(make_model, tmp_path_factory):
     """Two peers with half the blocks each; a wide batch window so batches surely form."""
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     model_dir = make_model(arch="llama")
     with LocalSwarm(tmp_path_factory.mktemp("pair")) as local:

@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from swarm.coordinator.records import (
+from hexswarm.swarm.coordinator.records import (
     Assignment,
     Lease,
     PlanRecord,
@@ -25,9 +25,9 @@ from swarm.coordinator.records import (
     plan_key,
     read_coordination_sync,
 )
-from swarm.identity import load_or_create_identity
-from swarm.launcher import LOOPBACK, LocalSwarm
-from swarm.records import online_peers_per_block, read_peer_records
+from hexswarm.swarm.identity import load_or_create_identity
+from hexswarm.swarm.launcher import LOOPBACK, LocalSwarm
+from hexswarm.swarm.records import online_peers_per_block, read_peer_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -103,7 +103,7 @@ class Coordinated:
         args = [
             sys.executable,
             "-m",
-            "swarm.cli",
+            "hexswarm.swarm.cli",
             "coordinator",
             "--initial-peers",
             *self.local.initial_peers,
@@ -124,8 +124,8 @@ class Coordinated:
 
 @pytest.fixture(scope="module")
 def coordinated(make_model, tmp_path_factory):
-    from swarm.dht import start_dht
-    from swarm.model_spec import load_model_spec
+    from hexswarm.swarm.dht import start_dht
+    from hexswarm.swarm.model_spec import load_model_spec
 
     model_dir = make_model(arch="llama", layers=BLOCKS)
     model_id = load_model_spec(model_dir).model_id
@@ -175,7 +175,14 @@ def test_status_shows_the_plan_as_text_and_json(coordinated):
     import subprocess
 
     first_plan(coordinated)
-    args = [sys.executable, "-m", "swarm.cli", "status", "--initial-peers", *coordinated.local.initial_peers]
+    args = [
+        sys.executable,
+        "-m",
+        "hexswarm.swarm.cli",
+        "status",
+        "--initial-peers",
+        *coordinated.local.initial_peers,
+    ]
     plan = coordinated.coordination().plan
     text = subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
     assert f"plan v{plan.version}" in text and "estimated attainment" in text and "followed by" in text
@@ -200,7 +207,7 @@ def test_a_stolen_lease_and_a_huge_plan_version_move_nobody(coordinated):
     in the real holder's name: the candidates and peers count only the trusted keys."""
     from hivemind.utils import get_dht_time
 
-    from swarm.coordinator.records import MAX_PLAN_VERSION
+    from hexswarm.swarm.coordinator.records import MAX_PLAN_VERSION
 
     first_plan(coordinated)
     c = coordinated.coordination()
@@ -235,7 +242,7 @@ def test_a_stolen_lease_and_a_huge_plan_version_move_nobody(coordinated):
 def test_killed_peer_is_replaced_and_generation_finishes(coordinated):
     from transformers import AutoModelForCausalLM
 
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     version = first_plan(coordinated).version
     records = coordinated.records()
@@ -351,8 +358,8 @@ def test_without_coordinator_auto_peers_cover_the_model_by_petals_rule_until_one
         ]
         for proc in peers:
             local.wait_for_log(proc, "online:", timeout=240)
-        from swarm.dht import start_dht
-        from swarm.model_spec import load_model_spec
+        from hexswarm.swarm.dht import start_dht
+        from hexswarm.swarm.model_spec import load_model_spec
 
         dht = start_dht(local.initial_peers, None, host_maddrs=[LOOPBACK], client_mode=True)
         try:

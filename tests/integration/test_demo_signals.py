@@ -30,7 +30,7 @@ class Demo:
 
     def __init__(self, tmp_path):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}
-        command = [sys.executable, "-m", "swarm.cli", "demo", "--tiny", "--max-new-tokens", "16"]
+        command = [sys.executable, "-m", "hexswarm.swarm.cli", "demo", "--tiny", "--max-new-tokens", "16"]
         self.popen = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
         )
@@ -135,12 +135,15 @@ def test_demo_stops_everything_and_removes_its_folder_on_a_signal(tmp_path, sig,
     try:
         if when == "serving":  # every peer online, and the client generating through them
             demo.wait_until(
-                lambda: "swarm up" in demo.output() and demo.running_module("swarm.cli", "generate"),
+                lambda: "swarm up" in demo.output() and demo.running_module("hexswarm.swarm.cli", "generate"),
                 START_TIMEOUT_S,
             )
         else:  # the bootstrap node up, the peers loading
-            demo.wait_until(lambda: demo.running_module("peer.cli") == 3, START_TIMEOUT_S)
-        assert "[demo] bootstrap:" in demo.output() and demo.running_module("swarm.cli", "bootstrap") == 1
+            demo.wait_until(lambda: demo.running_module("hexswarm.peer.cli") == 3, START_TIMEOUT_S)
+        assert (
+            "[demo] bootstrap:" in demo.output()
+            and demo.running_module("hexswarm.swarm.cli", "bootstrap") == 1
+        )
         demo.popen.send_signal(sig)
 
         code = demo.wait_for_exit(STOP_TIMEOUT_S)

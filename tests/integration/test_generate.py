@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from swarm.records import read_peer_records
+from hexswarm.swarm.records import read_peer_records
 from tests.integration.conftest import PEERS
 
 pytestmark = pytest.mark.integration
@@ -38,7 +38,7 @@ def test_seeded_sampling_equals_local(model, local_model):
 
 def test_status_lists_peers_and_full_coverage(swarm):
     result = subprocess.run(
-        [sys.executable, "-m", "swarm.cli", "status", "--initial-peers", *swarm.initial_peers],
+        [sys.executable, "-m", "hexswarm.swarm.cli", "status", "--initial-peers", *swarm.initial_peers],
         capture_output=True,
         text=True,
         timeout=120,
@@ -48,7 +48,7 @@ def test_status_lists_peers_and_full_coverage(swarm):
         assert name in result.stdout
     assert "coverage: 2 2 3 2 2 2" in result.stdout
     as_json = subprocess.run(
-        [sys.executable, "-m", "swarm.cli", "status", "--initial-peers", *swarm.initial_peers, "--json"],
+        [sys.executable, "-m", "hexswarm.swarm.cli", "status", "--initial-peers", *swarm.initial_peers, "--json"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     (model,) = [
@@ -64,7 +64,7 @@ def test_status_lists_peers_and_full_coverage(swarm):
 
 
 def test_a_client_of_another_checkpoint_is_told_both_model_ids(swarm, model, make_model):
-    from client import DistributedModelForCausalLM, MissingBlocksError, ModelMismatchError
+    from hexswarm.client import DistributedModelForCausalLM, MissingBlocksError, ModelMismatchError
 
     unserved = make_model(arch="llama", seed=7)  # same shape, other weights: another model id
     other = DistributedModelForCausalLM.from_pretrained(
@@ -107,7 +107,7 @@ def test_stopped_peer_disappears_and_a_new_chain_is_used(swarm, model, local_mod
 def test_a_client_dials_out_and_listens_nowhere_by_default(model):
     """No open port and no NAT port mapping just to read the swarm (hivemind's client mode, no listen
     addresses); `host_maddrs=[...]` listens where asked."""
-    from client.worker import run_sync
+    from hexswarm.client.worker import run_sync
 
     with pytest.raises(ValueError, match="No multiaddrs found"):  # hivemind's word for "none"
         run_sync(model.swarm.p2p.get_visible_maddrs(latest=True), timeout=10)

@@ -4,7 +4,7 @@ dropped alone: every router keeps working for every client, and generation stays
 import pytest
 import torch
 
-from swarm.records import model_key, parse_signed_entries, read_peer_records
+from hexswarm.swarm.records import model_key, parse_signed_entries, read_peer_records
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ def test_the_hostile_record_is_in_the_dht_but_no_reader_takes_it(model, liar):
 
 @pytest.mark.parametrize("routing", ["min_latency", "tradeoff", "max_throughput"])
 def test_every_router_still_serves_exactly(swarm, local_model, liar, routing):
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     client = DistributedModelForCausalLM.from_pretrained(
         swarm.model_dir, initial_peers=swarm.initial_peers, coverage_timeout=60, routing=routing

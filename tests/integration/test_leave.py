@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from swarm.protocol import Error, ErrorCode, Open
-from swarm.records import read_peer_records
+from hexswarm.swarm.protocol import Error, ErrorCode, Open
+from hexswarm.swarm.records import read_peer_records
 from tests.integration.conftest import peer_id_of
 from tests.integration.test_bad_input import RawStream
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_leaving_peer_drains_open_sessions(swarm, make_model):
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     model_dir = make_model(arch="llama", layers=2, seed=9)
     drainer = swarm.local.start_peer(
@@ -57,8 +57,8 @@ def _open(client) -> Open:
 def test_no_chain_within_the_coverage_timeout_fails_then_not_after_the_retry_budget(swarm, make_model):
     """Every block has a peer, but its KV cache is taken: a new session fails after its coverage
     timeout with the router's reason (NoChainError), not after the 60 s retry budget."""
-    from client import DistributedModelForCausalLM
-    from client.failover import NoChainError
+    from hexswarm.client import DistributedModelForCausalLM
+    from hexswarm.client.failover import NoChainError
 
     model_dir = make_model(arch="llama", layers=2, seed=11)
     full = swarm.local.start_peer(model_dir, "0:2", "full", "--announce-period", "1", "--cache-tokens", "16")

@@ -10,10 +10,10 @@ import pytest
 import torch
 from hivemind.p2p import PeerID
 
-from client.swarm_client import SwarmClient
-from client.worker import event_loop, run_sync
-from swarm.launcher import LocalSwarm
-from swarm.protocol import (
+from hexswarm.client.swarm_client import SwarmClient
+from hexswarm.client.worker import event_loop, run_sync
+from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.protocol import (
     SESSION_PROTOCOL,
     Error,
     ErrorCode,
@@ -24,7 +24,7 @@ from swarm.protocol import (
     read_frame,
     write_frame,
 )
-from swarm.records import read_peer_records
+from hexswarm.swarm.records import read_peer_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -97,7 +97,7 @@ def _per_token_ms(model, input_ids) -> tuple[torch.Tensor, float]:
 def test_flooding_remote_is_refused_while_others_are_served(limited):
     from transformers import AutoModelForCausalLM
 
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     local, model_dir = limited
     reference = AutoModelForCausalLM.from_pretrained(model_dir)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarm.launcher import LOOPBACK, LocalSwarm
-from swarm.records import read_models, read_peer_records
+from hexswarm.swarm.launcher import LOOPBACK, LocalSwarm
+from hexswarm.swarm.records import read_models, read_peer_records
 from tests.integration.test_coordinator import wait_until
 from tests.unit.test_model_id import flip_bit
 
@@ -24,9 +24,9 @@ FAST = ("--announce-period", "1", "--throughput", "100", "--decode-ms", "1")
 def test_one_checkpoint_in_two_folders_forms_one_swarm(make_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from client import DistributedModelForCausalLM
-    from swarm.dht import start_dht
-    from swarm.model_spec import model_identity
+    from hexswarm.client import DistributedModelForCausalLM
+    from hexswarm.swarm.dht import start_dht
+    from hexswarm.swarm.model_spec import model_identity
 
     original = Path(make_model(arch="llama", layers=4, seed=41))
     folders = [

@@ -24,12 +24,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from swarm.dht import start_dht
-from swarm.dht_process import shutdown_dht
-from swarm.identity import load_or_create_identity
-from swarm.launcher import LOOPBACK, LocalSwarm
-from swarm.model_spec import load_model_spec
-from swarm.protocol import (
+from hexswarm.swarm.dht import start_dht
+from hexswarm.swarm.dht_process import shutdown_dht
+from hexswarm.swarm.identity import load_or_create_identity
+from hexswarm.swarm.launcher import LOOPBACK, LocalSwarm
+from hexswarm.swarm.model_spec import load_model_spec
+from hexswarm.swarm.protocol import (
     SESSION_PROTOCOL,
     ErrorCode,
     Ping,
@@ -39,7 +39,7 @@ from swarm.protocol import (
     read_frame,
     write_frame,
 )
-from swarm.records import PeerRecord, PeerState, model_key, read_peer_records
+from hexswarm.swarm.records import PeerRecord, PeerState, model_key, read_peer_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -184,7 +184,7 @@ def test_probes_go_to_peer_ids_through_p2p_and_never_to_an_announced_address(lin
 
 @pytest.fixture
 def push_client(links_swarm):
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     model = DistributedModelForCausalLM.from_pretrained(
         links_swarm[1], initial_peers=links_swarm[0].initial_peers, push=True
@@ -198,19 +198,17 @@ def test_a_chain_naming_a_peer_outside_the_swarm_is_never_dialed_and_is_relayed(
 ):
     from transformers import AutoModelForCausalLM
 
-    import client.failover
-    from swarm.protocol import NextHop
+    from hexswarm.client import failover
+    from hexswarm.swarm.protocol import NextHop
 
     _, model_dir, model_id = links_swarm
     stranger = outsider()
     # The client names the stranger as the next hop of every chain (its peers' own session ids).
-    monkeypatch.setattr(
-        client.failover, "NextHop", lambda peer_id, session: NextHop(stranger.peer_id, session)
-    )
+    monkeypatch.setattr(failover, "NextHop", lambda peer_id, session: NextHop(stranger.peer_id, session))
     prompt = torch.randint(3, 400, (1, 6), generator=torch.Generator().manual_seed(7))
     expected = AutoModelForCausalLM.from_pretrained(model_dir).generate(prompt, **KWARGS)
 
-    with caplog.at_level(logging.INFO, logger="client.session"):
+    with caplog.at_level(logging.INFO, logger="hexswarm.client.session"):
         got = push_client.generate(prompt, **KWARGS)
     assert torch.equal(got, expected) and push_client.last_route.startswith("a[0:3) -> b[3:6)")
     assert push_client.last_hop_steps["push_failed"] == 1  # then the client relays that hop

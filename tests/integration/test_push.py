@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from swarm.launcher import LocalSwarm
+from hexswarm.swarm.launcher import LocalSwarm
 from tests.integration.conftest import peer_id_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -50,7 +50,7 @@ def local_model(push_swarm):
 @pytest.fixture
 def client(push_swarm):
     """A fresh client per test, so one test's bans do not shape the next one's chains."""
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     local, model_dir, _ = push_swarm
     model = DistributedModelForCausalLM.from_pretrained(

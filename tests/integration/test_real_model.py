@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarm.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path
-from swarm.launcher import LocalSwarm, free_port
+from hexswarm.swarm.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path
+from hexswarm.swarm.launcher import LocalSwarm, free_port
 from tests.integration.test_coordinator import wait_until
 
 pytestmark = pytest.mark.integration
@@ -58,7 +58,7 @@ def start_swarm(tmp_path_factory, layout: dict[str, tuple[str, tuple[str, ...]]]
 
 
 def client_of(local: LocalSwarm):
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     return DistributedModelForCausalLM.from_pretrained(DEFAULT_MODEL, initial_peers=local.initial_peers)
 
@@ -133,7 +133,7 @@ class TestTwoUnevenPeers:
         port = free_port()
         api = two_peers.start_command(
             "api",
-            [sys.executable, "-m", "swarm.cli", "api", "--model", DEFAULT_MODEL, "--port", str(port),
+            [sys.executable, "-m", "hexswarm.swarm.cli", "api", "--model", DEFAULT_MODEL, "--port", str(port),
              "--initial-peers", *two_peers.initial_peers],
             ready="api: serving",
             timeout=180,
@@ -157,7 +157,7 @@ class TestTwoUnevenPeers:
     def test_a_client_of_another_gguf_is_told_both_model_ids(
         self, two_peers, two_peer_model, tmp_path, monkeypatch
     ):
-        from client import DistributedModelForCausalLM, ModelMismatchError
+        from hexswarm.client import DistributedModelForCausalLM, ModelMismatchError
 
         other = tmp_path / "SmolLM2-other.gguf"
         data = bytearray(GGUF.read_bytes())
@@ -220,7 +220,7 @@ def post_json(url: str, body: dict) -> dict:
 
 def run_peer(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "peer.cli", *args, *UNREACHABLE],
+        [sys.executable, "-m", "hexswarm.peer.cli", *args, *UNREACHABLE],
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
 
@@ -269,15 +269,15 @@ def test_gguf_of_an_unsupported_architecture_exits_2(tmp_path):
 
 @pytest.fixture(scope="class")
 def coordinated(tmp_path_factory):
-    from swarm.dht import start_dht
-    from swarm.dht_process import shutdown_dht
-    from swarm.launcher import LOOPBACK
-    from swarm.model_spec import model_identity
+    from hexswarm.swarm.dht import start_dht
+    from hexswarm.swarm.dht_process import shutdown_dht
+    from hexswarm.swarm.launcher import LOOPBACK
+    from hexswarm.swarm.model_spec import model_identity
 
     layout = {f"auto{i}": ("auto", ("--max-blocks", "15", "--announce-period", "2")) for i in range(3)}
     local = start_swarm(tmp_path_factory, layout)
     try:
-        coordinator = [sys.executable, "-m", "swarm.cli", "coordinator", "--initial-peers", *local.initial_peers,
+        coordinator = [sys.executable, "-m", "hexswarm.swarm.cli", "coordinator", "--initial-peers", *local.initial_peers,
                        "--model", DEFAULT_MODEL, "--host-maddrs", LOOPBACK]  # fmt: skip
         local.start_command("coordinator", coordinator, ready="coordinator candidate", timeout=120)
         dht = start_dht(local.initial_peers, None, host_maddrs=[LOOPBACK], client_mode=True)
@@ -292,8 +292,8 @@ class TestCoordinatorKeepsTheModelCovered:
     coordinator with its default flags; the sole server of a range leaves with SIGTERM."""
 
     def test_the_swarm_is_covered_again_within_60_s_and_exact(self, coordinated, reference):
-        from swarm.coordinator.records import read_coordination_sync
-        from swarm.records import PeerState, online_peers_per_block, read_peer_records
+        from hexswarm.swarm.coordinator.records import read_coordination_sync
+        from hexswarm.swarm.records import PeerState, online_peers_per_block, read_peer_records
 
         local, dht, model_id = coordinated
 

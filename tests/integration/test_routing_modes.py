@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from swarm.records import read_peer_records
+from hexswarm.swarm.records import read_peer_records
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ def _wait_for_sessions(client, name: str, sessions: int, timeout: float = 20) ->
 
 
 def _routes_of_two_clients(swarm, model_dir, **client_kwargs) -> list[tuple[str, ...]]:
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     clients = [
         DistributedModelForCausalLM.from_pretrained(

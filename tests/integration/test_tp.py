@@ -19,9 +19,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from swarm.launcher import LocalSwarm
-from swarm.protocol import ErrorCode
-from swarm.records import read_peer_records
+from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.protocol import ErrorCode
+from hexswarm.swarm.records import read_peer_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -59,7 +59,7 @@ def tp_swarm(make_model, tmp_path_factory):
 
 
 def _client(local: LocalSwarm, model_dir: Path):
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     return DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=local.initial_peers)
 
@@ -104,7 +104,7 @@ UNREACHABLE = ("--initial-peers", "/ip4/127.0.0.1/tcp/9/p2p/QmUnreachable")  # n
 def test_bad_degree_exits_2_before_loading(make_model):
     model_dir = make_model(arch="llama", layers=8, **SHAPE)
     result = subprocess.run(
-        [sys.executable, "-m", "peer.cli", str(model_dir), "--layers", "0:2", "--tp", "3", *UNREACHABLE],
+        [sys.executable, "-m", "hexswarm.peer.cli", str(model_dir), "--layers", "0:2", "--tp", "3", *UNREACHABLE],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
@@ -121,7 +121,7 @@ def test_bad_degree_exits_2_before_loading(make_model):
 )  # more bad lists in tests/unit/test_tp_shard.py
 def test_bad_devices_exit_2_before_loading(make_model, capsys, flags, message):
     """The same `main` as the subprocess above, in this process: it returns before any I/O."""
-    from peer.cli import main
+    from hexswarm.peer.cli import main
 
     model_dir = make_model(arch="llama", layers=8, **SHAPE)
     assert main([str(model_dir), "--layers", "0:2", *flags, *UNREACHABLE]) == 2
@@ -131,7 +131,7 @@ def test_bad_devices_exit_2_before_loading(make_model, capsys, flags, message):
 def test_killed_rank_fails_the_peer_and_stops_the_group(tp_swarm):
     """SIGKILL to rank 1 while a session is open: the client hears PEER_FAILED, the leader
     exits non-zero, and nothing of the group keeps running."""
-    from client import PeerError
+    from hexswarm.client import PeerError
 
     local, models = tp_swarm
     victim = next(p for p in local.processes if p.name == "victim")

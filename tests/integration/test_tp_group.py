@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from peer.blocks import BlockStack
-from peer.tp_group import TPGroup
-from swarm.model_spec import load_model_spec
-from swarm.protocol import ErrorCode, ProtocolError
+from hexswarm.peer.blocks import BlockStack
+from hexswarm.peer.tp_group import TPGroup
+from hexswarm.swarm.model_spec import load_model_spec
+from hexswarm.swarm.protocol import ErrorCode, ProtocolError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

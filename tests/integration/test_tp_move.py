@@ -18,9 +18,9 @@ import signal
 import pytest
 import torch
 
-from swarm.coordinator.records import Assignment, Lease, PlanRecord, lease_key, plan_key
-from swarm.launcher import LOOPBACK, LocalSwarm
-from swarm.records import read_peer_records
+from hexswarm.swarm.coordinator.records import Assignment, Lease, PlanRecord, lease_key, plan_key
+from hexswarm.swarm.launcher import LOOPBACK, LocalSwarm
+from hexswarm.swarm.records import read_peer_records
 from tests.integration.test_coordinator import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -33,10 +33,10 @@ def test_a_tp_peer_moves_to_its_planned_range_and_serves_it_exactly(make_model, 
     from hivemind.utils import get_dht_time
     from transformers import AutoModelForCausalLM
 
-    from client import DistributedModelForCausalLM
-    from swarm.dht import start_dht
-    from swarm.identity import load_or_create_identity
-    from swarm.model_spec import load_model_spec
+    from hexswarm.client import DistributedModelForCausalLM
+    from hexswarm.swarm.dht import start_dht
+    from hexswarm.swarm.identity import load_or_create_identity
+    from hexswarm.swarm.model_spec import load_model_spec
 
     model_dir = make_model(arch="llama", layers=BLOCKS)
     model_id = load_model_spec(model_dir).model_id

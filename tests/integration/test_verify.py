@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from client.verify import VerificationError
-from swarm.launcher import LocalSwarm
-from swarm.records import read_peer_records
-from swarm.reports import read_reports
+from hexswarm.client.verify import VerificationError
+from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.records import read_peer_records
+from hexswarm.swarm.reports import read_reports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -40,7 +40,7 @@ def reference(verify_swarm):
 
 
 def _client(local, model_dir, verify: float):
-    from client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM
 
     return DistributedModelForCausalLM.from_pretrained(
         model_dir, initial_peers=local.initial_peers, verify=verify
@@ -96,7 +96,7 @@ def test_corrupting_peer_is_caught_banned_and_reported(verify_swarm, reference):
         against = [r for r in reports if r.reported in model.swarm.distrusted]
         assert against and against[0].tie_breaker, reports  # a third peer confirmed it
         status = subprocess.run(
-            [sys.executable, "-m", "swarm.cli", "status", "--initial-peers", *local.initial_peers],
+            [sys.executable, "-m", "hexswarm.swarm.cli", "status", "--initial-peers", *local.initial_peers],
             capture_output=True,
             text=True,
             timeout=120,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from routing.chains.cost import candidates, make_route
-from routing.chains.swarm_view import PeerView, Route, RouteRequest, SwarmView
+from hexswarm.routing.chains.cost import candidates, make_route
+from hexswarm.routing.chains.swarm_view import PeerView, Route, RouteRequest, SwarmView
 
 REQUEST = RouteRequest(prompt_tokens=16, new_tokens=8, batch_size=2)  # needs 48 cache tokens
 

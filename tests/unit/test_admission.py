@@ -2,8 +2,8 @@
 
 import pytest
 
-from peer.admission import Admission, AdmissionLimits
-from swarm.protocol import ErrorCode, ProtocolError
+from hexswarm.peer.admission import Admission, AdmissionLimits
+from hexswarm.swarm.protocol import ErrorCode, ProtocolError
 
 
 def _code(call, *args):

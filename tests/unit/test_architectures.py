@@ -4,10 +4,10 @@ import pytest
 import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
-from peer.tp_shard import TPDegreeError, check_degree
-from swarm import architectures
-from swarm.checkpoint import load_tensors
-from swarm.model_spec import ModelSpecError, config_for_blocks, load_model_spec
+from hexswarm.peer.tp_shard import TPDegreeError, check_degree
+from hexswarm.swarm import architectures
+from hexswarm.swarm.checkpoint import load_tensors
+from hexswarm.swarm.model_spec import ModelSpecError, config_for_blocks, load_model_spec
 
 TP_FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"]
 NO_TP_FAMILIES = ["phi3", "mixtral", "qwen3_moe"]  # fused or packed projections, experts

@@ -9,12 +9,12 @@ import threading
 import pytest
 import torch
 
-from peer import batch_forward
-from peer.blocks import BlockStack
-from peer.core import PeerCore, PeerLimits
-from peer.scheduler import BatchPolicy, StepScheduler
-from swarm.model_spec import load_model_spec
-from swarm.protocol import Open, Step
+from hexswarm.peer import batch_forward
+from hexswarm.peer.blocks import BlockStack
+from hexswarm.peer.core import PeerCore, PeerLimits
+from hexswarm.peer.scheduler import BatchPolicy, StepScheduler
+from hexswarm.swarm.model_spec import load_model_spec
+from hexswarm.swarm.protocol import Open, Step
 
 CPU = torch.device("cpu")
 HIDDEN = 128
@@ -158,7 +158,7 @@ def test_a_long_prefill_does_not_stall_decode_steps(stack):
 
 
 def test_announced_decode_capacity_counts_batching(stack, tmp_path, monkeypatch):
-    from peer.throughput import DECODE_BATCH, measure_or_load
+    from hexswarm.peer.throughput import DECODE_BATCH, measure_or_load
 
     monkeypatch.setenv("HEXSWARM_CACHE_DIR", str(tmp_path))
     figures = measure_or_load(stack)

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from peer.cli import build_parser as run_peer_parser
-from swarm import __version__
-from swarm.cli import SUBCOMMANDS, build_parser, main
+from hexswarm.peer.cli import build_parser as run_peer_parser
+from hexswarm.swarm import __version__
+from hexswarm.swarm.cli import SUBCOMMANDS, build_parser, main
 
 UNREACHABLE = ["--initial-peers", "/ip4/127.0.0.1/tcp/9/p2p/QmUnreachable"]  # never contacted
 HIDDEN = {
@@ -84,10 +84,10 @@ def test_help_answers_in_under_a_second():
     """Each command's --help in a fresh interpreter: no torch or hivemind before a verb runs.
     The bound is 3 s because this machine may be busy; the measured times are printed."""
     commands = {
-        "run-peer": ["-m", "peer.cli"],
-        "python -m client": ["-m", "client"],
-        "hexswarm": ["-m", "swarm.cli"],
-        **{f"hexswarm {verb}": ["-m", "swarm.cli", verb] for verb in SUBCOMMANDS},
+        "run-peer": ["-m", "hexswarm.peer.cli"],
+        "python -m hexswarm": ["-m", "hexswarm"],
+        "hexswarm": ["-m", "hexswarm.swarm.cli"],
+        **{f"hexswarm {verb}": ["-m", "hexswarm.swarm.cli", verb] for verb in SUBCOMMANDS},
     }
     times = {}
     for name, argv in commands.items():
@@ -187,7 +187,7 @@ def test_a_folder_without_config_is_one_line(tmp_path, capsys):
 
 
 def test_run_peer_bad_model_is_one_line_and_exit_2(capsys):
-    from peer.cli import main as run_peer
+    from hexswarm.peer.cli import main as run_peer
 
     assert run_peer(["/nonexistent", "--layers", "0:1", *UNREACHABLE]) == 2
     err = capsys.readouterr().err
@@ -219,10 +219,10 @@ def test_hidden_flags_still_work():
 
 def test_run_peer_defaults_are_those_of_the_peer():
     """peer/flags.py writes these defaults out (their classes import torch): they must agree."""
-    from peer.admission import AdmissionLimits
-    from peer.cli import batch_policy
-    from peer.core import PeerLimits
-    from peer.scheduler import BatchPolicy
+    from hexswarm.peer.admission import AdmissionLimits
+    from hexswarm.peer.cli import batch_policy
+    from hexswarm.peer.core import PeerLimits
+    from hexswarm.peer.scheduler import BatchPolicy
 
     args = run_peer_parser().parse_args(PEER)
     assert batch_policy(args) == BatchPolicy()

@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from routing.scheduler.cluster import Device
-from routing.scheduler.genetic import SearchConfig
-from routing.scheduler.model_spec import ModelSpec, Workload
-from swarm.coordinator.cluster_view import build_view, device_ids, peer_of, regions_of
-from swarm.coordinator.moves import Move, Placement, diff, kind_of, layers_to_load, rematch
-from swarm.coordinator.planner import Planned, compute_plan, petals_placement
-from swarm.coordinator.records import (
+from hexswarm.routing.scheduler.cluster import Device
+from hexswarm.routing.scheduler.genetic import SearchConfig
+from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.swarm.coordinator.cluster_view import build_view, device_ids, peer_of, regions_of
+from hexswarm.swarm.coordinator.moves import Move, Placement, diff, kind_of, layers_to_load, rematch
+from hexswarm.swarm.coordinator.planner import Planned, compute_plan, petals_placement
+from hexswarm.swarm.coordinator.records import (
     Assignment,
     CoordinationRecordError,
     Lease,
@@ -22,8 +22,8 @@ from swarm.coordinator.records import (
     current_holder,
     plans_from,
 )
-from swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, beats
-from swarm.records import DeviceInfo, PeerRecord, PeerState
+from hexswarm.swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, beats
+from hexswarm.swarm.records import DeviceInfo, PeerRecord, PeerState
 
 MODEL = ModelSpec("tiny", 8, 128, 4)
 # Searches stop after a set number of generations (or a stall), never on the clock: a wall-clock
@@ -248,7 +248,7 @@ def test_cluster_view_uses_measured_round_trips_and_stated_capacity():
     cluster = build_view(records, MODEL, workload)
     assert cluster.latency[0, 1] == pytest.approx(0.005)  # half the mean round trip, in seconds
     assert cluster.devices[0].machine == "a"
-    from routing.scheduler.cost_model import max_layers
+    from hexswarm.routing.scheduler.cost_model import max_layers
 
     assert max_layers(MODEL, 1, cluster.devices[0].memory_bytes, workload.s_in_max + workload.s_out) == 4
 
@@ -310,7 +310,7 @@ def test_measured_degrees_give_a_ranks_speed_and_the_all_reduce_it_pays():
     """Two gloo ranks on a CPU: one alone decodes a block in 3.4 ms, both together in 5.6 ms.
     From those figures TP 1 is the faster stage in the cost model (Eq. 4 + Eq. 5); from the
     group's figures alone (one rank = half the group) TP 2 would be."""
-    from routing.scheduler.cost_model import comp_cost, tp_comm_cost
+    from hexswarm.routing.scheduler.cost_model import comp_cost, tp_comm_cost
 
     workload = Workload(slo_scale=100)
     measured = ((1, 4000.0, 3.4), (2, 6000.0, 5.6))
@@ -333,7 +333,7 @@ def test_measured_degrees_give_a_ranks_speed_and_the_all_reduce_it_pays():
 
 
 def test_compute_plan_chooses_the_degree_the_model_needs():
-    from routing.scheduler.cost_model import max_layers, stage_memory
+    from hexswarm.routing.scheduler.cost_model import max_layers, stage_memory
 
     workload = Workload(slo_scale=100)
     tokens = workload.s_in_max + workload.s_out
@@ -362,7 +362,7 @@ def test_compute_plan_keeps_the_degree_and_range_of_fixed_peers():
 
 
 def test_the_published_plan_carries_the_planned_degrees():
-    from swarm.coordinator.service import plan_record
+    from hexswarm.swarm.coordinator.service import plan_record
 
     records = [tp_record("a", 1, (1, 2)), tp_record("b", 2, (1, 2), start=4, end=8)]
     planned = Planned({"b": Placement(4, 8, 1), "a": Placement(0, 4, 2)}, 0.9, 100.0, None)
@@ -408,7 +408,7 @@ def test_no_covering_plan_names_the_missing_blocks_and_the_memory_short():
 
 
 def test_a_plan_that_covers_replaces_one_that_does_not_whatever_the_estimates():
-    from swarm.coordinator.service import plan_record
+    from hexswarm.swarm.coordinator.service import plan_record
 
     peers = [record("a", 0, 15, max_blocks=15), record("b", 0, 15, max_blocks=15)]
     planned = compute_plan(peers, SMOL, Workload(), CPU_SEARCH)
@@ -419,8 +419,8 @@ def test_a_plan_that_covers_replaces_one_that_does_not_whatever_the_estimates():
 
 
 def test_the_swarm_deadline_unit_is_the_fastest_peer_alone():
-    from routing.scheduler.cost_model import swarm_reference_latency
-    from routing.scheduler.simulator import make_trace
+    from hexswarm.routing.scheduler.cost_model import swarm_reference_latency
+    from hexswarm.routing.scheduler.simulator import make_trace
 
     cluster = build_view([record("slow", 0, 4, throughput=1000.0), record("fast", 4, 8, throughput=8000.0)],
                          MODEL, Workload())  # fmt: skip
@@ -444,7 +444,7 @@ def test_petals_fallback_places_auto_peers_around_fixed_ones():
 
 
 def test_peer_side_rules():
-    from peer.plan_follower import fallback_target, initial_range, old_range_covered
+    from hexswarm.peer.plan_follower import fallback_target, initial_range, old_range_covered
 
     others = [record("a", 0, 4), record("b", 0, 4)]
     assert initial_range(others, 8, 4) == (4, 8)
@@ -458,8 +458,8 @@ def test_peer_side_rules():
 def test_follower_takes_only_newer_plans_of_the_holder():
     import asyncio
 
-    from peer.plan_follower import PlanFollower
-    from swarm.coordinator.records import Coordination
+    from hexswarm.peer.plan_follower import PlanFollower
+    from hexswarm.swarm.coordinator.records import Coordination
 
     moves = []
 
@@ -486,8 +486,8 @@ def test_follower_takes_the_planned_degree_only_from_the_choices_it_offers():
     import asyncio
     from dataclasses import replace
 
-    from peer.plan_follower import PlanFollower
-    from swarm.coordinator.records import Coordination
+    from hexswarm.peer.plan_follower import PlanFollower
+    from hexswarm.swarm.coordinator.records import Coordination
 
     moves = []
 
@@ -513,7 +513,7 @@ def test_follower_takes_the_planned_degree_only_from_the_choices_it_offers():
 def test_a_plan_for_throughput_says_so_and_old_records_read_as_slo():
     import msgpack
 
-    from swarm.coordinator.service import plan_record
+    from hexswarm.swarm.coordinator.service import plan_record
 
     records = [record(f"p{i}", 0, 4) for i in range(4)]
     workload = Workload(slo_scale=100, objective="throughput")
@@ -534,7 +534,7 @@ def test_a_plan_for_throughput_says_so_and_old_records_read_as_slo():
 def test_coordinator_flags_choose_the_objective(make_model):
     import argparse
 
-    from swarm.coordinator.command import add_arguments, coordinator_config
+    from hexswarm.swarm.coordinator.command import add_arguments, coordinator_config
 
     model_dir = make_model()
     parser = argparse.ArgumentParser()
@@ -546,8 +546,8 @@ def test_coordinator_flags_choose_the_objective(make_model):
 
 
 def test_status_names_the_objective(capsys):
-    from client.status import print_plan
-    from swarm.coordinator.records import Coordination
+    from hexswarm.client.status import print_plan
+    from hexswarm.swarm.coordinator.records import Coordination
 
     for objective, words in (("slo", "estimated attainment 90.0%"), ("throughput", "planned for throughput")):
         record_ = replace(plan(2), objective=objective)
@@ -556,8 +556,8 @@ def test_status_names_the_objective(capsys):
 
 
 def test_status_says_loudly_when_no_plan_covers_the_model(capsys):
-    from client.status import print_plan
-    from swarm.coordinator.records import Coordination
+    from hexswarm.client.status import print_plan
+    from hexswarm.swarm.coordinator.records import Coordination
 
     uncovered = replace(plan(2), missing=(20, 21, 22, 29), memory_short_blocks=4)
     print_plan(Coordination(Lease("m", "A", 1.0), uncovered, 2), [record("p1", 0, 4)])

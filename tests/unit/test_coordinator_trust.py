@@ -5,8 +5,8 @@ import asyncio
 import msgpack
 import pytest
 
-from peer.plan_follower import PlanFollower
-from swarm.coordinator.records import (
+from hexswarm.peer.plan_follower import PlanFollower
+from hexswarm.swarm.coordinator.records import (
     MAX_PLAN_VERSION,
     Assignment,
     Coordination,
@@ -17,7 +17,7 @@ from swarm.coordinator.records import (
     trust_from,
     trusted_only,
 )
-from swarm.identity import load_or_create_identity
+from hexswarm.swarm.identity import load_or_create_identity
 from tests.unit.record_cases import make_record
 
 

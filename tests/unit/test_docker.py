@@ -62,7 +62,8 @@ def test_images_run_peer_and_copy_every_package(dockerfile):
     assert 'ENTRYPOINT ["run-peer"]' in text
     setup = configparser.ConfigParser()
     setup.read(ROOT / "setup.cfg")
-    packages = [p for p in setup["options.packages.find"]["include"].split() if "." not in p]
+    # every folder that setup.cfg maps into the hexswarm namespace
+    packages = [line.split(" = ")[1] for line in setup["options"]["package_dir"].strip().splitlines()]
     for package in packages:
         assert f"COPY {package} ./{package}" in text, f"{dockerfile.name} does not copy {package}/"
     assert (ROOT / "setup.cfg").exists() and all((ROOT / p).is_dir() for p in packages)
@@ -101,13 +102,13 @@ def parser_for(service: dict) -> tuple[argparse.ArgumentParser, list[str]]:
     """The CLI parser a service's command goes to, and the command's arguments for it."""
     command = [str(a) for a in service["command"]]
     if service.get("entrypoint") == ["hexswarm"]:
-        from swarm.cli import SUBCOMMANDS
+        from hexswarm.swarm.cli import SUBCOMMANDS
 
         module = importlib.import_module(SUBCOMMANDS[command[0]][0])
         parser = argparse.ArgumentParser(prog=f"hexswarm {command[0]}")
         module.add_arguments(parser)
         return parser, command[1:]
-    from peer.cli import build_parser
+    from hexswarm.peer.cli import build_parser
 
     return build_parser(), command
 

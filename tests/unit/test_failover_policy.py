@@ -5,10 +5,10 @@ import random
 import pytest
 import torch
 
-from client.deadline import PeerSpeed, step_deadline_s
-from client.history import InputHistory
-from client.remote import PeerError
-from client.retry import Attempt, BanList, FailoverError, RetryBudget, RetryPolicy, backoff_delay
+from hexswarm.client.deadline import PeerSpeed, step_deadline_s
+from hexswarm.client.history import InputHistory
+from hexswarm.client.remote import PeerError
+from hexswarm.client.retry import Attempt, BanList, FailoverError, RetryBudget, RetryPolicy, backoff_delay
 
 
 class Clock:

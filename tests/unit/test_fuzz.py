@@ -17,12 +17,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from peer.admission import Admission, AdmissionLimits
-from peer.blocks import BlockStack
-from peer.core import PeerCore, PeerLimits
-from peer.server import PeerServer
-from swarm.model_spec import load_model_spec
-from swarm.protocol import (
+from hexswarm.peer.admission import Admission, AdmissionLimits
+from hexswarm.peer.blocks import BlockStack
+from hexswarm.peer.core import PeerCore, PeerLimits
+from hexswarm.peer.server import PeerServer
+from hexswarm.swarm.model_spec import load_model_spec
+from hexswarm.swarm.protocol import (
     PROTOCOL_VERSION,
     Close,
     Error,

@@ -14,7 +14,9 @@ the baselines sit on floors above them. `routing/` imports nothing of ours above
 library beyond its numeric ones (no torch, no network), and no import in it runs in a circle.
 
 Every import counts: at module level, inside a function, and `importlib.import_module` with a
-literal name.
+literal name. The four folders install as `hexswarm.routing`, `hexswarm.swarm`, `hexswarm.peer`
+and `hexswarm.client` (setup.cfg), and every import names them so: a bare `import client` would
+load a second copy of a module, or another package of that name.
 """
 
 from __future__ import annotations
@@ -28,20 +30,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "hexswarm"
 
 # package -> floor; a module may import from its own floor and the ones below
 FLOORS = {"routing": 0, "swarm": 1, "peer": 2, "client": 2}
 ROLES = ("peer", "client")
-DISPATCHER = "swarm.cli"
+DISPATCHER = "hexswarm.swarm.cli"
 
 # routing's packages -> floor: the solvers a live swarm calls at the bottom, then what only
 # benchmarks and tests use; a module may import from its own floor and the ones below
 ROUTING_FLOORS = {
-    "routing.scheduler": 0,  # placement (HexGen): the coordinator and `hexswarm plan`
-    "routing.chains": 0,  # chain routers: the client
-    "routing.scenarios": 1,  # seeded clusters, swarms and churn
-    "routing.sim": 2,  # simulators of a swarm over time
-    "routing.baselines": 3,  # what the benchmarks compare the solvers with
+    "hexswarm.routing.scheduler": 0,  # placement (HexGen): the coordinator and `hexswarm plan`
+    "hexswarm.routing.chains": 0,  # chain routers: the client
+    "hexswarm.routing.scenarios": 1,  # seeded clusters, swarms and churn
+    "hexswarm.routing.sim": 2,  # simulators of a swarm over time
+    "hexswarm.routing.baselines": 3,  # what the benchmarks compare the solvers with
 }
 SOLVERS = tuple(package for package, floor in ROUTING_FLOORS.items() if floor == 0)
 # DESIGN.md: routing/ is pure algorithms on these libraries, besides Python's own modules but
@@ -51,9 +54,17 @@ NETWORK_MODULES = {"socket", "ssl", "asyncio", "http", "urllib", "subprocess", "
 
 
 def module_name(path: Path) -> str:
-    """`swarm/coordinator/command.py` -> `swarm.coordinator.command` (a package is its `__init__`)."""
+    """`swarm/coordinator/command.py` -> `hexswarm.swarm.coordinator.command` (a package is its
+    `__init__`)."""
     parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join((NAMESPACE, *parts) if parts[0] in FLOORS else parts)
+
+
+def path_of(name: str) -> Path:
+    """`hexswarm.swarm.records` -> ROOT/swarm/records (no suffix): where setup.cfg maps it."""
+    parts = name.split(".")
+    return ROOT.joinpath(*(parts[1:] if parts[0] == NAMESPACE and len(parts) > 1 else parts))
 
 
 def imports_of(path: Path) -> set[str]:
@@ -83,7 +94,7 @@ def _absolute(path: Path, level: int, module: str | None) -> str:
 
 
 def _is_ours(name: str) -> bool:
-    path = ROOT.joinpath(*name.split("."))
+    path = path_of(name)
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
@@ -99,7 +110,14 @@ def package_modules() -> Iterator[tuple[str, Path]]:
 
 
 def top(name: str) -> str:
-    return name.split(".")[0]
+    """The package of ours a module is in (`hexswarm.peer.cli` -> `peer`), else its top name."""
+    parts = name.split(".")
+    return parts[1] if parts[0] == NAMESPACE and len(parts) > 1 else parts[0]
+
+
+def bare(name: str) -> bool:
+    """Whether `name` reaches one of our packages without the namespace (`client.model`)."""
+    return name.split(".")[0] in FLOORS
 
 
 def package_of(name: str, packages: Iterable[str]) -> str | None:
@@ -108,8 +126,8 @@ def package_of(name: str, packages: Iterable[str]) -> str | None:
 
 
 def import_graph(prefix: str) -> dict[str, set[str]]:
-    """Module -> the modules it imports, for the modules under `prefix` (e.g. "routing") and
-    only the imports among them."""
+    """Module -> the modules it imports, for the modules under `prefix` (e.g.
+    "hexswarm.routing") and only the imports among them."""
     modules = {name: path for name, path in package_modules() if package_of(name, [prefix])}
     return {name: imports_of(path) & modules.keys() - {name} for name, path in modules.items()}
 
@@ -171,12 +189,34 @@ def test_imports_of_reads_every_kind_of_import(tmp_path):
     path = tmp_path / "example.py"
     path.write_text(
         "import os.path\n"
-        "from swarm import records\n"
+        "from hexswarm.swarm import records\n"
         "def later():\n"
-        "    from client.swarm_client import SwarmClient\n"
-        "    importlib.import_module('peer.cli')\n"
+        "    from hexswarm.client.swarm_client import SwarmClient\n"
+        "    importlib.import_module('hexswarm.peer.cli')\n"
     )
-    assert imports_of(path) == {"os.path", "swarm", "swarm.records", "client.swarm_client", "peer.cli"}
+    assert imports_of(path) == {
+        "os.path",
+        "hexswarm.swarm",
+        "hexswarm.swarm.records",
+        "hexswarm.client.swarm_client",
+        "hexswarm.peer.cli",
+    }
+
+
+def test_every_import_of_ours_goes_through_the_namespace():
+    """The packages, their tests, the benchmarks and the scripts."""
+    files = [
+        path
+        for folder in (*FLOORS, "hexswarm", "tests", "benchmarks", "scripts")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+    ]
+    found = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in files
+        for name in sorted(imports_of(path))
+        if bare(name)
+    ]
+    assert not found, "imports without `hexswarm.`:\n" + "\n".join(found)
 
 
 def test_no_module_imports_from_a_higher_floor():
@@ -227,7 +267,7 @@ def test_the_dispatcher_imports_its_commands_only_by_name():
 
 @pytest.mark.parametrize("verb,module", sorted(dispatched_modules().items()))
 def test_each_verb_names_a_command_module_of_a_package(verb, module):
-    path = ROOT / Path(*module.split(".")).with_suffix(".py")
+    path = path_of(module).with_suffix(".py")
     assert top(module) in FLOORS and path.is_file(), f"hexswarm {verb}: no module {module}"
     defined = {node.name for node in ast.parse(path.read_text()).body if isinstance(node, ast.FunctionDef)}
     assert {"add_arguments", "run"} <= defined, f"hexswarm {verb}: {module} is not a command"
@@ -270,7 +310,7 @@ def test_every_routing_module_is_in_a_package_with_a_floor():
     homeless = [
         name
         for name, _ in package_modules()
-        if top(name) == "routing" and name != "routing" and not package_of(name, ROUTING_FLOORS)
+        if top(name) == "routing" and name != "hexswarm.routing" and not package_of(name, ROUTING_FLOORS)
     ]
     assert not homeless
 
@@ -289,5 +329,16 @@ def test_routing_imports_nothing_of_ours_above_it_nor_torch_or_the_network():
 
 
 def test_no_import_circle_in_routing():
-    found = circles(import_graph("routing"))
+    found = circles(import_graph("hexswarm.routing"))
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_setup_cfg_installs_every_package_under_the_namespace():
+    """A new sub-package is listed in setup.cfg, or an installed hexswarm would lack it."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    listed = set(config["options"]["packages"].split())
+    packages = {name for name, path in package_modules() if path.name == "__init__.py"}
+    assert listed == packages | {NAMESPACE}
+    mapped = dict(line.split(" = ") for line in config["options"]["package_dir"].strip().splitlines())
+    assert mapped == {NAMESPACE: NAMESPACE, **{f"{NAMESPACE}.{folder}": folder for folder in FLOORS}}

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-import peer.link_probe as link_probe
-from peer.link_probe import LinkProbe
-from swarm.protocol import Error, ErrorCode, Ping, Pong, read_frame, write_frame
-from swarm.records import PeerState
+import hexswarm.peer.link_probe as link_probe
+from hexswarm.peer.link_probe import LinkProbe
+from hexswarm.swarm.protocol import Error, ErrorCode, Ping, Pong, read_frame, write_frame
+from hexswarm.swarm.records import PeerState
 from tests.unit.record_cases import make_record
 
 pytestmark = pytest.mark.asyncio

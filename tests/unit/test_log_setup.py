@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from peer.cli import build_parser as run_peer_parser
-from swarm import log_setup
-from swarm.cli import SUBCOMMANDS, main
+from hexswarm.peer.cli import build_parser as run_peer_parser
+from hexswarm.swarm import log_setup
+from hexswarm.swarm.cli import SUBCOMMANDS, main
 
 
 @pytest.fixture(autouse=True)
@@ -48,10 +48,10 @@ def test_levels(argv, default, level):
 
 def test_lines_name_what_they_are_about_and_the_context_can_change(capsys):
     log_setup.setup_logging(_args(), "peer ? tiny-1234[0:4)")
-    logging.getLogger("peer.test").info("loading")
+    logging.getLogger("hexswarm.peer.test").info("loading")
     log_setup.set_context("peer alice tiny-1234[0:4)")  # the name is known after joining the DHT
-    logging.getLogger("peer.test").info("online")
-    logging.getLogger("peer.test").debug("not shown at info")
+    logging.getLogger("hexswarm.peer.test").info("online")
+    logging.getLogger("hexswarm.peer.test").debug("not shown at info")
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].endswith("INFO peer ? tiny-1234[0:4): loading")
     assert lines[1].endswith("INFO peer alice tiny-1234[0:4): online")
@@ -89,6 +89,6 @@ def test_run_peer_and_the_client_take_the_flags():
     args = run_peer_parser().parse_args([*peer, "--quiet", "--log-level", "debug"])
     assert args.quiet and args.log_level == "debug"
     help_text = subprocess.run(
-        [sys.executable, "-m", "client", "--help"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "hexswarm", "generate", "--help"], capture_output=True, text=True, timeout=120
     ).stdout
     assert "--quiet" in help_text and "--log-level" in help_text and "--verbose" in help_text

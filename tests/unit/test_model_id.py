@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from swarm import content_hash
-from swarm.cache_files import CACHE_ENV
-from swarm.model_id import ID_HASH_CHARS, size_label
-from swarm.model_spec import ModelSpecError, load_model_spec, model_identity
+from hexswarm.swarm import content_hash
+from hexswarm.swarm.cache_files import CACHE_ENV
+from hexswarm.swarm.model_id import ID_HASH_CHARS, size_label
+from hexswarm.swarm.model_spec import ModelSpecError, load_model_spec, model_identity
 
 WEIGHTS = "model.safetensors"
 

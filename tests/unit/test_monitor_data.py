@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from client.monitor_data import estimated_decode_tokens_per_s, model_entry, peer_entry
-from swarm.records import DeviceInfo, PeerState
+from hexswarm.client.monitor_data import estimated_decode_tokens_per_s, model_entry, peer_entry
+from hexswarm.swarm.records import DeviceInfo, PeerState
 from tests.unit.record_cases import make_record
 
 
@@ -46,7 +46,7 @@ def test_peer_entry_shows_tp_and_one_label_per_rank():
 
 
 def test_model_entry_shows_the_coordinator_and_its_plan():
-    from swarm.coordinator.records import Assignment, Coordination, Lease, PlanRecord
+    from hexswarm.swarm.coordinator.records import Assignment, Coordination, Lease, PlanRecord
 
     records = [make_record(peer_id="A", name="a", start=0, end=6, auto=True, plan_version=3)]
     assert model_entry("m-1", 6, records, rtts={})["plan"] is None
@@ -63,9 +63,9 @@ def test_collect_shows_the_lease_only_of_trusted_coordinator_keys():
     from concurrent.futures import Future
     from types import SimpleNamespace
 
-    from client.monitor_data import collect
-    from swarm.coordinator.records import Lease, lease_key
-    from swarm.identity import load_or_create_identity
+    from hexswarm.client.monitor_data import collect
+    from hexswarm.swarm.coordinator.records import Lease, lease_key
+    from hexswarm.swarm.identity import load_or_create_identity
 
     stranger = load_or_create_identity(None)
     claim = Lease("m-1", stranger.peer_id.to_base58(), 0.0)

@@ -4,10 +4,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from peer.blocks import BlockStack
-from peer.core import PeerCore, PeerLimits
-from swarm.model_spec import load_model_spec
-from swarm.protocol import Close, ErrorCode, Open, ProtocolError, Step
+from hexswarm.peer.blocks import BlockStack
+from hexswarm.peer.core import PeerCore, PeerLimits
+from hexswarm.swarm.model_spec import load_model_spec
+from hexswarm.swarm.protocol import Close, ErrorCode, Open, ProtocolError, Step
 
 CPU = torch.device("cpu")
 

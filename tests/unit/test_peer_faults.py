@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from peer.blocks import BlockStack
-from peer.cli import build_parser
-from peer.core import PeerCore, PeerLimits
-from peer.faults import FaultInjector, FaultPlan, plan_from_args
-from swarm.model_spec import load_model_spec
-from swarm.protocol import ErrorCode, Open, ProtocolError, Step
+from hexswarm.peer.blocks import BlockStack
+from hexswarm.peer.cli import build_parser
+from hexswarm.peer.core import PeerCore, PeerLimits
+from hexswarm.peer.faults import FaultInjector, FaultPlan, plan_from_args
+from hexswarm.swarm.model_spec import load_model_spec
+from hexswarm.swarm.protocol import ErrorCode, Open, ProtocolError, Step
 
 
 @pytest.fixture

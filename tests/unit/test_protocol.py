@@ -8,7 +8,7 @@ import msgpack
 import pytest
 import torch
 
-from swarm.protocol import (
+from hexswarm.swarm.protocol import (
     PROTOCOL_VERSION,
     Close,
     Error,

@@ -15,13 +15,13 @@ import msgpack
 import pytest
 import torch
 
-from peer.blocks import BlockStack
-from peer.core import PeerCore, PeerLimits
-from peer.faults import FaultInjector, FaultPlan
-from peer.push import PushLinks
-from peer.server import PeerServer
-from swarm.model_spec import load_model_spec
-from swarm.protocol import (
+from hexswarm.peer.blocks import BlockStack
+from hexswarm.peer.core import PeerCore, PeerLimits
+from hexswarm.peer.faults import FaultInjector, FaultPlan
+from hexswarm.peer.push import PushLinks
+from hexswarm.peer.server import PeerServer
+from hexswarm.swarm.model_spec import load_model_spec
+from hexswarm.swarm.protocol import (
     MAX_CHAIN,
     PROTOCOL_VERSION,
     Error,
@@ -273,7 +273,7 @@ async def test_a_link_answering_garbage_fails_its_waiting_pushes():
 
 @pytest.mark.asyncio
 async def test_pushed_steps_of_different_sessions_still_batch(spec):
-    from peer.scheduler import BatchPolicy
+    from hexswarm.peer.scheduler import BatchPolicy
 
     blocks = BlockStack.load(spec, 0, 2, torch.float32, torch.device("cpu"))
     core = PeerCore(blocks, spec.model_id, PeerLimits(max_sessions=4, max_length=8, max_batch=1))

@@ -15,8 +15,8 @@ import time
 import pytest
 import torch
 
-from peer.push import Backoff, PushLinks, SwarmMembers
-from swarm.protocol import PushAck, Step, read_frame, write_frame
+from hexswarm.peer.push import Backoff, PushLinks, SwarmMembers
+from hexswarm.swarm.protocol import PushAck, Step, read_frame, write_frame
 
 pytestmark = pytest.mark.asyncio
 

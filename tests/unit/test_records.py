@@ -3,8 +3,8 @@
 import msgpack
 import pytest
 
-from swarm.identity import load_or_create_identity, peer_id_from_owner_marker
-from swarm.records import DeviceInfo, PeerRecord, PeerState
+from hexswarm.swarm.identity import load_or_create_identity, peer_id_from_owner_marker
+from hexswarm.swarm.records import DeviceInfo, PeerRecord, PeerState
 from tests.unit.record_cases import make_record
 
 GPU = DeviceInfo(type="cuda", name="NVIDIA H100", memory_bytes=80 << 30, cores=132)
@@ -149,7 +149,7 @@ def test_bad_identity_file(tmp_path):
 def test_a_bad_record_drops_its_peer_alone_and_is_logged_once(caplog):
     from types import SimpleNamespace
 
-    from swarm.records import peer_records_from
+    from hexswarm.swarm.records import peer_records_from
 
     good, bad = load_or_create_identity(None), load_or_create_identity(None)
     good_record = make_record(peer_id=good.peer_id.to_base58())
@@ -182,14 +182,14 @@ def test_a_joining_peer_may_announce_before_it_has_measured():
     ],
 )
 def test_malformed_model_entries_are_rejected(body):
-    from swarm.records import ModelEntry
+    from hexswarm.swarm.records import ModelEntry
 
     with pytest.raises(ValueError):
         ModelEntry.from_bytes(msgpack.packb({**body, "schema": 1}))
 
 
 def test_a_models_block_count_is_the_one_most_signers_announce():
-    from swarm.records import ModelEntry, models_from
+    from hexswarm.swarm.records import ModelEntry, models_from
 
     honest = [(f"Qm{i}", ModelEntry("m-1", 30)) for i in range(2)]
     hostile = [("QmX", ModelEntry("m-1", 100_000)), ("QmX", ModelEntry("other-2", 8))]

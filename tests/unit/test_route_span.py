@@ -2,9 +2,9 @@
 
 import pytest
 
-from routing.chains.routers import make_router
-from routing.chains.span import route_span, span_view
-from routing.chains.swarm_view import NoRouteError, PeerView, RouteRequest, SwarmView
+from hexswarm.routing.chains.routers import make_router
+from hexswarm.routing.chains.span import route_span, span_view
+from hexswarm.routing.chains.swarm_view import NoRouteError, PeerView, RouteRequest, SwarmView
 
 
 def _view() -> SwarmView:

@@ -7,19 +7,19 @@ from dataclasses import replace
 
 import pytest
 
-from client.peer_views import peer_view
-from routing.chains.cost import candidates, make_route
-from routing.chains.load_costs import (
+from hexswarm.client.peer_views import peer_view
+from hexswarm.routing.chains.cost import candidates, make_route
+from hexswarm.routing.chains.load_costs import (
     idle_step_ms,
     iteration_ms,
     load_aware_candidates,
     session_step_ms,
     utilisation,
 )
-from routing.chains.min_latency import MinLatencyRouter, shortest_chain
-from routing.chains.swarm_view import PeerView, RouteRequest, SwarmView
-from routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
-from routing.sim.load_sim import LoadSpec, simulate_load
+from hexswarm.routing.chains.min_latency import MinLatencyRouter, shortest_chain
+from hexswarm.routing.chains.swarm_view import PeerView, RouteRequest, SwarmView
+from hexswarm.routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
+from hexswarm.routing.sim.load_sim import LoadSpec, simulate_load
 from tests.unit.record_cases import make_record
 
 REQ = RouteRequest(prompt_tokens=16, new_tokens=8)

@@ -8,19 +8,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from routing.baselines.reference_front import normalised_hypervolume, sweep_front
-from routing.chains.cost import candidates, evaluate_assignments, make_route, route_from_assignment
-from routing.chains.idle_split import keep_idle_split
-from routing.chains.load_costs import load_aware_candidates
-from routing.chains.loaded_pool import TOLERANCE
-from routing.chains.min_latency import min_latency_route, shortest_chain
-from routing.chains.nsga import NsgaConfig, _assignment, nsga_front
-from routing.chains.own_picks import OwnPicks
-from routing.chains.relink import non_dominated, relink
-from routing.chains.swarm_view import Hop, PeerView, Route, SwarmView
-from routing.chains.sweep_seeds import sweep_seeds
-from routing.chains.tradeoff import TradeoffRouter
-from routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
+from hexswarm.routing.baselines.reference_front import normalised_hypervolume, sweep_front
+from hexswarm.routing.chains.cost import candidates, evaluate_assignments, make_route, route_from_assignment
+from hexswarm.routing.chains.idle_split import keep_idle_split
+from hexswarm.routing.chains.load_costs import load_aware_candidates
+from hexswarm.routing.chains.loaded_pool import TOLERANCE
+from hexswarm.routing.chains.min_latency import min_latency_route, shortest_chain
+from hexswarm.routing.chains.nsga import NsgaConfig, _assignment, nsga_front
+from hexswarm.routing.chains.own_picks import OwnPicks
+from hexswarm.routing.chains.relink import non_dominated, relink
+from hexswarm.routing.chains.swarm_view import Hop, PeerView, Route, SwarmView
+from hexswarm.routing.chains.sweep_seeds import sweep_seeds
+from hexswarm.routing.chains.tradeoff import TradeoffRouter
+from hexswarm.routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
 from tests.unit.router_cases import REQUEST, assert_covers
 
 SMALL = generate_swarm(SwarmSpec(num_peers=40, num_blocks=40, seed=0))

@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from routing.chains.cost import transfer_ms
-from routing.chains.min_latency import MinLatencyRouter, min_latency_route
-from routing.chains.routers import make_router
-from routing.chains.swarm_view import PeerView, RouteRequest, SwarmView
-from routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
-from routing.sim.load_sim import LoadSpec, compute_capacity, simulate_load, sustainable_rate
+from hexswarm.routing.chains.cost import transfer_ms
+from hexswarm.routing.chains.min_latency import MinLatencyRouter, min_latency_route
+from hexswarm.routing.chains.routers import make_router
+from hexswarm.routing.chains.swarm_view import PeerView, RouteRequest, SwarmView
+from hexswarm.routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
+from hexswarm.routing.sim.load_sim import LoadSpec, compute_capacity, simulate_load, sustainable_rate
 
 REQ = RouteRequest(prompt_tokens=8, new_tokens=4)
 

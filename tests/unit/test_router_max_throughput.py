@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from routing.baselines.reference_front import sweep_front
-from routing.chains.cost import candidates
-from routing.chains.front import pareto_filter
-from routing.chains.max_throughput import MaxThroughputRouter, max_throughput_route
-from routing.chains.min_latency import min_latency_route
-from routing.chains.swarm_view import NoRouteError
-from routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
+from hexswarm.routing.baselines.reference_front import sweep_front
+from hexswarm.routing.chains.cost import candidates
+from hexswarm.routing.chains.front import pareto_filter
+from hexswarm.routing.chains.max_throughput import MaxThroughputRouter, max_throughput_route
+from hexswarm.routing.chains.min_latency import min_latency_route
+from hexswarm.routing.chains.swarm_view import NoRouteError
+from hexswarm.routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
 from tests.unit.router_cases import REQUEST, all_routes, assert_covers, small_view
 
 SEEDS = range(120)

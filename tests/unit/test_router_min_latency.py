@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from routing.chains.cost import request_cache_tokens
-from routing.chains.min_latency import MinLatencyRouter, min_latency_route
-from routing.chains.swarm_view import NoRouteError, PeerView, RouteRequest, SwarmView
-from routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
+from hexswarm.routing.chains.cost import request_cache_tokens
+from hexswarm.routing.chains.min_latency import MinLatencyRouter, min_latency_route
+from hexswarm.routing.chains.swarm_view import NoRouteError, PeerView, RouteRequest, SwarmView
+from hexswarm.routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
 from tests.unit.router_cases import REQUEST, all_routes, assert_covers, small_view
 
 

@@ -8,17 +8,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from routing.baselines.matrix_nsga import matrix_front
-from routing.baselines.reference_front import hypervolume_2d
-from routing.chains.cost import candidates, request_cache_tokens
-from routing.chains.front import pick_index
-from routing.chains.load_costs import load_aware_candidates
-from routing.chains.min_latency import min_latency_route
-from routing.chains.nsga import NsgaConfig, nsga_front
-from routing.chains.routers import MODES, make_router
-from routing.chains.swarm_view import NoRouteError, PeerView, RouteRequest, SwarmView
-from routing.chains.tradeoff import DEFAULT_PREFERENCE, TradeoffRouter, request_class
-from routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
+from hexswarm.routing.baselines.matrix_nsga import matrix_front
+from hexswarm.routing.baselines.reference_front import hypervolume_2d
+from hexswarm.routing.chains.cost import candidates, request_cache_tokens
+from hexswarm.routing.chains.front import pick_index
+from hexswarm.routing.chains.load_costs import load_aware_candidates
+from hexswarm.routing.chains.min_latency import min_latency_route
+from hexswarm.routing.chains.nsga import NsgaConfig, nsga_front
+from hexswarm.routing.chains.routers import MODES, make_router
+from hexswarm.routing.chains.swarm_view import NoRouteError, PeerView, RouteRequest, SwarmView
+from hexswarm.routing.chains.tradeoff import DEFAULT_PREFERENCE, TradeoffRouter, request_class
+from hexswarm.routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
 from tests.unit.router_cases import REQUEST, assert_covers
 
 FAST = NsgaConfig(pop_size=16, generations=8)

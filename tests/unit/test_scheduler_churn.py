@@ -8,17 +8,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from routing.baselines.petals_policy import PetalsPolicy, StaticPolicy
-from routing.scenarios.churn_process import draw_churn, split_machines
-from routing.scheduler.cluster import Device, Network, build_cluster
-from routing.scheduler.genetic import SearchConfig
-from routing.scheduler.gpu_catalog import lookup
-from routing.scheduler.model_spec import Workload, preset
-from routing.scheduler.search import search
-from routing.scheduler.simulator import make_trace
-from routing.sim.churn_policy import SwarmView
-from routing.sim.churn_sim import Sampling, run
-from routing.sim.span_chains import PeerSpan, decompose
+from hexswarm.routing.baselines.petals_policy import PetalsPolicy, StaticPolicy
+from hexswarm.routing.scenarios.churn_process import draw_churn, split_machines
+from hexswarm.routing.scheduler.cluster import Device, Network, build_cluster
+from hexswarm.routing.scheduler.genetic import SearchConfig
+from hexswarm.routing.scheduler.gpu_catalog import lookup
+from hexswarm.routing.scheduler.model_spec import Workload, preset
+from hexswarm.routing.scheduler.search import search
+from hexswarm.routing.scheduler.simulator import make_trace
+from hexswarm.routing.sim.churn_policy import SwarmView
+from hexswarm.routing.sim.churn_sim import Sampling, run
+from hexswarm.routing.sim.span_chains import PeerSpan, decompose
 
 MODEL = preset("Llama-2-70B")
 
@@ -105,8 +105,8 @@ def test_static_policy_follows_the_plan_then_places_joiners(small_run):
 
 
 def test_a_moving_peer_serves_its_old_range_until_the_new_one_is_loaded():
-    from routing.scheduler.moves import both_fit as _both_fit
-    from routing.sim.churn_sim import _live
+    from hexswarm.routing.scheduler.moves import both_fit as _both_fit
+    from hexswarm.routing.sim.churn_sim import _live
 
     old, new = PeerSpan("a", ("a-g0",), 0, 10), PeerSpan("a", ("a-g0",), 10, 20)
     spans, ready, before = {"a": new, "b": PeerSpan("b", ("b-g0",), 0, 80)}, {"a": 50.0}, {"a": old}
@@ -168,7 +168,7 @@ def test_petals_runs_one_server_per_gpu_by_default_flag_and_they_leave_with_thei
         with pytest.raises(ValueError):
             PetalsPolicy(MODEL, workload, server_gpus=bad)
     # A leaving machine takes all its servers with it.
-    from routing.sim.churn_sim import _peers_of
+    from hexswarm.routing.sim.churn_sim import _peers_of
 
     machine = max(machines, key=lambda m: len(machines[m]))
     assert sorted(_peers_of(spans, machines[machine])) == sorted(machines[machine])

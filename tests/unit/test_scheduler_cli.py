@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from routing.scheduler.plan import Plan
-from swarm.cli import main
+from hexswarm.routing.scheduler.plan import Plan
+from hexswarm.swarm.cli import main
 
 
 def write_cluster(tmp_path, devices, name="cluster.json"):

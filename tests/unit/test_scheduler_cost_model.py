@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from routing.scheduler.cluster import Cluster
-from routing.scheduler.cost_model import (
+from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cost_model import (
     StageSpec,
     comp_cost,
     max_layers,
@@ -15,7 +15,7 @@ from routing.scheduler.cost_model import (
     stage_memory,
     tp_comm_cost,
 )
-from routing.scheduler.model_spec import ModelSpec, preset
+from hexswarm.routing.scheduler.model_spec import ModelSpec, preset
 
 H, B, L = 1024, 2, 4
 MEM_GIB, BW_GBPS, TFLOPS = 10.0, 100.0, 10.0

@@ -6,13 +6,13 @@ import math
 
 import pytest
 
-from routing.scenarios.synthetic_cluster import synthetic_cluster
-from routing.scheduler.genetic import SearchConfig
-from routing.scheduler.hierarchical import FLAT_LIMIT, region_groups
-from routing.scheduler.model_spec import Workload, preset
-from routing.scheduler.plan import validate
-from routing.scheduler.plan_eval import memory_violations
-from routing.scheduler.search import search
+from hexswarm.routing.scenarios.synthetic_cluster import synthetic_cluster
+from hexswarm.routing.scheduler.genetic import SearchConfig
+from hexswarm.routing.scheduler.hierarchical import FLAT_LIMIT, region_groups
+from hexswarm.routing.scheduler.model_spec import Workload, preset
+from hexswarm.routing.scheduler.plan import validate
+from hexswarm.routing.scheduler.plan_eval import memory_violations
+from hexswarm.routing.scheduler.search import search
 
 # Every search here stops after a set number of generations (or a stall), never on the clock: a
 # wall-clock budget would make the plan, and so these assertions, depend on the machine's load.

@@ -5,18 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from routing.scheduler.cluster import Device, Network, build_cluster
-from routing.scheduler.fitness import PipelineCapacity
-from routing.scheduler.gpu_catalog import lookup
-from routing.scheduler.model_spec import Workload, preset
-from routing.scheduler.moves import (
+from hexswarm.routing.scheduler.cluster import Device, Network, build_cluster
+from hexswarm.routing.scheduler.fitness import PipelineCapacity
+from hexswarm.routing.scheduler.gpu_catalog import lookup
+from hexswarm.routing.scheduler.model_spec import Workload, preset
+from hexswarm.routing.scheduler.moves import (
     Assignment,
     horizon_attainment,
     make_before_break_loads,
     old_pipeline_ends,
 )
-from routing.scheduler.pipeline_dp import PipelineLayout, StageLayout
-from routing.sim.churn_sim import PolicyRun
+from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout, StageLayout
+from hexswarm.routing.sim.churn_sim import PolicyRun
 
 MODEL = preset("Llama-2-70B")
 WORKLOAD = Workload(max_batch=8)

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from routing.baselines.petals_server import announced_throughput, network_rps, server_num_blocks
-from routing.scheduler.petals_rule import (
+from hexswarm.routing.baselines.petals_server import announced_throughput, network_rps, server_num_blocks
+from hexswarm.routing.scheduler.petals_rule import (
     Span,
     best_start,
     block_throughputs,

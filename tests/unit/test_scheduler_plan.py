@@ -5,11 +5,18 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from routing.baselines.table4 import table4_plan
-from routing.scenarios.hexgen_clusters import scenario
-from routing.scheduler.cluster import Cluster, ClusterError
-from routing.scheduler.model_spec import ModelSpec, preset
-from routing.scheduler.plan import SCHEMA_VERSION, PipelinePlan, Plan, PlanError, PlanEstimate, StagePlan
+from hexswarm.routing.baselines.table4 import table4_plan
+from hexswarm.routing.scenarios.hexgen_clusters import scenario
+from hexswarm.routing.scheduler.cluster import Cluster, ClusterError
+from hexswarm.routing.scheduler.model_spec import ModelSpec, preset
+from hexswarm.routing.scheduler.plan import (
+    SCHEMA_VERSION,
+    PipelinePlan,
+    Plan,
+    PlanError,
+    PlanEstimate,
+    StagePlan,
+)
 
 
 def sample_plan() -> Plan:

@@ -9,16 +9,16 @@ from dataclasses import replace
 
 import pytest
 
-from routing.scheduler.cluster import Device, Network, build_cluster
-from routing.scheduler.fitness import PipelineCapacity
-from routing.scheduler.ga_operators import Mutator
-from routing.scheduler.genetic import SearchConfig
-from routing.scheduler.gpu_catalog import lookup
-from routing.scheduler.model_spec import Workload, preset
-from routing.scheduler.moves import Assignment, MoveCosts, diff, horizon_attainment, load_seconds
-from routing.scheduler.plan import Plan, StagePlan, validate
-from routing.scheduler.replan import plan_assignments, replan
-from routing.scheduler.search import search
+from hexswarm.routing.scheduler.cluster import Device, Network, build_cluster
+from hexswarm.routing.scheduler.fitness import PipelineCapacity
+from hexswarm.routing.scheduler.ga_operators import Mutator
+from hexswarm.routing.scheduler.genetic import SearchConfig
+from hexswarm.routing.scheduler.gpu_catalog import lookup
+from hexswarm.routing.scheduler.model_spec import Workload, preset
+from hexswarm.routing.scheduler.moves import Assignment, MoveCosts, diff, horizon_attainment, load_seconds
+from hexswarm.routing.scheduler.plan import Plan, StagePlan, validate
+from hexswarm.routing.scheduler.replan import plan_assignments, replan
+from hexswarm.routing.scheduler.search import search
 
 MODEL = preset("OPT-30B")  # 60 GB: two 2 x RTX 3090 machines or one 4 x A4000 machine per replica
 WORKLOAD = Workload(rate=4.0, s_out=16, num_requests=120)
@@ -174,7 +174,7 @@ def test_replan_never_moves_a_pinned_peer(swarm):
 
 
 def test_idle_machines_form_pipelines(swarm):
-    from routing.scheduler.pinned_stages import idle_pipelines
+    from hexswarm.routing.scheduler.pinned_stages import idle_pipelines
 
     east = [i for i, d in enumerate(swarm.devices) if d.region == "east"]  # four 2 x RTX 3090 machines
     layouts = idle_pipelines(swarm, MODEL, WORKLOAD, east, deadline_s=60.0)
@@ -186,14 +186,14 @@ def test_idle_machines_form_pipelines(swarm):
 
 def _east_pipeline() -> Plan:
     """One pipeline of two 2 x RTX 3090 machines, a0 [0, 24) then a1 [24, 48); a2, a3 are free."""
-    from routing.scheduler.plan import PipelinePlan
+    from hexswarm.routing.scheduler.plan import PipelinePlan
 
     stages = (StagePlan(("a0-g0", "a0-g1"), 0, 24), StagePlan(("a1-g0", "a1-g1"), 24, 48))
     return Plan(MODEL.name, MODEL.num_layers, (PipelinePlan(stages),))
 
 
 def test_patch_keeps_the_survivors_and_fills_the_hole_with_a_free_machine_of_their_region(swarm):
-    from routing.scheduler.patch import patch_pipelines, survivors
+    from hexswarm.routing.scheduler.patch import patch_pipelines, survivors
 
     smaller = swarm.without({"a1-g0", "a1-g1"})
     broken = survivors(smaller, _east_pipeline())
@@ -246,8 +246,8 @@ def test_the_valuation_of_moves_changes_values_not_candidates(swarm, planned):
 
 
 def test_patch_uses_a_filler_machine_for_one_hole_only():
-    from routing.scheduler.patch import patch_pipelines
-    from routing.scheduler.pipeline_dp import StageLayout
+    from hexswarm.routing.scheduler.patch import patch_pipelines
+    from hexswarm.routing.scheduler.pipeline_dp import StageLayout
 
     devices = []
     for n in range(4):

@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from routing.scheduler.cluster import Device, Network, build_cluster
-from routing.scheduler.cost_model import comp_cost, pipeline_cost
-from routing.scheduler.gpu_catalog import lookup
-from routing.scheduler.model_spec import Workload, preset
-from routing.scheduler.pipeline_dp import PipelineLayout, StageLayout
-from routing.scheduler.serving import evaluate_layouts
-from routing.scheduler.serving_sim import simulate_pipeline
-from routing.scheduler.simulator import Trace
-from routing.scheduler.stage_costs import StageCosts, stage_costs
+from hexswarm.routing.scheduler.cluster import Device, Network, build_cluster
+from hexswarm.routing.scheduler.cost_model import comp_cost, pipeline_cost
+from hexswarm.routing.scheduler.gpu_catalog import lookup
+from hexswarm.routing.scheduler.model_spec import Workload, preset
+from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout, StageLayout
+from hexswarm.routing.scheduler.serving import evaluate_layouts
+from hexswarm.routing.scheduler.serving_sim import simulate_pipeline
+from hexswarm.routing.scheduler.simulator import Trace
+from hexswarm.routing.scheduler.stage_costs import StageCosts, stage_costs
 
 
 def hand_costs(prefill: float, step: list[float], stages: int = 2, budget: float = 1e12) -> StageCosts:
@@ -80,7 +80,7 @@ def test_a_request_alone_takes_eq2_latency():
     costs = stage_costs(cluster, layout, model, [s_in], max_batch=8)
     done = simulate_pipeline(costs, np.array([0.0]), np.array([s_in + s_out]), s_out)
     specs = [layout.stages[0], layout.stages[1]]
-    from routing.scheduler.cost_model import StageSpec
+    from hexswarm.routing.scheduler.cost_model import StageSpec
 
     eq2 = pipeline_cost(cluster, [StageSpec(s.devices, s.layers) for s in specs], model, s_in, s_out)
     assert done[0] == pytest.approx(float(eq2.total))

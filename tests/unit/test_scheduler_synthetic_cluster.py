@@ -4,7 +4,7 @@ from collections import Counter
 
 import numpy as np
 
-from routing.scenarios.synthetic_cluster import CONSUMER, DATACENTER, synthetic_cluster
+from hexswarm.routing.scenarios.synthetic_cluster import CONSUMER, DATACENTER, synthetic_cluster
 
 
 def test_same_seed_same_cluster_other_seed_other_cluster():

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from peer.blocks import BlockStack
-from peer.core import PeerCore, PeerLimits
-from peer.server import PeerServer
-from swarm.model_spec import load_model_spec
-from swarm.protocol import Error, ErrorCode, Open, Opened, Ping, Pong, read_frame, write_frame
+from hexswarm.peer.blocks import BlockStack
+from hexswarm.peer.core import PeerCore, PeerLimits
+from hexswarm.peer.server import PeerServer
+from hexswarm.swarm.model_spec import load_model_spec
+from hexswarm.swarm.protocol import Error, ErrorCode, Open, Opened, Ping, Pong, read_frame, write_frame
 
 SLOTS = 4
 

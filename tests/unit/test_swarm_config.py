@@ -2,8 +2,8 @@
 
 import pytest
 
-from client.swarm_client import MissingBlocksError, uncovered_blocks
-from swarm.dht import INITIAL_PEERS_ENV, public_initial_peers
+from hexswarm.client.swarm_client import MissingBlocksError, uncovered_blocks
+from hexswarm.swarm.dht import INITIAL_PEERS_ENV, public_initial_peers
 from tests.unit.record_cases import make_record
 
 
@@ -14,7 +14,7 @@ def test_public_peers_come_from_the_environment(monkeypatch):
 
 def test_no_public_peers_is_a_clear_error(monkeypatch):
     monkeypatch.delenv(INITIAL_PEERS_ENV, raising=False)
-    monkeypatch.setattr("swarm.dht.PUBLIC_INITIAL_PEERS", ())
+    monkeypatch.setattr("hexswarm.swarm.dht.PUBLIC_INITIAL_PEERS", ())
     with pytest.raises(SystemExit, match=INITIAL_PEERS_ENV):
         public_initial_peers()
 

@@ -1,8 +1,8 @@
-"""swarm.terminal_text.printable: peer-supplied text shown without driving the terminal."""
+"""hexswarm.swarm.terminal_text.printable: peer-supplied text shown without driving the terminal."""
 
 import pytest
 
-from swarm.terminal_text import printable
+from hexswarm.swarm.terminal_text import printable
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from peer.devices import DeviceError, parse_devices, threads_per_rank
-from peer.tp_shard import ShardPlan, TPDegreeError, check_degree, shard_config
-from swarm.checkpoint import load_tensors
-from swarm.model_spec import load_model_spec
+from hexswarm.peer.devices import DeviceError, parse_devices, threads_per_rank
+from hexswarm.peer.tp_shard import ShardPlan, TPDegreeError, check_degree, shard_config
+from hexswarm.swarm.checkpoint import load_tensors
+from hexswarm.swarm.model_spec import load_model_spec
 
 CPU = torch.device("cpu")
 

@@ -1,0 +1,35 @@
+"""The wheel a user installs (`pip install .`, the Docker images): every module of the four
+folders lands under `hexswarm/`, with the monitor's page, and nothing at the top level but
+`hexswarm` itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = ("swarm", "peer", "client", "routing")
+
+
+def test_the_wheel_installs_everything_under_one_name(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(tmp_path), str(ROOT)],
+        check=True, capture_output=True, timeout=240, cwd=tmp_path,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("hexswarm-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {
+        f"hexswarm/{path.relative_to(ROOT).as_posix()}"
+        for folder in FOLDERS
+        for path in (ROOT / folder).rglob("*.py")
+    }
+    assert expected <= names, sorted(expected - names)[:10]
+    assert "hexswarm/client/monitor_page.html" in names
+    tops = {name.split("/")[0] for name in names if not name.startswith("hexswarm-")}
+    assert tops == {"hexswarm"}
+    entry_points = next(name for name in names if name.endswith("entry_points.txt"))
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "run-peer = hexswarm.peer.cli:main" in text and "hexswarm = hexswarm.swarm.cli:main" in text
