@@ -59,7 +59,7 @@ def create_app(watcher: SwarmWatcher) -> FastAPI:
     from fastapi.responses import HTMLResponse, JSONResponse
 
     app = FastAPI(title="hexswarm monitor")
-    page = resources.files("client").joinpath("monitor_page.html").read_text(encoding="utf-8")
+    page = resources.files(__package__).joinpath("monitor_page.html").read_text(encoding="utf-8")
 
     # no return annotations: FastAPI would resolve them in this module's globals, which lack these names
     @app.get("/", response_class=HTMLResponse)

@@ -90,7 +90,7 @@ def test_no_process_of_a_killed_peer_client_or_bootstrap_is_left(local, model_di
         [
             sys.executable,
             "-c",
-            "import sys, time; from client.swarm_client import SwarmClient; "
+            "import sys, time; from hexswarm.client.swarm_client import SwarmClient; "
             "SwarmClient.connect(sys.argv[1:]); print('connected', flush=True); time.sleep(600)",
             *local.initial_peers,
         ],

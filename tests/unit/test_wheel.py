@@ -4,6 +4,7 @@ folders lands under `hexswarm/`, with the monitor's page, and nothing at the top
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -11,12 +12,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("swarm", "peer", "client", "routing")
+PACKAGED = {*FOLDERS, "hexswarm", "setup.cfg", "pyproject.toml", "README.md"}
+
+
+def _not_packaged(folder: str, names: list[str]) -> list[str]:
+    """copytree's filter: at the checkout's root, everything a wheel is not built from."""
+    top = Path(folder) == ROOT
+    return [n for n in names if (top and n not in PACKAGED) or n == "__pycache__" or n.endswith(".egg-info")]
 
 
 def test_the_wheel_installs_everything_under_one_name(tmp_path):
+    source = tmp_path / "source"  # a copy: building in place would leave build/ in the checkout
+    shutil.copytree(ROOT, source, ignore=_not_packaged)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(tmp_path), str(ROOT)],
+         "--wheel-dir", str(tmp_path), str(source)],
         check=True, capture_output=True, timeout=240, cwd=tmp_path,
     )  # fmt: skip
     (wheel,) = tmp_path.glob("hexswarm-*.whl")
