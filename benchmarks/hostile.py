@@ -1,4 +1,4 @@
-"""Hostile benchmark (issue 25): 4 honest peers, 4 honest clients, and one hostile volunteer that
+"""Hostile benchmark: 4 honest peers, 4 honest clients, and one hostile volunteer that
 tries each attack in turn.
 
 A bootstrap and 4 honest peers on 127.0.0.1 (h0, h1, h2 fixed, h3 `--layers auto` trusting only a

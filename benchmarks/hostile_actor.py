@@ -3,7 +3,7 @@
     python benchmarks/hostile_actor.py ATTACK --initial-peers ... --model M --targets h0 h1 --out FILE
 
 It prints "attacking" once the attack is in force, keeps it up until SIGTERM, then writes what it
-saw (one JSON object) to --out. Attacks (issue 25):
+saw (one JSON object) to --out. Attacks:
 
 - probe:    a correctly signed ONLINE record of its own whose addrs aim at a TCP listener it runs;
             it answers PING and refuses every OPEN (BUSY), as a full peer would. Counts TCP
