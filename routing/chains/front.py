@@ -1,7 +1,7 @@
 """Pareto fronts of chains over (latency, load-adjusted throughput): filtering and picking.
 
-The Explorative Study on distributed LLM techniques (§II-B1) keeps the non-dominated chains and lets the user trade one objective for
-the other. Here a front is a tuple of routes sorted by latency (and so by throughput too).
+The Explorative Study on distributed LLM techniques (§II-B1) keeps the non-dominated chains
+and lets the user trade one objective for the other. Here a front is a tuple of routes sorted by latency (and so by throughput too).
 `preference` in [0, 1] picks on it by the Chebyshev scalarisation of the normalised
 objectives (0: least latency, 1: most throughput), which reaches every point of a front,
 convex or not; with no preference we take the knee, the point farthest below the straight
