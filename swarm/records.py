@@ -24,6 +24,7 @@ from typing import Any
 
 import msgpack
 
+from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS
 from hexswarm.swarm.identity import peer_id_from_owner_marker
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,12 @@ class PeerRecord:
     # decode ms per block); its full degree and degree 1 at start, others once it serves at them.
     # The coordinator reads a rank's speed and the cost of its all-reduce from them.
     tp_speeds: tuple[tuple[int, float, float], ...] = ()
+    # The format its blocks' linear weights are stored in (routing/scheduler/weight_formats.py):
+    # clients route only through formats they accept, replay a failed span only onto the same
+    # format, and verify a peer only against peers of its format. A format the reader does not
+    # know drops the record (its outputs could be anything the reader did not ask for).
+    quant: str = DEFAULT_QUANT
+    weight_bytes_per_block: int = 0  # bytes one block's weights take on this peer (0 = not stated)
     schema: int = RECORD_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
@@ -375,6 +382,7 @@ _INT_RANGES = {
     "next_start": (0, MAX_BLOCKS),
     "next_end": (0, MAX_BLOCKS),
     "decode_batch_size": (1, MAX_BATCH),
+    "weight_bytes_per_block": (0, MAX_COUNT),
 }
 _FLOAT_RANGES = {  # [low, high)
     "throughput": (0.0, MAX_SPEED),  # 0 until measured; an online peer has measured (below)
@@ -397,6 +405,8 @@ def _check_ranges(record: PeerRecord) -> None:
             raise ValueError(f"field {name} must be a finite number in [{low}, {high}), got {value!r}")
     if not isinstance(record.auto, bool):
         raise ValueError("field auto must be a boolean")
+    if record.quant not in QUANT_FORMATS:
+        raise ValueError(f"unknown weight format {str(record.quant)[:32]!r}")
     if not record.start < record.end:
         raise ValueError(f"bad layer range {record.start}:{record.end}")
     if record.state == PeerState.ONLINE and not record.throughput > 0:

@@ -51,6 +51,15 @@ def test_decode_batch_fields_round_trip_and_default_for_older_records():
     assert older.decode_batch_size == 1 and older.decode_batch_tokens_per_s == 0.0
 
 
+def test_weight_format_round_trips_and_defaults_to_full_precision_for_older_records():
+    record = make_record(quant="int8", weight_bytes_per_block=3_400_000)
+    assert PeerRecord.from_bytes(record.to_bytes()) == record
+    body = msgpack.unpackb(record.to_bytes())
+    del body["quant"], body["weight_bytes_per_block"]  # a peer from before quantized peers
+    older = PeerRecord.from_bytes(msgpack.packb(body))
+    assert older.quant == "none" and older.weight_bytes_per_block == 0
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -114,6 +123,9 @@ def test_malformed_tp_fields_are_rejected(change):
         {"auto": 1},
         {"rtt_ms": [["x" * 300, 1.0]]},
         {"tp": 1, "devices": [{"type": "cpu", "name": "c", "memory_bytes": -1, "cores": 2}]},
+        {"quant": "fp8"},  # a format the reader does not know: its outputs are not what it asked for
+        {"quant": 8},
+        {"weight_bytes_per_block": -1},
     ],
 )
 def test_malformed_records_are_rejected(change):
