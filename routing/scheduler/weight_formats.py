@@ -35,7 +35,9 @@ class UnknownQuantError(ValueError):
 def check_quant(quant: str) -> str:
     """`quant` if it is a known format; UnknownQuantError naming the known ones otherwise."""
     if quant not in QUANT_FORMATS:
-        raise UnknownQuantError(f"unknown weight format {quant!r}; the formats are {', '.join(QUANT_FORMATS)}")
+        raise UnknownQuantError(
+            f"unknown weight format {quant!r}; the formats are {', '.join(QUANT_FORMATS)}"
+        )
     return quant
 
 
