@@ -21,6 +21,7 @@ _EXPORTS = {
     "RetryPolicy": "hexswarm.client.retry",
     "MissingBlocksError": "hexswarm.client.swarm_client",
     "ModelMismatchError": "hexswarm.client.swarm_client",
+    "FormatMismatchError": "hexswarm.client.swarm_client",
     "NoChainError": "hexswarm.client.failover",
 }
 

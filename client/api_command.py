@@ -60,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("tradeoff", "min_latency", "max_throughput"),
         help="how the client picks each request's chain of peers (docs/routing.md)",
     )
+    cli_args.add_client_quant(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
             routing=args.routing,
             coverage_timeout=args.coverage_timeout,
             host_maddrs=args.host_maddrs,
+            quant=args.quant,
         )
     except ModelSpecError as e:
         raise cli_args.UsageError(str(e)) from None

@@ -33,6 +33,7 @@ from hexswarm.client.retry import Attempt, BanList, RetryBudget, RetryPolicy, ba
 from hexswarm.client.swarm_client import PING_TIMEOUT_S, MissingBlocksError, SwarmClient
 from hexswarm.routing.chains.span import route_span
 from hexswarm.routing.chains.swarm_view import Hop, NoRouteError, Route, Router, RouteRequest
+from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.model_spec import ModelSpec
 from hexswarm.swarm.protocol import NextHop, Step
 from hexswarm.swarm.records import PeerRecord
@@ -51,6 +52,7 @@ class LiveHop:
     conn: PeerConnection
     session_id: str  # one per hop: a peer may serve two hops of one chain
     upstream: str = ""  # the peer its session takes pushed steps from ("" = none): the hop before it at open
+    quant: str = DEFAULT_QUANT  # the weight format its peer announced when the hop opened
 
     @property
     def start(self) -> int:
@@ -162,11 +164,17 @@ class Hops:
     # -- the repair ----------------------------------------------------------------------------
 
     async def replace(
-        self, start: int, end: int, inputs: torch.Tensor | None, upstream: str = ""
+        self,
+        start: int,
+        end: int,
+        inputs: torch.Tensor | None,
+        upstream: str = "",
+        formats: dict[int, str] | None = None,
     ) -> tuple[list[LiveHop], dict[int, torch.Tensor], torch.Tensor | None]:
         """New hops for blocks [start, end), with `inputs` replayed through them; the first
         takes pushes from `upstream` (the peer of the hop before `start`), each other one from
-        the hop before it.
+        the hop before it. With `formats` (block -> weight format), each block goes to a peer
+        of the format that served it before: the recovered output is what the old chain's was.
 
         Returns the hops, the replay's input at each new hop's start (what its boundary has
         seen), and the output at `end` (None when there was nothing to replay).
@@ -175,7 +183,7 @@ class Hops:
             await asyncio.sleep(backoff_delay(attempt, self.policy, self.rng))
             hops: list[LiveHop] = []
             try:
-                route = await self._route(start, end)
+                route = await self._route(start, end, formats)
                 hops = await self._open(route, upstream)
                 seen, output = await self._push(hops, inputs)
                 return hops, seen, output
@@ -191,26 +199,32 @@ class Hops:
                 self.failed(e.peer_id, *span, _short(e))
         raise AssertionError("unreachable")
 
-    async def _route(self, start: int, end: int) -> Route:
+    async def _route(self, start: int, end: int, formats: dict[int, str] | None) -> Route:
         # Off the loop: measuring new peers' round trips and the router's own work may take a while.
-        return await asyncio.to_thread(self._choose, start, end)
+        return await asyncio.to_thread(self._choose, start, end, formats)
 
-    def _choose(self, start: int, end: int) -> Route:
+    def _choose(self, start: int, end: int, formats: dict[int, str] | None = None) -> Route:
         """A chain without banned peers; failing that, one that avoids only the peers that
         failed in this call (a ban from an earlier call is a preference, not a wall)."""
         banned = self.bans.banned()
         try:
-            return self._choose_without(banned, start, end)
+            return self._choose_without(banned, start, end, formats)
         except NoRouteError:
             if banned <= self.failed_here:
                 raise
             logger.info(
                 "no chain for [%d:%d) without banned peers; trying those banned before this call", start, end
             )
-            return self._choose_without(banned & self.failed_here, start, end)
+            return self._choose_without(banned & self.failed_here, start, end, formats)
 
-    def _choose_without(self, exclude: frozenset[str], start: int, end: int) -> Route:
-        records = [r for r in self.records.values() if r.peer_id not in exclude]  # no pings to excluded peers
+    def _choose_without(
+        self, exclude: frozenset[str], start: int, end: int, formats: dict[int, str] | None
+    ) -> Route:
+        records = [  # no pings to excluded peers
+            r
+            for r in self.records.values()
+            if r.peer_id not in exclude and same_format(r, start, end, formats)
+        ]
         view = self.swarm.view(records, self.spec.num_blocks, self.spec.hidden_size, self.ping_timeout)
         return route_span(self.router, view, self.request, start, end, exclude)
 
@@ -246,7 +260,9 @@ class Hops:
                 conn = await self.swarm.open_connection(hop.peer_id, self.name(hop.peer_id), timeout=timeout)
                 conn.timeout = timeout
                 self.serial += 1
-                live = LiveHop(hop, conn, f"{self.session_id}.{self.serial}", upstream)
+                record = self.records.get(hop.peer_id)
+                quant = record.quant if record else DEFAULT_QUANT
+                live = LiveHop(hop, conn, f"{self.session_id}.{self.serial}", upstream, quant)
                 opened.append(live)
                 await conn.open(
                     live.session_id,
@@ -287,6 +303,15 @@ class Hops:
 
     def new_failover(self, peer_id: str | None, start: int, end: int, error: PeerError) -> Failover:
         return Failover(self.name(peer_id) if peer_id else "?", start, end, _short(error), time.monotonic())
+
+
+def same_format(record: PeerRecord, start: int, end: int, formats: dict[int, str] | None) -> bool:
+    """Whether `record` stores every block it would serve of [start, end) in the format that
+    block had before (`formats`; None: any format the client accepts)."""
+    if formats is None:
+        return True
+    overlap = range(max(record.start, start), min(record.end, end))
+    return all(formats.get(block, record.quant) == record.quant for block in overlap)
 
 
 def _short(error: PeerError) -> str:

@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-new-tokens", type=cli_args.positive_int, default=32, help="tokens to generate for each"
     )
     parser.add_argument("--sample", action="store_true", help="sample (seed 0) instead of greedy decoding")
+    cli_args.add_client_quant(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
     from hexswarm.swarm.model_spec import ModelSpecError
 
     try:
-        model = DistributedModelForCausalLM.from_pretrained(args.model, initial_peers=args.initial_peers)
+        model = DistributedModelForCausalLM.from_pretrained(
+            args.model, initial_peers=args.initial_peers, quant=args.quant
+        )
     except ModelSpecError as e:
         raise cli_args.UsageError(str(e)) from None
     tokenizer = AutoTokenizer.from_pretrained(model.spec.path)  # a GGUF file's: from its metadata

@@ -29,6 +29,7 @@ from hexswarm.client.session import InferenceSession
 from hexswarm.client.swarm_client import SwarmClient
 from hexswarm.client.verify import Verifier, VerifyStats
 from hexswarm.routing.chains.swarm_view import Router
+from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS, check_quant
 from hexswarm.swarm import architectures
 from hexswarm.swarm.checkpoint import load_tensors
 from hexswarm.swarm.dht import public_initial_peers
@@ -257,6 +258,7 @@ class DistributedModelForCausalLM:
         verify: float = 0.0,
         push: bool = True,
         threads: int | None = None,
+        quant: str | Sequence[str] = (DEFAULT_QUANT,),
     ):
         """Loads embeddings, norm and LM head of `model_dir` and joins the swarm through `initial_peers`.
 
@@ -283,7 +285,12 @@ class DistributedModelForCausalLM:
         own ops; by default 1 when torch was imported before this package with OpenMP's
         default (spinning) wait policy, so that idle spinning threads do not take the cores of
         peers on the same machine while the client waits for them, else the process's setting.
+        `quant` names the weight formats of peers this client accepts ("none", "int8", "nf4"; a
+        name or a tuple). The default, full precision only, gives exactly the model; accepting a
+        quantized format lets routes use peers that store its blocks in fewer bytes, whose
+        output is exactly the model quantized that way (docs/operations.md "Quantized peers").
         """
+        accepted = accepted_formats(quant)
         spec = load_model_spec(model_dir)
         peers = public_initial_peers() if public else list(initial_peers or [])
         if not peers:
@@ -293,7 +300,7 @@ class DistributedModelForCausalLM:
             from hexswarm.routing.chains.routers import make_router
 
             router = make_router(routing, preference)
-        swarm = SwarmClient.connect(peers, host_maddrs)
+        swarm = SwarmClient.connect(peers, host_maddrs, accepted)
         if not 0.0 <= verify <= 1.0:
             raise ValueError(f"verify must be in [0, 1], got {verify}")
         model._init_swarm(spec, swarm, router, coverage_timeout, retry or RetryPolicy(), dtype)
@@ -328,3 +335,13 @@ def _generation_config(spec: ModelSpec) -> GenerationConfig:
         return GenerationConfig.from_pretrained(spec.path)
     except OSError:
         return GenerationConfig.from_model_config(spec.config)
+
+
+def accepted_formats(quant: str | Sequence[str]) -> tuple[str, ...]:
+    """The weight formats a client named (one or several), checked; ValueError names the known ones."""
+    names = (quant,) if isinstance(quant, str) else tuple(quant)
+    if not names:
+        raise ValueError(f"quant must name at least one weight format of {', '.join(QUANT_FORMATS)}")
+    for name in names:
+        check_quant(name)
+    return tuple(dict.fromkeys(names))

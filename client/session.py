@@ -153,7 +153,9 @@ class InferenceSession:
             try:
                 output, push_error = await self.peers.result(hop, hidden, pushes=j + 1 < end)
                 if self.verifier is not None:  # a VerificationError fails this hop over like any other
-                    await self.verifier.after_hop(hop.conn, hop.start, hop.end, self.position, hidden, output)
+                    await self.verifier.after_hop(
+                        hop.conn, hop.start, hop.end, self.position, hidden, output, hop.quant
+                    )
             except PeerError as e:
                 raise _HopFailed(j, e) from None
             hidden = output
@@ -192,7 +194,8 @@ class InferenceSession:
         past = self.history.inputs(start)
         replay = inputs[start] if past is None else torch.cat([past, inputs[start]], dim=1)
         upstream = self.hops[first - 1].hop.peer_id if first > 0 else ""
-        new_hops, seen, output = await self.peers.replace(start, bad.end, replay, upstream)
+        formats = self.formats(self.hops[first : failed + 1])
+        new_hops, seen, output = await self.peers.replace(start, bad.end, replay, upstream, formats)
         for old in self.hops[first:failed]:
             old.conn.close()
         self.hops[first : failed + 1] = new_hops
@@ -207,6 +210,10 @@ class InferenceSession:
             self.session_id, event.peer, event.error, start, bad.end, self.describe_route(),
         )  # fmt: skip
         return output[:, self.position :], first + len(new_hops)
+
+    def formats(self, hops: list[LiveHop]) -> dict[int, str]:
+        """Block -> the weight format of the peer that served it on `hops` (what a replay keeps)."""
+        return {block: hop.quant for hop in hops for block in range(hop.start, hop.end)}
 
     def close(self) -> None:
         if self.verifier is not None:

@@ -147,13 +147,15 @@ def describe_tp(record: PeerRecord) -> str:
 
 
 def describe_devices(record: PeerRecord) -> str:
-    """'2x cuda 80G', 'cpu' ...: the device kind, count and memory of a peer's TP ranks."""
+    """'2x cuda 80G', 'cpu int8' ...: the device kind, count and memory of a peer's TP ranks, and
+    its weight format when quantized."""
+    quant = f" {record.quant}" if record.quant != "none" else ""
     if not record.devices:
-        return "-"
+        return "-" + quant
     first = record.devices[0]
     memory = f" {first.memory_bytes / 2**30:.0f}G" if first.type != "cpu" else ""
     count = f"{len(record.devices)}x " if len(record.devices) > 1 else ""
-    return f"{count}{first.type}{memory}"
+    return f"{count}{first.type}{memory}{quant}"
 
 
 def print_plan(coordination: Coordination, records: list[PeerRecord]) -> None:

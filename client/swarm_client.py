@@ -18,6 +18,7 @@ from hexswarm.client.peer_views import peer_view
 from hexswarm.client.remote import PeerConnection, PeerError
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.chains.swarm_view import SwarmView
+from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.dht import start_dht
 from hexswarm.swarm.dht_process import shutdown_dht
 from hexswarm.swarm.dht_read import DHT_READ_TIMEOUT_S
@@ -60,6 +61,20 @@ class ModelMismatchError(MissingBlocksError):
         )
 
 
+class FormatMismatchError(MissingBlocksError):
+    """Peers serve the missing blocks, but only in weight formats this client does not accept."""
+
+    def __init__(self, model_id: str, missing: list[int], accepted: tuple[str, ...], offered: list[str]):
+        self.model_id, self.missing = model_id, missing
+        self.accepted, self.offered = accepted, offered
+        RuntimeError.__init__(
+            self,
+            f"blocks {block_ranges(missing)} of {model_id} are served only in weight formats "
+            f"{', '.join(offered)}, and this client accepts {', '.join(accepted)}; accept one of them "
+            f"(from_pretrained(..., quant=(...)), hexswarm api/generate --quant ...) to use those peers",
+        )
+
+
 # A swarm that announces other models and none of ours for this long is serving another checkpoint
 # (a peer of ours that is starting would have announced by then; its model entry goes out first).
 MISMATCH_GRACE_S = 5.0
@@ -81,17 +96,25 @@ class SwarmClient:
     # slow peers expire
     distrusted: set[str] = field(default_factory=set)
     silent: set[str] = field(default_factory=set)  # peers whose failed ping was logged (once each)
+    # weight formats this client routes through (a peer's record says its own: swarm/records.py)
+    quants: tuple[str, ...] = (DEFAULT_QUANT,)
     _last_snapshot: tuple | None = None
 
     @classmethod
-    def connect(cls, initial_peers: Sequence[str], host_maddrs: Sequence[str] | None = None) -> SwarmClient:
-        """A client-mode DHT node; with no `host_maddrs` it only dials out (no port, no NAT mapping)."""
+    def connect(
+        cls,
+        initial_peers: Sequence[str],
+        host_maddrs: Sequence[str] | None = None,
+        quants: tuple[str, ...] = (DEFAULT_QUANT,),
+    ) -> SwarmClient:
+        """A client-mode DHT node; with no `host_maddrs` it only dials out (no port, no NAT mapping).
+        It routes only through peers whose weight format is one of `quants`."""
         if host_maddrs is None:
             dht = start_dht(initial_peers, identity=None, client_mode=True, listen=False)
         else:
             dht = start_dht(initial_peers, identity=None, host_maddrs=host_maddrs, client_mode=True)
         p2p = run_sync(dht.replicate_p2p(), timeout=30)
-        return cls(dht=dht, p2p=p2p)
+        return cls(dht=dht, p2p=p2p, quants=tuple(quants))
 
     def shutdown(self) -> None:
         try:
@@ -101,16 +124,18 @@ class SwarmClient:
         shutdown_dht(self.dht, 5)
 
     def online_records(
-        self, model_id: str, num_blocks: int, timeout: float = DHT_READ_TIMEOUT_S
+        self, model_id: str, num_blocks: int, timeout: float = DHT_READ_TIMEOUT_S, any_format: bool = False
     ) -> list[PeerRecord]:
         """Online, trusted peers of the model whose layer range fits it (a bad record must not break
-        routing); none if the DHT does not answer within `timeout` seconds."""
+        routing) and whose weight format this client accepts (or any, with `any_format`); none if
+        the DHT does not answer within `timeout` seconds."""
         return [
             r
             for r in read_peer_records(self.dht, model_id, timeout)
             if r.state == PeerState.ONLINE
             and 0 <= r.start < r.end <= num_blocks
             and r.peer_id not in self.distrusted
+            and (any_format or r.quant in self.quants)
         ]
 
     def wait_for_coverage(self, model_id: str, num_blocks: int, timeout: float) -> list[PeerRecord]:
@@ -127,15 +152,25 @@ class SwarmClient:
             if not missing:
                 return records
             waited = time.monotonic() - began
-            if waited >= min(MISMATCH_GRACE_S, timeout) and not read_peer_records(
-                self.dht, model_id, read_timeout()
-            ):
-                served = sorted(set(read_models(self.dht, read_timeout())) - {model_id})
-                if served:
-                    raise ModelMismatchError(model_id, num_blocks, served, waited)
+            if waited >= min(MISMATCH_GRACE_S, timeout):
+                self._raise_on_a_mismatch(model_id, num_blocks, missing, waited, read_timeout())
             if time.monotonic() - began >= timeout:
                 raise MissingBlocksError(model_id, missing, time.monotonic() - began)
             time.sleep(0.5)
+
+    def _raise_on_a_mismatch(
+        self, model_id: str, num_blocks: int, missing: list[int], waited: float, timeout: float
+    ) -> None:
+        """Fails at once, rather than at the coverage timeout, when what is missing is served
+        but not as this client asked: only in formats it does not accept, or only other models."""
+        everyone = self.online_records(model_id, num_blocks, timeout, any_format=True)
+        if everyone and not uncovered_blocks(everyone, num_blocks):
+            offered = sorted({r.quant for r in everyone if r.quant not in self.quants})
+            raise FormatMismatchError(model_id, missing, self.quants, offered)
+        if not read_peer_records(self.dht, model_id, timeout):
+            served = sorted(set(read_models(self.dht, timeout)) - {model_id})
+            if served:
+                raise ModelMismatchError(model_id, num_blocks, served, waited)
 
     def view(
         self,
@@ -203,4 +238,11 @@ def uncovered_blocks(records: list[PeerRecord], num_blocks: int) -> list[int]:
     return [b for b, n in enumerate(online_peers_per_block(records, num_blocks)) if n == 0]
 
 
-__all__ = ["SwarmClient", "MissingBlocksError", "ModelMismatchError", "PeerError", "uncovered_blocks"]
+__all__ = [
+    "SwarmClient",
+    "MissingBlocksError",
+    "ModelMismatchError",
+    "FormatMismatchError",
+    "PeerError",
+    "uncovered_blocks",
+]

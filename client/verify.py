@@ -33,6 +33,7 @@ from hivemind.utils import get_dht_time
 
 from hexswarm.client.remote import PeerConnection, PeerError
 from hexswarm.client.worker import run_sync
+from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.identity import peer_id_from_owner_marker
 from hexswarm.swarm.records import PeerRecord
 from hexswarm.swarm.reports import REPORT_TTL_S, Report, publish_report, tensor_hash
@@ -93,19 +94,22 @@ class Verifier:
         position: int,
         hidden_in: torch.Tensor,
         output: torch.Tensor,
+        quant: str = DEFAULT_QUANT,
     ) -> None:
         """Called by the session after each hop step, before the step's inputs join the session's
         history: maybe verifies the output. A witness catches up from the inputs the session keeps
-        for failover (client/history.py); a boundary it does not keep whole is not verified."""
+        for failover (client/history.py); a boundary it does not keep whole is not verified.
+        `quant` is the serving peer's weight format: only a peer of the same format can witness
+        (a quantized peer computes the model quantized, which is not a lie)."""
         self.stats.steps += 1
         if self.rng.random() >= self.share:
             return
         past = self.session.history.sent_before(start, position, hidden_in)
         if past is not None:
-            await self._verify(conn, start, end, past, position, hidden_in, output)
+            await self._verify(conn, start, end, past, position, hidden_in, output, quant)
 
-    async def _verify(self, conn, start, end, past, position, hidden_in, output) -> None:
-        records = await self._candidates(start, end, exclude={conn.peer_id})
+    async def _verify(self, conn, start, end, past, position, hidden_in, output, quant) -> None:
+        records = await self._candidates(start, end, exclude={conn.peer_id}, quant=quant)
         if not records:
             self.stats.unverifiable += 1
             return
@@ -118,9 +122,11 @@ class Verifier:
         await self._judge(conn, witness, start, end, past, position, hidden_in, output, theirs)
 
     async def _judge(self, conn, witness, start, end, past, position, hidden_in, output, theirs) -> None:
-        """The two outputs differ: a third peer breaks the tie if there is one."""
+        """The two outputs differ: a third peer (of the same format) breaks the tie if there is one."""
         culprit, other, tie_breaker = conn.peer_id, witness.peer_id, ""
-        others = await self._candidates(start, end, exclude={conn.peer_id, witness.peer_id})
+        others = await self._candidates(
+            start, end, exclude={conn.peer_id, witness.peer_id}, quant=witness.quant
+        )
         if others:
             third = self.rng.choice(others)
             verdict = await self._recompute(third, start, end, past, position, hidden_in)
@@ -189,7 +195,10 @@ class Verifier:
 
     def _agree(self, ours: torch.Tensor, theirs: torch.Tensor, peer_a: str, witness) -> bool:
         names = [DTYPE_NAMES.get(self.session.dtype, "float32")]
-        names += [r.dtype for r in (self._record(peer_a), witness) if isinstance(r, PeerRecord)]
+        records = [r for r in (self._record(peer_a), witness) if isinstance(r, PeerRecord)]
+        names += [r.dtype for r in records]
+        # int8 layers run their matmuls in bfloat16 (peer/quant.py): two such peers agree to that
+        names += ["bfloat16" for r in records if r.quant != DEFAULT_QUANT]
         tolerance = max(TOLERANCE.get(n, max(TOLERANCE.values())) for n in names)
         if ours.shape != theirs.shape:
             return False
@@ -199,7 +208,7 @@ class Verifier:
     def _record(self, peer_id: str) -> PeerRecord | None:
         return next((r for r in self._records[1] if r.peer_id == peer_id), None)
 
-    async def _candidates(self, start: int, end: int, exclude: set[str]) -> list[PeerRecord]:
+    async def _candidates(self, start: int, end: int, exclude: set[str], quant: str) -> list[PeerRecord]:
         loop = asyncio.get_running_loop()
         if loop.time() - self._records[0] > RECORDS_TTL_S:
             records = await asyncio.to_thread(
@@ -213,6 +222,7 @@ class Verifier:
             and end <= r.end
             and r.peer_id not in exclude
             and r.peer_id not in self.swarm.distrusted
+            and r.quant == quant
         ]
 
     def _ban(self, peer_id: str) -> None:

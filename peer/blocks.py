@@ -9,6 +9,9 @@ and sliding windows behave exactly as in the full model.
 
 A tensor-parallel rank builds the same stack from its shard of each layer (`peer/tp_shard.py`):
 layers with 1/K of the heads and MLP width, plus an all-reduce after each row-parallel module.
+
+A quantized stack (`quant` int8 or nf4, peer/quant.py) reads and quantizes one block at a
+time, so loading never holds more than one block in full precision.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from hexswarm.peer import quant as weight_quant
 from hexswarm.peer.batch_forward import decode_batch
 from hexswarm.peer.tp_shard import AllReduce, ShardPlan, all_reduce_after_row_parallel, shard_config
-from hexswarm.swarm import architectures
+from hexswarm.swarm import architectures, log_setup
 from hexswarm.swarm.checkpoint import CheckpointError, load_tensors, strip_prefix
 from hexswarm.swarm.model_spec import ModelSpec, config_for_blocks
 
@@ -45,12 +49,14 @@ class BlockStack(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         shard: ShardPlan | None = None,
+        quant: str = weight_quant.DEFAULT_QUANT,
     ):
         super().__init__()
         spec.check_range(start, end)
         self.spec, self.start, self.end = spec, start, end
         self.dtype, self.device = dtype, device
         self.shard = shard
+        self.quant = quant
         self.config = config_for_blocks(spec.config, start, end)
         if shard is not None:
             self.config = shard_config(self.config, shard.tp)
@@ -69,49 +75,75 @@ class BlockStack(nn.Module):
         device: torch.device,
         shard: ShardPlan | None = None,
         all_reduce: AllReduce | None = None,
+        quant: str = weight_quant.DEFAULT_QUANT,
     ) -> BlockStack:
         """Builds the blocks and loads their weights, logging progress per checkpoint file.
 
         With `shard`, only this rank's slice of each tensor is read, and `all_reduce` sums
-        the row-parallel outputs over the tensor-parallel group.
+        the row-parallel outputs over the tensor-parallel group. With `quant` other than
+        "none", each block's linear layers are quantized as soon as that block is read.
         """
         if (shard is None) != (all_reduce is None):
             raise ValueError("a tensor-parallel shard needs an all_reduce, and only it does")
         began = time.perf_counter()
-        stack = cls(spec, start, end, dtype, device, shard)
-        prefixes = tuple(f"model.layers.{i}." for i in range(start, end))
-
-        def on_file(path, n_tensors):  # a GGUF file's folder has a file per block: not worth a line each
-            logger.debug("[%d:%d): reading %d tensors from %s", start, end, n_tensors, path.name)
-
-        tensors = load_tensors(
-            spec.path,
-            lambda name: name.startswith(prefixes),
-            dtype,
-            on_file,
-            slice_of=shard.slice_of if shard else None,
-            progress=f"loading [{start}:{end})",
-        )
-        if shard is not None:
-            tensors = {name: shard.finish(name, t) for name, t in tensors.items()}
-        tensors = architectures.convert_checkpoint_tensors(spec.config, tensors)  # e.g. fuse MoE experts
-        for local_index, global_index in enumerate(range(start, end)):
-            layer_tensors = strip_prefix(tensors, f"model.layers.{global_index}.")
-            stack._fill_layer(local_index, global_index, layer_tensors)
-            if shard is not None:
-                all_reduce_after_row_parallel(stack.layers[local_index], shard, all_reduce)
+        stack = cls(spec, start, end, dtype, device, shard, quant)
+        if quant == "none":  # everything in one read: the fewest file opens
+            stack._load_blocks(range(start, end), shard, all_reduce, progress=f"loading [{start}:{end})")
+        else:  # a block at a time, so that only one block is ever held in full precision
+            desc = f"loading [{start}:{end}) as {quant}"
+            with log_setup.progress(total=end - start, desc=desc, unit="block") as bar:
+                for index in range(start, end):
+                    stack._load_blocks(range(index, index + 1), shard, all_reduce, progress=None)
+                    bar.update()
         stack.eval()
         logger.info(
-            "%s [%d:%d): loaded in %.1f s (%s, %s%s)",
+            "%s [%d:%d): loaded in %.1f s (%s%s, %s%s)",
             spec.model_id,
             start,
             end,
             time.perf_counter() - began,
             dtype,
+            f", {quant} weights, {stack.weight_bytes_per_block() / 2**20:.1f} MiB a block"
+            if quant != "none"
+            else "",
             device,
             f", tensor-parallel rank {shard.rank} of {shard.tp}" if shard else "",
         )
         return stack
+
+    def _load_blocks(
+        self, blocks: range, shard: ShardPlan | None, all_reduce: AllReduce | None, progress: str | None
+    ) -> None:
+        """Reads global blocks `blocks` from the checkpoint into their layers (quantized if asked)."""
+        prefixes = tuple(f"model.layers.{i}." for i in blocks)
+
+        def on_file(path, n_tensors):  # a GGUF file's folder has a file per block: not worth a line each
+            logger.debug(
+                "[%d:%d): reading %d tensors from %s", blocks[0], blocks[-1] + 1, n_tensors, path.name
+            )
+
+        tensors = load_tensors(
+            self.spec.path,
+            lambda name: name.startswith(prefixes),
+            self.dtype,
+            on_file,
+            slice_of=shard.slice_of if shard else None,
+            progress=progress,
+        )
+        if shard is not None:
+            tensors = {name: shard.finish(name, t) for name, t in tensors.items()}
+        tensors = architectures.convert_checkpoint_tensors(self.spec.config, tensors)  # e.g. fuse MoE experts
+        for global_index in blocks:
+            layer_tensors = strip_prefix(tensors, f"model.layers.{global_index}.")
+            local_index = global_index - self.start
+            self._fill_layer(local_index, global_index, layer_tensors)
+            weight_quant.quantize_layer(self.layers[local_index], self.quant, self.dtype, self.device)
+            if shard is not None:  # after quantizing: the hooks go on the modules that will run
+                all_reduce_after_row_parallel(self.layers[local_index], shard, all_reduce)
+
+    def weight_bytes_per_block(self) -> int:
+        """Bytes one block's weights take here (the mean over the stack), quantized or not."""
+        return weight_quant.weight_bytes(self.layers) // max(len(self.layers), 1)
 
     def _fill_layer(self, local_index: int, global_index: int, tensors: dict[str, torch.Tensor]) -> None:
         layer = self.layers[local_index]

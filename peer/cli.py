@@ -67,7 +67,10 @@ def peer_config(args: argparse.Namespace):
     except (OSError, ValueError) as e:
         raise UsageError(str(e)) from None
     max_sessions, max_length = args.max_sessions, args.max_length
-    cache_tokens = args.cache_tokens or max_sessions * max_length
+    dtype = choose_dtype(args.dtype, devices[0], getattr(spec.config, "dtype", None))
+    _check_quant(args.quant, dtype, devices)
+    blocks = (args.max_blocks or spec.num_blocks) if args.layers == "auto" else end - start
+    cache_tokens = args.cache_tokens or default_cache_tokens(args, spec, blocks, dtype, devices)
     return PeerConfig(
         spec=spec,
         start=start,
@@ -79,7 +82,8 @@ def peer_config(args: argparse.Namespace):
         name=args.name,
         devices=devices,
         tp_choices=tp_choices if len(tp_choices) > 1 else (),
-        dtype=choose_dtype(args.dtype, devices[0], getattr(spec.config, "dtype", None)),
+        dtype=dtype,
+        quant=args.quant,
         limits=PeerLimits(
             max_sessions=max_sessions,
             max_length=max_length,
@@ -170,6 +174,45 @@ def choose_dtype(name: str, device, checkpoint_dtype):
     if device.type == "cuda" and checkpoint_dtype in (torch.float16, torch.bfloat16):
         return checkpoint_dtype
     return torch.float32 if device.type == "cpu" else torch.float16
+
+
+def _check_quant(quant: str, dtype, devices) -> None:
+    """Runs a tiny layer in the asked weight format on each device: UsageError if one cannot."""
+    from hexswarm.peer.quant import QuantError, check_backend
+
+    try:
+        for device in sorted(set(devices), key=str):
+            check_backend(quant, dtype, device)
+    except QuantError as e:
+        raise UsageError(str(e)) from None
+
+
+def default_cache_tokens(args: argparse.Namespace, spec, blocks: int, dtype, devices) -> int:
+    """--cache-tokens' default: room for --max-sessions sessions of --max-length tokens, as far as
+    the memory left beside this peer's weights holds their keys and values (at least one session).
+
+    The weights are counted in their --quant format, so a quantized peer keeps a larger cache
+    where memory binds. Memory: 90% of the GPUs', or half the RAM on a CPU.
+    """
+    import torch
+
+    from hexswarm.peer.devices import describe
+    from hexswarm.routing.scheduler.model_spec import ModelSpec as CostSpec
+    from hexswarm.routing.scheduler.weight_formats import bytes_per_weight
+
+    wanted = args.max_sessions * args.max_length
+    try:
+        cost = CostSpec.from_hf_config(spec.config.to_dict())
+    except ValueError:  # a config the cost model cannot size (nested text config): no memory bound
+        return wanted
+    dtype_bytes = torch.tensor([], dtype=dtype).element_size()
+    infos = [describe(d, None) for d in devices]
+    on_gpu = [i.memory_bytes for i in infos if i.type == "cuda"]
+    memory = 0.9 * sum(on_gpu) if on_gpu else infos[0].memory_bytes / 2
+    weights = blocks * cost.params_per_layer * bytes_per_weight(args.quant, dtype_bytes)
+    kv_per_token = blocks * 2 * cost.kv_width * dtype_bytes
+    fits = int(max(memory - weights, 0) // max(kv_per_token, 1))
+    return max(min(wanted, fits), args.max_length)
 
 
 def batch_policy(args: argparse.Namespace):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS
 from hexswarm.swarm import cli_args
 from hexswarm.swarm.dht import DEFAULT_HOST_MADDRS
 
@@ -120,6 +121,14 @@ def _devices(g) -> None:
         help="compute dtype; auto: the checkpoint's on GPU, float32 on CPU",
     )
     g.add_argument(
+        "--quant",
+        default=DEFAULT_QUANT,
+        choices=QUANT_FORMATS,
+        help="weight format of the blocks' linear layers: int8 (weight-only, per channel; CPU and GPU) "
+        "or nf4 (4-bit NormalFloat, bitsandbytes); each block is quantized as it loads, and only "
+        "clients that accept the format route through this peer",
+    )
+    g.add_argument(
         "--threads",
         type=cli_args.positive_int,
         default=None,
@@ -149,7 +158,8 @@ def _limits(g) -> None:
         "--cache-tokens",
         type=cli_args.positive_int,
         default=None,
-        help="KV-cache budget in tokens over all sessions (default: --max-sessions x --max-length)",
+        help="KV-cache budget in tokens over all sessions (default: --max-sessions x --max-length, "
+        "as far as the memory beside the weights, in their --quant format, holds it)",
     )
     g.add_argument(
         "--max-session-cache-tokens",

@@ -70,7 +70,9 @@ class RangeMover:
         if peer.group is not None:
             blocks = await asyncio.to_thread(peer.group.load_stack, start, end, tp)
         else:
-            blocks = await asyncio.to_thread(BlockStack.load, c.spec, start, end, c.dtype, c.devices[0])
+            blocks = await asyncio.to_thread(
+                BlockStack.load, c.spec, start, end, c.dtype, c.devices[0], quant=c.quant
+            )
         speed = await peer.speed_of(blocks) if tp != old_tp else None
         await self._wait_until_covered(old, new)
         old_core, old_server = peer.core, peer.server

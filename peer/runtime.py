@@ -72,6 +72,7 @@ class PeerConfig:
     devices: tuple[torch.device, ...]  # one per tensor-parallel rank; rank 0 (this process) first
     dtype: torch.dtype
     limits: PeerLimits
+    quant: str = "none"  # weight format of the blocks' linear layers (peer/quant.py)
     name: str | None = None
     announce_period: float = 15.0
     drain_timeout: float = 30.0
@@ -180,6 +181,7 @@ class _Peer:
         self.throughput = (0.0, 0.0)
         self.decode_batch = (1, 0.0)  # (sessions, tokens/s per block) of batched decode; 0: not measured
         self.speeds: dict[int, tuple[float, float]] = {}  # degree -> its measured (throughput, decode ms)
+        self.weight_bytes = 0  # bytes one block's weights take over the whole group, once loaded
         self.p2p = None
         self.server: PeerServer | None = None
         self.start, self.end, self.tp = config.start, config.end, config.tp
@@ -232,6 +234,8 @@ class _Peer:
             devices=self.device_info[: self.tp],
             tp_choices=c.tp_choices,
             tp_speeds=tuple((tp, *speed) for tp, speed in sorted(self.speeds.items())),
+            quant=c.quant,
+            weight_bytes_per_block=self.weight_bytes,
             region=c.region,
             rtt_ms=self.probe.published(),
             auto=c.auto,
@@ -269,6 +273,7 @@ class _Peer:
     async def start_serving(self, stop: asyncio.Event) -> bool:
         c = self.config
         blocks = await self._load_blocks()
+        self.weight_bytes = weight_bytes_per_block(blocks)
         self.throughput, self.decode_batch = await self.speed_of(blocks)
         await self._measure_degrees()
         if stop.is_set():
@@ -326,9 +331,19 @@ class _Peer:
             device = c.devices[0]
             threads = torch.get_num_threads() if device.type == "cpu" else None
             self.device_info = (describe(device, threads),)
-            return await asyncio.to_thread(BlockStack.load, c.spec, c.start, c.end, c.dtype, device)
+            return await asyncio.to_thread(
+                BlockStack.load, c.spec, c.start, c.end, c.dtype, device, quant=c.quant
+            )
         self.group = TPGroup(
-            c.spec, c.start, c.end, c.dtype, c.devices, c.tp_timeout, self._on_group_failure, c.tp_choices
+            c.spec,
+            c.start,
+            c.end,
+            c.dtype,
+            c.devices,
+            c.tp_timeout,
+            self._on_group_failure,
+            c.tp_choices,
+            quant=c.quant,
         )
         blocks = await asyncio.to_thread(self.group.launch)
         self.device_info = self.group.device_info
@@ -432,3 +447,10 @@ class _Peer:
     async def _close_p2p(self) -> None:
         await self.p2p.remove_binary_stream_handler(SESSION_PROTOCOL)
         await self.p2p.shutdown()
+
+
+def weight_bytes_per_block(blocks) -> int:
+    """Bytes one block's weights take on this peer: a tensor-parallel group's leader holds 1/tp
+    of each block (its `local` stack), and every rank as much."""
+    local = getattr(blocks, "local", blocks)
+    return local.weight_bytes_per_block() * blocks.tp

@@ -84,8 +84,10 @@ class TPGroup:
         timeout_s: float,
         on_failure: Callable[[str], None],
         degrees: tuple[int, ...] = (),
+        quant: str = "none",
     ):
         self.spec, self.start, self.end, self.dtype = spec, start, end, dtype
+        self.quant = quant  # every rank quantizes its shard the same way (peer/quant.py)
         self.devices, self.tp, self.timeout_s = devices, len(devices), timeout_s  # tp: ranks in the group
         self.degrees = degrees  # other degrees its stacks may run at (sub-groups of ranks 0..k-1)
         self.on_failure = on_failure
@@ -137,7 +139,9 @@ class TPGroup:
             join_group(self._setup(0, init_method, threads))
             self._joined = True
             self._groups = subgroups(self.tp, self.degrees)
-            local = load_shard(self.spec, self.start, self.end, self.dtype, self.devices[0], 0, self.tp, None)
+            local = load_shard(
+                self.spec, self.start, self.end, self.dtype, self.devices[0], 0, self.tp, None, self.quant
+            )
             self._wait_for(lambda: len(self._ready) == self.tp - 1, "load their shards")
         except Exception as e:
             self.fail(f"the group failed to start: {type(e).__name__}: {e}")
@@ -158,7 +162,9 @@ class TPGroup:
         self._stack_ids += 1
         stack_id, ranks = self._stack_ids, range(1, tp)
         self.send_to(ranks, LoadStack(stack_id, start, end, tp))
-        local = load_shard(self.spec, start, end, self.dtype, self.devices[0], 0, tp, self.process_group(tp))
+        local = load_shard(
+            self.spec, start, end, self.dtype, self.devices[0], 0, tp, self.process_group(tp), self.quant
+        )
         self._wait_for(lambda: all((r, stack_id) in self._loaded for r in ranks), "load a range")
         logger.info("tensor-parallel group loaded [%d:%d) at degree %d as stack %d", start, end, tp, stack_id)
         return TPBlocks(self, local, stack_id, tp)
@@ -184,6 +190,7 @@ class TPGroup:
             timeout_s=self.timeout_s,
             threads=threads,
             degrees=self.degrees,
+            quant=self.quant,
             log_format=f"%(asctime)s %(levelname)s {log_setup.context()} tp rank {rank}: %(message)s",
             log_level=logging.getLogger().getEffectiveLevel(),
         )

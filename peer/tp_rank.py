@@ -136,6 +136,7 @@ class RankSetup:
     degrees: tuple[int, ...]  # degrees the group may serve at (sub-groups built at start)
     log_format: str
     log_level: int
+    quant: str = "none"  # the weight format every rank's shard is quantized to (peer/quant.py)
 
 
 def join_group(setup: RankSetup) -> None:
@@ -176,15 +177,18 @@ def broadcast_from_leader(tensor: torch.Tensor, group=None) -> None:
     dist.broadcast(tensor, src=0, group=group)
 
 
-def load_shard(spec, start: int, end: int, dtype: torch.dtype, device, rank: int, tp: int, group):
-    """This rank's share of blocks [start, end) at degree `tp` (whole blocks at degree 1)."""
+def load_shard(
+    spec, start: int, end: int, dtype: torch.dtype, device, rank: int, tp: int, group, quant: str = "none"
+):
+    """This rank's share of blocks [start, end) at degree `tp` (whole blocks at degree 1), its
+    linear layers in weight format `quant`."""
     from hexswarm.peer.blocks import BlockStack
     from hexswarm.peer.tp_shard import ShardPlan
 
     if tp == 1:
-        return BlockStack.load(spec, start, end, dtype, device)
+        return BlockStack.load(spec, start, end, dtype, device, quant=quant)
     plan = ShardPlan(spec.config, rank, tp)
-    return BlockStack.load(spec, start, end, dtype, device, plan, all_reduce_over(group))
+    return BlockStack.load(spec, start, end, dtype, device, plan, all_reduce_over(group), quant=quant)
 
 
 def rank_main(setup: RankSetup, conn) -> None:
@@ -204,7 +208,9 @@ def rank_main(setup: RankSetup, conn) -> None:
         join_group(setup)
         groups = subgroups(setup.tp, setup.degrees)
         spec = load_model_spec(setup.model_dir)
-        stack = load_shard(spec, setup.start, setup.end, setup.dtype, device, setup.rank, setup.tp, None)
+        stack = load_shard(
+            spec, setup.start, setup.end, setup.dtype, device, setup.rank, setup.tp, None, setup.quant
+        )
         conn.send(Ready(setup.rank, os.getpid(), describe(device, setup.threads)))
     except Exception as e:
         logger.exception("rank %d failed to start", setup.rank)
@@ -216,7 +222,7 @@ def rank_main(setup: RankSetup, conn) -> None:
     def load(command: LoadStack) -> _Stack:
         group = groups[command.tp]
         blocks = load_shard(
-            spec, command.start, command.end, setup.dtype, device, setup.rank, command.tp, group
+            spec, command.start, command.end, setup.dtype, device, setup.rank, command.tp, group, setup.quant
         )
         return _Stack(blocks, group)
 

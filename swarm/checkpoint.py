@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -39,14 +40,14 @@ def load_tensors(
     dtype: torch.dtype,
     on_file: Callable[[Path, int], None] | None = None,
     slice_of: SliceOf | None = None,
-    progress: str | None = None,
+    progress: str | None = "reading",
 ) -> dict[str, torch.Tensor]:
     """Reads every tensor whose name `wanted` accepts, file by file, cast to `dtype`.
 
     `on_file(path, n_tensors)` is called before each file is read, for progress logs.
     `slice_of` picks part of a tensor (a tensor-parallel rank's shard); only that part's
     bytes are read from the file (safetensors `get_slice`).
-    `progress` names a progress bar over the tensors read (shown on a terminal only).
+    `progress` names a progress bar over the tensors read (shown on a terminal only; None: no bar).
     """
     model_dir = Path(model_dir)
     by_file: dict[Path, list[str]] = {}
@@ -56,14 +57,16 @@ def load_tensors(
     gguf_checkpoint.materialize(model_dir, by_file)  # a GGUF file's folder: de-quantize what is read
     tensors: dict[str, torch.Tensor] = {}
     total = sum(len(names) for names in by_file.values())
-    with log_setup.progress(total=total, desc=progress or "reading", unit="tensor") as bar:
+    bar_or_not = log_setup.progress(total=total, desc=progress, unit="tensor") if progress else nullcontext()
+    with bar_or_not as bar:
         for path, names in sorted(by_file.items()):
             if on_file is not None:
                 on_file(path, len(names))
             with safe_open(path, framework="pt") as f:
                 for name in names:
                     tensors[name] = _read(f, name, dtype, slice_of)
-                    bar.update()
+                    if bar is not None:
+                        bar.update()
     return tensors
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS
 from hexswarm.swarm import __version__, log_setup
 
 MODEL_HELP = (
@@ -98,6 +99,19 @@ def add_initial_peers(parser: argparse.ArgumentParser) -> None:
         required=True,
         metavar="MADDR",
         help="multiaddrs of swarm members to join through, e.g. what `hexswarm bootstrap` prints",
+    )
+
+
+def add_client_quant(parser: argparse.ArgumentParser) -> None:
+    """--quant of a command that generates as a client (api, generate): the formats it accepts."""
+    parser.add_argument(
+        "--quant",
+        nargs="+",
+        default=[DEFAULT_QUANT],
+        choices=QUANT_FORMATS,
+        metavar="FORMAT",
+        help=f"weight formats of peers to route through, of {', '.join(QUANT_FORMATS)} (default: none, "
+        "the model exactly; e.g. --quant none int8 also uses int8 peers)",
     )
 
 

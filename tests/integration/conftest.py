@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import StoppingCriteria
 
 from hexswarm.swarm.launcher import LocalSwarm, Managed
 
@@ -79,3 +85,27 @@ def local_model(swarm):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(swarm.model_dir)
+
+
+class KillHopPeer(StoppingCriteria):
+    """A generate() stopping criterion that never stops: after `tokens` new tokens it SIGKILLs
+    the peer serving hop `hop` of the session's chain (its name is kept in `victim`)."""
+
+    def __init__(self, model, peers, tokens: int, hop: int):
+        self.model, self.peers, self.tokens, self.hop = model, peers, tokens, hop
+        self.calls, self.victim = 0, None
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.calls += 1
+        if self.calls == self.tokens:
+            self.victim = self.model.session.peer_names()[self.hop]
+            os.kill(self.peers[self.victim].popen.pid, signal.SIGKILL)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+@contextlib.contextmanager
+def swarm_of(model_dir, folder: Path, layout: dict) -> Iterator[tuple[LocalSwarm, dict[str, Managed]]]:
+    """A bootstrap and the peers of `layout` (name -> (layers, own flags)), announcing every second."""
+    with LocalSwarm(folder) as local:
+        local.start_bootstrap()
+        yield local, local.start_peers(model_dir, layout, "--announce-period", "1", timeout=240)

@@ -8,15 +8,11 @@ steps, d [4:6) drops them. A test picks its chain by leaving peers out of the cl
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import StoppingCriteriaList
 
-from hexswarm.swarm.launcher import LocalSwarm
-from tests.integration.conftest import peer_id_of
+from tests.integration.conftest import KillHopPeer, peer_id_of, swarm_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -34,9 +30,7 @@ KWARGS = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=Fa
 @pytest.fixture(scope="module")
 def push_swarm(make_model, tmp_path_factory):
     model_dir = make_model(arch="llama")
-    with LocalSwarm(tmp_path_factory.mktemp("push")) as local:
-        local.start_bootstrap()
-        peers = local.start_peers(model_dir, LAYOUT, "--announce-period", "1", timeout=240)
+    with swarm_of(model_dir, tmp_path_factory.mktemp("push"), LAYOUT) as (local, peers):
         yield local, model_dir, peers
 
 
@@ -94,26 +88,11 @@ def test_refused_and_dropped_pushes_fall_back_to_relay(client, local_model):
     assert client.last_hop_steps == {"sent": 3 * NEW_TOKENS, "pushed": 0, "push_failed": 2}
 
 
-class KillMiddle(StoppingCriteria):
-    """After `tokens` new tokens, SIGKILLs the peer of the chain's middle hop."""
-
-    def __init__(self, model, peers, tokens: int):
-        self.model, self.peers, self.tokens = model, peers, tokens
-        self.calls, self.victim = 0, None
-
-    def __call__(self, input_ids, scores, **kwargs):
-        self.calls += 1
-        if self.calls == self.tokens:
-            self.victim = self.model.session.peer_names()[1]
-            os.kill(self.peers[self.victim].popen.pid, signal.SIGKILL)
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
-
-
 def test_failover_of_a_middle_peer_with_push_is_exact(push_swarm, client, local_model):
     _, _, peers = push_swarm
     avoid(client, "d")  # the middle hop is b or r; the other one takes over
     prompt = _prompt(3)
-    kill = KillMiddle(client, peers, tokens=5)
+    kill = KillHopPeer(client, peers, tokens=5, hop=1)  # the middle one
     got = client.generate(prompt, stopping_criteria=StoppingCriteriaList([kill]), **KWARGS)
     assert kill.victim in ("b", "r"), client.last_route
     assert torch.equal(got, local_model.generate(prompt, **KWARGS)), client.last_route
