@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 from hexswarm.swarm import cli_args, log_setup
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     log_setup.set_context(f"client {os.path.basename(os.path.normpath(args.model))}")
     from transformers import AutoTokenizer
 
-    from hexswarm.client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM, FailoverError, MissingBlocksError
     from hexswarm.swarm.model_spec import ModelSpecError
 
     try:
@@ -56,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
             input_ids = _chat_ids(tokenizer, messages)
             _generate(model, tokenizer, "chat", args.chat, input_ids, args)
         return 0
+    except (MissingBlocksError, FailoverError) as e:  # the swarm cannot serve this: one line, not a traceback
+        print(f"hexswarm generate: {e}", file=sys.stderr)
+        return 1
     finally:
         model.shutdown()
 

@@ -10,6 +10,8 @@ verification compares a peer only with peers of its format.
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -111,6 +113,18 @@ def test_a_format_no_peer_serves_is_refused_naming_the_formats_on_offer(connect)
     with pytest.raises(FormatMismatchError, match="int8, none") as error:
         client.generate(prompt(0), max_new_tokens=2)
     assert error.value.offered == ["int8", "none"] and error.value.accepted == ("nf4",)
+
+
+def test_the_generate_command_says_so_in_one_line(quant_swarm):
+    local, model_dir, _ = quant_swarm
+    result = subprocess.run(
+        [sys.executable, "-m", "hexswarm", "generate", str(model_dir), "--initial-peers", *local.initial_peers,
+         "--quant", "nf4", "--max-new-tokens", "2"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "hexswarm generate:" in line]
+    assert "served only in weight formats int8, none" in line and "Traceback" not in result.stderr
 
 
 def test_an_unknown_format_is_a_clear_error_before_anything_connects(quant_swarm):
