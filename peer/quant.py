@@ -5,12 +5,12 @@ is its quantized blocks plus one block in full precision. Norms and biases keep 
 dtype; the embeddings and the LM head are the client's and stay as they are.
 
 - `int8`: weight-only int8, one scale per output row (symmetric, per channel), run by PyTorch's
-  own int8 weight-only matmul (`torch._weight_int8pack_mm`, the kernel gpt-fast and torch's
-  compiler use for this). Its vectorized CPU path takes bfloat16 activations, so a float32
+  own int8 weight-only matmul (`torch._weight_int8pack_mm`, what torch.compile lowers a
+  weight-only int8 linear to). Its vectorized CPU path takes bfloat16 activations, so a float32
   peer runs these layers' matmuls in bfloat16 and casts back. Why not torchao's
   `Int8WeightOnlyConfig`: on CPU in eager mode it dequantizes the whole weight on every call,
-  which measured 2-3x slower than float32 per layer here, while this kernel is faster than
-  float32 (docs/benchmarks.md "Quantized peers").
+  which measured 2.1-3.3x slower than float32 per layer here, while this kernel is faster than
+  float32 (docs/operations.md "Quantized peers").
 - `nf4`: bitsandbytes' `Linear4bit` (4-bit NormalFloat with double quantization), on CUDA and,
   where its CPU backend works, on CPU.
 
