@@ -87,3 +87,39 @@ def test_run_peer_refuses_an_unknown_format_in_one_line():
     )
     assert result.returncode == 2 and "invalid choice: 'fp8'" in result.stderr
     assert "none" in result.stderr and "int8" in result.stderr and "nf4" in result.stderr
+
+
+def test_nf4_without_bitsandbytes_is_one_line_naming_what_to_install(monkeypatch):
+    import hexswarm.peer.quant as quant
+
+    def missing():
+        raise ImportError("No module named 'bitsandbytes'")
+
+    monkeypatch.setattr(quant, "_bitsandbytes", missing)
+    with pytest.raises(QuantError, match=r"^--quant nf4 needs bitsandbytes \(pip install bitsandbytes\)$"):
+        check_backend("nf4", torch.float32, CPU)
+
+
+def test_the_default_cache_leaves_room_for_quantized_weights(monkeypatch, make_model):
+    """Where memory binds, the default --cache-tokens grows by what the format frees."""
+    import argparse
+
+    import hexswarm.peer.devices as devices
+    from hexswarm.peer.cli import default_cache_tokens
+    from hexswarm.swarm.records import DeviceInfo
+
+    spec = load_model_spec(make_model(arch="llama"))
+    # a GPU just big enough for the weights in float32 and a little cache
+    weights = (
+        BlockStack.load(spec, 0, spec.num_blocks, torch.float32, CPU).weight_bytes_per_block()
+        * spec.num_blocks
+    )
+    gpu = DeviceInfo(type="cuda", name="small", memory_bytes=int(1.2 * weights / 0.9), cores=1)
+    monkeypatch.setattr(devices, "describe", lambda device, threads: gpu)
+
+    def tokens(quant: str, max_sessions: int = 10**6) -> int:
+        args = argparse.Namespace(max_sessions=max_sessions, max_length=64, quant=quant)
+        return default_cache_tokens(args, spec, spec.num_blocks, torch.float32, (torch.device("cuda"),))
+
+    assert 64 <= tokens("none") < tokens("int8") < tokens("nf4")
+    assert tokens("int8", max_sessions=2) == 2 * 64  # where memory does not bind: sessions x length
