@@ -2,7 +2,8 @@
 and `hexswarm plan` call; each group below stands on the ones before it.
 
 - The problem and its answer: ``gpu_catalog``, ``cluster`` (devices and links, §4.1),
-  ``model_spec`` (model and workload), ``cost_model`` (Table 1, Appendix B), ``plan``.
+  ``model_spec`` (model and workload), ``weight_formats`` (the bytes a weight takes in each
+  format a device may store it in), ``cost_model`` (Table 1, Appendix B), ``plan``.
 - One pipeline (§4.2, Algorithm 1): ``layer_split``, ``algorithm1``, ``pipeline_dp``.
 - How good a plan is: ``stage_costs``, ``serving_sim`` (the pipelined, batched event
   simulation), ``simulator`` (the sequential one, and the request trace), ``serving`` (dispatch

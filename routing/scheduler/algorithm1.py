@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from functools import cache
 
 from hexswarm.routing.scheduler.cluster import Cluster
-from hexswarm.routing.scheduler.cost_model import comp_cost, max_layers, pp_comm_cost, tp_comm_cost
+from hexswarm.routing.scheduler.cost_model import (
+    comp_cost,
+    group_max_layers,
+    pp_comm_cost,
+    tp_comm_cost,
+    weight_memory,
+)
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 
 INF = float("inf")
@@ -38,15 +44,16 @@ class Tables:
                         cluster, devs, model, 1, s_in, s_out, b
                     )
                     self.unit[k, t] = float(cost.total)
-                    memory = min(cluster.devices[d].memory_bytes for d in devs)
-                    self.cap[k, t] = max_layers(model, t, memory, tokens, b)
+                    self.cap[k, t] = group_max_layers(cluster, devs, model, tokens, b)
         self.hop: dict[tuple[int, int], float] = {}
         for k1, b1 in enumerate(buckets):
             for k2, b2 in enumerate(buckets):
                 a, c = (b1[:1], b2[:1]) if k1 != k2 else (b1[:1], b1[1:2])
                 if c:
                     self.hop[k1, k2] = float(pp_comm_cost(cluster, a, c, model, s_in, s_out, b).total)
-        self.memory = tuple(cluster.devices[bk[0]].memory_bytes for bk in buckets)
+        # What the "proportional" rule splits layers by: memory in layers' terms (a quantized
+        # device's memory holds more of them).
+        self.memory = tuple(weight_memory(cluster.devices[bk[0]], model) for bk in buckets)
 
 
 def dp(

@@ -80,12 +80,20 @@ def batch_levels(max_batch: int) -> np.ndarray:
     return np.array(sorted(set(range(1, min(max_batch, 32) + 1)) | set(powers) | {max_batch}), dtype=float)
 
 
-def level_caps(memory: np.ndarray, levels: np.ndarray, model: ModelSpec, kv_tokens: float) -> np.ndarray:
+def level_caps(
+    memory: np.ndarray,
+    levels: np.ndarray,
+    model: ModelSpec,
+    kv_tokens: float,
+    layer_bytes: np.ndarray | None = None,
+) -> np.ndarray:
     """(G, K) layer-equivalents a device may hold at level k: weights + KV of b_{k-1} + 1 sequences.
-    A device whose memory admits b sequences sits at the level with b_{k-1} < b <= b_k."""
+    A device whose memory admits b sequences sits at the level with b_{k-1} < b <= b_k.
+    `layer_bytes`: (G,) one layer's weights in each class's format; None: `model.layer_bytes`."""
     kv_bytes = 2.0 * model.kv_width * model.dtype_bytes * kv_tokens  # one sequence, one layer
     previous = np.concatenate(([0.0], levels[:-1]))
-    return memory[:, None] / (model.layer_bytes + (previous[None, :] + 1.0) * kv_bytes)
+    weights = model.layer_bytes if layer_bytes is None else layer_bytes[:, None]
+    return memory[:, None] / (weights + (previous[None, :] + 1.0) * kv_bytes)
 
 
 def solve_bound(

@@ -12,18 +12,22 @@ cluster file of `hexswarm plan`:
                  "overrides": [{"regions": ["iceland", "norway"], "latency_ms": 40, "bandwidth_gbps": 1.0}]}}
 
 A device may replace its catalog figures with `memory_gb` (GiB), `memory_bandwidth_gbps`
-(GB/s) and `tflops`; a device whose type is not in the catalog must give all three.
+(GB/s) and `tflops`; a device whose type is not in the catalog must give all three. A device
+may name the format it stores its weights in, `"quant": "int8"` (one of
+`weight_formats.QUANT_FORMATS`; "none", the compute dtype, when absent): the memory model counts
+its layers at that format's bytes per weight (`cost_model.py`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from hexswarm.routing.scheduler.gpu_catalog import GIB, GpuSpec, UnknownGpuError, lookup
+from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, UnknownQuantError, check_quant
 
 
 class ClusterError(ValueError):
@@ -41,10 +45,21 @@ class Device:
     memory_bytes: float  # M_d
     bandwidth: float  # m_d, bytes/s
     flops: float  # c_d, FLOP/s
+    quant: str = DEFAULT_QUANT  # the format its layers' weights are stored in (`weight_formats.py`)
+    # Bytes one layer's weights take on it, as a peer measured them (swarm/coordinator/); 0: the
+    # model's layer at `quant`'s bytes per weight (`cost_model.device_layer_bytes`).
+    weight_bytes_per_layer: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_quant(self.quant)
 
     @classmethod
-    def from_spec(cls, id: str, spec: GpuSpec, machine: str, region: str) -> Device:
-        return cls(id, spec.name, machine, region, spec.memory_bytes, spec.bandwidth_bytes_s, spec.flops)
+    def from_spec(
+        cls, id: str, spec: GpuSpec, machine: str, region: str, quant: str = DEFAULT_QUANT
+    ) -> Device:
+        return cls(
+            id, spec.name, machine, region, spec.memory_bytes, spec.bandwidth_bytes_s, spec.flops, quant
+        )
 
 
 @dataclass(frozen=True)
@@ -132,6 +147,12 @@ class Cluster:
     def without(self, leaving: set[str] | frozenset[str]) -> Cluster:
         return self.subset({d.id for d in self.devices if d.id not in leaving})
 
+    def with_quant(self, quant: str) -> Cluster:
+        """The cluster as if every device stored its weights in `quant` (`hexswarm plan --quant`)."""
+        check_quant(quant)
+        devices = tuple(replace(d, quant=quant, weight_bytes_per_layer=0.0) for d in self.devices)
+        return Cluster(devices, self.latency.copy(), self.bandwidth.copy(), self.network)
+
     def with_devices(self, added: list[Device]) -> Cluster:
         """The cluster after `added` join; needs the `network` it was built with."""
         if self.network is None:
@@ -194,7 +215,15 @@ def _device_from_dict(raw: Any, position: int) -> Device:
         else spec.bandwidth_bytes_s
     )
     flops = _number(raw, "tflops", where, 1e-9) * 1e12 if "tflops" in raw else spec.flops
-    return Device(device_id, spec.name, machine, region, memory, bandwidth, flops)
+    return Device(device_id, spec.name, machine, region, memory, bandwidth, flops, _quant(raw, where))
+
+
+def _quant(raw: dict, where: str) -> str:
+    """The device's weight format: "quant" if it names a known one, "none" when absent."""
+    try:
+        return check_quant(raw.get("quant", DEFAULT_QUANT))
+    except UnknownQuantError as exc:
+        raise ClusterError(f"{where} ({raw['id']}): {exc}") from None
 
 
 def _network_from_dict(raw: Any) -> Network:

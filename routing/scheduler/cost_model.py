@@ -17,6 +17,14 @@ token; both come from `ModelSpec` (exact for grouped-query attention and gated M
 the paper's terms for a standard layer). Times are seconds, sizes bytes. `s_in` may be a numpy
 array of prompt lengths: every term is evaluated elementwise. The decode terms also take an
 array `batch` (one decode cost per batch size, as the serving simulator tabulates them).
+
+Weight formats: a device may store its layers' weights quantized (`Device.quant`, one of
+`weight_formats.QUANT_FORMATS`). The 12 H^2 B of Eq. 7 (the weights a stage holds) and of Eq. 4's
+decode term (the weights each token's step reads from memory) are then 12 H^2 times the format's
+bytes per weight (`stage_layer_bytes`), so a quantized stage holds more layers and scans them
+faster; the KV cache, the activations and the messages of Eq. 5 and 6 stay in the compute dtype B.
+A stage is one peer (one TP group), so its devices share one format; where they differ the
+stage is counted at the largest bytes per weight among them (conservative).
 """
 
 from __future__ import annotations
@@ -26,8 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cluster import Cluster, Device
 from hexswarm.routing.scheduler.model_spec import ModelSpec
+from hexswarm.routing.scheduler.weight_formats import bytes_per_weight
 
 ArrayLike = float | np.ndarray
 
@@ -53,6 +62,34 @@ class PhaseCost:
 ZERO = PhaseCost(0.0, 0.0)
 
 
+def device_layer_bytes(device: Device, model: ModelSpec) -> float:
+    """Bytes one layer's weights take on `device`: as a peer measured them, else the model's layer
+    at the device's format (`ModelSpec.layer_weight_bytes`)."""
+    return device.weight_bytes_per_layer or model.layer_weight_bytes(device.quant)
+
+
+def stage_layer_bytes(cluster: Cluster, devs: Sequence[int], model: ModelSpec) -> float:
+    """The 12 H^2 B of Eq. 4 and Eq. 7 for a stage: the largest of its devices' (module docstring)."""
+    return max(device_layer_bytes(cluster.devices[d], model) for d in devs)
+
+
+def stage_quant(cluster: Cluster, devs: Sequence[int], model: ModelSpec) -> str:
+    """The weight format a stage is counted at: its devices' one, else the one of the most bytes
+    per weight among them (module docstring)."""
+    formats = sorted({cluster.devices[d].quant for d in devs})
+    return max(formats, key=lambda quant: bytes_per_weight(quant, model.dtype_bytes))
+
+
+def weight_memory(device: Device, model: ModelSpec) -> float:
+    """M_d counted in layers of the compute dtype: memory times how many more weights the device's
+    format fits in a byte (M_d itself for "none"). What memory-proportional heuristics compare
+    (§4.3's layer split, whether devices together hold a replica) across formats."""
+    layer = device_layer_bytes(device, model)
+    if layer == model.layer_bytes:
+        return device.memory_bytes
+    return device.memory_bytes * model.layer_bytes / layer
+
+
 def comp_cost(
     cluster: Cluster,
     devs: Sequence[int],
@@ -67,7 +104,7 @@ def comp_cost(
     min_bw = min(cluster.devices[d].bandwidth for d in devs)
     min_flops = min(cluster.devices[d].flops for d in devs)
     flops_per_token = 2.0 * model.params_per_layer * batch  # the 24 b H^2 of Table 1
-    scan = model.layer_bytes * s_out / (n * min_bw) * layers
+    scan = stage_layer_bytes(cluster, devs, model) * s_out / (n * min_bw) * layers
     prefill = flops_per_token * s_in / (n * min_flops) * layers
     decode = scan + flops_per_token * s_out / (n * min_flops) * layers
     return PhaseCost(prefill, decode)
@@ -126,20 +163,41 @@ def _max_over_rows(alpha: np.ndarray, inv_beta: np.ndarray, size: ArrayLike) -> 
     return np.max(alpha[:, None] + np.outer(inv_beta, size), axis=0)
 
 
-def stage_memory(model: ModelSpec, tp: int, layers: int, tokens: int, batch: int = 1) -> float:
-    """Bytes each device of a TP group of `tp` needs, HexGen Eq. 7; tokens = s_in + s_out."""
-    per_layer = (model.layer_bytes + 2.0 * batch * tokens * model.kv_width * model.dtype_bytes) / tp
+def stage_memory(
+    model: ModelSpec, tp: int, layers: int, tokens: int, batch: int = 1, layer_bytes: float | None = None
+) -> float:
+    """Bytes each device of a TP group of `tp` needs, HexGen Eq. 7; tokens = s_in + s_out.
+    `layer_bytes`: one layer's weights in the stage's format (`stage_layer_bytes`); None: the
+    compute dtype's (`model.layer_bytes`)."""
+    weights = model.layer_bytes if layer_bytes is None else layer_bytes
+    per_layer = (weights + 2.0 * batch * tokens * model.kv_width * model.dtype_bytes) / tp
     activations = 4.0 * batch * tokens * model.hidden_size * model.dtype_bytes
     return per_layer * layers + activations
 
 
-def max_layers(model: ModelSpec, tp: int, memory_bytes: float, tokens: int, batch: int = 1) -> int:
-    """Most layers a TP group of `tp` devices with `memory_bytes` each can hold (Eq. 7 <= M_d)."""
-    fixed = stage_memory(model, tp, 0, tokens, batch)
-    per_layer = stage_memory(model, tp, 1, tokens, batch) - fixed
+def max_layers(
+    model: ModelSpec,
+    tp: int,
+    memory_bytes: float,
+    tokens: int,
+    batch: int = 1,
+    layer_bytes: float | None = None,
+) -> int:
+    """Most layers a TP group of `tp` devices with `memory_bytes` each can hold (Eq. 7 <= M_d),
+    with weights of `layer_bytes` a layer (`stage_memory`)."""
+    fixed = stage_memory(model, tp, 0, tokens, batch, layer_bytes)
+    per_layer = stage_memory(model, tp, 1, tokens, batch, layer_bytes) - fixed
     if memory_bytes <= fixed:
         return 0
     return int((memory_bytes - fixed) // per_layer)
+
+
+def group_max_layers(
+    cluster: Cluster, devs: Sequence[int], model: ModelSpec, tokens: int, batch: int = 1
+) -> int:
+    """Most layers the TP group `devs` can hold: Eq. 7 at its format <= its smallest M_d."""
+    memory = min(cluster.devices[d].memory_bytes for d in devs)
+    return max_layers(model, len(devs), memory, tokens, batch, stage_layer_bytes(cluster, devs, model))
 
 
 @dataclass(frozen=True)
@@ -175,7 +233,8 @@ def pipeline_fits(
 ) -> bool:
     """Whether every device of every stage holds its share (Eq. 7 <= M_d for all d)."""
     for stage in stages:
-        need = stage_memory(model, len(stage.devices), stage.layers, tokens, batch)
+        weights = stage_layer_bytes(cluster, stage.devices, model)
+        need = stage_memory(model, len(stage.devices), stage.layers, tokens, batch, weights)
         if any(cluster.devices[d].memory_bytes < need for d in stage.devices):
             return False
     return sum(s.layers for s in stages) == model.num_layers

@@ -19,6 +19,8 @@ import numpy as np
 from scipy.cluster.vq import kmeans2
 
 from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cost_model import weight_memory
+from hexswarm.routing.scheduler.model_spec import ModelSpec
 
 Group = tuple[int, ...]
 Individual = tuple[Group, ...]
@@ -86,15 +88,17 @@ class Mutator:
     def __init__(
         self,
         cluster: Cluster,
-        replica_bytes: float,
+        model: ModelSpec,
         accept_group: Callable[[Group], bool],
         whole_machines: bool = False,
     ):
         types = sorted({d.type for d in cluster.devices})
         self.type_of = [types.index(d.type) for d in cluster.devices]  # the paper's GPU type index k
         self.machine_of = [(d.region, d.machine) for d in cluster.devices]
-        self.memory = [d.memory_bytes for d in cluster.devices]
-        self.replica_bytes = replica_bytes  # bytes of one copy of the weights
+        # Memory and one copy of the weights, in the compute dtype's bytes (a quantized device's
+        # memory counts for more of them: `cost_model.weight_memory`).
+        self.memory = [weight_memory(d, model) for d in cluster.devices]
+        self.replica_bytes = model.weight_bytes
         self.accept_group = accept_group  # False for groups too large for the DP
         self.whole_machines = whole_machines
         self.peers: dict[tuple[str, str], tuple[int, ...]] = {}  # machine -> its device indices

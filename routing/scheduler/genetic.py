@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cost_model import weight_memory
 from hexswarm.routing.scheduler.ga_fitness import Evaluator
 from hexswarm.routing.scheduler.ga_operators import Individual, Mutator, canonical, kmeans_init
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
@@ -82,8 +83,8 @@ def genetic_search(
     rng = random.Random(config.seed)
     whole = config.one_stage_per_machine
     ev = Evaluator(cluster, model, workload, config.layout_dp, layout_cache, whole_machines=whole)
-    replica = model.weight_bytes
-    mutator = Mutator(cluster, replica, ev.accept_group, whole_machines=whole)
+    mutator = Mutator(cluster, model, ev.accept_group, whole_machines=whole)
+    replica = _replica_bytes(cluster, model)
     if sum(d.memory_bytes for d in cluster.devices) < replica:
         raise NoFeasiblePlanError(
             f"the cluster's {len(cluster)} devices hold {_gib(cluster)} GiB in all, "
@@ -134,6 +135,16 @@ def _finalists_s(first: Individual, ev: Evaluator, config: SearchConfig) -> floa
     started = time.perf_counter()
     ev.simulate(first)  # cached: the estimate's best is a finalist
     return (time.perf_counter() - started) * config.finalists
+
+
+def _replica_bytes(cluster: Cluster, model: ModelSpec) -> float:
+    """Bytes of one copy of the model's layers in the devices' weight formats (each format's share
+    in proportion to the memory of the devices that use it); `model.weight_bytes` if all are "none"."""
+    memory = [d.memory_bytes for d in cluster.devices]
+    held = [weight_memory(d, model) for d in cluster.devices]
+    if held == memory:
+        return model.weight_bytes
+    return model.weight_bytes * sum(memory) / max(sum(held), 1e-9)
 
 
 def _gib(cluster: Cluster) -> str:

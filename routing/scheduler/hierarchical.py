@@ -29,6 +29,7 @@ import time
 from dataclasses import replace
 
 from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cost_model import weight_memory
 from hexswarm.routing.scheduler.fitness import estimate_layouts
 from hexswarm.routing.scheduler.ga_fitness import Evaluator, estimated_score
 from hexswarm.routing.scheduler.ga_operators import Mutator
@@ -45,16 +46,18 @@ ROOM_FOR_KV = 1.25  # a region group holds at least this many replicas' worth of
 FINAL_SHARE = 0.15  # share of the budget kept for scoring the assembled plan
 
 
-def region_groups(cluster: Cluster, replica_bytes: float) -> list[list[int]]:
-    """Device indices per region group (module docstring, step 1)."""
+def region_groups(cluster: Cluster, model: ModelSpec) -> list[list[int]]:
+    """Device indices per region group (module docstring, step 1). Memory and replica in the
+    compute dtype's bytes (a quantized device's memory counts for more: `cost_model.weight_memory`)."""
     members: dict[str, list[int]] = {}
     for i, d in enumerate(cluster.devices):
         members.setdefault(d.region, []).append(i)
     groups = list(members.values())
-    need = ROOM_FOR_KV * replica_bytes
+    need = ROOM_FOR_KV * model.weight_bytes
+    held = [weight_memory(d, model) for d in cluster.devices]
 
     def memory(g: list[int]) -> float:
-        return sum(cluster.devices[i].memory_bytes for i in g)
+        return sum(held[i] for i in g)
 
     while len(groups) > 1:
         small = [g for g in groups if memory(g) < need]
@@ -79,7 +82,7 @@ def search_by_region(
 ) -> SearchResult:
     """The search of large clusters (module docstring); `search` searches each region group."""
     start, cpu_start = time.perf_counter(), time.process_time()
-    groups = region_groups(cluster, model.weight_bytes)
+    groups = region_groups(cluster, model)
     layouts: list[PipelineLayout] = []
     generations = evaluations = 0
     if previous is not None:
@@ -151,7 +154,7 @@ def _repair(
     index = {d.id: i for i, d in enumerate(cluster.devices)}
     intact = [p for p in previous.pipelines if all(d in index for d in p.device_ids)]
     layouts = plan_layouts(cluster, model, workload, Plan(model.name, model.num_layers, tuple(intact)))
-    mutator = Mutator(cluster, model.weight_bytes, evaluator.accept_group, whole_machines)
+    mutator = Mutator(cluster, model, evaluator.accept_group, whole_machines)
     group_of = {i: n for n, g in enumerate(groups) for i in g}
     leftovers: dict[int, list[int]] = {}
     for pipeline in previous.pipelines:

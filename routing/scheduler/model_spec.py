@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, bytes_per_weight
+
 SERVING_MODES = ("pipelined-batched", "sequential")
 # What the search maximizes: "slo", the share of requests within the deadline at `rate` (HexGen
 # §4); "throughput", tokens/s with every request admitted and no deadline (HexGen-2's objective,
@@ -52,6 +54,13 @@ class ModelSpec:
     @property
     def layer_bytes(self) -> float:
         return float(self.params_per_layer * self.dtype_bytes)
+
+    def layer_weight_bytes(self, quant: str = DEFAULT_QUANT) -> float:
+        """Bytes of one layer's weights stored in the weight format `quant` (`weight_formats.py`):
+        Table 1's 12H^2 B with B the format's bytes per weight; `layer_bytes` for "none"."""
+        if quant == DEFAULT_QUANT:
+            return self.layer_bytes
+        return self.params_per_layer * bytes_per_weight(quant, self.dtype_bytes)
 
     @property
     def weight_bytes(self) -> float:

@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hexswarm.routing.scheduler.cluster import Cluster
-from hexswarm.routing.scheduler.cost_model import max_layers
+from hexswarm.routing.scheduler.cost_model import group_max_layers
 from hexswarm.routing.scheduler.fitness import PipelineCapacity, estimate
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
@@ -144,9 +144,9 @@ def both_fit(
     the new range as a second stack while the old one serves): same TP group, memory for both."""
     if old.device_ids != new.device_ids:
         return False
-    memory = min(cluster.devices[cluster.index(d)].memory_bytes for d in new.device_ids)
+    devs = [cluster.index(d) for d in new.device_ids]
     tokens = workload.s_in_max + workload.s_out
-    cap = max_layers(model, len(new.device_ids), memory, tokens, workload.max_batch)
+    cap = group_max_layers(cluster, devs, model, tokens, workload.max_batch)
     return old.layers + new.layers <= cap
 
 

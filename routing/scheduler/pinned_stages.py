@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from hexswarm.routing.scheduler.algorithm1 import TP_DEGREES
 from hexswarm.routing.scheduler.cluster import Cluster
-from hexswarm.routing.scheduler.cost_model import comp_cost, max_layers, tp_comm_cost
+from hexswarm.routing.scheduler.cost_model import comp_cost, group_max_layers, tp_comm_cost
 from hexswarm.routing.scheduler.fitness import pipeline_capacity
 from hexswarm.routing.scheduler.layer_split import balanced_split
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
@@ -79,7 +79,7 @@ def pinned_pipelines(
     used: set[int] = set()
     todo = list(pinned)
     for pipeline in previous.pipelines if previous is not None else ():
-        mine = [s for s in pipeline.stages if (s.device_ids, s.start, s.end) in keys]
+        mine = {(s.device_ids, s.start, s.end) for s in pipeline.stages} & keys
         ids = pipeline.device_ids
         if mine and all(d in cluster._positions for d in ids) and not used & {cluster.index(d) for d in ids}:
             stages = [
@@ -88,7 +88,7 @@ def pinned_pipelines(
             ]
             layouts.append(dp.evaluate(stages))
             used |= {cluster.index(d) for d in ids}
-            todo = [s for s in todo if s not in mine]
+            todo = [s for s in todo if (s.device_ids, s.start, s.end) not in mine]
     pool = [i for i in free if i not in used]
     for chain in _chains(cluster, todo):
         stages = _fill(cluster, model, workload, chain, pool)
@@ -146,8 +146,7 @@ def free_machines(cluster: Cluster, model: ModelSpec, workload: Workload, pool: 
     for devs in members.values():
         t = max(t for t in TP_DEGREES if t <= len(devs))
         group = tuple(devs[:t])
-        memory = min(cluster.devices[d].memory_bytes for d in group)
-        cap = max_layers(model, t, memory, tokens, workload.batch_size)
+        cap = group_max_layers(cluster, group, model, tokens, workload.batch_size)
         unit = (
             comp_cost(cluster, group, model, 1, float(workload.s_in), workload.s_out).total
             + tp_comm_cost(cluster, group, model, 1, float(workload.s_in), workload.s_out).total

@@ -31,10 +31,7 @@ from dataclasses import dataclass, replace
 
 from hexswarm.routing.scheduler.algorithm1 import TP_DEGREES, Tables, dp
 from hexswarm.routing.scheduler.cluster import Cluster
-from hexswarm.routing.scheduler.cost_model import (
-    StageSpec,
-    pipeline_cost,
-)
+from hexswarm.routing.scheduler.cost_model import StageSpec, pipeline_cost, weight_memory
 from hexswarm.routing.scheduler.layer_split import balanced_split, greedy_split, proportional_split
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 
@@ -78,7 +75,16 @@ class PipelineLayout:
 def bucket_key(cluster: Cluster, index: int) -> tuple:
     """Devices with equal keys are interchangeable for the cost model."""
     d = cluster.devices[index]
-    return (d.region, d.machine, d.type, d.memory_bytes, d.bandwidth, d.flops)
+    return (
+        d.region,
+        d.machine,
+        d.type,
+        d.memory_bytes,
+        d.bandwidth,
+        d.flops,
+        d.quant,
+        d.weight_bytes_per_layer,
+    )
 
 
 def dp_states(counts: Sequence[int], whole_buckets: bool = False) -> int:
@@ -210,7 +216,7 @@ class PipelineDP:
     def layer_splits(self, stages: list[StageLayout], tables: Tables, path) -> list[list[int]]:
         """Layer counts to try on the DP's stages: the DP's own split, then the splits of
         `layer_split.py` (balanced only for throughput)."""
-        memory = [sum(self.cluster.devices[d].memory_bytes for d in s.devices) for s in stages]
+        memory = [sum(weight_memory(self.cluster.devices[d], self.model) for d in s.devices) for s in stages]
         unit = [tables.unit[k, t] for k, t, _, _ in path]
         caps = [tables.cap[k, t] for k, t, _, _ in path]
         splits = [[s.layers for s in stages]]

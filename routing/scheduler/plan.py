@@ -1,7 +1,9 @@
 """The Plan record: which devices serve which layers, as plain data (HexGen §4.1's assignment sigma).
 
 A plan is a list of independent pipelines (model replicas); each pipeline is a list of stages;
-each stage is a TP group (device ids, degree = number of devices) serving layers [start, end).
+each stage is a TP group (device ids, degree = number of devices) serving layers [start, end),
+with the weight format its devices store the layers in (`weight_formats.py`; "none" in plans
+written before formats, which read back so).
 It carries the estimate it was chosen with. `to_dict()` gives only str / int / float / list /
 dict values, so the same dict goes through JSON here and through msgpack in `swarm/`.
 """
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hexswarm.routing.scheduler.model_spec import OBJECTIVES
+from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, UnknownQuantError, check_quant
 
 SCHEMA_VERSION = 1
 
@@ -24,11 +27,12 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class StagePlan:
-    """One TP group: `device_ids` (leader first) serving layers [start, end)."""
+    """One TP group: `device_ids` (leader first) serving layers [start, end) in format `quant`."""
 
     device_ids: tuple[str, ...]
     start: int
     end: int
+    quant: str = DEFAULT_QUANT
 
     @property
     def tp_degree(self) -> int:
@@ -124,6 +128,7 @@ class Plan:
                             "tp_degree": s.tp_degree,
                             "start": s.start,
                             "end": s.end,
+                            "quant": s.quant,
                         }
                         for s in p.stages
                     ],
@@ -215,7 +220,11 @@ def _pipeline(raw: Any) -> PipelinePlan:
         ids = tuple(str(d) for d in s["device_ids"])
         if "tp_degree" in s and s["tp_degree"] != len(ids):
             raise PlanError(f"stage tp_degree {s['tp_degree']!r} does not match {len(ids)} devices")
-        stages.append(StagePlan(ids, _int(s, "start"), _int(s, "end")))
+        try:
+            quant = check_quant(s.get("quant", DEFAULT_QUANT))
+        except UnknownQuantError as exc:
+            raise PlanError(f"stage quant: {exc}") from None
+        stages.append(StagePlan(ids, _int(s, "start"), _int(s, "end"), quant))
     return PipelinePlan(
         tuple(stages), _float(raw, "latency_s"), _float(raw, "prefill_s"), _float(raw, "decode_s")
     )

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from hexswarm.routing.scheduler.capacity import plan_capacity
 from hexswarm.routing.scheduler.cluster import Cluster
-from hexswarm.routing.scheduler.cost_model import stage_memory
+from hexswarm.routing.scheduler.cost_model import stage_layer_bytes, stage_memory, stage_quant
 from hexswarm.routing.scheduler.fitness import Estimate, estimate_layouts
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
@@ -38,7 +38,9 @@ def memory_violations(cluster: Cluster, model: ModelSpec, workload: Workload, pl
     problems = []
     for pipeline in plan.pipelines:
         for stage in pipeline.stages:
-            need = stage_memory(model, stage.tp_degree, stage.layers, tokens, workload.batch_size)
+            devs = [cluster.index(d) for d in stage.device_ids]
+            weights = stage_layer_bytes(cluster, devs, model)
+            need = stage_memory(model, stage.tp_degree, stage.layers, tokens, workload.batch_size, weights)
             for device_id in stage.device_ids:
                 have = cluster.devices[cluster.index(device_id)].memory_bytes
                 if need > have:
@@ -87,7 +89,13 @@ def make_plan(
     pipelines = []
     for layout in sorted(layouts, key=lambda lay: lay.latency_s):
         stages = tuple(
-            StagePlan(tuple(cluster.devices[d].id for d in s.devices), s.start, s.end) for s in layout.stages
+            StagePlan(
+                tuple(cluster.devices[d].id for d in s.devices),
+                s.start,
+                s.end,
+                stage_quant(cluster, s.devices, model),
+            )
+            for s in layout.stages
         )
         pipelines.append(PipelinePlan(stages, layout.latency_s, layout.prefill_s, layout.decode_s))
     finite = result.served > 0

@@ -150,7 +150,7 @@ def replan(
         )
         candidates.append(valuer.candidate("patch", layouts))
     order = sorted(free)  # `subset` keeps the cluster's order: position p of it is order[p]
-    regions = region_groups(cluster.subset(device_ids_of(cluster, free)), model.weight_bytes)
+    regions = region_groups(cluster.subset(device_ids_of(cluster, free)), model)
     groups = [[order[p] for p in g] for g in regions]
     dirty = [
         g

@@ -48,6 +48,7 @@ from hexswarm.routing.scheduler.bound_lp import (
     solve_bound,
 )
 from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cost_model import device_layer_bytes
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound
 
@@ -79,8 +80,9 @@ def slo_upper_bound(
     return solve_bound(count, cells, model.num_layers, workload.s_out, (s_in, coupled), Deadline(deadline_s))
 
 
-def _device_figures(cluster: Cluster) -> np.ndarray:
-    """(N, 5): memory, bandwidth, flops, lowest latency and highest bandwidth to another device."""
+def _device_figures(cluster: Cluster, model: ModelSpec) -> np.ndarray:
+    """(N, 6): memory, bandwidth, flops, lowest latency and highest bandwidth to another device,
+    and one layer's weight bytes in the device's format."""
     n = len(cluster)
     if n == 0:
         raise ValueError("the cluster has no devices")
@@ -88,20 +90,21 @@ def _device_figures(cluster: Cluster) -> np.ndarray:
     alpha = np.where(off, cluster.latency, np.inf).min(axis=1) if n > 1 else np.full(1, np.inf)
     beta = np.where(off, cluster.bandwidth, 0.0).max(axis=1) if n > 1 else np.zeros(1)
     own = np.array([(d.memory_bytes, d.bandwidth, d.flops) for d in cluster.devices], dtype=float)
-    return np.column_stack((own, alpha, beta))
+    layer_bytes = np.array([device_layer_bytes(d, model) for d in cluster.devices], dtype=float)
+    return np.column_stack((own, alpha, beta, layer_bytes))
 
 
 def _cells(
     cluster: Cluster, model: ModelSpec, workload: Workload, max_batch: int
 ) -> tuple[np.ndarray, BoundCells]:
     """One cell per (class, useful TP degree, batch level)."""
-    figures, count = np.unique(_device_figures(cluster), axis=0, return_counts=True)
+    figures, count = np.unique(_device_figures(cluster, model), axis=0, return_counts=True)
     levels = batch_levels(max_batch)
-    caps = level_caps(figures[:, 0], levels, model, workload.s_in_min + workload.s_out)
+    caps = level_caps(figures[:, 0], levels, model, workload.s_in_min + workload.s_out, figures[:, 5])
     hb = model.hidden_size * model.dtype_bytes  # bytes of one token's activation
     rows = []
-    for g, (_, bandwidth, flops, alpha, beta) in enumerate(figures):
-        scan, flop = model.layer_bytes / bandwidth, 2.0 * model.params_per_layer / flops
+    for g, (_, bandwidth, flops, alpha, beta, layer_bytes) in enumerate(figures):
+        scan, flop = layer_bytes / bandwidth, 2.0 * model.params_per_layer / flops
         for n in _degrees(scan, flop, alpha, beta, hb, workload, min(len(cluster), MAX_DEGREE)):
             ar_scan = 4 * n * (n - 1) * alpha if n > 1 else 0.0  # all-reduce latency, per scan
             ar_token = 4 * (n - 1) * hb / beta if n > 1 else 0.0  # ... bytes, per token

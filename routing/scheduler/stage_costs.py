@@ -27,7 +27,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from hexswarm.routing.scheduler.cluster import Cluster
-from hexswarm.routing.scheduler.cost_model import comp_cost, pp_comm_cost, stage_memory, tp_comm_cost
+from hexswarm.routing.scheduler.cost_model import (
+    comp_cost,
+    pp_comm_cost,
+    stage_layer_bytes,
+    stage_memory,
+    tp_comm_cost,
+)
 from hexswarm.routing.scheduler.model_spec import ModelSpec
 from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
 
@@ -94,7 +100,8 @@ def stage_costs(
             hop_prefill[j] = pp_comm_cost(cluster, devs, nxt, model, s_in, 1).prefill
             hop_step[j, 1:] = pp_comm_cost(cluster, devs, nxt, model, 0.0, 1, batches).decode
         tp = len(devs)
-        weights = stage_memory(model, tp, layers, 0)
+        layer_bytes = stage_layer_bytes(cluster, devs, model)
+        weights = stage_memory(model, tp, layers, 0, 1, layer_bytes)
         budget[j] = min(cluster.devices[d].memory_bytes for d in devs) - weights
-        per_token[j] = stage_memory(model, tp, layers, 1) - weights
+        per_token[j] = stage_memory(model, tp, layers, 1, 1, layer_bytes) - weights
     return StageCosts(prefill, step, hop_prefill, hop_step, budget, per_token)

@@ -10,11 +10,12 @@ Units. A device holding x = l / |d| "layer-equivalents" (l layers split over a T
 |d| devices) spends, per the cost model, at least
     prefill, per prompt token:      x * 2P / c_d                    (no weight scan, Eq. 4)
     decode step of b sequences:     x * B_l / m_d + b * x * 2P / c_d
-where P = parameters of a layer, B_l its bytes, c_d its FLOP/s and m_d its memory bandwidth.
+where P = parameters of a layer, B_l its bytes (in the device's weight format, `cost_model.py`),
+c_d its FLOP/s and m_d its memory bandwidth.
 Its memory holds x * (B_l + b * kv * t) bytes for b admitted sequences of t = s_in + s_out
 tokens each (Eq. 7; kv = bytes of one token's K and V in one layer).
 
-The LP. Identical devices are aggregated into classes g (n_g devices with the same M, m, c);
+The LP. Identical devices are aggregated into classes g (n_g devices with the same M, m, c, B_l);
 each class is split over batch levels k (b_k in 1..max_batch). Variables, per (g, k):
     N  devices of the class whose decode batches never exceed b_k
     Y  decode layer-tokens/s they process     Z  prefill layer-tokens/s
@@ -73,6 +74,7 @@ from hexswarm.routing.scheduler.bound_lp import (
     solve_bound,
 )
 from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.cost_model import device_layer_bytes
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 
 __all__ = ["DEFAULT_MAX_BATCH", "UpperBound", "batch_levels", "throughput_upper_bound"]
@@ -101,15 +103,19 @@ def _cells(
     cluster: Cluster, model: ModelSpec, workload: Workload, max_batch: int
 ) -> tuple[np.ndarray, BoundCells]:
     """One cell per (class of identical devices, batch level), class-major."""
-    figures = np.array([(d.memory_bytes, d.bandwidth, d.flops) for d in cluster.devices], dtype=float)
+    figures = np.array(
+        [(d.memory_bytes, d.bandwidth, d.flops, device_layer_bytes(d, model)) for d in cluster.devices],
+        dtype=float,
+    )
     if len(figures) == 0:
         raise ValueError("the cluster has no devices")
     unique, count = np.unique(figures, axis=0, return_counts=True)
-    memory, bandwidth, flops = unique.T
+    memory, bandwidth, flops, layer_bytes = unique.T
     levels = batch_levels(max_batch)
-    caps = level_caps(memory, levels, model, workload.s_in_min + workload.s_out)  # Eq. 7, shortest request
+    tokens = workload.s_in_min + workload.s_out
+    caps = level_caps(memory, levels, model, tokens, layer_bytes)  # Eq. 7, shortest request
     g, k = np.divmod(np.arange(len(unique) * len(levels)), len(levels))
     flop_s = 2.0 * model.params_per_layer / flops[g]  # seconds per layer-token
-    scan_s = model.layer_bytes / bandwidth[g]  # seconds per layer scan
+    scan_s = layer_bytes[g] / bandwidth[g]  # seconds per layer scan
     busy = np.column_stack((flop_s, flop_s, scan_s))
     return count.astype(float), BoundCells(g, levels[k], caps[g, k], busy)

@@ -19,6 +19,12 @@ Figures, from what the peer measured at its current degree `tp` (not from a cata
 - memory M_d: `max_blocks` layers' worth (with their KV cache, Eq. 7) when the peer states it,
   else its devices' memory (GPU, 0.9x) or half its RAM (CPU).
 
+Weight formats: a peer's devices take its `quant` and the bytes one of its blocks really takes
+(`weight_bytes_per_block`, else the model's block at its format: `block_bytes`). The cost model
+counts its layers at those bytes (Eq. 7, and the scan of Eq. 4), so `max_blocks` layers' worth is
+counted at its format and m_d is those bytes over the measured decode time: the cost model's
+weight scan of one block on the peer takes exactly the decode time it measured.
+
 A K-device peer gets one rank's figures: m_d and c_d from what it measured at degree 1 (its
 `tp_speeds`, a one-block stack on its leader at start), else the group's over `tp`; M_d its
 GPU's memory (0.9x). The links between its ranks take the latency a of HexGen Eq. 5 that makes
@@ -103,7 +109,7 @@ def group_memory(record: PeerRecord, model: ModelSpec, workload: Workload) -> fl
     if record.max_blocks > 0:
         # Exactly max_blocks layers fit (Eq. 7 with the layers' KV cache), plus a byte of slack.
         tokens = workload.s_in_max + workload.s_out
-        return stage_memory(model, 1, record.max_blocks, tokens) + 1.0
+        return stage_memory(model, 1, record.max_blocks, tokens, 1, block_bytes(record, model)) + 1.0
     on_gpu = _gpu_memories(record)
     ram = record.devices[0].memory_bytes / 2 if record.devices else 16 * 2**30
     return 0.9 * sum(on_gpu) if on_gpu else ram
@@ -121,9 +127,18 @@ def _gpu_memories(record: PeerRecord) -> list[int]:
     return [d.memory_bytes for d in record.devices if d.type != "cpu"]
 
 
-def speed_figures(model: ModelSpec, tokens_per_s: float, decode_ms: float) -> tuple[float, float]:
-    """(m_d, c_d) of a measured (prefill tokens/s, decode ms) per block (module docstring)."""
-    bandwidth = model.layer_bytes / (max(decode_ms, 1e-3) / 1000.0)
+def block_bytes(record: PeerRecord, model: ModelSpec) -> float:
+    """Bytes one block's weights take on the peer: as it states them, else the model's block at
+    its format (what `cost_model.device_layer_bytes` reads back from its devices)."""
+    return float(record.weight_bytes_per_block) or model.layer_weight_bytes(record.quant)
+
+
+def speed_figures(
+    model: ModelSpec, tokens_per_s: float, decode_ms: float, layer_bytes: float
+) -> tuple[float, float]:
+    """(m_d, c_d) of a measured (prefill tokens/s, decode ms) per block whose weights take
+    `layer_bytes` (module docstring)."""
+    bandwidth = layer_bytes / (max(decode_ms, 1e-3) / 1000.0)
     return bandwidth, 2.0 * model.params_per_layer * max(tokens_per_s, 1e-3)
 
 
@@ -158,15 +173,18 @@ def devices_of(record: PeerRecord, model: ModelSpec, workload: Workload, region:
     """The scheduler devices standing for one peer: one for its whole group, or its K ranks."""
     name = record.devices[0].name if record.devices else record.device
     ids = device_ids(record)
+    formats = {"quant": record.quant, "weight_bytes_per_layer": float(record.weight_bytes_per_block)}
+    layer_bytes = block_bytes(record, model)
     if len(ids) == 1:
-        bandwidth, flops = speed_figures(model, record.throughput, record.decode_ms_per_block)
+        bandwidth, flops = speed_figures(model, record.throughput, record.decode_ms_per_block, layer_bytes)
         memory = group_memory(record, model, workload)
-        return [Device(ids[0], name, record.peer_id, region, float(memory), bandwidth, flops)]
+        return [Device(ids[0], name, record.peer_id, region, float(memory), bandwidth, flops, **formats)]
     memory = rank_memory(record, model, workload, len(ids))
     tokens_per_s, decode_ms, share = rank_speed(record)
-    bandwidth, flops = speed_figures(model, tokens_per_s, decode_ms)
+    bandwidth, flops = speed_figures(model, tokens_per_s, decode_ms, layer_bytes)
     return [
-        Device(i, name, record.peer_id, region, float(memory), bandwidth / share, flops / share) for i in ids
+        Device(i, name, record.peer_id, region, float(memory), bandwidth / share, flops / share, **formats)
+        for i in ids
     ]
 
 

@@ -1,7 +1,7 @@
 """A plan's stages -> per-peer placements that move as few peers, and load as few layers, as they can.
 
 The scheduler places stages on particular peers, but peers of one kind (same region, same
-offered TP degrees, same per-device figures and stated capacity) are interchangeable: any of
+offered TP degrees, same weight format, same per-device figures and stated capacity) are interchangeable: any of
 them can take any of their kind's stages, at the stage's degree, with the same estimate. So
 among each kind we re-match peers to stages with the Hungarian method (scipy's
 linear_sum_assignment), each pairing costing the layers the peer would have to load, which is
@@ -46,8 +46,9 @@ class Move:
 
 
 def kind_of(device: Device, degrees: tuple[int, ...] = ()) -> tuple:
-    """Peers whose figures agree within ~25 % (measurements are noisy) and that offer the same TP
-    `degrees` count as one kind; `device` is one representative device of the peer."""
+    """Peers whose figures agree within ~25 % (measurements are noisy), that store their weights in
+    the same format and offer the same TP `degrees` count as one kind; `device` is one
+    representative device of the peer."""
 
     def bucket(x: float) -> int:
         return round(math.log(max(x, 1e-12)) / math.log(1.25))
@@ -55,6 +56,7 @@ def kind_of(device: Device, degrees: tuple[int, ...] = ()) -> tuple:
     return (
         device.region,
         device.type,
+        device.quant,
         degrees,
         bucket(device.memory_bytes),
         bucket(device.flops),

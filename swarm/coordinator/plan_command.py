@@ -7,7 +7,10 @@ chosen serving model (pipelined and batched by default, `--serving sequential` f
 per pipeline at a time), shows its progress on stderr (a bar on a terminal, else log lines) and
 the plan on stdout: a table by default, the plan's JSON with --json. Both give the plan's
 saturated capacity as a share of the cluster's upper bound. `--evaluate PLAN.json` scores a
-plan the user wrote instead of searching, the same way and in the same shape.
+plan the user wrote instead of searching, the same way and in the same shape. `--quant FORMAT`
+plans (or scores) the cluster as if every device stored its weights in that format (the memory
+model of routing/scheduler/cost_model.py); without it each device keeps the cluster file's
+"quant", "none" where it has none. The plan names each stage's format.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import logging
 import os
 
+from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS
 from hexswarm.swarm import cli_args, log_setup
 
 logger = logging.getLogger(__name__)
@@ -32,6 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"{cli_args.MODEL_HELP}, or a preset of the HexGen paper's models (Llama-2-70B, Llama-2-7B, OPT-30B)",
     )
     add_workload_arguments(parser)
+    parser.add_argument(
+        "--quant",
+        choices=QUANT_FORMATS,
+        default=None,
+        help='plan as if every device stored its weights in this format (default: each device\'s "quant" '
+        'in the cluster file, "none" where it has none)',
+    )
     parser.add_argument(
         "--slo-scale",
         type=cli_args.positive_float,
@@ -86,6 +97,8 @@ def _run(args: argparse.Namespace) -> int:
     from hexswarm.routing.scheduler.model_spec import Workload
 
     cluster = load_cluster(args.cluster)
+    if args.quant is not None:
+        cluster = cluster.with_quant(args.quant)
     model = load_model(args.model)
     workload = Workload(
         rate=args.rate,
@@ -219,7 +232,8 @@ def format_plan(plan) -> str:
         lines.append(f"pipeline {i}  strategy {pipeline.strategy}  latency {pipeline.latency_s:.2f} s")
         for stage in pipeline.stages:
             span = f"[{stage.start}, {stage.end})"
-            lines.append(f"    layers {span:>10}  tp={stage.tp_degree}  {', '.join(stage.device_ids)}")
+            quant = "" if stage.quant == DEFAULT_QUANT else f"  {stage.quant}"
+            lines.append(f"    layers {span:>10}  tp={stage.tp_degree}{quant}  {', '.join(stage.device_ids)}")
     est = plan.estimate
     if est is not None and est.objective == "throughput":
         lines.append(

@@ -85,7 +85,7 @@ def compute_plan(
     if workload.has_deadline and workload.reference_s is None:
         reference = swarm_reference_latency(cluster, model, float(workload.s_in), workload.s_out)
         workload = replace(workload, reference_s=reference)
-    pinned = [StagePlan((r.peer_id,), r.start, r.end) for r in fixed]
+    pinned = [StagePlan((r.peer_id,), r.start, r.end, r.quant) for r in fixed]
     current = {r.peer_id: Assignment(serving_ids(r), r.start, r.end) for r in auto}
     swarm_config = replace(config, one_stage_per_machine=True)
     try:

@@ -36,7 +36,7 @@ def found(cluster):
 
 
 def test_region_groups_cover_the_cluster_and_each_holds_a_replica(cluster):
-    groups = region_groups(cluster, preset("Llama-2-70B").weight_bytes)
+    groups = region_groups(cluster, preset("Llama-2-70B"))
     assert sorted(i for g in groups for i in g) == list(range(len(cluster)))
     regions = [{cluster.devices[i].region for i in g} for g in groups]
     assert all(len(r) >= 1 for r in regions) and len(groups) <= 8
@@ -50,7 +50,7 @@ def test_large_cluster_plan_is_valid_and_keeps_pipelines_inside_region_groups(cl
     validate(plan)
     assert memory_violations(cluster, MODEL, WORKLOAD, plan) == []
     group_of = {}
-    for n, g in enumerate(region_groups(cluster, MODEL.weight_bytes)):
+    for n, g in enumerate(region_groups(cluster, MODEL)):
         for i in g:
             group_of[cluster.devices[i].id] = n
     for pipeline in plan.pipelines:

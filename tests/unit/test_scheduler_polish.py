@@ -35,7 +35,7 @@ def first(half_price):
 
 def test_polish_never_returns_a_plan_that_simulates_worse(half_price, first):
     ev = Evaluator(half_price, MODEL, WORKLOAD)
-    mutator = Mutator(half_price, MODEL.weight_bytes, ev.accept_group)
+    mutator = Mutator(half_price, MODEL, ev.accept_group)
     start = warm_individual(half_price, first.plan)
     rng = random.Random(0)
     polished = polish(start, ev, mutator.mutate, rng, stall=3, deadline=math.inf)
@@ -45,7 +45,7 @@ def test_polish_never_returns_a_plan_that_simulates_worse(half_price, first):
 
 def test_polish_stops_at_its_deadline(half_price, first):
     ev = Evaluator(half_price, MODEL, WORKLOAD)
-    mutator = Mutator(half_price, MODEL.weight_bytes, ev.accept_group)
+    mutator = Mutator(half_price, MODEL, ev.accept_group)
     start = warm_individual(half_price, first.plan)
     assert polish(start, ev, mutator.mutate, random.Random(0), stall=50, deadline=0.0) == start
 
@@ -53,7 +53,7 @@ def test_polish_stops_at_its_deadline(half_price, first):
 def test_a_warm_replan_is_never_worse_than_the_old_plan_repaired(half_price, first):
     smaller = half_price.without(set(first.plan.device_ids[:4]))
     ev = Evaluator(smaller, MODEL, WORKLOAD)
-    mutator = Mutator(smaller, MODEL.weight_bytes, ev.accept_group)
+    mutator = Mutator(smaller, MODEL, ev.accept_group)
     repaired = ev.simulate(mutator.repair(warm_individual(smaller, first.plan, seed=2)))
     config = SearchConfig(max_generations=2, time_budget_s=math.inf, seed=2, finalists=1, polish_stall=0)
     again = search(smaller, MODEL, WORKLOAD, config, previous=first.plan)

@@ -70,7 +70,7 @@ def test_one_stage_per_machine(swarm, planned):
 
 
 def test_whole_machine_mutations_keep_machines_together(swarm):
-    mutator = Mutator(swarm, MODEL.weight_bytes, lambda g: len(g) <= 12, whole_machines=True)
+    mutator = Mutator(swarm, MODEL, lambda g: len(g) <= 12, whole_machines=True)
     rng = random.Random(0)
     ind = mutator.repair(tuple((i,) for i in range(len(swarm))))
     for _ in range(200):
@@ -83,7 +83,7 @@ def test_whole_machine_mutations_keep_machines_together(swarm):
 
 
 def test_default_mutations_may_split_machines(swarm):
-    mutator = Mutator(swarm, MODEL.weight_bytes, lambda g: True)
+    mutator = Mutator(swarm, MODEL, lambda g: True)
     assert mutator.unite(((0,), (1,))) == ((0,), (1,))  # the option is off: nothing is regrouped
 
 
