@@ -35,7 +35,7 @@ from hexswarm.routing.chains.span import route_span
 from hexswarm.routing.chains.swarm_view import Hop, NoRouteError, Route, Router, RouteRequest
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.model_spec import ModelSpec
-from hexswarm.swarm.protocol import NextHop, Step
+from hexswarm.swarm.protocol import KvTarget, NextHop, Step
 from hexswarm.swarm.records import PeerRecord
 
 logger = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ class Hops:
             hops: list[LiveHop] = []
             try:
                 route = await self._route(start, end, formats)
-                hops = await self._open(route, upstream)
+                hops = await self.open_hops(route, upstream)
                 seen, output = await self._push(hops, inputs)
                 return hops, seen, output
             except NoRouteError as e:
@@ -228,6 +228,14 @@ class Hops:
         view = self.swarm.view(records, self.spec.num_blocks, self.spec.hidden_size, self.ping_timeout)
         return route_span(self.router, view, self.request, start, end, exclude)
 
+    def route_among(self, records: list[PeerRecord]) -> Route:
+        """A chain over every block through `records` only (one phase's peers of a disaggregated
+        request), without banned peers; NoRouteError if they cannot form one."""
+        banned = self.bans.banned()
+        allowed = [r for r in records if r.peer_id not in banned]
+        view = self.swarm.view(allowed, self.spec.num_blocks, self.spec.hidden_size, self.ping_timeout)
+        return route_span(self.router, view, self.request, 0, self.spec.num_blocks, banned)
+
     async def _wait_for_peers(self, start: int, end: int) -> None:
         """Polls the DHT until peers other than this call's failed ones cover [start, end),
         for at most the time budget left: a peer restarting or joining counts one attempt."""
@@ -251,10 +259,18 @@ class Hops:
         fresh = self.swarm.online_records(self.spec.model_id, self.spec.num_blocks)
         self.records = {r.peer_id: r for r in fresh if r.max_length >= self.request.prompt_tokens}
 
-    async def _open(self, route: Route, upstream: str) -> list[LiveHop]:
+    async def open_hops(
+        self,
+        route: Route,
+        upstream: str,
+        kv_from: list[tuple[str, ...]] | None = None,
+        kv_to: list[tuple[KvTarget, ...]] | None = None,
+    ) -> list[LiveHop]:
+        """Opens a session on each hop of `route`; with `kv_from` / `kv_to` (one entry per hop),
+        decode sessions that take a prompt's keys and values, or prefill sessions that send them."""
         opened: list[LiveHop] = []
         try:
-            for hop in route.hops:
+            for index, hop in enumerate(route.hops):
                 upstream = opened[-1].hop.peer_id if opened else upstream
                 timeout = self.deadline(hop.peer_id, 0, 1, 1)
                 conn = await self.swarm.open_connection(hop.peer_id, self.name(hop.peer_id), timeout=timeout)
@@ -273,6 +289,8 @@ class Hops:
                     self.request.batch_size,
                     self.dtype,
                     upstream,
+                    kv_from=kv_from[index] if kv_from else (),
+                    kv_to=kv_to[index] if kv_to else (),
                 )
         except BaseException:
             for live in opened:

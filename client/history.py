@@ -11,7 +11,9 @@ tiny test model: 128 x 4 B = 512 B per token and boundary). A session keeps boun
 own input, the embeddings) and as many other hop boundaries as `max_bytes` allows for a full
 session (`max_length` tokens). A failed hop whose start boundary is not kept is repaired
 from the nearest kept boundary before it: the hops in between are replaced too, which costs
-more compute but no more memory.
+more compute but no more memory. A boundary that starts being kept after the session's first
+step has not seen the earlier tokens: it is *incomplete*, and no repair starts there until a
+replay gives it everything (`replace`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class InputHistory:
         self.bytes_per_boundary = max(1, bytes_per_boundary)  # at the session's full length
         self.max_boundaries = max(1, max_bytes // self.bytes_per_boundary)
         self._chunks: dict[int, list[torch.Tensor]] = {0: []}
+        self._incomplete: set[int] = set()  # kept, but only since after the first step
 
     @property
     def kept(self) -> list[int]:
@@ -35,7 +38,10 @@ class InputHistory:
         """Keeps boundary 0 and the first of `starts` (hop starts of the current route) that fit;
         forgets boundaries no hop starts at any more."""
         wanted = [0] + [s for s in sorted(starts) if s != 0][: self.max_boundaries - 1]
+        started = bool(self._chunks[0])
+        new = {s for s in wanted if s not in self._chunks}
         self._chunks = {s: self._chunks.get(s, []) for s in wanted}
+        self._incomplete = {s for s in wanted if s in self._incomplete or (s in new and started)}
 
     def append(self, inputs: dict[int, torch.Tensor]) -> None:
         """Adds one step's inputs (boundary -> (batch, new_tokens, hidden)) at the kept boundaries."""
@@ -46,10 +52,11 @@ class InputHistory:
         """Sets what boundary `start` has seen to `full` (from a replay), if it is kept."""
         if start in self._chunks:
             self._chunks[start] = [full]
+            self._incomplete.discard(start)
 
     def replay_start(self, start: int) -> int:
         """The nearest kept boundary at or before `start`: where a repair of a hop at `start` begins."""
-        return max(s for s in self._chunks if s <= start)
+        return max(s for s in self._chunks if s <= start and s not in self._incomplete)
 
     def inputs(self, start: int) -> torch.Tensor | None:
         """(batch, tokens so far, hidden) sent at boundary `start`, or None before the first step."""
@@ -63,7 +70,7 @@ class InputHistory:
     def sent_before(self, start: int, position: int, like: torch.Tensor) -> torch.Tensor | None:
         """(batch, position, hidden): everything boundary `start` was sent before `position`
         (empty like `like` at 0); None when the boundary is not kept whole, so it cannot be replayed."""
-        if start not in self._chunks:
+        if start not in self._chunks or start in self._incomplete:
             return None
         past = self.inputs(start)
         past = like[:, :0] if past is None else past

@@ -15,6 +15,7 @@ from hexswarm.swarm.protocol import (
     Closed,
     Error,
     ErrorCode,
+    KvTarget,
     Message,
     Open,
     Opened,
@@ -39,6 +40,12 @@ class PeerError(RuntimeError):
 
 
 _nonces = itertools.count(1)
+
+
+class KvTransferError(RuntimeError):
+    """A prefill peer computed the prompt, but its keys and values did not all reach the decode
+    peers (one died or refused): the session serves the request colocated instead. Not a
+    PeerError: the prefill peer that says so is not at fault."""
 
 
 class PeerConnection:
@@ -113,9 +120,16 @@ class PeerConnection:
         batch_size: int,
         dtype: torch.dtype,
         upstream: str = "",
+        kv_from: tuple[str, ...] = (),
+        kv_to: tuple[KvTarget, ...] = (),
     ) -> None:
-        """Opens a session; `upstream` is the peer allowed to push steps into it (peer/push.py)."""
-        message = Open(session_id, model_id, start, end, max_length, batch_size, DTYPE_NAMES[dtype], upstream)
+        """Opens a session; `upstream` is the peer allowed to push steps into it (peer/push.py);
+        `kv_from` the prefill peers whose keys and values it takes, `kv_to` where a prefill
+        session sends its own (swarm/protocol.py)."""
+        dtype_name = DTYPE_NAMES[dtype]
+        message = Open(
+            session_id, model_id, start, end, max_length, batch_size, dtype_name, upstream, kv_from, kv_to
+        )
         await self.request(message, Opened)
 
     async def step(self, session_id: str, position: int, hidden: torch.Tensor) -> torch.Tensor:
@@ -137,6 +151,8 @@ class PeerConnection:
             raise self._error(ErrorCode.MALFORMED, f"result for session {result.session_id!r}")
         if not torch.isfinite(out).all():
             raise self._error(ErrorCode.BAD_TENSOR, "returned hidden states with NaN or inf")
+        if result.kv_error:
+            raise KvTransferError(f"{self.peer_name}: {result.kv_error}")
         return out, result.push_error
 
     async def close_session(self, session_id: str) -> None:

@@ -23,6 +23,7 @@ hold what the old one held, so greedy output equals a run without failures.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -30,13 +31,14 @@ from collections import Counter
 
 import torch
 
+from hexswarm.client.disaggregation import Roles, kv_sources, kv_targets, split_by_role
 from hexswarm.client.failover import Failover, Hops, LiveHop
 from hexswarm.client.history import InputHistory
-from hexswarm.client.remote import PeerError
+from hexswarm.client.remote import KvTransferError, PeerError
 from hexswarm.client.retry import BanList, RetryPolicy
 from hexswarm.client.swarm_client import SwarmClient, uncovered_blocks
 from hexswarm.client.worker import run_sync
-from hexswarm.routing.chains.swarm_view import Router, RouteRequest
+from hexswarm.routing.chains.swarm_view import NoRouteError, Router, RouteRequest
 from hexswarm.swarm.model_spec import ModelSpec
 from hexswarm.swarm.records import block_ranges
 
@@ -73,6 +75,10 @@ class InferenceSession:
         self.relayed: set[str] = set()  # session ids of hops a push into failed: the client feeds them
         # hop steps the client sent / that peers pushed; pushes that failed (then relayed)
         self.hop_steps: Counter[str] = Counter(sent=0, pushed=0, push_failed=0)
+        # A disaggregated session (client/disaggregation.py): its decode chain, opened and
+        # waiting for the prompt's keys and values while `hops` is the prefill chain; None after.
+        self.decode_hops: list[LiveHop] | None = None
+        self.prefill_route = ""  # the chain the prompt went through, when it was disaggregated
         request = RouteRequest(prompt_tokens=max_length, new_tokens=0, batch_size=batch_size)
         self.peers = Hops(
             swarm=swarm,
@@ -102,13 +108,18 @@ class InferenceSession:
         self.peers.records = {r.peer_id: r for r in long_enough}
         self.peers.no_route_deadline = time.monotonic() + self.coverage_timeout
         try:
-            self.hops, _, _ = run_sync(
-                self.peers.replace(0, self.spec.num_blocks, None), timeout=self._timeout()
-            )
+            roles = split_by_role(long_enough, self.spec.num_blocks)
+            if roles is not None:
+                run_sync(self._open_disaggregated(roles), timeout=self._timeout())
+            if not self.hops:
+                self.hops, _, _ = run_sync(
+                    self.peers.replace(0, self.spec.num_blocks, None), timeout=self._timeout()
+                )
         finally:
             self.peers.no_route_deadline = None  # later failovers have the retry budget
         self.peers.ping_timeout = self.policy.deadline_floor_s  # later pings are on the failover path
-        self.history.keep([h.start for h in self.hops])
+        # a disaggregated session keeps only the embeddings: its two chains share no other boundary
+        self.history.keep([0] if self.decode_hops is not None else [h.start for h in self.hops])
         logger.info("session %s: route %s", self.session_id, self.describe_route())
         return self
 
@@ -122,8 +133,63 @@ class InferenceSession:
             raise ValueError(
                 f"session max_length {self.max_length} reached ({self.position} + {hidden.shape[1]})"
             )
-        output = run_sync(self._step(hidden.to(self.dtype).contiguous()), timeout=self._timeout())
+        hidden = hidden.to(self.dtype).contiguous()
+        step = self._prefill(hidden) if self.decode_hops is not None else self._step(hidden)
+        output = run_sync(step, timeout=self._timeout())
         self.position += hidden.shape[1]
+        return output
+
+    async def _open_disaggregated(self, roles: Roles) -> None:
+        """Opens the decode chain (its sessions take keys and values from the prefill peers),
+        then the prefill chain (its sessions send theirs); on any failure, nothing stays open
+        and the caller opens a colocated chain."""
+        decode_hops: list[LiveHop] = []
+        try:
+            prefill = await asyncio.to_thread(self.peers.route_among, roles.prefill)
+            used = {h.peer_id for h in prefill.hops}
+            decode = await asyncio.to_thread(
+                self.peers.route_among, [r for r in roles.decode if r.peer_id not in used]
+            )
+            sources = [kv_sources(h.start, h.end, prefill) for h in decode.hops]
+            decode_hops = await self.peers.open_hops(decode, "", kv_from=sources)
+            targets = [kv_targets(h.start, h.end, decode_hops) for h in prefill.hops]
+            self.hops = await self.peers.open_hops(prefill, "", kv_to=targets)
+            self.decode_hops = decode_hops
+        except (NoRouteError, PeerError) as e:
+            logger.info("session %s: no disaggregated chains (%s); serving colocated", self.session_id, e)
+            await self._close(decode_hops)
+            self.hops, self.decode_hops = [], None
+
+    async def _prefill(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The prompt through the prefill chain, whose peers hand its keys and values to the
+        decode chain before they answer; then the decode chain serves every later step. If any
+        of it fails, the request is served colocated: a fresh chain replays the prompt."""
+        inputs: dict[int, torch.Tensor] = {}
+        try:
+            output, i = hidden, 0
+            while i < len(self.hops):
+                output, i = await self._segment(i, output, inputs)
+        except (_HopFailed, KvTransferError) as e:
+            return await self._prefill_colocated(hidden, e)
+        self.prefill_route = self.describe_route()
+        prefill_hops, self.hops, self.decode_hops = self.hops, self.decode_hops, None
+        await self._close(prefill_hops)
+        self.history.append({0: hidden})
+        logger.info("session %s: prompt prefilled; decoding on %s", self.session_id, self.describe_route())
+        return output
+
+    async def _prefill_colocated(self, hidden: torch.Tensor, error: Exception) -> torch.Tensor:
+        if isinstance(error, _HopFailed):  # a prefill peer failed: banned like any failed hop
+            bad = self.hops[error.index]
+            self.peers.failed(bad.hop.peer_id, bad.start, bad.end, str(error.error)[:200])
+        logger.info(
+            "session %s: disaggregated prefill failed (%s); serving colocated", self.session_id, error
+        )
+        await self._close([*self.hops, *(self.decode_hops or [])])
+        self.hops, self.decode_hops = [], None
+        self.hops, seen, output = await self.peers.replace(0, self.spec.num_blocks, hidden)
+        self.history.keep([h.start for h in self.hops])
+        self.history.append(seen)
         return output
 
     async def _step(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -223,7 +289,10 @@ class InferenceSession:
             self.hops = []
 
     async def _close_all(self) -> None:
-        for hop in self.hops:
+        await self._close([*self.hops, *(self.decode_hops or [])])
+
+    async def _close(self, hops: list[LiveHop]) -> None:
+        for hop in hops:
             try:
                 if not hop.conn.writer.is_closing():  # a failed hop's stream is closed already
                     hop.conn.timeout = min(hop.conn.timeout, 5.0)
@@ -238,9 +307,12 @@ class InferenceSession:
         return [self.peers.name(h.hop.peer_id) for h in self.hops]
 
     def describe_route(self) -> str:
+        """'a[0:2) -> b[2:8)'; a disaggregated session's is its prompt's chain, then '=>' and its
+        decode chain: 'p[0:8) => d[0:8)'."""
         if not self.hops:
             return "(no route)"
-        return " -> ".join(f"{self.peers.name(h.hop.peer_id)}[{h.start}:{h.end})" for h in self.hops)
+        chain = " -> ".join(f"{self.peers.name(h.hop.peer_id)}[{h.start}:{h.end})" for h in self.hops)
+        return f"{self.prefill_route} => {chain}" if self.prefill_route else chain
 
     def __enter__(self) -> InferenceSession:
         return self

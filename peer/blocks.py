@@ -195,6 +195,17 @@ class BlockStack(nn.Module):
         return hidden
 
     @property
+    def moves_kv(self) -> bool:
+        """Whether a session's keys and values can be sent to or taken from another peer
+        (disaggregated prefill and decode): whole layers here, all of full attention."""
+        layer_types = set(getattr(self.config, "layer_types", None) or ["full_attention"])
+        return (
+            self.shard is None
+            and layer_types == {"full_attention"}
+            and not getattr(self.config, "sliding_window", None)
+        )
+
+    @property
     def supports_batching(self) -> bool:
         """Whether decode steps of several sessions may run as one batch (see forward_batch)."""
         layer_types = set(getattr(self.config, "layer_types", None) or ["full_attention"])

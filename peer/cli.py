@@ -84,6 +84,7 @@ def peer_config(args: argparse.Namespace):
         tp_choices=tp_choices if len(tp_choices) > 1 else (),
         dtype=dtype,
         quant=args.quant,
+        role=args.role,
         limits=PeerLimits(
             max_sessions=max_sessions,
             max_length=max_length,

@@ -20,6 +20,8 @@ from hexswarm.swarm.protocol import (
     Close,
     Closed,
     ErrorCode,
+    KvPush,
+    KvTarget,
     Open,
     Opened,
     ProtocolError,
@@ -81,6 +83,11 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False  # a step is being computed; never expire it then
     upstream: str = ""  # the peer id whose pushed steps this session accepts (peer/push.py); "" = none
+    # Disaggregated prefill and decode (swarm/protocol.py): a decode session takes its prompt's
+    # keys and values from `kv_from`; a prefill session sends its layers' to `kv_to`.
+    kv_from: tuple[str, ...] = ()
+    kv_to: tuple[KvTarget, ...] = ()
+    kv_imported: dict[int, int] = field(default_factory=dict)  # global layer -> tokens imported
 
     @property
     def reserved_tokens(self) -> int:
@@ -128,6 +135,8 @@ class PeerCore:
             wire_dtype=WIRE_DTYPES[request.dtype],
             cache=self.blocks.new_cache(request.session_id),
             upstream=request.upstream,
+            kv_from=request.kv_from,
+            kv_to=request.kv_to,
         )
         logger.debug("session %s opened for [%d:%d)", request.session_id, request.start, request.end)
         return Opened(request.session_id)
@@ -157,6 +166,7 @@ class PeerCore:
             raise ProtocolError(ErrorCode.BUSY, f"batch size {r.batch_size} is not in 1..{limits.max_batch}")
         if r.session_id in self.sessions:
             raise ProtocolError(ErrorCode.BAD_STATE, f"session {r.session_id} is already open")
+        self._check_kv_roles(r)
         if len(self.sessions) >= limits.max_sessions:
             raise ProtocolError(ErrorCode.BUSY, f"all {limits.max_sessions} session slots are taken")
         needed, cap = r.batch_size * r.max_length, limits.session_cache_tokens
@@ -169,10 +179,34 @@ class PeerCore:
                 ErrorCode.BUSY, f"session needs {needed} cache tokens, {self.cache_tokens_left} are left"
             )
 
+    def _check_kv_roles(self, r: Open) -> None:
+        """A session that sends or takes keys and values: only where this peer can move them."""
+        if not (r.kv_from or r.kv_to):
+            return
+        if r.kv_from and r.kv_to:
+            raise ProtocolError(ErrorCode.BAD_STATE, "a session either sends keys and values or takes them")
+        if not getattr(self.blocks, "moves_kv", False):
+            raise ProtocolError(
+                ErrorCode.BAD_STATE,
+                "this peer cannot move keys and values (tensor-parallel, or layers with sliding windows)",
+            )
+        for target in r.kv_to:
+            if not r.start <= target.start < target.end <= r.end:
+                raise ProtocolError(
+                    ErrorCode.WRONG_LAYERS,
+                    f"keys and values of blocks [{target.start}:{target.end}) asked, the session runs [{r.start}:{r.end})",
+                )
+
     def begin_step(self, request: Step) -> tuple[Session, torch.Tensor]:
         """Validates a step and marks its session busy; returns the input in the compute dtype."""
         self._check_not_failed()
         session = self.get(request.session_id)
+        if session.kv_from and len(session.kv_imported) < session.end - session.start:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE, "the session still waits for its prompt's keys and values"
+            )
+        if session.kv_to and session.position > 0:
+            raise ProtocolError(ErrorCode.BAD_STATE, "a prefill session takes one step: its prompt")
         hidden = request.hidden
         expected_shape = (
             session.batch_size,
@@ -258,6 +292,74 @@ class PeerCore:
             for session, _ in steps:
                 self.end_step(session)
         return [results[session.session_id] for session, _ in steps]
+
+    def import_kv(self, push: KvPush, sender: str) -> None:
+        """Takes one layer of a prompt's keys and values from the session's prefill peer; the
+        session starts decoding at the prompt's length once it has every layer."""
+        session = self.sessions.get(push.session_id)
+        if session is None or sender not in session.kv_from:
+            # the same answer whether the session is unknown or not the sender's to fill
+            raise ProtocolError(
+                ErrorCode.UNKNOWN_SESSION,
+                f"no session {push.session_id!r} takes keys and values from this peer",
+            )
+        if not session.start <= push.layer < session.end:
+            raise ProtocolError(
+                ErrorCode.WRONG_LAYERS,
+                f"layer {push.layer} is not in the session's [{session.start}:{session.end})",
+            )
+        if push.layer in session.kv_imported:
+            raise ProtocolError(ErrorCode.BAD_STATE, f"layer {push.layer} already has its keys and values")
+        tokens = self._check_kv(session, push)
+        layer = push.layer - self.blocks.start
+        session.cache.update(push.keys.to(self.blocks.device), push.values.to(self.blocks.device), layer)
+        session.kv_imported[push.layer] = tokens
+        if len(session.kv_imported) == session.end - session.start:
+            session.position = tokens
+            session.last_used = time.monotonic()
+            logger.debug(
+                "session %s: took %d tokens of keys and values from ...%s",
+                session.session_id,
+                tokens,
+                sender[-8:],
+            )
+
+    def _check_kv(self, session: Session, push: KvPush) -> int:
+        """The tokens of a valid KV_PUSH: its shape, dtype, length and values are what the
+        session can hold."""
+        config = self.blocks.config
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        keys, values = push.keys, push.values
+        tokens = keys.shape[2] if keys.ndim == 4 else -1
+        expected = (session.batch_size, kv_heads, tokens, head_dim)
+        if tuple(keys.shape) != expected or tuple(values.shape) != expected or tokens < 1:
+            raise ProtocolError(
+                ErrorCode.BAD_TENSOR,
+                f"keys and values must be (batch={session.batch_size}, kv_heads={kv_heads}, tokens>=1, "
+                f"head_dim={head_dim}), got {tuple(keys.shape)} and {tuple(values.shape)}",
+            )
+        if keys.dtype != self.blocks.dtype or values.dtype != self.blocks.dtype:
+            raise ProtocolError(
+                ErrorCode.BAD_TENSOR, f"keys and values must be {self.blocks.dtype}, got {keys.dtype}"
+            )
+        if tokens > session.max_length:
+            raise ProtocolError(
+                ErrorCode.TOO_LONG,
+                f"keys and values of {tokens} tokens exceed the session's reserved {session.max_length}",
+            )
+        if any(n != tokens for n in session.kv_imported.values()):
+            raise ProtocolError(
+                ErrorCode.BAD_TENSOR, f"layers of one prompt must have one length, got {tokens}"
+            )
+        if not (_all_finite(keys) and _all_finite(values)):
+            raise ProtocolError(ErrorCode.BAD_TENSOR, "keys or values contain NaN or inf")
+        return tokens
+
+    def export_kv(self, session: Session, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values a prefill session computed for global layer `layer`, on the CPU."""
+        cached = session.cache.layers[layer - self.blocks.start]
+        return cached.keys.to("cpu").contiguous(), cached.values.to("cpu").contiguous()
 
     def end_step(self, session: Session) -> None:
         session.busy = False

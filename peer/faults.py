@@ -14,7 +14,8 @@ benchmarks only):
                            honest peer would announce, for tests of the record's readers
   --debug-push MODE        steps pushed by another peer (peer/push.py) are "refuse"d (a
                            PUSH_ACK with an error) or "drop"ped (no answer at all), so the
-                           pushing peer reports a failed push and the client relays instead
+                           pushing peer reports a failed push and the client relays instead;
+                           "refuse" refuses a prefill peer's keys and values (KV_PUSH) too
 
 The server asks it about each validated step (`PeerServer._step`, before the step is queued
 for the compute thread, batched or not); nothing else of the peer knows about it.

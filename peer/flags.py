@@ -121,6 +121,13 @@ def _devices(g) -> None:
         help="compute dtype; auto: the checkpoint's on GPU, float32 on CPU",
     )
     g.add_argument(
+        "--role",
+        default="both",
+        choices=("both", "prefill", "decode"),
+        help="what clients send here: both (whole requests), prefill (prompts, whose keys and values "
+        "go on to decode peers) or decode (HexGen-2's disaggregated serving; docs/architecture.md)",
+    )
+    g.add_argument(
         "--quant",
         default=DEFAULT_QUANT,
         choices=QUANT_FORMATS,

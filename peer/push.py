@@ -49,7 +49,16 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
-from hexswarm.swarm.protocol import Error, ErrorCode, ProtocolError, PushAck, Step, read_frame, write_frame
+from hexswarm.swarm.protocol import (
+    Error,
+    ErrorCode,
+    KvPush,
+    ProtocolError,
+    PushAck,
+    Step,
+    read_frame,
+    write_frame,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +197,7 @@ class PushLinks:
         self.links: dict[str, _Link] = {}
         self.locks: dict[str, asyncio.Lock] = {}  # one connect at a time per peer
 
-    async def push(self, peer_id: str, step: Step, timeout: float) -> str:
+    async def push(self, peer_id: str, step: Step | KvPush, timeout: float) -> str:
         """Sends `step` to `peer_id` and waits up to `timeout` s for its PUSH_ACK (the membership
         check and the connect included). Returns "" when it was accepted, else why not. Never
         raises: a failed push only means the client relays this hop."""
@@ -210,7 +219,7 @@ class PushLinks:
             return f"could not read this model's records: {type(e).__name__}: {e}"
         return ""
 
-    async def _deliver(self, peer_id: str, step: Step, deadline: float, timeout: float) -> str:
+    async def _deliver(self, peer_id: str, step: Step | KvPush, deadline: float, timeout: float) -> str:
         name, link = peer_id[-8:], None
         try:
             async with asyncio.timeout_at(deadline):
@@ -274,7 +283,7 @@ class _Link:
         self.closed = False
         self.task = asyncio.create_task(self._read_acks(), name=f"push-link-{name}")
 
-    async def send(self, step: Step) -> PushAck:
+    async def send(self, step: Step | KvPush) -> PushAck:
         if self.closed:
             raise ConnectionError(f"link to ...{self.name} is closed")
         if step.session_id in self.pending:  # a session has one step at a time

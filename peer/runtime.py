@@ -73,6 +73,7 @@ class PeerConfig:
     dtype: torch.dtype
     limits: PeerLimits
     quant: str = "none"  # weight format of the blocks' linear layers (peer/quant.py)
+    role: str = "both"  # what clients send here: both, prefill or decode (swarm/records.py)
     name: str | None = None
     announce_period: float = 15.0
     drain_timeout: float = 30.0
@@ -236,6 +237,7 @@ class _Peer:
             tp_speeds=tuple((tp, *speed) for tp, speed in sorted(self.speeds.items())),
             quant=c.quant,
             weight_bytes_per_block=self.weight_bytes,
+            role=c.role,
             region=c.region,
             rtt_ms=self.probe.published(),
             auto=c.auto,

@@ -10,6 +10,10 @@ A step may also arrive pushed by the previous peer of the chain, on that peer's 
 (peer/push.py): it is answered with a PUSH_ACK on the link at once, computed in a task of its
 own (so the link's next push, another session's, is not held up and can join the same decode
 batch), and its result goes to the session's client, on the stream that opened the session.
+
+Disaggregated prefill and decode: a prefill session's step sends each of its layers' keys and
+values (KV_PUSH) to the decode sessions its OPEN named, over the same links, before the step is
+answered; a decode session takes them, on a link, only from the peers its OPEN named.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from hexswarm.swarm.protocol import (
     Error,
     ErrorCode,
     FrameTooLarge,
+    KvPush,
     Message,
     Open,
     Ping,
@@ -51,6 +56,7 @@ HANDSHAKE_TIMEOUT_S = 30.0
 # ... and its frames may be this large at most: OPEN, PING and CLOSE are a few hundred bytes.
 # Hidden states come only on a stream that owns a session, or from a session's upstream peer.
 PRE_SESSION_FRAME_BYTES = 64 << 10
+KV_PUSH_TIMEOUT_S = 30.0  # one layer's keys and values, to its decode peer, until its PUSH_ACK
 
 
 class PeerServer:
@@ -167,6 +173,9 @@ class PeerServer:
                 if isinstance(message, Step):
                     await self._step(message, owned, writer, arrived)
                     continue
+                if isinstance(message, KvPush):
+                    is_link = await self._kv_pushed(message, remote, writer) or is_link
+                    continue
                 reply = await self._dispatch(message, owned, remote, writer)
             except ProtocolError as e:
                 reply = Error(e.code, e.message)
@@ -196,7 +205,9 @@ class PeerServer:
         result: StepResult = await asyncio.wrap_future(job.future)
         if poison:
             result = self.faults.poison(result)
-        if message.chain:
+        if session.kv_to:
+            result = replace(result, kv_error=await self._send_kv(session))
+        if message.chain and not result.kv_error:
             result = replace(result, push_error=await self._forward(result, message))
         await self._send(writer, result)
         self._note(job, arrived, queued, time.perf_counter())
@@ -208,6 +219,33 @@ class PeerServer:
         head, rest = message.chain[0], message.chain[1:]
         step = Step(head.session_id, message.position, result.hidden, rest, message.ack_ms)
         return await self.pusher.push(head.peer_id, step, message.ack_ms / 1000)
+
+    async def _send_kv(self, session) -> str:
+        """Sends each layer's keys and values of a prefill session to its decode session, in order;
+        "" when every one was taken, else why not (the client then serves the request colocated)."""
+        if self.pusher is None:
+            return "this peer does not push"
+        for target in session.kv_to:
+            for layer in range(target.start, target.end):
+                keys, values = self.core.export_kv(session, layer)
+                push = KvPush(target.session_id, layer, keys, values)
+                why = await self.pusher.push(target.peer_id, push, KV_PUSH_TIMEOUT_S)
+                if why:
+                    return f"keys and values of layer {layer}: {why}"
+        return ""
+
+    async def _kv_pushed(self, message: KvPush, remote: str, link) -> bool:
+        """A prefill peer's keys and values for a decode session: taken (or refused) on its link.
+        Returns whether it was taken."""
+        try:
+            if self.faults is not None and self.faults.plan.push == "refuse":
+                self.faults.check_push()
+            self.core.import_kv(message, remote)
+        except ProtocolError as e:
+            await self._send(link, PushAck(message.session_id, e.code, e.message))
+            return False
+        await self._send(link, PushAck(message.session_id))
+        return True
 
     async def _pushed(self, message: Step, remote: str, link, arrived: float) -> bool:
         """A step pushed by the previous peer: acked (or refused) on its link, computed in a task.
@@ -287,7 +325,9 @@ class PeerServer:
     def _feeds_a_session(self, remote: str) -> bool:
         """Whether `remote` is the upstream of an open session: its push link's first frame
         carries hidden states before the link owns anything."""
-        return any(session.upstream == remote for session in self.core.sessions.values())
+        return any(
+            session.upstream == remote or remote in session.kv_from for session in self.core.sessions.values()
+        )
 
     @staticmethod
     def _check_owned(session_id: str, owned: set[str]) -> None:

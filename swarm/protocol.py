@@ -13,6 +13,13 @@ PUSH_ACK at once and later sends its STEP_RESULT to the session's client, and so
 (peer/push.py). A peer accepts a pushed STEP only for a session whose client named the
 pushing peer as its `upstream` when opening it.
 
+Disaggregated prefill and decode (HexGen-2): a client opens a *decode* session naming the peers
+that will compute its prompt (`kv_from`), then a *prefill* session on each of those peers naming
+where each of its layers' keys and values go (`kv_to`: a decode peer, its session, and the
+layers). After the prefill step, the prefill peer sends one KV_PUSH per layer over its push link
+to the decode peer, which answers PUSH_ACK and accepts it only from a peer of its `kv_from`;
+then the prefill peer answers the client. The decode session starts at the prompt's length.
+
 `decode_*` functions validate everything and raise `ProtocolError` with an `ErrorCode`, which
 the receiving side turns into an `Error` frame for the sender; a peer never crashes on input.
 """
@@ -47,7 +54,8 @@ class MsgType(enum.IntEnum):
     PING = 7  # client -> peer: round-trip measurement, also before OPEN
     PONG = 8
     ERROR = 9  # peer -> client
-    PUSH_ACK = 10  # peer -> peer: a pushed STEP was accepted (code 0) or refused
+    PUSH_ACK = 10  # peer -> peer: a pushed STEP (or KV_PUSH) was accepted (code 0) or refused
+    KV_PUSH = 11  # prefill peer -> decode peer: one layer's keys and values of a prompt
 
 
 # ---------------------------------------------------------------- messages
@@ -63,6 +71,18 @@ class Open:
     batch_size: int
     dtype: str  # dtype of the hidden states on the wire
     upstream: str = ""  # the one peer id whose pushed STEPs this session accepts ("" = none)
+    kv_from: tuple[str, ...] = ()  # a decode session: the prefill peers whose KV_PUSHes it takes
+    kv_to: tuple[KvTarget, ...] = ()  # a prefill session: where its layers' keys and values go
+
+
+@dataclass(frozen=True)
+class KvTarget:
+    """Layers [start, end) of a prefill session's keys and values go to a decode peer's session."""
+
+    peer_id: str
+    session_id: str
+    start: int
+    end: int
 
 
 @dataclass(frozen=True)
@@ -96,6 +116,7 @@ class StepResult:
     session_id: str
     hidden: torch.Tensor
     push_error: str = ""  # the step had a chain and the push to its first hop failed: why
+    kv_error: str = ""  # a prefill session's keys and values did not all reach their decode peers: why
 
 
 @dataclass(frozen=True)
@@ -103,6 +124,16 @@ class PushAck:
     session_id: str
     code: int = 0  # 0: accepted (the result goes to the session's client); else an ErrorCode
     message: str = ""
+
+
+@dataclass(frozen=True)
+class KvPush:
+    """One layer's keys and values of a prompt, from its prefill peer to a decode session."""
+
+    session_id: str  # the decode session
+    layer: int  # global block index
+    keys: torch.Tensor  # (batch, kv_heads, tokens, head_dim), in the compute dtype
+    values: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -131,7 +162,7 @@ class Error:
     message: str
 
 
-Message = Open | Opened | Step | StepResult | Close | Closed | Ping | Pong | Error | PushAck
+Message = Open | Opened | Step | StepResult | Close | Closed | Ping | Pong | Error | PushAck | KvPush
 
 MAX_CHAIN = 64  # hops a pushed step may still travel
 MAX_ACK_MS = 60_000
@@ -157,6 +188,10 @@ def encode(message: Message) -> bytes:
             )
             if message.upstream:
                 body["upstream"] = message.upstream
+            if message.kv_from:
+                body["kv_from"] = list(message.kv_from)
+            if message.kv_to:
+                body["kv_to"] = [[k.peer_id, k.session_id, k.start, k.end] for k in message.kv_to]
         case Opened() | Closed() | Close():
             kind = {Opened: MsgType.OPENED, Closed: MsgType.CLOSED, Close: MsgType.CLOSE}[type(message)]
             body.update(t=kind, session=message.session_id)
@@ -177,6 +212,16 @@ def encode(message: Message) -> bytes:
             )
             if message.push_error:
                 body["push_error"] = message.push_error
+            if message.kv_error:
+                body["kv_error"] = message.kv_error
+        case KvPush():
+            body.update(
+                t=MsgType.KV_PUSH,
+                session=message.session_id,
+                layer=message.layer,
+                keys=encode_tensor(message.keys),
+                values=encode_tensor(message.values),
+            )
         case PushAck():
             body.update(
                 t=MsgType.PUSH_ACK,
@@ -221,10 +266,46 @@ def _decode_open(f: dict) -> Open:
         batch_size=field(f, "batch", int),
         dtype=field(f, "dtype", str),
         upstream=optional_field(f, "upstream", str, "")[:_MAX_PEER_ID],
+        kv_from=tuple(_peer_id(p) for p in _bounded_list(f, "kv_from")),
+        kv_to=tuple(_kv_target(item) for item in _bounded_list(f, "kv_to")),
     )
 
 
 _MAX_PEER_ID = 128  # characters of a base58 peer id, with room to spare
+MAX_KV_PEERS = 64  # prefill peers of one decode session, or decode targets of one prefill session
+
+
+def _bounded_list(f: dict, name: str) -> list:
+    items = optional_field(f, name, list, [])
+    if len(items) > MAX_KV_PEERS:
+        raise ProtocolError(
+            ErrorCode.MALFORMED, f"{name} has at most {MAX_KV_PEERS} entries, got {len(items)}"
+        )
+    return items
+
+
+def _peer_id(item: Any) -> str:
+    if not isinstance(item, str) or not 0 < len(item) <= _MAX_PEER_ID:
+        raise ProtocolError(ErrorCode.MALFORMED, f"a peer id must be text of 1..{_MAX_PEER_ID} characters")
+    return item
+
+
+def _kv_target(item: Any) -> KvTarget:
+    if not (isinstance(item, list) and len(item) == 4):
+        raise ProtocolError(ErrorCode.MALFORMED, "a kv_to entry must be [peer id, session id, start, end]")
+    peer_id, session_id, start, end = item
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)) or not 0 <= start < end:
+        raise ProtocolError(
+            ErrorCode.MALFORMED, "a kv_to entry's layers must be integers with 0 <= start < end"
+        )
+    return KvTarget(_peer_id(peer_id), _session({"session": session_id}), start, end)
+
+
+def _decode_kv_push(f: dict) -> KvPush:
+    layer = field(f, "layer", int)
+    if layer < 0:
+        raise ProtocolError(ErrorCode.MALFORMED, f"layer must be >= 0, got {layer}")
+    return KvPush(_session(f), layer, decode_tensor(f.get("keys")), decode_tensor(f.get("values")))
 
 
 def _decode_step(f: dict) -> Step:
@@ -251,7 +332,8 @@ def _next_hop(item: Any) -> NextHop:
 
 def _decode_step_result(f: dict) -> StepResult:
     error = optional_field(f, "push_error", str, "")[:2000]
-    return StepResult(_session(f), decode_tensor(f.get("hidden")), error)
+    kv_error = optional_field(f, "kv_error", str, "")[:2000]
+    return StepResult(_session(f), decode_tensor(f.get("hidden")), error, kv_error)
 
 
 def _decode_push_ack(f: dict) -> PushAck:
@@ -278,6 +360,7 @@ _DECODERS = {
     MsgType.PONG: lambda f: Pong(field(f, "nonce", int)),
     MsgType.ERROR: _decode_error,
     MsgType.PUSH_ACK: _decode_push_ack,
+    MsgType.KV_PUSH: _decode_kv_push,
 }
 
 

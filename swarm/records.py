@@ -30,6 +30,7 @@ from hexswarm.swarm.identity import peer_id_from_owner_marker
 logger = logging.getLogger(__name__)
 
 RECORD_SCHEMA_VERSION = 1
+ROLES = ("both", "prefill", "decode")  # what a peer serves of a request (PeerRecord.role)
 MODELS_KEY = "hexswarm/v1/models"
 
 
@@ -117,6 +118,10 @@ class PeerRecord:
     # know drops the record (its outputs could be anything the reader did not ask for).
     quant: str = DEFAULT_QUANT
     weight_bytes_per_block: int = 0  # bytes one block's weights take on this peer (0 = not stated)
+    # Disaggregated prefill and decode (HexGen-2): which phase clients should send here. A
+    # `prefill` peer computes prompts and sends their keys and values to `decode` peers; `both`
+    # (every peer before roles existed) serves whole requests. A client routes by it.
+    role: str = "both"
     schema: int = RECORD_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
@@ -407,6 +412,8 @@ def _check_ranges(record: PeerRecord) -> None:
         raise ValueError("field auto must be a boolean")
     if record.quant not in QUANT_FORMATS:
         raise ValueError(f"unknown weight format {str(record.quant)[:32]!r}")
+    if record.role not in ROLES:
+        raise ValueError(f"unknown role {str(record.role)[:32]!r}")
     if not record.start < record.end:
         raise ValueError(f"bad layer range {record.start}:{record.end}")
     if record.state == PeerState.ONLINE and not record.throughput > 0:

@@ -113,3 +113,18 @@ def test_history_gives_what_a_boundary_was_sent_only_when_kept_whole():
     assert history.sent_before(4, 3, like).shape == (1, 3, 2)
     assert history.sent_before(4, 5, like) is None  # missed tokens: cannot be replayed
     assert history.sent_before(2, 3, like) is None  # a boundary it does not keep
+
+
+def test_a_boundary_kept_only_after_the_first_step_is_no_place_to_replay_from():
+    """A route that changes mid-session (a disaggregated session's decode chain, or a repair)
+    may start keeping a boundary that never saw the first tokens: no repair starts there until
+    a replay gives it everything."""
+    history = InputHistory(bytes_per_boundary=1, max_bytes=10)
+    history.keep([0])
+    history.append({0: torch.ones(1, 5, 2)})  # the prompt, seen at boundary 0 only
+    history.keep([0, 4])
+    history.append({0: torch.ones(1, 1, 2), 4: torch.ones(1, 1, 2)})
+    assert history.replay_start(6) == 0  # not 4: it lacks the prompt
+    assert history.sent_before(4, 6, torch.zeros(1, 1, 2)) is None
+    history.replace(4, torch.ones(1, 6, 2))  # a replay through a new hop at 4 saw all six
+    assert history.replay_start(6) == 4
