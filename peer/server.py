@@ -225,6 +225,7 @@ class PeerServer:
         "" when every one was taken, else why not (the client then serves the request colocated)."""
         if self.pusher is None:
             return "this peer does not push"
+        began, sent = time.perf_counter(), 0
         for target in session.kv_to:
             for layer in range(target.start, target.end):
                 keys, values = self.core.export_kv(session, layer)
@@ -232,6 +233,15 @@ class PeerServer:
                 why = await self.pusher.push(target.peer_id, push, KV_PUSH_TIMEOUT_S)
                 if why:
                     return f"keys and values of layer {layer}: {why}"
+                sent += keys.nbytes + values.nbytes
+        logger.info(
+            "session %s: sent %d tokens of keys and values, %d bytes, to %d decode session(s) in %.0f ms",
+            session.session_id,
+            session.position,
+            sent,
+            len(session.kv_to),
+            1000 * (time.perf_counter() - began),
+        )
         return ""
 
     async def _kv_pushed(self, message: KvPush, remote: str, link) -> bool:

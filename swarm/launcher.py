@@ -89,8 +89,11 @@ class LocalSwarm:
         wait: bool = True,
         timeout: float = 120,
         env: dict[str, str] | None = None,
+        launcher: tuple[str, ...] = (),
     ) -> Managed:
+        """A `run-peer` process; `launcher` goes before it, e.g. ("taskset", "-c", "0") to pin it."""
         args = [
+            *launcher,
             sys.executable,
             "-m",
             "hexswarm.peer.cli",
