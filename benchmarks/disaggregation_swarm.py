@@ -52,7 +52,9 @@ LAYOUTS = {
 }
 DECODE_CLIENTS = 4
 DECODE_TOKENS = 48
-SENT = re.compile(r"sent (\d+) tokens of keys and values, (\d+) bytes")
+SENT = re.compile(
+    r"sent (\d+) tokens of keys and values, (\d+) bytes, to \d+ decode session\(s\) in (\d+) ms"
+)
 
 
 class TokenTimes(StoppingCriteria):
@@ -71,6 +73,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0, help="load per layout")
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--prompt-every", type=float, default=2.0, help="seconds between long prompts")
+    parser.add_argument("--routing", default="tradeoff", help="the clients' router (docs/routing.md)")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -124,7 +127,9 @@ def run_layout(layout: str, peers: dict, short, long, expected, args) -> tuple[d
         }
         for proc in procs.values():
             swarm.wait_for_log(proc, "online:", 240)
-        model = DistributedModelForCausalLM.from_pretrained(DEFAULT_MODEL, initial_peers=swarm.initial_peers)
+        model = DistributedModelForCausalLM.from_pretrained(
+            DEFAULT_MODEL, initial_peers=swarm.initial_peers, routing=args.routing
+        )
         try:
             got = model.generate(long, max_new_tokens=8, do_sample=False)  # also warms every path up
             exact = torch.equal(got, expected)
@@ -132,16 +137,19 @@ def run_layout(layout: str, peers: dict, short, long, expected, args) -> tuple[d
             gaps = load(model, short, long, args)
         finally:
             model.shutdown()
-        sent = [(int(t), int(b)) for t, b in SENT.findall(procs.get("prefill", procs["left"]).log())]
-        long_sends = [b for t, b in sent if t >= args.prompt_tokens]
+        log = procs["prefill"].log() if "prefill" in procs else ""
+        sent = [tuple(map(int, found)) for found in SENT.findall(log)]
+        long_sends = [(b, ms) for t, b, ms in sent if t >= args.prompt_tokens]
     figures = {
         "p50_ms": round(statistics.median(gaps), 1),
         "p99_ms": round(percentile(gaps, 0.99), 1),
         "tokens": len(gaps),
+        "gaps_over_250ms": sum(g > 250 for g in gaps),
         "route": route,
     }
     if long_sends:
-        figures["kv_bytes_per_prompt"] = round(statistics.mean(long_sends))
+        figures["kv_bytes_per_prompt"] = round(statistics.mean(b for b, _ in long_sends))
+        figures["kv_send_ms"] = round(statistics.median(ms for _, ms in long_sends))
     return figures, exact
 
 

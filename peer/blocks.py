@@ -95,6 +95,7 @@ class BlockStack(nn.Module):
                 for index in range(start, end):
                     stack._load_blocks(range(index, index + 1), shard, all_reduce, progress=None)
                     bar.update()
+            weight_quant.release_freed_memory()  # the full-precision blocks' pages, to the system
         stack.eval()
         logger.info(
             "%s [%d:%d): loaded in %.1f s (%s%s, %s%s)",
@@ -137,7 +138,10 @@ class BlockStack(nn.Module):
             layer_tensors = strip_prefix(tensors, f"model.layers.{global_index}.")
             local_index = global_index - self.start
             self._fill_layer(local_index, global_index, layer_tensors)
-            weight_quant.quantize_layer(self.layers[local_index], self.quant, self.dtype, self.device)
+            if self.quant != "none":
+                weight_quant.quantize_layer(self.layers[local_index], self.quant, self.dtype, self.device)
+                # the norms would otherwise keep the block's whole memory-mapped file resident
+                weight_quant.own_storage(self.layers[local_index])
             if shard is not None:  # after quantizing: the hooks go on the modules that will run
                 all_reduce_after_row_parallel(self.layers[local_index], shard, all_reduce)
 

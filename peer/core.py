@@ -294,8 +294,9 @@ class PeerCore:
         return [results[session.session_id] for session, _ in steps]
 
     def import_kv(self, push: KvPush, sender: str) -> None:
-        """Takes one layer of a prompt's keys and values from the session's prefill peer; the
-        session starts decoding at the prompt's length once it has every layer."""
+        """Takes keys and values of consecutive layers of a prompt from the session's prefill
+        peer, all or none of them; the session starts decoding at the prompt's length once it
+        has every layer."""
         session = self.sessions.get(push.session_id)
         if session is None or sender not in session.kv_from:
             # the same answer whether the session is unknown or not the sender's to fill
@@ -303,17 +304,19 @@ class PeerCore:
                 ErrorCode.UNKNOWN_SESSION,
                 f"no session {push.session_id!r} takes keys and values from this peer",
             )
-        if not session.start <= push.layer < session.end:
+        tokens = self._check_kv(session, push)
+        layers = range(push.layer, push.layer + push.keys.shape[0])
+        if not (session.start <= layers[0] and layers[-1] < session.end):
             raise ProtocolError(
                 ErrorCode.WRONG_LAYERS,
-                f"layer {push.layer} is not in the session's [{session.start}:{session.end})",
+                f"layers [{layers[0]}:{layers[-1] + 1}) are not in the session's [{session.start}:{session.end})",
             )
-        if push.layer in session.kv_imported:
-            raise ProtocolError(ErrorCode.BAD_STATE, f"layer {push.layer} already has its keys and values")
-        tokens = self._check_kv(session, push)
-        layer = push.layer - self.blocks.start
-        session.cache.update(push.keys.to(self.blocks.device), push.values.to(self.blocks.device), layer)
-        session.kv_imported[push.layer] = tokens
+        if any(layer in session.kv_imported for layer in layers):
+            raise ProtocolError(ErrorCode.BAD_STATE, "a layer already has its keys and values")
+        for index, layer in enumerate(layers):
+            keys, values = push.keys[index].to(self.blocks.device), push.values[index].to(self.blocks.device)
+            session.cache.update(keys, values, layer - self.blocks.start)
+            session.kv_imported[layer] = tokens
         if len(session.kv_imported) == session.end - session.start:
             session.position = tokens
             session.last_used = time.monotonic()
@@ -331,13 +334,13 @@ class PeerCore:
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         keys, values = push.keys, push.values
-        tokens = keys.shape[2] if keys.ndim == 4 else -1
-        expected = (session.batch_size, kv_heads, tokens, head_dim)
-        if tuple(keys.shape) != expected or tuple(values.shape) != expected or tokens < 1:
+        layers, tokens = (keys.shape[0], keys.shape[3]) if keys.ndim == 5 else (0, 0)
+        expected = (layers, session.batch_size, kv_heads, tokens, head_dim)
+        if tuple(keys.shape) != expected or tuple(values.shape) != expected or min(layers, tokens) < 1:
             raise ProtocolError(
                 ErrorCode.BAD_TENSOR,
-                f"keys and values must be (batch={session.batch_size}, kv_heads={kv_heads}, tokens>=1, "
-                f"head_dim={head_dim}), got {tuple(keys.shape)} and {tuple(values.shape)}",
+                f"keys and values must be (layers>=1, batch={session.batch_size}, kv_heads={kv_heads}, "
+                f"tokens>=1, head_dim={head_dim}), got {tuple(keys.shape)} and {tuple(values.shape)}",
             )
         if keys.dtype != self.blocks.dtype or values.dtype != self.blocks.dtype:
             raise ProtocolError(
@@ -356,10 +359,12 @@ class PeerCore:
             raise ProtocolError(ErrorCode.BAD_TENSOR, "keys or values contain NaN or inf")
         return tokens
 
-    def export_kv(self, session: Session, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The keys and values a prefill session computed for global layer `layer`, on the CPU."""
-        cached = session.cache.layers[layer - self.blocks.start]
-        return cached.keys.to("cpu").contiguous(), cached.values.to("cpu").contiguous()
+    def export_kv(self, session: Session, layers: range) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values a prefill session computed for global `layers`, stacked
+        (layers, batch, kv_heads, tokens, head_dim), on the CPU."""
+        cached = [session.cache.layers[layer - self.blocks.start] for layer in layers]
+        keys = torch.stack([c.keys.to("cpu") for c in cached])
+        return keys, torch.stack([c.values.to("cpu") for c in cached])
 
     def end_step(self, session: Session) -> None:
         session.busy = False

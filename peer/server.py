@@ -56,7 +56,8 @@ HANDSHAKE_TIMEOUT_S = 30.0
 # ... and its frames may be this large at most: OPEN, PING and CLOSE are a few hundred bytes.
 # Hidden states come only on a stream that owns a session, or from a session's upstream peer.
 PRE_SESSION_FRAME_BYTES = 64 << 10
-KV_PUSH_TIMEOUT_S = 30.0  # one layer's keys and values, to its decode peer, until its PUSH_ACK
+KV_PUSH_TIMEOUT_S = 30.0  # one KV_PUSH to its decode peer, until its PUSH_ACK
+KV_PUSH_BYTES = 16 << 20  # keys and values of as many layers as fit go in one KV_PUSH
 
 
 class PeerServer:
@@ -226,13 +227,17 @@ class PeerServer:
         if self.pusher is None:
             return "this peer does not push"
         began, sent = time.perf_counter(), 0
+        per_layer = 2 * self.core.export_kv(session, range(session.start, session.start + 1))[0].nbytes
+        per_push = max(1, KV_PUSH_BYTES // max(per_layer, 1))
         for target in session.kv_to:
-            for layer in range(target.start, target.end):
-                keys, values = self.core.export_kv(session, layer)
-                push = KvPush(target.session_id, layer, keys, values)
-                why = await self.pusher.push(target.peer_id, push, KV_PUSH_TIMEOUT_S)
+            for first in range(target.start, target.end, per_push):
+                layers = range(first, min(first + per_push, target.end))
+                keys, values = self.core.export_kv(session, layers)
+                why = await self.pusher.push(
+                    target.peer_id, KvPush(target.session_id, first, keys, values), KV_PUSH_TIMEOUT_S
+                )
                 if why:
-                    return f"keys and values of layer {layer}: {why}"
+                    return f"keys and values of layers [{layers[0]}:{layers[-1] + 1}): {why}"
                 sent += keys.nbytes + values.nbytes
         logger.info(
             "session %s: sent %d tokens of keys and values, %d bytes, to %d decode session(s) in %.0f ms",

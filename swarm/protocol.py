@@ -16,9 +16,10 @@ pushing peer as its `upstream` when opening it.
 Disaggregated prefill and decode (HexGen-2): a client opens a *decode* session naming the peers
 that will compute its prompt (`kv_from`), then a *prefill* session on each of those peers naming
 where each of its layers' keys and values go (`kv_to`: a decode peer, its session, and the
-layers). After the prefill step, the prefill peer sends one KV_PUSH per layer over its push link
-to the decode peer, which answers PUSH_ACK and accepts it only from a peer of its `kv_from`;
-then the prefill peer answers the client. The decode session starts at the prompt's length.
+layers). After the prefill step, the prefill peer sends the keys and values of consecutive
+layers, a few per KV_PUSH, over its push link to the decode peer, which answers PUSH_ACK and
+accepts them only from a peer of its `kv_from`; then the prefill peer answers the client. The
+decode session starts at the prompt's length.
 
 `decode_*` functions validate everything and raise `ProtocolError` with an `ErrorCode`, which
 the receiving side turns into an `Error` frame for the sender; a peer never crashes on input.
@@ -55,7 +56,7 @@ class MsgType(enum.IntEnum):
     PONG = 8
     ERROR = 9  # peer -> client
     PUSH_ACK = 10  # peer -> peer: a pushed STEP (or KV_PUSH) was accepted (code 0) or refused
-    KV_PUSH = 11  # prefill peer -> decode peer: one layer's keys and values of a prompt
+    KV_PUSH = 11  # prefill peer -> decode peer: consecutive layers' keys and values of a prompt
 
 
 # ---------------------------------------------------------------- messages
@@ -128,11 +129,11 @@ class PushAck:
 
 @dataclass(frozen=True)
 class KvPush:
-    """One layer's keys and values of a prompt, from its prefill peer to a decode session."""
+    """Keys and values of consecutive layers of a prompt, from its prefill peer to a decode session."""
 
     session_id: str  # the decode session
-    layer: int  # global block index
-    keys: torch.Tensor  # (batch, kv_heads, tokens, head_dim), in the compute dtype
+    layer: int  # global block index of the first layer
+    keys: torch.Tensor  # (layers, batch, kv_heads, tokens, head_dim), in the compute dtype
     values: torch.Tensor
 
 

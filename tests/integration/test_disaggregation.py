@@ -98,7 +98,7 @@ def test_keys_and_values_from_a_peer_that_was_not_the_prefill_peer_are_refused(c
             await conn.request(
                 Open("victim", client.spec.model_id, 0, 6, 32, 1, "float32", kv_from=kv_from), Opened
             )
-            keys = torch.zeros(1, 2, 4, 16)  # the sender is checked before anything else
+            keys = torch.zeros(1, 1, 2, 4, 16)  # the sender is checked before anything else
             return await conn.request(KvPush("victim", 0, keys, keys), PushAck)
         finally:
             conn.close()

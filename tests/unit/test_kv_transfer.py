@@ -54,9 +54,9 @@ def test_a_decode_session_with_imported_keys_and_values_equals_one_that_prefille
     with pytest.raises(ProtocolError) as waiting:
         run(decode_peer, "dec", 7, token)
     assert waiting.value.code == ErrorCode.BAD_STATE  # not before every layer has arrived
-    for layer in range(6):
-        keys, values = prefill.export_kv(prefill.sessions["pre"], layer)
-        push = decode(encode(KvPush("dec", layer, keys, values)))  # through the wire format
+    for first, end in ((0, 4), (4, 6)):  # several layers a push, as a prefill peer sends them
+        keys, values = prefill.export_kv(prefill.sessions["pre"], range(first, end))
+        push = decode(encode(KvPush("dec", first, keys, values)))  # through the wire format
         decode_peer.import_kv(push, PREFILL_PEER)
     run(alone, opened(alone, "s"), 0, prompt)
     assert torch.equal(run(decode_peer, "dec", 7, token), run(alone, "s", 7, token))
@@ -69,10 +69,10 @@ def receiver(spec):
     return core
 
 
-def kv(spec, tokens: int = 5, batch: int = 1, dtype=torch.float32, fill: float = 0.5):
+def kv(spec, tokens: int = 5, batch: int = 1, dtype=torch.float32, fill: float = 0.5, layers: int = 1):
     config = spec.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return torch.full((batch, config.num_key_value_heads, tokens, head_dim), fill, dtype=dtype)
+    return torch.full((layers, batch, config.num_key_value_heads, tokens, head_dim), fill, dtype=dtype)
 
 
 @pytest.mark.parametrize(
@@ -81,6 +81,7 @@ def kv(spec, tokens: int = 5, batch: int = 1, dtype=torch.float32, fill: float =
         (dict(sender="QmStranger"), ErrorCode.UNKNOWN_SESSION),  # not the session's prefill peer
         (dict(session="nobody"), ErrorCode.UNKNOWN_SESSION),
         (dict(layer=6), ErrorCode.WRONG_LAYERS),
+        (dict(layer=4, layers=3), ErrorCode.WRONG_LAYERS),  # runs past the session's last layer
         (dict(tokens=33), ErrorCode.TOO_LONG),  # beyond the session's reserved cache
         (dict(batch=2), ErrorCode.BAD_TENSOR),
         (dict(dtype=torch.float16), ErrorCode.BAD_TENSOR),
@@ -99,9 +100,12 @@ def test_a_bad_kv_push_is_refused_with_a_typed_error_and_changes_nothing(spec, r
 
 def test_layers_of_one_prompt_must_agree_and_arrive_once(spec, receiver):
     receiver.import_kv(KvPush("dec", 0, kv(spec), kv(spec)), PREFILL_PEER)
-    for layer, tokens in ((0, 5), (1, 6)):
+    for layer, tokens, layers in ((0, 5, 1), (1, 6, 1), (0, 5, 2)):  # again; another length; again in part
         with pytest.raises(ProtocolError):
-            receiver.import_kv(KvPush("dec", layer, kv(spec, tokens), kv(spec, tokens)), PREFILL_PEER)
+            receiver.import_kv(
+                KvPush("dec", layer, kv(spec, tokens, layers=layers), kv(spec, tokens, layers=layers)),
+                PREFILL_PEER,
+            )
     assert receiver.sessions["dec"].kv_imported == {0: 5}
 
 
