@@ -60,6 +60,8 @@ def peer_config(args: argparse.Namespace):
     from hexswarm.swarm.coordinator.command import coordinator_config
     from hexswarm.swarm.coordinator.records import trust_from
 
+    if args.role == "auto" and args.layers != "auto":
+        raise UsageError("--role auto needs --layers auto: the coordinator's plan gives a peer both")
     spec, (start, end), devices, tp_choices, prefill_threads = _load(args)
     try:
         coordinator_trust = trust_from(args.coordinator_key)

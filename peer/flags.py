@@ -123,9 +123,10 @@ def _devices(g) -> None:
     g.add_argument(
         "--role",
         default="both",
-        choices=("both", "prefill", "decode"),
+        choices=("both", "prefill", "decode", "auto"),
         help="what clients send here: both (whole requests), prefill (prompts, whose keys and values "
-        "go on to decode peers) or decode (HexGen-2's disaggregated serving; docs/architecture.md)",
+        "go on to decode peers) or decode (HexGen-2's disaggregated serving; docs/architecture.md); "
+        "auto: the role a --disaggregated coordinator's plan gives it (with --layers auto)",
     )
     g.add_argument(
         "--quant",

@@ -93,9 +93,11 @@ class PlanFollower:
         rebalance_period: float,
         seed: int | None = None,
         trust: Trust = None,
+        take_role: Callable[[str], None] | None = None,
     ):
         self.dht, self.peer_id, self.model_id, self.num_blocks = dht, peer_id, model_id, num_blocks
         self.move = move
+        self.take_role = take_role  # a `--role auto` peer takes the role its assignment names
         self.rebalance_period = rebalance_period
         self.rng = random.Random(seed)
         self.trust = trust
@@ -137,6 +139,8 @@ class PlanFollower:
         self.followed, self.followed_from = plan.version, plan.coordinator
         if assignment is None:
             return
+        if self.take_role is not None:
+            self.take_role(assignment.role)
         tp = planned_degree(assignment.tp, me)
         if (assignment.start, assignment.end, tp) != (me.start, me.end, me.tp):
             await self.move(assignment.start, assignment.end, tp)

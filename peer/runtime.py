@@ -73,7 +73,7 @@ class PeerConfig:
     dtype: torch.dtype
     limits: PeerLimits
     quant: str = "none"  # weight format of the blocks' linear layers (peer/quant.py)
-    role: str = "both"  # what clients send here: both, prefill or decode (swarm/records.py)
+    role: str = "both"  # what clients send here: both, prefill, decode, or auto (the plan's)
     name: str | None = None
     announce_period: float = 15.0
     drain_timeout: float = 30.0
@@ -183,6 +183,7 @@ class _Peer:
         self.decode_batch = (1, 0.0)  # (sessions, tokens/s per block) of batched decode; 0: not measured
         self.speeds: dict[int, tuple[float, float]] = {}  # degree -> its measured (throughput, decode ms)
         self.weight_bytes = 0  # bytes one block's weights take over the whole group, once loaded
+        self.role = "both" if config.role == "auto" else config.role  # announced; auto: the plan's
         self.p2p = None
         self.server: PeerServer | None = None
         self.start, self.end, self.tp = config.start, config.end, config.tp
@@ -200,6 +201,7 @@ class _Peer:
                 self.mover.request,
                 config.rebalance_period,
                 trust=_follower_trust(config, peer_id),
+                take_role=self.take_role if config.role == "auto" else None,
             )
             if config.auto
             else None
@@ -210,6 +212,12 @@ class _Peer:
         if config.debug_record:
             logger.warning("--debug-record: this peer announces %s on purpose", config.debug_record)
             self.announcer.encode = tampered_encoder(config.debug_record)
+
+    def take_role(self, role: str) -> None:
+        """A `--role auto` peer serves the role its plan assignment names (announced next)."""
+        if role != self.role:
+            logger.info("taking the role %s (was %s), as the plan says", role, self.role)
+            self.role = role
 
     def _record(self, state: PeerState) -> PeerRecord:
         c = self.config
@@ -237,7 +245,7 @@ class _Peer:
             tp_speeds=tuple((tp, *speed) for tp, speed in sorted(self.speeds.items())),
             quant=c.quant,
             weight_bytes_per_block=self.weight_bytes,
-            role=c.role,
+            role=self.role,
             region=c.region,
             rtt_ms=self.probe.published(),
             auto=c.auto,

@@ -46,6 +46,12 @@ def add_coordination_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between periodic re-plans",
     )
     g.add_argument(
+        "--disaggregated",
+        action="store_true",
+        help="plan roles as well as ranges (HexGen-2): prefill and decode replicas of the --layers auto "
+        "peers, which take their role with --role auto (docs/scheduling.md)",
+    )
+    g.add_argument(
         "--budget-s",
         type=cli_args.positive_float,
         default=5.0,
@@ -129,6 +135,7 @@ def coordinator_config(args: argparse.Namespace, model_dir: str):
         lease_ttl=args.lease_ttl,
         period=args.coordinator_period,
         trust=trust_from(args.coordinator_key),
+        disaggregated=args.disaggregated,
     )
 
 

@@ -28,7 +28,7 @@ HexGen's genetic search (§4.3) warm-started from the previous plan, with the sw
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.cost_model import swarm_reference_latency
@@ -61,6 +61,7 @@ class Planned:
     plan: Plan | None  # the scheduler's plan (to warm-start the next search); None from the fallback
     missing: tuple[int, ...] = ()  # blocks no peer serves under this plan (empty: it covers the model)
     memory_short_blocks: int = 0  # blocks more than the peers can hold in all, when it cannot cover
+    roles: dict[str, str] = field(default_factory=dict)  # auto peer id -> prefill or decode (disaggregated)
 
     @property
     def covers(self) -> bool:
@@ -103,6 +104,39 @@ def compute_plan(
         result.plan,
     )
     return covering(searched, auto, fixed, model.num_layers)
+
+
+def compute_disaggregated_plan(
+    records: Sequence[PeerRecord], model: ModelSpec, workload: Workload, budget_s: float
+) -> Planned:
+    """HexGen-2's plan (§3) for the auto peers: each replica's stages become the ranges of its
+    peers, and its role theirs. Raises NoFeasiblePlanError when the auto peers cannot form a
+    prefill and a decode replica that each cover the model (fixed peers are left as they are,
+    serving whole requests), so the caller plans them colocated instead."""
+    from hexswarm.routing.disaggregation.planner import DisaggregationConfig, plan_disaggregated
+
+    auto = {r.peer_id: r for r in records if r.auto}
+    if len(auto) < 2:
+        raise NoFeasiblePlanError("disaggregation needs two --layers auto peers or more")
+    cluster = build_view(list(auto.values()), model, workload)
+    if workload.has_deadline and workload.reference_s is None:  # the swarm's own latency (module docstring)
+        reference = swarm_reference_latency(cluster, model, float(workload.s_in), workload.s_out)
+        workload = replace(workload, reference_s=reference)
+    config = DisaggregationConfig(time_budget_s=budget_s, whole_machines=True)
+    plan = plan_disaggregated(cluster, model, workload, config).plan
+    assignments, roles = {}, {}
+    for replica in plan.replicas:
+        for stage in replica.stages:
+            peer = peer_of(stage.device_ids[0])
+            tp = stage_degree(auto[peer], len(stage.device_ids))
+            assignments[peer], roles[peer] = Placement(stage.start, stage.end, tp), replica.role
+    by_role = {
+        role: [p for peer, p in assignments.items() if roles[peer] == role] for role in ("prefill", "decode")
+    }
+    for role, placements_ in by_role.items():
+        if not placements_ or uncovered(dict(enumerate(placements_)), [], model.num_layers):
+            raise NoFeasiblePlanError(f"the {role} replicas do not cover every block")
+    return Planned(assignments, 0.0, plan.throughput_tok_s, None, roles=roles)
 
 
 def covering(

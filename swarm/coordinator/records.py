@@ -30,7 +30,7 @@ from typing import Any
 import msgpack
 
 from hexswarm.routing.scheduler.model_spec import OBJECTIVES
-from hexswarm.swarm.records import block_ranges, parse_signed_entries, unpack_map, warn_once
+from hexswarm.swarm.records import ROLES, block_ranges, parse_signed_entries, unpack_map, warn_once
 
 logger = logging.getLogger(__name__)
 
@@ -117,12 +117,14 @@ class Lease:
 
 @dataclass(frozen=True)
 class Assignment:
-    """One peer's part of a plan: serve blocks [start, end) as a tensor-parallel group of `tp`."""
+    """One peer's part of a plan: serve blocks [start, end) as a tensor-parallel group of `tp`,
+    in role `role` (a disaggregated plan's prefill or decode; "both" otherwise)."""
 
     peer_id: str
     start: int
     end: int
     tp: int = 1
+    role: str = "both"
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,11 @@ class PlanRecord:
             "inputs_hash": self.inputs_hash,
             "attainment": self.attainment,
             "throughput_tok_s": self.throughput_tok_s,
-            "assignments": [[a.peer_id, a.start, a.end, a.tp] for a in self.assignments],
+            # the role only where it is not "both", so plans without roles read as before
+            "assignments": [
+                [a.peer_id, a.start, a.end, a.tp, *([a.role] if a.role != "both" else [])]
+                for a in self.assignments
+            ],
             "created": self.created,
             "schema": self.schema,
             "objective": self.objective,
@@ -222,10 +228,12 @@ def uncovered_text(missing: tuple[int, ...] | list[int], memory_short_blocks: in
 
 
 def _assignment(item: Any) -> Assignment:
-    if not isinstance(item, list) or len(item) != 4 or not isinstance(item[0], str):
-        raise CoordinationRecordError("an assignment is not [peer id, start, end, tp]")
-    if not all(_is_int(x) for x in item[1:]) or not 0 <= item[1] < item[2] or item[3] < 1:
-        raise CoordinationRecordError(f"bad assignment {item!r}")
+    if not isinstance(item, list) or len(item) not in (4, 5) or not isinstance(item[0], str):
+        raise CoordinationRecordError("an assignment is not [peer id, start, end, tp(, role)]")
+    if not all(_is_int(x) for x in item[1:4]) or not 0 <= item[1] < item[2] or item[3] < 1:
+        raise CoordinationRecordError(f"bad assignment {str(item)[:200]}")
+    if len(item) == 5 and item[4] not in ROLES:
+        raise CoordinationRecordError(f"unknown role in assignment {str(item)[:200]}")
     return Assignment(*item)
 
 

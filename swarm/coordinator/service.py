@@ -21,7 +21,7 @@ from hexswarm.routing.scheduler.plan import Plan
 from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
 from hexswarm.swarm.coordinator.lease import LeaseKeeper
 from hexswarm.swarm.coordinator.moves import Placement, diff
-from hexswarm.swarm.coordinator.planner import Planned, compute_plan
+from hexswarm.swarm.coordinator.planner import Planned, compute_disaggregated_plan, compute_plan
 from hexswarm.swarm.coordinator.records import (
     Assignment,
     PlanRecord,
@@ -51,6 +51,7 @@ class CoordinatorConfig:
     lease_ttl: float = 30.0  # seconds a lease claim lives without renewal
     period: float = 5.0  # seconds between steps (lease renewal, reading records)
     trust: Trust = None  # the other candidates it competes with (records.py); None: any
+    disaggregated: bool = False  # plan prefill and decode replicas (HexGen-2) instead of HexGen's plan
 
     @property
     def plan_ttl(self) -> float:
@@ -121,9 +122,7 @@ class Coordinator:
         c = self.config
         began = time.perf_counter()
         try:
-            planned = await asyncio.to_thread(
-                compute_plan, records, c.model, c.workload, c.search, self.scheduler_plan
-            )
+            planned = await asyncio.to_thread(self._plan, records)
         except NoFeasiblePlanError as e:
             logger.info("re-plan (%s): nothing to plan: %s", reason, e)
             return
@@ -170,6 +169,17 @@ class Coordinator:
             self.replan_seconds[-1],
         )
 
+    def _plan(self, records: list[PeerRecord]) -> Planned:
+        """HexGen-2's roles and ranges when disaggregated and the swarm can be split that way,
+        else HexGen's plan (what `compute_plan` gives)."""
+        c = self.config
+        if c.disaggregated:
+            try:
+                return compute_disaggregated_plan(records, c.model, c.workload, c.search.time_budget_s)
+            except NoFeasiblePlanError as e:
+                logger.warning("no disaggregated plan for these peers (%s); planning them colocated", e)
+        return compute_plan(records, c.model, c.workload, c.search, self.scheduler_plan)
+
     async def _store(self, record: PlanRecord) -> None:
         future = self.dht.store(
             plan_key(self.config.model_id),
@@ -204,7 +214,8 @@ def plan_record(
         attainment=planned.attainment,
         throughput_tok_s=planned.throughput_tok_s,
         assignments=tuple(
-            Assignment(peer, p.start, p.end, p.tp) for peer, p in sorted(planned.assignments.items())
+            Assignment(peer, p.start, p.end, p.tp, planned.roles.get(peer, "both"))
+            for peer, p in sorted(planned.assignments.items())
         ),
         created=get_dht_time(),
         objective=objective,

@@ -127,3 +127,66 @@ def test_a_dead_decode_peer_falls_back_to_colocated_exactly(client, local_model,
     got = client.generate(prompt(12), **KWARGS)
     assert " => " not in client.last_route and "e[" not in client.last_route, client.last_route
     assert torch.equal(got, local_model.generate(prompt(12), **KWARGS))
+
+
+def test_a_disaggregated_coordinator_gives_auto_peers_their_roles(make_model, tmp_path):
+    """Two `--layers auto --role auto` peers and `hexswarm coordinator --disaggregated`: the plan
+    makes one a prefill and the other a decode replica of the whole model; clients then
+    disaggregate, exactly."""
+    import sys
+    import time
+
+    from transformers import AutoModelForCausalLM
+
+    from hexswarm.client import DistributedModelForCausalLM
+    from hexswarm.swarm.launcher import LOOPBACK, LocalSwarm
+    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.records import read_peer_records
+
+    model_dir = make_model(arch="llama")
+    model_id = load_model_spec(model_dir).model_id
+    flags = ("--announce-period", "1", "--rebalance-period", "3", "--move-wait", "10", "--role", "auto")
+    with LocalSwarm(tmp_path) as local:
+        local.start_bootstrap()
+        coordinator = [
+            sys.executable,
+            "-m",
+            "hexswarm",
+            "coordinator",
+            "--initial-peers",
+            *local.initial_peers,
+        ]
+        coordinator += ["--model", str(model_dir), "--host-maddrs", LOOPBACK, "--disaggregated"]
+        coordinator += ["--lease-ttl", "6", "--coordinator-period", "1", "--debounce", "2", "--budget-s", "2"]
+        local.start_command("coordinator", coordinator, ready="coordinator candidate")
+        local.start_peers(model_dir, {"a": ("auto", flags), "b": ("auto", flags)})
+        client = DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=local.initial_peers)
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                roles = {
+                    r.name: (r.role, r.start, r.end) for r in read_peer_records(client.swarm.dht, model_id)
+                }
+                if sorted(role for role, _, _ in roles.values()) == ["decode", "prefill"]:
+                    break
+                assert time.monotonic() < deadline, f"no roles within 120 s: {roles}"
+                time.sleep(1)
+            assert all((start, end) == (0, 6) for _, start, end in roles.values()), roles
+            local_model = AutoModelForCausalLM.from_pretrained(model_dir)
+            got = client.generate(prompt(21), **KWARGS)
+            assert " => " in client.last_route, client.last_route
+            assert torch.equal(got, local_model.generate(prompt(21), **KWARGS))
+        finally:
+            client.shutdown()
+
+
+def test_role_auto_needs_layers_auto(make_model):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "hexswarm.peer.cli", str(make_model(arch="llama")), "--layers", "0:2",
+         "--role", "auto", "--initial-peers", "/ip4/127.0.0.1/tcp/1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2 and "--role auto needs --layers auto" in result.stderr

@@ -54,6 +54,10 @@ def test_lease_and_plan_round_trip_through_msgpack():
     p = plan(3, assignments=(("p1", 0, 4), ("p2", 4, 8, 2)))
     assert PlanRecord.from_bytes(p.to_bytes()) == p
     assert p.assignment_of("p2") == Assignment("p2", 4, 8, 2) and p.assignment_of("p3") is None
+    roles = plan(4, assignments=(("p1", 0, 8, 1, "prefill"), ("p2", 0, 8, 1, "decode"), ("p3", 0, 8)))
+    assert PlanRecord.from_bytes(roles.to_bytes()) == roles
+    assert [a.role for a in roles.assignments] == ["prefill", "decode", "both"]
+    assert roles.to_dict()["assignments"][2] == ["p3", 0, 8, 1]  # no role: the form older readers read
 
 
 @pytest.mark.parametrize(
@@ -69,6 +73,10 @@ def test_lease_and_plan_round_trip_through_msgpack():
         lambda b: b.update(missing="0:4"),
         lambda b: b.update(missing=list(range(5000))),
         lambda b: b.update(memory_short_blocks=-3),
+        lambda b: b.update(
+            assignments=[["p1", 0, 4, 1, "auto"]]
+        ),  # roles a plan gives: prefill, decode, both
+        lambda b: b.update(assignments=[["p1", 0, 4, 1, "decode", 0]]),
     ],
 )
 def test_malformed_plans_are_refused(mutate):
