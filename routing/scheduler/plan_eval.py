@@ -75,6 +75,20 @@ def estimate_plan(cluster: Cluster, model: ModelSpec, workload: Workload, plan: 
     return estimate_layouts(cluster, layouts, model, workload, deadline)
 
 
+def pipeline_plan(cluster: Cluster, model: ModelSpec, layout: PipelineLayout) -> PipelinePlan:
+    """A layout (device indices) as a PipelinePlan (device ids, each stage's weight format)."""
+    stages = tuple(
+        StagePlan(
+            tuple(cluster.devices[d].id for d in s.devices),
+            s.start,
+            s.end,
+            stage_quant(cluster, s.devices, model),
+        )
+        for s in layout.stages
+    )
+    return PipelinePlan(stages, layout.latency_s, layout.prefill_s, layout.decode_s)
+
+
 def make_plan(
     cluster: Cluster,
     model: ModelSpec,
@@ -86,18 +100,9 @@ def make_plan(
 ) -> Plan:
     """Turns layouts (device indices) into a Plan (device ids) with its estimate; with `capacity`,
     also its capacity and bound ratio (`capacity.py`: two more event simulations)."""
-    pipelines = []
-    for layout in sorted(layouts, key=lambda lay: lay.latency_s):
-        stages = tuple(
-            StagePlan(
-                tuple(cluster.devices[d].id for d in s.devices),
-                s.start,
-                s.end,
-                stage_quant(cluster, s.devices, model),
-            )
-            for s in layout.stages
-        )
-        pipelines.append(PipelinePlan(stages, layout.latency_s, layout.prefill_s, layout.decode_s))
+    pipelines = [
+        pipeline_plan(cluster, model, layout) for layout in sorted(layouts, key=lambda lay: lay.latency_s)
+    ]
     finite = result.served > 0
     measured = plan_capacity(cluster, layouts, model, workload) if capacity else None
     bound = (
