@@ -8,6 +8,10 @@ The solvers, what a live swarm calls:
   bounds that score a plan, the genetic search of §4.3 (region by region on large clusters,
   around pinned stages), re-planning with the cost of moves, Petals' rule for peers without a
   coordinator, and the ``Plan`` record the coordinator publishes.
+- ``routing.disaggregation`` — *which replicas prefill and which decode, and where the KV cache
+  goes.* HexGen-2's scheduler (§3): spectral and Kernighan–Lin partition, the secondary
+  partition into prefill and decode, each replica laid out with HexGen's DP, max flow by
+  preflow-push, max-flow-guided swaps, and the plan with its dispatch ratios.
 - ``routing.chains`` — *which peers one request passes through.* The per-request chain
   routers (Explorative Study, §II): the ``SwarmView`` snapshot and ``Router`` interface, the
   chain cost model, exact min-latency and max-throughput solvers, and the NSGA-II trade-off
@@ -16,9 +20,10 @@ The solvers, what a live swarm calls:
 What only the benchmarks and tests use, standing on the solvers and never under them
 (tests/unit/test_layering.py keeps it so):
 
-- ``routing.scenarios`` — seeded inputs: HexGen's clusters, synthetic clusters and swarms,
-  churn processes.
-- ``routing.sim`` — simulators of a swarm over time: churn, and many clients under load.
+- ``routing.scenarios`` — seeded inputs: HexGen's clusters, HexGen-2's settings and workloads,
+  synthetic clusters and swarms, churn processes.
+- ``routing.sim`` — simulators of a swarm over time: churn, many clients under load, and a
+  disaggregated plan serving a trace (with a colocated one beside it).
 - ``routing.baselines`` — what the solvers are compared with: Petals' rule as Petals runs it,
   HexGen's Table 4 plan and symmetric pipelines, the study's NSGA-II encoding, the reference
   front of chains.
