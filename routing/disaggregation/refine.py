@@ -12,8 +12,9 @@ Guided (§3.4): the max flow says where the placement is stuck. Its minimum cut 
 stays below their capacity are *underused*. Swaps are tried between each bottleneck group and
 the underused groups, the most underused first: move a node from the underused group into the
 bottleneck one, exchange one node of each, or flip the underused group to the bottleneck's
-role. The best swap of the first pair that gains is kept, and the flow recomputed; the
-refinement ends when no pair gains.
+role. The best swap of the first pair that gains is kept, and the flow recomputed. Only when
+no such pair gains are the other pairs tried (least used donors first), so the refinement
+ends, as §3.4 says, when no swap gains at all; the guidance decides which swaps come first.
 
 Random (the truncated variant): swaps drawn uniformly from every move, exchange and flip of
 the placement, kept when they gain; it ends after as many draws without a gain as the
@@ -87,10 +88,15 @@ def guided_swaps(ev: Evaluator, placement: Placement) -> Iterator[list[State]]:
     state = placement.state
     bottleneck = _bottleneck_groups(placement)
     underused = _underused_groups(placement)
-    for b in bottleneck:
-        for u in underused:
-            if u != b:
-                yield list(_pair_swaps(ev, state, donor=u, receiver=b))
+    guided = [(u, b) for b in bottleneck for u in underused if u != b]
+    for donor, receiver in guided:
+        yield list(_pair_swaps(ev, state, donor, receiver))
+    # then the other pairs, the least used donors first: "no swap gains" means none at all
+    order = underused + [k for k in range(len(state)) if k not in underused]
+    for donor in order:
+        for receiver in range(len(state)):
+            if donor != receiver and (donor, receiver) not in guided:
+                yield list(_pair_swaps(ev, state, donor, receiver))
 
 
 def all_swaps(ev: Evaluator, state: State) -> list[State]:
