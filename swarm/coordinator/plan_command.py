@@ -10,7 +10,9 @@ saturated capacity as a share of the cluster's upper bound. `--evaluate PLAN.jso
 plan the user wrote instead of searching, the same way and in the same shape. `--quant FORMAT`
 plans (or scores) the cluster as if every device stored its weights in that format (the memory
 model of routing/scheduler/cost_model.py); without it each device keeps the cluster file's
-"quant", "none" where it has none. The plan names each stage's format.
+"quant", "none" where it has none. The plan names each stage's format. `--disaggregated` plans
+with HexGen-2's scheduler instead (routing/disaggregation/): prefill and decode replicas, their
+parallel plans, the max flow through them and the KV routes it takes, for the most tokens/s.
 """
 
 from __future__ import annotations
@@ -74,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument(
+        "--disaggregated",
+        action="store_true",
+        help="plan prefill and decode replicas apart (HexGen-2): groups, roles, parallel plans, "
+        "max-flow values, KV routes and the estimated tokens/s",
+    )
+    parser.add_argument(
         "--evaluate",
         metavar="PLAN.json",
         default=None,
@@ -110,6 +118,12 @@ def _run(args: argparse.Namespace) -> int:
         max_batch=args.max_batch_sequences,
         objective=args.objective,
     )
+    if args.disaggregated:
+        if args.evaluate:
+            raise ValueError("--evaluate scores a colocated plan; it does not combine with --disaggregated")
+        plan = _disaggregated(args, cluster, model, workload)
+        print(plan.to_json(indent=2) if args.json else format_disaggregated(plan))
+        return 0
     if args.evaluate:
         plan = evaluate(args.evaluate, cluster, model, workload)
     else:
@@ -146,6 +160,56 @@ def _search(args: argparse.Namespace, cluster, model, workload):
         result = search(cluster, model, workload, config, progress=report)
     logger.info("done: %d generations, %.1f s", result.generations, result.elapsed_s)
     return result.plan
+
+
+def _disaggregated(args: argparse.Namespace, cluster, model, workload):
+    """HexGen-2's plan of the cluster in --budget-s (it maximizes tokens/s: no deadline)."""
+    from hexswarm.routing.disaggregation.planner import DisaggregationConfig, plan_disaggregated
+
+    logger.info(
+        "planning %s on %d devices, prefill and decode apart (budget %g s)",
+        model.name,
+        len(cluster),
+        args.budget_s,
+    )
+    result = plan_disaggregated(cluster, model, workload, DisaggregationConfig(args.budget_s, args.seed))
+    logger.info(
+        "done: %d values of K, %d placements, %d swaps kept, %.1f s",
+        result.starts, result.evaluations, result.swaps_kept, result.search_s,
+    )  # fmt: skip
+    return result.plan
+
+
+def format_disaggregated(plan) -> str:
+    """A readable table: each replica with its role, stages, capacity and flow, then the KV routes."""
+    prefill, decode = plan.indices("prefill"), plan.indices("decode")
+    lines = [
+        f"disaggregated plan for {plan.model}: {len(prefill)} prefill and {len(decode)} decode replicas "
+        f"on {sum(len(r.device_ids) for r in plan.replicas)} devices"
+    ]
+    for i, replica in enumerate(plan.replicas):
+        batch = f", decodes up to {replica.max_sequences} at once" if replica.role == "decode" else ""
+        lines.append(
+            f"replica {i}  {replica.role:7}  strategy {replica.strategy}  capacity {replica.capacity_rps:.2f} req/s"
+            f"  flow {replica.flow_rps:.2f} req/s{batch}"
+        )
+        for stage in replica.stages:
+            span = f"[{stage.start}, {stage.end})"
+            lines.append(f"    layers {span:>10}  tp={stage.tp_degree}  {', '.join(stage.device_ids)}")
+    dispatch = plan.dispatch()
+    lines.append("KV routes (flow / capacity in req/s, share of the prefill replica's requests):")
+    for route in plan.routes:
+        if route.flow_rps > 0:
+            share = dispatch[route.prefill].get(route.decode, 0.0)
+            lines.append(
+                f"    replica {route.prefill} -> replica {route.decode}  "
+                f"{route.flow_rps:.2f} / {route.capacity_rps:.2f}  {share:.0%}"
+            )
+    lines.append(
+        f"estimate: {plan.flow_rps:.2f} req/s through the max flow = {plan.throughput_tok_s:.0f} tokens/s "
+        f"(s_in {plan.s_in}, s_out {plan.s_out}, max batch {plan.max_batch})"
+    )
+    return "\n".join(lines)
 
 
 def evaluate(path: str, cluster, model, workload):
