@@ -43,6 +43,7 @@ ROUTING_FLOORS = {
     "hexswarm.routing.scheduler": 0,  # placement (HexGen): the coordinator and `hexswarm plan`
     "hexswarm.routing.chains": 0,  # chain routers: the client
     "hexswarm.routing.disaggregation": 0,  # prefill and decode replicas (HexGen-2): the coordinator
+    "hexswarm.routing.hepti": 0,  # uneven tensor-parallel splits (Hepti): the peer and `hexswarm plan`
     "hexswarm.routing.scenarios": 1,  # seeded clusters, swarms and churn
     "hexswarm.routing.sim": 2,  # simulators of a swarm over time
     "hexswarm.routing.baselines": 3,  # what the benchmarks compare the solvers with
