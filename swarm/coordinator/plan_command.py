@@ -13,6 +13,8 @@ model of routing/scheduler/cost_model.py); without it each device keeps the clus
 "quant", "none" where it has none. The plan names each stage's format. `--disaggregated` plans
 with HexGen-2's scheduler instead (routing/disaggregation/): prefill and decode replicas, their
 parallel plans, the max flow through them and the KV routes it takes, for the most tokens/s.
+`--hepti GROUP.json` prints Hepti's uneven tensor-parallel split of one peer's ranks instead
+(routing/hepti/; the group file's format is in docs/scheduling.md, "Hepti"): no cluster, no search.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ logger = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from hexswarm.swarm.coordinator.command import add_workload_arguments
 
-    parser.add_argument("--cluster", required=True, help="cluster JSON file (devices and network)")
+    # required unless --hepti is given (checked in run)
+    parser.add_argument("--cluster", help="cluster JSON file (devices and network); required without --hepti")
     parser.add_argument(
         "--model",
-        required=True,
-        help=f"{cli_args.MODEL_HELP}, or a preset of the HexGen paper's models (Llama-2-70B, Llama-2-7B, OPT-30B)",
+        help=f"{cli_args.MODEL_HELP}, or a preset of the HexGen paper's models (Llama-2-70B, Llama-2-7B, OPT-30B); "
+        "required without --hepti, where it overrides the group file's model",
     )
     add_workload_arguments(parser)
     parser.add_argument(
@@ -82,6 +85,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "max-flow values, KV routes and the estimated tokens/s",
     )
     parser.add_argument(
+        "--hepti",
+        metavar="GROUP.json",
+        default=None,
+        help="print Hepti's split of one layer range over a peer's uneven ranks (heads and MLP columns "
+        "per rank, the mode, the predicted step) for the devices this file describes",
+    )
+    parser.add_argument(
         "--evaluate",
         metavar="PLAN.json",
         default=None,
@@ -104,6 +114,13 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from hexswarm.routing.scheduler.model_spec import Workload
 
+    if args.hepti:
+        split = hepti_split(args.hepti, args.model)
+        print(json.dumps(split.to_dict(), indent=2) if args.json else format_hepti(split))
+        return 0
+    missing = [flag for flag, value in (("--cluster", args.cluster), ("--model", args.model)) if not value]
+    if missing:
+        raise ValueError(f"the following arguments are required: {', '.join(missing)}")
     cluster = load_cluster(args.cluster)
     if args.quant is not None:
         cluster = cluster.with_quant(args.quant)
@@ -208,6 +225,64 @@ def format_disaggregated(plan) -> str:
     lines.append(
         f"estimate: {plan.flow_rps:.2f} req/s through the max flow = {plan.throughput_tok_s:.0f} tokens/s "
         f"(s_in {plan.s_in}, s_out {plan.s_out}, max batch {plan.max_batch})"
+    )
+    return "\n".join(lines)
+
+
+def hepti_split(path: str, model: str | None):
+    """Hepti's split of the group that `path` describes (docs/scheduling.md, "Hepti"); `model`
+    (a built-in name, a GGUF file or a checkpoint folder) overrides the file's "model". Errors are
+    ValueError (HeptiInfeasibleError when no split fits) or OSError, with the path in them."""
+    from hexswarm.routing.hepti.problem import LayerShape
+    from hexswarm.routing.hepti.split import plan_split, problem_from_dict
+    from hexswarm.swarm.model_spec import resolve_checkpoint
+
+    with open(path, encoding="utf-8") as f:
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    layers = raw.get("layers")
+    if isinstance(raw.get("shape"), dict) and model is None:
+        try:
+            shape = LayerShape(**{**raw["shape"], **({"num_layers": layers} if layers else {})})
+        except TypeError as exc:
+            raise ValueError(f"{path}: shape: {exc}") from exc
+    elif model or raw.get("model"):
+        name = model or str(raw["model"])
+        beside = os.path.join(os.path.dirname(os.path.abspath(path)), name)
+        folder = resolve_checkpoint(name if model or not os.path.exists(beside) else beside)
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        shape = LayerShape.from_hf_config(config, layers)
+    else:
+        raise ValueError(f'{path} names no "model" or "shape" (or pass --model)')
+    return plan_split(problem_from_dict(raw, shape))
+
+
+def format_hepti(split) -> str:
+    """A readable table: one line per rank (heads, MLP columns, weights against free memory,
+    compute per step), then the predicted step against the even split."""
+    lines = [
+        f"Hepti split over {len(split.shares)} devices: {split.layers} layers, {split.tokens} tokens per step, "
+        f"mode {split.mode} ({split.solver}, MLP tile {split.tile} columns)",
+        f"{'device':16} {'heads':>5} {'MLP columns':>11} {'weights MiB':>11} {'free MiB':>10} {'compute ms':>10}",
+    ]
+    for s in split.shares:
+        lines.append(
+            f"{s.device:16} {s.heads:5d} {s.mlp_columns:11d} {s.weight_bytes / 2**20:11.1f} "
+            f"{s.free_bytes / 2**20:10.1f} {s.compute_s * 1e3:10.3f}"
+        )
+    even = split.even_step_time_s
+    versus = (
+        "no even split divides the units and fits"
+        if even == float("inf")
+        else f"the even split: {even * 1e3:.3f} ms"
+    )
+    lines.append(
+        f"predicted step {split.step_time_s * 1e3:.3f} ms (attention {split.attention_s * 1e3:.3f} ms, "
+        f"MLP {split.mlp_s * 1e3:.3f} ms, communication included); {versus}"
     )
     return "\n".join(lines)
 
