@@ -237,13 +237,7 @@ def hepti_split(path: str, model: str | None):
     from hexswarm.routing.hepti.split import plan_split, problem_from_dict
     from hexswarm.swarm.model_spec import resolve_checkpoint
 
-    with open(path, encoding="utf-8") as f:
-        try:
-            raw = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path} must hold a JSON object")
+    raw = read_json_object(path)
     layers = raw.get("layers")
     if isinstance(raw.get("shape"), dict) and model is None:
         try:
@@ -254,11 +248,23 @@ def hepti_split(path: str, model: str | None):
         name = model or str(raw["model"])
         beside = os.path.join(os.path.dirname(os.path.abspath(path)), name)
         folder = resolve_checkpoint(name if model or not os.path.exists(beside) else beside)
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        config = read_json_object(str(folder / "config.json"))
         shape = LayerShape.from_hf_config(config, layers)
     else:
         raise ValueError(f'{path} names no "model" or "shape" (or pass --model)')
     return plan_split(problem_from_dict(raw, shape))
+
+
+def read_json_object(path: str) -> dict:
+    """The JSON object in `path`; ValueError (with the path) for bad JSON or another value."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return raw
 
 
 def format_hepti(split) -> str:
@@ -346,14 +352,7 @@ def load_model(name_or_dir: str):
             json.loads((folder / "config.json").read_text()), os.path.basename(name_or_dir)
         )
     if os.path.isdir(name_or_dir):
-        config_path = os.path.join(name_or_dir, "config.json")
-        with open(config_path, encoding="utf-8") as f:
-            try:
-                config = json.load(f)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{config_path} is not valid JSON: {exc}") from exc
-        if not isinstance(config, dict):
-            raise ValueError(f"{config_path} must hold a JSON object")
+        config = read_json_object(os.path.join(name_or_dir, "config.json"))
         return ModelSpec.from_hf_config(config, os.path.basename(os.path.normpath(name_or_dir)))
     try:
         return preset(name_or_dir)
