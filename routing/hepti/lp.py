@@ -106,7 +106,7 @@ def solve_milp(problem: HeptiProblem, memory: bool) -> Shares | None:
 def solve_relaxed(problem: HeptiProblem, memory: bool) -> Shares | None:
     """§4.3's algorithm for groups too large for the integer form: solve the LP with every
     device taking part, drop the devices the LP leaves idle, or whose link costs more than its
-    compute saves, solve again, and round. None when no split fits."""
+    compute saves, solve again, round, and polish the rounding. None when no split fits."""
     n = len(problem.devices)
     active = [1] * n, [1] * n
     shares = _solve(problem, memory, integral=False, fixed=active)
@@ -127,7 +127,33 @@ def solve_relaxed(problem: HeptiProblem, memory: bool) -> Shares | None:
                 if rounded and problem.step_time(*rounded)[0] < best * (1 - 1e-9):
                     active, shares, best, improved = trial, tried, problem.step_time(*rounded)[0], True
                     break
-    return _round(problem, shares, memory)
+    rounded = _round(problem, shares, memory)
+    return _polish(problem, rounded, memory) if rounded else None
+
+
+def _polish(problem: HeptiProblem, shares: Shares, memory: bool) -> Shares:
+    """Rounding can leave a block's slowest device a unit too many (a KV-head group is a large
+    unit when there are few): move single units off it while the step gets shorter and memory
+    holds. Sums stay exact; each move lowers T, so this ends."""
+    groups, tiles = [*shares[0]], [*shares[1]]
+    best = problem.step_time(groups, tiles)[0]
+    improved = True
+    while improved:
+        improved = False
+        for units in (groups, tiles):
+            slowest = max(range(len(units)), key=lambda i: units[i] / problem.devices[i].flops)
+            for j in range(len(units)):
+                if j == slowest or not units[slowest]:
+                    continue
+                units[slowest] -= 1
+                units[j] += 1
+                time = problem.step_time(groups, tiles)[0]
+                if time < best * (1 - 1e-9) and (not memory or problem.split_fits(groups, tiles)):
+                    best, improved = time, True
+                    break
+                units[slowest] += 1
+                units[j] -= 1
+    return groups, tiles
 
 
 def _round(problem: HeptiProblem, shares: Shares, memory: bool) -> Shares | None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import hexswarm.routing.hepti.split as split_module
-from hexswarm.routing.hepti.lp import _round, solve_milp, solve_relaxed
+from hexswarm.routing.hepti.lp import _polish, _round, solve_milp, solve_relaxed
 from hexswarm.routing.hepti.problem import Device, HeptiProblem, LayerShape
 from hexswarm.routing.hepti.split import HeptiInfeasibleError, plan_split, problem_from_dict
 
@@ -170,6 +170,13 @@ def test_largest_remainder_rounding_respects_memory():
     groups, tiles = _round(problem, ([2.5, 0.0, 5.5], [3.4, 0.0, 2.6]), memory=True)
     assert sum(groups) == 8 and sum(tiles) == 6 and groups[1] == tiles[1] == 0
     assert _round(problem, ([2.6, 2.0, 3.4], [3.0, 0.0, 3.0]), memory=True) is None  # b cannot hold its floor
+
+
+def test_polishing_moves_units_off_the_slowest_device_and_keeps_sums():
+    problem = HeptiProblem((Device("a", 1e9, 1e12), Device("b", 1e9, 1e12, **FREE_LINK)), SMALL, tile=16)
+    groups, tiles = _polish(problem, ([8, 0], [6, 0]), memory=False)
+    assert (groups, tiles) == ([4, 4], [3, 3])
+    assert problem.step_time(groups, tiles)[0] < problem.step_time([8, 0], [6, 0])[0]
 
 
 def test_milp_beats_or_ties_the_relaxation_on_small_groups(monkeypatch):
