@@ -32,6 +32,7 @@ and a last line with the means and the goals (`"summary": true`).
 
     python benchmarks/disaggregation.py [--budget-s 8] [--seconds 300] [--seed 0]
                                         [--settings 1 2 3 4 5] [--workloads HPLD ...] [--models ...]
+                                        [--prefill-layout latency|throughput]
 """
 
 from __future__ import annotations
@@ -72,13 +73,21 @@ def run_case(number: int, workload_name: str, model_name: str, args: argparse.Na
     trace = saturating_trace(cluster, model, workload, args.seconds)
     bound = throughput_upper_bound(cluster, model, workload, MAX_BATCH, coupled_prompt_tokens=0.0)
 
-    ours = plan_disaggregated(cluster, model, workload, DisaggregationConfig(args.budget_s, args.seed))
+    ours = plan_disaggregated(
+        cluster,
+        model,
+        workload,
+        DisaggregationConfig(args.budget_s, args.seed, prefill_layout=args.prefill_layout),
+    )
     ours_tok_s = steady_throughput(trace, simulate_disaggregated(cluster, model, ours.plan, trace, workload))
     greedy_tok_s = steady_throughput(
         trace, simulate_disaggregated(cluster, model, ours.plan, trace, workload, microbatches=False)
     )
     truncated = plan_disaggregated(
-        cluster, model, workload, DisaggregationConfig(args.budget_s, args.seed, swaps="random")
+        cluster,
+        model,
+        workload,
+        DisaggregationConfig(args.budget_s, args.seed, swaps="random", prefill_layout=args.prefill_layout),
     )
     truncated_tok_s = steady_throughput(
         trace, simulate_disaggregated(cluster, model, truncated.plan, trace, workload)
@@ -152,6 +161,12 @@ def main() -> None:
     parser.add_argument("--settings", type=int, nargs="+", default=sorted(SETTINGS))
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument(
+        "--prefill-layout",
+        choices=("latency", "throughput"),
+        default="latency",
+        help="prefill replicas' layouts: latency-optimal (HexGen-2 §3.3) or ranked by prefill capacity (ablation)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     rows = []

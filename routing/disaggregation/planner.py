@@ -51,6 +51,7 @@ class DisaggregationConfig:
     # A swarm: a peer is one machine serving one TP group, so the graph's nodes are machines and
     # each serves at most one stage (`PipelineDP(whole_buckets=True)`).
     whole_machines: bool = False
+    prefill_layout: str = "latency"  # §3.3; "throughput": ranked by prefill capacity (`replica.py`)
 
     def __post_init__(self) -> None:
         if self.swaps not in SWAPS:
@@ -92,7 +93,9 @@ def plan_disaggregated(
     graph = build_graph(cluster, model, config.whole_machines)
     if len(graph) < 2:
         raise NoFeasiblePlanError("disaggregation needs at least two nodes: one prefills, one decodes")
-    planner = ReplicaPlanner(cluster, model, workload, config.whole_machines, layout_cache)
+    planner = ReplicaPlanner(
+        cluster, model, workload, config.whole_machines, layout_cache, config.prefill_layout
+    )
     ev = Evaluator(graph, planner)
     rng = random.Random(config.seed)
     best: Placement | None = None

@@ -84,9 +84,14 @@ def decode_microbatch(max_sequences: int, stages: int, max_batch: int) -> int:
     return max(1, min(max_batch, -(-max_sequences // stages)))
 
 
+PREFILL_LAYOUTS = ("latency", "throughput")
+
+
 class ReplicaPlanner:
     """Lays out groups in either role and rates them, with caches: the refinement asks for the
-    same groups again and again. `whole_machines`: a swarm, where a machine serves one stage."""
+    same groups again and again. `whole_machines`: a swarm, where a machine serves one stage.
+    `prefill_layout="throughput"` ranks prefill layouts by prefill capacity instead of §3.3's
+    latency (an ablation: pipelined prefill completes more prompts a second)."""
 
     def __init__(
         self,
@@ -95,14 +100,19 @@ class ReplicaPlanner:
         workload: Workload,
         whole_machines: bool = False,
         layout_cache: dict | None = None,
+        prefill_layout: str = "latency",
     ):
+        if prefill_layout not in PREFILL_LAYOUTS:
+            raise ValueError(f"prefill_layout must be one of {PREFILL_LAYOUTS}, got {prefill_layout!r}")
         self.cluster, self.model = cluster, model
         self.workload = replace(workload, objective="throughput")
         cache = {} if layout_cache is None else layout_cache
         w = self.workload
-        # prefill: Eq. 2 for the prompt and one token, i.e. the prefill latency
+        # prefill: Eq. 2 for the prompt and one token, i.e. the prefill latency (or, as an
+        # ablation, the DP's layouts ranked by prefill capacity)
+        score = self._prefill_score if prefill_layout == "throughput" else None
         self._prefill_dp = PipelineDP(
-            cluster, model, replace(w, s_out=1), cache=cache, whole_buckets=whole_machines
+            cluster, model, replace(w, s_out=1), score=score, cache=cache, whole_buckets=whole_machines
         )
         # decode: per-layer costs of decode alone (one-token prompt), layouts ranked by capacity;
         # the capacities below use the real prompt's cache
@@ -146,6 +156,9 @@ class ReplicaPlanner:
         if role == PREFILL:
             return prefill_capacity(costs, w.s_in_max), 0
         return decode_capacity(costs, w.s_out, w.s_in + w.s_out, w.s_in_max + w.s_out)
+
+    def _prefill_score(self, layout: PipelineLayout) -> tuple:
+        return (-self.capacity(layout, PREFILL)[0], layout.prefill_s)
 
     def _decode_score(self, layout: PipelineLayout) -> tuple:
         return (-self.capacity(layout, DECODE)[0], layout.decode_s)

@@ -135,3 +135,14 @@ def test_too_little_memory_for_two_replicas_is_refused():
         plan_disaggregated(rented_cluster([("L40", 2)]), preset("Llama-2-70B"), WORKLOAD)
     with pytest.raises(NoFeasiblePlanError):
         plan_disaggregated(rented_cluster([("L40", 1)]), MODEL, WORKLOAD)
+
+
+def test_prefill_layouts_ranked_by_throughput_serve_at_least_as_many_prompts(cluster):
+    latency = ReplicaPlanner(cluster, MODEL, WORKLOAD)
+    throughput = ReplicaPlanner(cluster, MODEL, WORKLOAD, prefill_layout="throughput")
+    for group in ((0, 1), (2, 3), (0, 1, 4, 5)):
+        fast, many = latency.replica(PREFILL, group), throughput.replica(PREFILL, group)
+        assert many.capacity_rps >= fast.capacity_rps * (1 - 1e-9)
+        assert fast.layout.prefill_s <= many.layout.prefill_s * (1 + 1e-9)
+    with pytest.raises(ValueError):
+        ReplicaPlanner(cluster, MODEL, WORKLOAD, prefill_layout="fastest")
