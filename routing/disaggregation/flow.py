@@ -13,7 +13,7 @@ algorithm works in exact arithmetic):
 networkx's preflow-push (Cheriyan & Maheshwari 1989) gives the max flow and every edge's flow.
 One unit of flow is one request through a replica or a link per period. The flows from each
 prefill replica to the decode replicas, normalized, are the dispatch ratios the coordinator
-follows (requests go to each decode replica in proportion, spread evenly rather than in bursts).
+follows (`plan_record.DisaggregatedPlan.dispatch`; requests go to each decode replica in proportion, spread evenly rather than in bursts).
 The edges of a minimum cut (those the residual graph cannot cross) are the *bottlenecks* that
 §3.4's max-flow-guided swaps work on; replicas whose flow stays below capacity are *underused*.
 """
