@@ -87,19 +87,20 @@ def local_model(swarm):
     return AutoModelForCausalLM.from_pretrained(swarm.model_dir)
 
 
-class KillHopPeer(StoppingCriteria):
-    """A generate() stopping criterion that never stops: after `tokens` new tokens it SIGKILLs
-    the peer serving hop `hop` of the session's chain (its name is kept in `victim`)."""
+class SignalHopPeer(StoppingCriteria):
+    """A generate() stopping criterion that never stops: after `tokens` new tokens it sends `sig`
+    (SIGKILL unless told) to the peer serving hop `hop` of the session's chain (its name is kept
+    in `victim`); `peers` maps names to processes."""
 
-    def __init__(self, model, peers, tokens: int, hop: int):
-        self.model, self.peers, self.tokens, self.hop = model, peers, tokens, hop
+    def __init__(self, model, peers, tokens: int, hop: int, sig: int = signal.SIGKILL):
+        self.model, self.peers, self.tokens, self.hop, self.sig = model, peers, tokens, hop, sig
         self.calls, self.victim = 0, None
 
     def __call__(self, input_ids, scores, **kwargs):
         self.calls += 1
         if self.calls == self.tokens:
             self.victim = self.model.session.peer_names()[self.hop]
-            os.kill(self.peers[self.victim].popen.pid, signal.SIGKILL)
+            os.kill(self.peers[self.victim].popen.pid, self.sig)
         return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
 

@@ -1,31 +1,15 @@
 """A peer of the chain dies (SIGKILL) or stalls (SIGSTOP) mid-generation: the client fails over
 and the output equals the local model's, token for token."""
 
-import os
 import signal
 
 import pytest
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import StoppingCriteriaList
 
-from tests.integration.conftest import PEERS
+from tests.integration.conftest import PEERS, SignalHopPeer
 
 pytestmark = pytest.mark.integration
-
-
-class HurtAfter(StoppingCriteria):
-    """After `tokens` new tokens, sends `sig` to the peer of the chain's last hop (p2 or p3)."""
-
-    def __init__(self, model, swarm, tokens: int, sig: int):
-        self.model, self.swarm, self.tokens, self.sig = model, swarm, tokens, sig
-        self.calls, self.victim = 0, None
-
-    def __call__(self, input_ids, scores, **kwargs):
-        self.calls += 1
-        if self.calls == self.tokens:
-            self.victim = self.model.session.peer_names()[-1]
-            os.kill(self.swarm.peers[self.victim].popen.pid, self.sig)
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])
@@ -33,7 +17,7 @@ def test_failover_mid_generation_is_exact(swarm, model, local_model, sig):
     input_ids = torch.randint(3, 400, (1, 6), generator=torch.Generator().manual_seed(5))
     kwargs = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False)
     expected = local_model.generate(input_ids, **kwargs)
-    hurt = HurtAfter(model, swarm, tokens=6, sig=sig)
+    hurt = SignalHopPeer(model, swarm.peers, tokens=6, hop=-1, sig=sig)  # the last hop: p2 or p3
     try:
         got = model.generate(input_ids, stopping_criteria=StoppingCriteriaList([hurt]), **kwargs)
         assert hurt.victim in ("p2", "p3"), model.last_route

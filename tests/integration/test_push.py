@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import StoppingCriteriaList
 
-from tests.integration.conftest import KillHopPeer, peer_id_of, swarm_of
+from tests.integration.conftest import SignalHopPeer, peer_id_of, swarm_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -92,7 +92,7 @@ def test_failover_of_a_middle_peer_with_push_is_exact(push_swarm, client, local_
     _, _, peers = push_swarm
     avoid(client, "d")  # the middle hop is b or r; the other one takes over
     prompt = _prompt(3)
-    kill = KillHopPeer(client, peers, tokens=5, hop=1)  # the middle one
+    kill = SignalHopPeer(client, peers, tokens=5, hop=1)  # the middle one
     got = client.generate(prompt, stopping_criteria=StoppingCriteriaList([kill]), **KWARGS)
     assert kill.victim in ("b", "r"), client.last_route
     assert torch.equal(got, local_model.generate(prompt, **KWARGS)), client.last_route

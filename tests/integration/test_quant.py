@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import StoppingCriteriaList
 
-from tests.integration.conftest import KillHopPeer, swarm_of
+from tests.integration.conftest import SignalHopPeer, swarm_of
 
 pytestmark = pytest.mark.integration
 
@@ -150,7 +150,7 @@ def test_failover_replays_onto_a_peer_of_the_same_format_and_stays_exact(connect
     format takes over, so the output is that format's exactly. Runs last: it kills a peer."""
     _, _, peers = quant_swarm
     client = connect(quant=("none", "int8"))
-    kill = KillHopPeer(client, peers, tokens=4, hop=0)
+    kill = SignalHopPeer(client, peers, tokens=4, hop=0)
     got = client.generate(prompt(5), **KWARGS, stopping_criteria=StoppingCriteriaList([kill]))
     victim, survivor = kill.victim, serving_peer(client)
     assert victim is not None and survivor != victim, client.last_route
