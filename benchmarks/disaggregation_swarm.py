@@ -28,6 +28,7 @@ import json
 import os
 import re
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -41,6 +42,9 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from hexswarm.swarm.builtin_models import DEFAULT_MODEL
 from hexswarm.swarm.launcher import LocalSwarm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ping_under_prefill import percentile  # noqa: E402  (the same nearest-rank percentile)
 
 TEXT = (Path(__file__).resolve().parents[1] / "tests" / "data" / "two_cities.txt").read_text()
 LAYOUTS = {
@@ -183,11 +187,6 @@ def load(model, short, long, args) -> list[float]:
     for thread in threads:
         thread.join(timeout=300)
     return gaps
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 if __name__ == "__main__":

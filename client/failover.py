@@ -220,21 +220,22 @@ class Hops:
     def _choose_without(
         self, exclude: frozenset[str], start: int, end: int, formats: dict[int, str] | None
     ) -> Route:
-        records = [  # no pings to excluded peers
-            r
-            for r in self.records.values()
-            if r.peer_id not in exclude and same_format(r, start, end, formats)
-        ]
-        view = self.swarm.view(records, self.spec.num_blocks, self.spec.hidden_size, self.ping_timeout)
-        return route_span(self.router, view, self.request, start, end, exclude)
+        records = [r for r in self.records.values() if same_format(r, start, end, formats)]
+        return self._route_through(records, exclude, start, end)
 
     def route_among(self, records: list[PeerRecord]) -> Route:
         """A chain over every block through `records` only (one phase's peers of a disaggregated
         request), without banned peers; NoRouteError if they cannot form one."""
-        banned = self.bans.banned()
-        allowed = [r for r in records if r.peer_id not in banned]
+        return self._route_through(records, self.bans.banned(), 0, self.spec.num_blocks)
+
+    def _route_through(
+        self, records: list[PeerRecord], exclude: frozenset[str], start: int, end: int
+    ) -> Route:
+        """The router's chain over blocks [start, end) among `records`, leaving `exclude` out
+        (they are not pinged either)."""
+        allowed = [r for r in records if r.peer_id not in exclude]
         view = self.swarm.view(allowed, self.spec.num_blocks, self.spec.hidden_size, self.ping_timeout)
-        return route_span(self.router, view, self.request, 0, self.spec.num_blocks, banned)
+        return route_span(self.router, view, self.request, start, end, exclude)
 
     async def _wait_for_peers(self, start: int, end: int) -> None:
         """Polls the DHT until peers other than this call's failed ones cover [start, end),

@@ -146,10 +146,7 @@ class InferenceSession:
         decode_hops: list[LiveHop] = []
         try:
             prefill = await asyncio.to_thread(self.peers.route_among, roles.prefill)
-            used = {h.peer_id for h in prefill.hops}
-            decode = await asyncio.to_thread(
-                self.peers.route_among, [r for r in roles.decode if r.peer_id not in used]
-            )
+            decode = await asyncio.to_thread(self.peers.route_among, roles.decode)  # no peer is in both
             sources = [kv_sources(h.start, h.end, prefill) for h in decode.hops]
             decode_hops = await self.peers.open_hops(decode, "", kv_from=sources)
             targets = [kv_targets(h.start, h.end, decode_hops) for h in prefill.hops]

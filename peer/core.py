@@ -359,6 +359,11 @@ class PeerCore:
             raise ProtocolError(ErrorCode.BAD_TENSOR, "keys or values contain NaN or inf")
         return tokens
 
+    def kv_bytes_per_layer(self, session: Session) -> int:
+        """Bytes of one layer's keys and values a prefill session holds (every layer holds as many)."""
+        cached = session.cache.layers[session.start - self.blocks.start]
+        return cached.keys.nbytes + cached.values.nbytes
+
     def export_kv(self, session: Session, layers: range) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values a prefill session computed for global `layers`, stacked
         (layers, batch, kv_heads, tokens, head_dim), on the CPU."""

@@ -227,8 +227,7 @@ class PeerServer:
         if self.pusher is None:
             return "this peer does not push"
         began, sent = time.perf_counter(), 0
-        per_layer = 2 * self.core.export_kv(session, range(session.start, session.start + 1))[0].nbytes
-        per_push = max(1, KV_PUSH_BYTES // max(per_layer, 1))
+        per_push = max(1, KV_PUSH_BYTES // max(self.core.kv_bytes_per_layer(session), 1))
         for target in session.kv_to:
             for first in range(target.start, target.end, per_push):
                 layers = range(first, min(first + per_push, target.end))
