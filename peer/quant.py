@@ -121,7 +121,7 @@ def _nf4_linear(linear: nn.Linear, dtype: torch.dtype, device: torch.device) -> 
 
 def quantize_linear(linear: nn.Linear, quant: str, dtype: torch.dtype, device: torch.device) -> nn.Module:
     """`linear` in weight format `quant`, computing in `dtype` (the peer's) on `device`, in the
-    same train/eval mode (bitsandbytes takes another CPU kernel in eval mode)."""
+    same train/eval mode as the layer it replaces."""
     if quant == "int8":
         quantized = Int8Linear.from_linear(linear, int8_compute_dtype(dtype)).to(device)
     elif quant == "nf4":
