@@ -8,7 +8,8 @@ transformers `DynamicCache` over the slice, so attention, rotary embeddings, GQA
 and sliding windows behave exactly as in the full model.
 
 A tensor-parallel rank builds the same stack from its shard of each layer (`peer/tp_shard.py`):
-layers with 1/K of the heads and MLP width, plus an all-reduce after each row-parallel module.
+layers with its share of the heads and MLP width (1/K, or an uneven `Partition`), plus an
+all-reduce after each row-parallel module.
 
 A quantized stack (`quant` int8 or nf4, peer/quant.py) reads and quantizes one block at a
 time, so loading never holds more than one block in full precision.
@@ -26,7 +27,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 
 from hexswarm.peer import quant as weight_quant
 from hexswarm.peer.batch_forward import decode_batch
-from hexswarm.peer.tp_shard import AllReduce, ShardPlan, all_reduce_after_row_parallel, shard_config
+from hexswarm.peer.tp_shard import AllReduce, ShardPlan, all_reduce_after_row_parallel
 from hexswarm.swarm import architectures, log_setup
 from hexswarm.swarm.checkpoint import CheckpointError, load_tensors, strip_prefix
 from hexswarm.swarm.model_spec import ModelSpec, config_for_blocks
@@ -59,7 +60,7 @@ class BlockStack(nn.Module):
         self.quant = quant
         self.config = config_for_blocks(spec.config, start, end)
         if shard is not None:
-            self.config = shard_config(self.config, shard.tp)
+            self.config = shard.local_config(self.config)
         architectures.choose_implementations(self.config)
         # the family's own layer classes (swarm/architectures.py), parameters on meta until loaded
         self.layers, self.rotary_emb = architectures.build_layers(self.config, device)

@@ -71,6 +71,7 @@ def peer_config(args: argparse.Namespace):
     max_sessions, max_length = args.max_sessions, args.max_length
     dtype = choose_dtype(args.dtype, devices[0], getattr(spec.config, "dtype", None))
     _check_quant(args.quant, dtype, devices)
+    slowdowns = _check_partition(args, spec, end - start, dtype, devices, tp_choices)
     blocks = (args.max_blocks or spec.num_blocks) if args.layers == "auto" else end - start
     cache_tokens = args.cache_tokens or default_cache_tokens(args, spec, blocks, dtype, devices)
     return PeerConfig(
@@ -102,6 +103,8 @@ def peer_config(args: argparse.Namespace):
         throughput=args.throughput,
         decode_ms=args.decode_ms,
         tp_timeout=args.tp_timeout,
+        partition=args.partition,
+        slowdowns=slowdowns,
         auto=args.layers == "auto",
         max_blocks=args.max_blocks,
         region=args.region,
@@ -128,7 +131,7 @@ def _load(args: argparse.Namespace):
     import torch
 
     from hexswarm.peer.devices import DeviceError, cpu_cores, default_cpu_threads, parse_devices
-    from hexswarm.peer.tp_shard import TPDegreeError, check_degree, valid_degrees
+    from hexswarm.peer.tp_shard import TPDegreeError, check_degree, check_uneven_degree, valid_degrees
     from hexswarm.swarm.model_spec import ModelSpecError, load_model_spec
 
     try:
@@ -143,7 +146,10 @@ def _load(args: argparse.Namespace):
     device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     try:  # before anything loads or joins the swarm
         devices = parse_devices(args.devices, args.tp, device)
-        check_degree(spec.config, args.tp)
+        if args.partition == "auto":
+            check_uneven_degree(spec.config, args.tp)
+        else:
+            check_degree(spec.config, args.tp)
     except (DeviceError, TPDegreeError) as e:
         raise UsageError(str(e)) from None
     # --layers auto --tp auto: the plan chooses the degree too, among those that split the model.
@@ -188,6 +194,42 @@ def _check_quant(quant: str, dtype, devices) -> None:
             check_backend(quant, dtype, device)
     except QuantError as e:
         raise UsageError(str(e)) from None
+
+
+UNEVEN_FAMILIES = ("llama", "mistral", "qwen2")  # attention and a dense MLP, nothing else split
+
+
+def _check_partition(args: argparse.Namespace, spec, blocks: int, dtype, devices, tp_choices) -> dict:
+    """--partition auto's checks before anything loads: a family and degree it can split, and a
+    split that fits the ranks' free memory (Hepti's LP with equal speeds: memory alone decides
+    whether one exists). Returns --debug-slowdown's rank -> Slowdown."""
+    from hexswarm.peer.tp_partition import RankProfile, hepti_problem, layer_shape
+    from hexswarm.peer.tp_profile import free_bytes, parse_slowdown
+    from hexswarm.routing.hepti.split import HeptiInfeasibleError, plan_split
+    from hexswarm.routing.scheduler.weight_formats import bytes_per_weight
+
+    try:
+        slowdowns = dict(parse_slowdown(text) for text in args.debug_slowdown)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.partition == "even":
+        return slowdowns
+    if len(devices) < 2 or tp_choices:
+        raise UsageError("--partition auto splits a fixed --tp K group of at least 2 ranks")
+    if spec.model_type not in UNEVEN_FAMILIES:
+        raise UsageError(
+            f"--partition auto splits {', '.join(UNEVEN_FAMILIES)} models, not {spec.model_type}"
+        )
+    import torch
+
+    element = torch.tensor([], dtype=dtype).element_size()
+    shape = layer_shape(spec.config.to_dict(), blocks, bytes_per_weight(args.quant, element))
+    profiles = [RankProfile(1.0, free_bytes(d, len(devices)), 0.0, float("inf")) for d in devices]
+    try:
+        plan_split(hepti_problem(shape, profiles))
+    except (HeptiInfeasibleError, ValueError) as e:
+        raise UsageError(f"--partition auto: {e}") from None
+    return slowdowns
 
 
 def default_cache_tokens(args: argparse.Namespace, spec, blocks: int, dtype, devices) -> int:

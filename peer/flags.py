@@ -109,6 +109,14 @@ def _devices(g) -> None:
         help="device of each rank, e.g. cuda:0,cuda:1 or cpu,cpu (default: cuda:0..K-1 on GPU, else cpu x K)",
     )
     g.add_argument(
+        "--partition",
+        default="even",
+        choices=("even", "auto"),
+        help="how --tp K splits each layer: even (1/K of the heads and MLP columns each) or auto "
+        "(Hepti: every rank is profiled at start, a linear program sizes each rank's share by its "
+        "speed, free memory and link, and the group re-splits when observed step times drift)",
+    )
+    g.add_argument(
         "--tp-timeout",
         type=cli_args.positive_float,
         default=30.0,
@@ -278,5 +286,7 @@ def add_debug_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug-push", choices=["refuse", "drop"], default="", help=hidden)
     # add noise to every output (peer/debug.py), so tests can check the client's verification
     parser.add_argument("--debug-corrupt-outputs", action="store_true", help=hidden)
+    # benchmarks/hepti.py: RANK:FACTOR[@SECONDS], that rank computes FACTOR times slower (from then on)
+    parser.add_argument("--debug-slowdown", action="append", default=[], help=hidden)
     # announce FIELD=JSON over the honest record (peer/debug.py), so tests can check its readers
     parser.add_argument("--debug-record", action="append", default=[], help=hidden)

@@ -37,6 +37,7 @@ from hexswarm.peer.scheduler import BatchPolicy
 from hexswarm.peer.server import PeerServer
 from hexswarm.peer.throughput import measure_or_load
 from hexswarm.peer.tp_group import TPGroup, TPGroupError
+from hexswarm.peer.tp_rebalance import rebalance
 from hexswarm.swarm import log_setup
 from hexswarm.swarm.coordinator.records import Trust, dht_get
 from hexswarm.swarm.dht import start_dht
@@ -83,6 +84,8 @@ class PeerConfig:
     throughput: float | None = None  # announce this instead of the measured prefill tokens/s per block
     decode_ms: float | None = None  # announce this instead of the measured decode ms per block
     tp_timeout: float = 30.0  # bound on every collective and on a rank's silence (seconds)
+    partition: str = "even"  # how a group splits each layer: even, or auto (Hepti's LP; tp_partition.py)
+    slowdowns: dict = field(default_factory=dict)  # benchmark only: rank -> Slowdown (tp_profile.py)
     # The coordinator (peer/plan_follower.py, swarm/coordinator/): an auto peer's range is chosen
     # on join and moved by the plan or by Petals' rule; a fixed peer is never moved.
     auto: bool = False
@@ -178,6 +181,7 @@ class _Peer:
         self.loop = asyncio.get_running_loop()
         self.core: PeerCore | None = None
         self.group: TPGroup | None = None
+        self.rebalancer: asyncio.Task | None = None  # re-partitions a --partition auto group
         self.device_info = ()
         self.throughput = (0.0, 0.0)
         self.decode_batch = (1, 0.0)  # (sessions, tokens/s per block) of batched decode; 0: not measured
@@ -246,6 +250,7 @@ class _Peer:
             quant=c.quant,
             weight_bytes_per_block=self.weight_bytes,
             role=self.role,
+            **self._partition_fields(),
             region=c.region,
             rtt_ms=self.probe.published(),
             auto=c.auto,
@@ -254,6 +259,20 @@ class _Peer:
             next_start=self.next_range[0] if self.next_range else 0,
             next_end=self.next_range[1] if self.next_range else 0,
         )
+
+    def _partition_fields(self) -> dict:
+        """The record's tp_* fields of an uneven split (nothing for an even one)."""
+        group = self.group
+        if group is None or group.partition is None or group.repartitioner is None:
+            return {}
+        partition, config = group.partition, self.config.spec.config
+        return {
+            "tp_partition": group.split.mode,
+            "tp_shares": tuple(zip(partition.heads(config), partition.mlp_columns, strict=True)),
+            "tp_predicted_step_ms": group.predicted_step_s() * 1000,
+            "tp_observed_step_ms": group.observed_step_s * 1000,
+            "tp_repartitions": group.repartitions,
+        }
 
     async def speed_of(self, blocks: Blocks) -> tuple[tuple[float, float], tuple[int, float]]:
         """What to announce for `blocks`: (prefill tokens/s, decode ms) per block and (sessions,
@@ -304,6 +323,8 @@ class _Peer:
         await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, self._handle_stream)
         await self.announcer.announce(PeerState.ONLINE)
         logger.info("online: serving %s blocks [%d:%d)", c.spec.model_id, c.start, c.end)
+        if self.group is not None and self.group.repartitioner is not None:
+            self.rebalancer = asyncio.create_task(rebalance(self, stop), name="rebalance")
         return True
 
     async def _measure_degrees(self) -> None:
@@ -354,6 +375,8 @@ class _Peer:
             self._on_group_failure,
             c.tp_choices,
             quant=c.quant,
+            partition=c.partition,
+            slowdowns=c.slowdowns,
         )
         blocks = await asyncio.to_thread(self.group.launch)
         self.device_info = self.group.device_info
@@ -439,6 +462,8 @@ class _Peer:
 
     async def close(self) -> None:
         self.mover.cancel()  # a move or drain in progress ends with the peer
+        if self.rebalancer is not None:
+            self.rebalancer.cancel()
         if self.server is not None:
             self._log_hop_cost()
             self.server.close()

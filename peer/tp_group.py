@@ -13,6 +13,13 @@ sub-group built at start (peer/tp_rank.py); `load_stack(start, end, tp)` loads a
 another degree beside the serving one, so a plan that changes the degree moves the peer
 make-before-break like a plan that changes its range.
 
+Uneven splits (`--partition auto`, Hepti §4.3): right after joining, every rank profiles itself
+and the group agrees on the LP's shares (peer/tp_profile.py) before anything loads. While
+serving, each rank reports its compute per decode step; `decode_window` hands those to the
+leader's drift check (peer/tp_partition.py), and `repartition` loads a new split beside the
+serving one and switches between two steps, every open session's keys and values re-split
+along the KV-head boundaries (`TPBlocks.switch_to`).
+
 Failure: a rank that exits, stops sending heartbeats for `timeout_s`, or breaks a collective
 (each one times out after `timeout_s`) fails the whole group at once: the leader kills the
 other ranks (which also unblocks any collective it is waiting in) and calls `on_failure`,
@@ -35,6 +42,8 @@ from transformers import DynamicCache
 
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.devices import describe, threads_per_rank
+from hexswarm.peer.tp_partition import Repartitioner, step_time_s
+from hexswarm.peer.tp_profile import ComputeClock, Slowdown
 from hexswarm.peer.tp_rank import (
     HEARTBEAT_S,
     DropStack,
@@ -47,14 +56,19 @@ from hexswarm.peer.tp_rank import (
     OpenCache,
     RankSetup,
     Ready,
+    Resplit,
     RunStep,
+    StepTimes,
     Stop,
+    all_reduce_over,
     broadcast_from_leader,
+    first_partition,
     join_group,
     load_shard,
     rank_main,
     subgroups,
 )
+from hexswarm.peer.tp_shard import Partition, resplit_cache
 from hexswarm.swarm import log_setup
 from hexswarm.swarm.launcher import free_port
 from hexswarm.swarm.model_spec import ModelSpec
@@ -85,9 +99,20 @@ class TPGroup:
         on_failure: Callable[[str], None],
         degrees: tuple[int, ...] = (),
         quant: str = "none",
+        partition: str = "even",
+        slowdowns: dict[int, Slowdown] | None = None,
     ):
         self.spec, self.start, self.end, self.dtype = spec, start, end, dtype
         self.quant = quant  # every rank quantizes its shard the same way (peer/quant.py)
+        self.partition_mode = partition  # "even" (1/tp each) or "auto" (Hepti's LP)
+        self.slowdowns = slowdowns or {}  # benchmark-only: rank -> how much slower it computes
+        self.partition: Partition | None = None  # the uneven split the full degree serves at
+        self.repartitioner: Repartitioner | None = None  # the leader's drift check (auto only)
+        self.split = None  # the LP's answer at start (routing.hepti.split.HeptiSplit; auto only)
+        self.repartitions = 0
+        self.observed_step_s = 0.0  # the group's mean decode step over the last window (auto only)
+        self.clock = ComputeClock(self.slowdowns.get(0))  # rank 0's compute, apart from its waits
+        self._windows: dict[tuple[int, int], list] = {}  # (rank, stack id) -> [decode steps, compute s]
         self.devices, self.tp, self.timeout_s = devices, len(devices), timeout_s  # tp: ranks in the group
         self.degrees = degrees  # other degrees its stacks may run at (sub-groups of ranks 0..k-1)
         self.on_failure = on_failure
@@ -139,8 +164,19 @@ class TPGroup:
             join_group(self._setup(0, init_method, threads))
             self._joined = True
             self._groups = subgroups(self.tp, self.degrees)
+            self._agree_partition(init_method, threads)
             local = load_shard(
-                self.spec, self.start, self.end, self.dtype, self.devices[0], 0, self.tp, None, self.quant
+                self.spec,
+                self.start,
+                self.end,
+                self.dtype,
+                self.devices[0],
+                0,
+                self.tp,
+                None,
+                self.quant,
+                self.partition,
+                self.clock,
             )
             self._wait_for(lambda: len(self._ready) == self.tp - 1, "load their shards")
         except Exception as e:
@@ -152,22 +188,91 @@ class TPGroup:
         logger.info("tensor-parallel group of %d ready on %s", self.tp, ",".join(map(str, self.devices)))
         return TPBlocks(self, local, 0, self.tp)
 
-    def load_stack(self, start: int, end: int, tp: int | None = None) -> TPBlocks:
+    def _agree_partition(self, init_method: str, threads: int | None) -> None:
+        agreed = first_partition(self._setup(0, init_method, threads), self.devices[0], self.spec, self.clock)
+        if agreed is None:
+            return
+        self.partition, self.split = agreed.partition, agreed.split
+        self.repartitioner = Repartitioner(agreed.problem, agreed.partition)
+        logger.info(
+            "Hepti split (%s): KV heads %s, MLP columns %s per rank; predicted %.1f ms a step (even: %s)",
+            agreed.split.mode,
+            agreed.partition.kv_groups,
+            agreed.partition.mlp_columns,
+            agreed.split.step_time_s * 1000,
+            f"{agreed.split.even_step_time_s * 1000:.1f} ms"
+            if agreed.split.even_step_time_s != float("inf")
+            else "none that fits",
+        )
+
+    def load_stack(
+        self, start: int, end: int, tp: int | None = None, partition: Partition | None = None
+    ) -> TPBlocks:
         """Loads blocks [start, end) at degree `tp` (default: every rank) beside the stacks serving
-        now, which keep serving meanwhile (a move: peer/range_move.py). Blocking: run it in a
+        now, which keep serving meanwhile (a move: peer/range_move.py, or a re-partition). At the
+        full degree the stack takes `partition`, by default the group's. Blocking: run it in a
         thread. Raises TPGroupError if the group fails, a rank's load included."""
         tp = tp or self.tp
         if tp not in self._groups and tp != 1:
             raise ValueError(f"degree {tp} is not one this group was started for ({sorted(self._groups)})")
+        if tp == self.tp:
+            partition = partition or self.partition
         self._stack_ids += 1
         stack_id, ranks = self._stack_ids, range(1, tp)
-        self.send_to(ranks, LoadStack(stack_id, start, end, tp))
+        self.send_to(ranks, LoadStack(stack_id, start, end, tp, partition if tp == self.tp else None))
         local = load_shard(
-            self.spec, start, end, self.dtype, self.devices[0], 0, tp, self.process_group(tp), self.quant
+            self.spec,
+            start,
+            end,
+            self.dtype,
+            self.devices[0],
+            0,
+            tp,
+            self.process_group(tp),
+            self.quant,
+            partition if tp == self.tp else None,
+            self.clock,
         )
         self._wait_for(lambda: all((r, stack_id) in self._loaded for r in ranks), "load a range")
         logger.info("tensor-parallel group loaded [%d:%d) at degree %d as stack %d", start, end, tp, stack_id)
         return TPBlocks(self, local, stack_id, tp)
+
+    def repartition(self, blocks: TPBlocks, partition: Partition) -> None:
+        """Serves `partition` from now on: loads it beside `blocks`' stack, then switches
+        between two steps with every open session's cache re-split (make-before-break).
+        Blocking: run it in a thread."""
+        began = time.monotonic()
+        new = self.load_stack(blocks.start, blocks.end, self.tp, partition)
+        blocks.switch_to(new)
+        self.partition = partition
+        self.repartitions += 1
+        self._windows.clear()  # figures of the old split
+        if self.repartitioner is not None:
+            self.repartitioner.adopt(partition)
+            self.split = self.repartitioner.last_split or self.split
+        logger.info(
+            "re-partitioned in %.1f s: KV heads %s, MLP columns %s per rank",
+            time.monotonic() - began,
+            partition.kv_groups,
+            partition.mlp_columns,
+        )
+
+    def predicted_step_s(self) -> float:
+        """The LP's step time for the split served now, at the speeds last observed (Eq. 7)."""
+        return step_time_s(self.repartitioner.problem, self.partition)
+
+    def note_decode(self, rank: int, stack_id: int, steps: int, compute_s: float) -> None:
+        """Adds a rank's decode compute to the current window (see `decode_window`)."""
+        window = self._windows.setdefault((rank, stack_id), [0, 0.0])
+        window[0] += steps
+        window[1] += compute_s
+
+    def decode_window(self, stack_id: int) -> tuple[list[float], int]:
+        """Each rank's mean compute per decode step of stack `stack_id` since the last call, and
+        the fewest steps any rank reported (0: some rank has not reported yet); starts a new window."""
+        windows = [self._windows.pop((rank, stack_id), [0, 0.0]) for rank in range(self.tp)]
+        steps = min(w[0] for w in windows)
+        return [w[1] / w[0] if w[0] else float("nan") for w in windows], steps
 
     def process_group(self, tp: int):
         """The process group a stack of degree `tp` runs its collectives over (None: all ranks)."""
@@ -191,6 +296,8 @@ class TPGroup:
             threads=threads,
             degrees=self.degrees,
             quant=self.quant,
+            partition=self.partition_mode,
+            slowdown=self.slowdowns.get(rank),
             log_format=f"%(asctime)s %(levelname)s {log_setup.context()} tp rank {rank}: %(message)s",
             log_level=logging.getLogger().getEffectiveLevel(),
         )
@@ -227,6 +334,8 @@ class TPGroup:
                         self._ready[rank] = message
                     case Loaded(stack_id=stack_id):
                         self._loaded.add((rank, stack_id))
+                    case StepTimes(stack_id=stack_id, steps=steps, compute_s=compute_s):
+                        self.note_decode(rank, stack_id, steps, compute_s)
                     case Failed(reason=reason):
                         self.fail(f"tensor-parallel rank {rank} failed: {reason}")
                     case Heartbeat():
@@ -311,13 +420,44 @@ class TPBlocks:
         self.dtype, self.device, self.config = local.dtype, local.device, local.config
         self.ranks = range(1, tp)  # the other ranks that hold a shard of this stack
         self.process_group = group.process_group(tp)
+        self.caches: dict[str, GroupCache] = {}  # open sessions (their caches move in a re-partition)
+        self.decode_step_s = [0, 0.0]  # [decode steps, seconds] of the group since the last reading
+        self._lock = threading.Lock()  # a switch of split happens between two steps
 
     def new_cache(self, session_id: str) -> GroupCache:
         self.group.send_to(self.ranks, OpenCache(session_id, self.stack_id))
-        return GroupCache(session_id, self.local.new_cache(session_id))
+        cache = GroupCache(session_id, self.local.new_cache(session_id))
+        self.caches[session_id] = cache
+        return cache
 
     def release(self, session_id: str) -> None:
+        self.caches.pop(session_id, None)
         self.group.send_to(self.ranks, FreeCache(session_id), quiet=True)
+
+    def read_decode_step_s(self) -> tuple[float, int]:
+        """The group's mean decode step (s) since the last reading, and how many steps."""
+        steps, seconds = self.decode_step_s
+        self.decode_step_s = [0, 0.0]
+        return (seconds / steps if steps else float("nan")), steps
+
+    def switch_to(self, new: TPBlocks) -> None:
+        """Serves `new`'s stack (same blocks, another split) from the next step on: between two
+        steps, every rank re-splits each open session's keys and values (peer/tp_shard.py
+        `resplit_cache`) and drops this stack."""
+        with self._lock:
+            sessions = tuple((sid, _filled_layers(cache.local)) for sid, cache in self.caches.items())
+            self.group.send_to(self.ranks, Resplit(self.stack_id, new.stack_id, sessions))
+            old_split, new_split = self.local.shard.partition_or_even(), new.local.shard.partition_or_even()
+            like = torch.empty(0, self.config.head_dim, dtype=self.dtype, device=self.device)
+            all_reduce = all_reduce_over(new.process_group)
+            for session_id, layers in sessions:
+                cache = self.caches[session_id]
+                template = new.local.new_cache(session_id)
+                cache.local = resplit_cache(
+                    cache.local, layers, old_split, new_split, 0, template, all_reduce, like
+                )
+            self.local, self.stack_id = new.local, new.stack_id
+            self.config = new.local.config
 
     def __call__(
         self, hidden: torch.Tensor, cache: GroupCache, position: int, start: int, end: int
@@ -326,16 +466,38 @@ class TPBlocks:
             raise ProtocolError(ErrorCode.PEER_FAILED, self.group.failure)
         if self.tp == 1:
             return self.local(hidden, cache.local, position, start, end)
+        with self._lock:
+            return self._step(hidden, cache, position, start, end)
+
+    def _step(
+        self, hidden: torch.Tensor, cache: GroupCache, position: int, start: int, end: int
+    ) -> torch.Tensor:
+        began = time.perf_counter()
         batch, tokens, width = hidden.shape
         step = RunStep(cache.session_id, position, start, end, (batch, tokens, width), self.stack_id)
         self.group.send_to(self.ranks, step)
         try:
             hidden = hidden.contiguous()
             broadcast_from_leader(hidden, self.process_group)
-            return self.local(hidden, cache.local, position, start, end)
+            self.group.clock.begin_step()
+            output = self.local(hidden, cache.local, position, start, end)
+            if (batch, tokens) == (1, 1):  # decode steps are what the split is sized for
+                self.group.note_decode(0, self.stack_id, 1, self.group.clock.end_step())
+                self.decode_step_s[0] += 1
+                self.decode_step_s[1] += time.perf_counter() - began
+            return output
         except (RuntimeError, OSError) as e:  # torch.distributed raises RuntimeError subclasses
             self.group.fail(self.group.dead_rank() or f"a collective failed: {type(e).__name__}: {e}")
             raise ProtocolError(ErrorCode.PEER_FAILED, self.group.failure or str(e)) from None
+
+
+def _filled_layers(cache: DynamicCache) -> tuple[tuple[int, int, int], ...]:
+    """(local layer, batch, length) of each layer of `cache` that holds keys and values."""
+    return tuple(
+        (index, layer.keys.shape[0], layer.keys.shape[2])
+        for index, layer in enumerate(cache.layers)
+        if getattr(layer, "is_initialized", False) and layer.keys.numel()
+    )
 
 
 def _exit_reason(code: int) -> str:

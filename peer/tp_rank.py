@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,12 +33,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from hexswarm.peer.tp_profile import Agreed, ComputeClock, Slowdown, agree_partition
+from hexswarm.peer.tp_shard import Partition, resplit_cache
 from hexswarm.swarm import log_setup
 from hexswarm.swarm.records import DeviceInfo
 
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 1.0
+REPORT_S = 0.5  # how often a rank reports its decode compute to the leader
 
 
 # Messages over a rank's pipe (between our own processes on one machine, never the network).
@@ -67,12 +71,23 @@ class RunStep:
 @dataclass(frozen=True)
 class LoadStack:
     """Load blocks [start, end) at degree `tp` as stack `stack_id` beside the ones serving (a
-    move of the peer); sent to ranks 1..tp-1 only."""
+    move of the peer, or a re-partition); sent to ranks 1..tp-1 only."""
 
     stack_id: int
     start: int
     end: int
     tp: int
+    partition: Partition | None = None  # an uneven split (None: 1/tp each)
+
+
+@dataclass(frozen=True)
+class Resplit:
+    """Move every listed session's keys and values from stack `old` to stack `new` (a
+    re-partition), then drop `old`: each session is (id, ((local layer, batch, length), ...))."""
+
+    old: int
+    new: int
+    sessions: tuple[tuple[str, tuple[tuple[int, int, int], ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -114,6 +129,16 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
+class StepTimes:
+    """A rank's compute over its last decode steps of stack `stack_id` (waits excluded)."""
+
+    rank: int
+    stack_id: int
+    steps: int
+    compute_s: float
+
+
+@dataclass(frozen=True)
 class Failed:
     rank: int
     reason: str
@@ -137,6 +162,8 @@ class RankSetup:
     log_format: str
     log_level: int
     quant: str = "none"  # the weight format every rank's shard is quantized to (peer/quant.py)
+    partition: str = "even"  # "auto": profile, and load the share Hepti's LP gives (tp_profile.py)
+    slowdown: Slowdown | None = None  # benchmark-only: this rank computes slower (tp_profile.py)
 
 
 def join_group(setup: RankSetup) -> None:
@@ -178,17 +205,40 @@ def broadcast_from_leader(tensor: torch.Tensor, group=None) -> None:
 
 
 def load_shard(
-    spec, start: int, end: int, dtype: torch.dtype, device, rank: int, tp: int, group, quant: str = "none"
+    spec,
+    start: int,
+    end: int,
+    dtype: torch.dtype,
+    device,
+    rank: int,
+    tp: int,
+    group,
+    quant: str = "none",
+    partition: Partition | None = None,
+    clock: ComputeClock | None = None,
 ):
-    """This rank's share of blocks [start, end) at degree `tp` (whole blocks at degree 1), its
-    linear layers in weight format `quant`."""
+    """This rank's share of blocks [start, end) at degree `tp` (whole blocks at degree 1): 1/tp
+    of each layer, or its share of `partition`; linear layers in weight format `quant`; its
+    all-reduces timed by `clock`."""
     from hexswarm.peer.blocks import BlockStack
     from hexswarm.peer.tp_shard import ShardPlan
 
     if tp == 1:
         return BlockStack.load(spec, start, end, dtype, device, quant=quant)
-    plan = ShardPlan(spec.config, rank, tp)
-    return BlockStack.load(spec, start, end, dtype, device, plan, all_reduce_over(group), quant=quant)
+    plan = ShardPlan(spec.config, rank, tp, partition)
+    all_reduce = all_reduce_over(group)
+    if clock is not None:
+        all_reduce = clock.wrap(all_reduce)
+    return BlockStack.load(spec, start, end, dtype, device, plan, all_reduce, quant=quant)
+
+
+def first_partition(setup: RankSetup, device: torch.device, spec, clock: ComputeClock) -> Agreed | None:
+    """With `--partition auto`, the split the group agrees on after profiling (collective)."""
+    if setup.partition != "auto":
+        return None
+    return agree_partition(
+        setup.rank, setup.tp, device, setup.dtype, spec.config, setup.end - setup.start, setup.quant, clock
+    )
 
 
 def rank_main(setup: RankSetup, conn) -> None:
@@ -203,13 +253,26 @@ def rank_main(setup: RankSetup, conn) -> None:
     from hexswarm.swarm.model_spec import load_model_spec
 
     device = torch.device(setup.device)
+    clock = ComputeClock(setup.slowdown)
     conn.send(Joining(setup.rank))
     try:
         join_group(setup)
         groups = subgroups(setup.tp, setup.degrees)
         spec = load_model_spec(setup.model_dir)
+        agreed = first_partition(setup, device, spec, clock)
+        partition = agreed.partition if agreed else None
         stack = load_shard(
-            spec, setup.start, setup.end, setup.dtype, device, setup.rank, setup.tp, None, setup.quant
+            spec,
+            setup.start,
+            setup.end,
+            setup.dtype,
+            device,
+            setup.rank,
+            setup.tp,
+            None,
+            setup.quant,
+            partition,
+            clock,
         )
         conn.send(Ready(setup.rank, os.getpid(), describe(device, setup.threads)))
     except Exception as e:
@@ -222,12 +285,24 @@ def rank_main(setup: RankSetup, conn) -> None:
     def load(command: LoadStack) -> _Stack:
         group = groups[command.tp]
         blocks = load_shard(
-            spec, command.start, command.end, setup.dtype, device, setup.rank, command.tp, group, setup.quant
+            spec,
+            command.start,
+            command.end,
+            setup.dtype,
+            device,
+            setup.rank,
+            command.tp,
+            group,
+            setup.quant,
+            command.partition,
+            clock,
         )
         return _Stack(blocks, group)
 
     try:
-        _serve(_Stacks(_Stack(stack, None), load, conn, setup.rank, send_lock), conn)
+        stacks = _Stacks(_Stack(stack, None), load, conn, setup.rank, send_lock)
+        stacks.clock = clock
+        _serve(stacks, conn)
     except Exception as e:  # a failed collective, or the leader gone: the leader tears the group down
         logger.error("rank %d stops: %s: %s", setup.rank, type(e).__name__, e)
         with send_lock:
@@ -249,6 +324,8 @@ class _Stacks:
         self.stacks = {0: first}
         self.caches: dict[str, object] = {}  # session id -> its cache
         self._load, self._conn, self._rank, self._send_lock = load, conn, rank, send_lock
+        self.clock = ComputeClock()
+        self._times = _DecodeTimes()
 
     def open(self, command: OpenCache) -> None:
         blocks = self.stacks[command.stack_id].blocks
@@ -277,7 +354,53 @@ class _Stacks:
         cache = self.caches.get(step.session_id)
         if cache is None:  # (not `or`: an empty DynamicCache is falsy)
             cache = stack.blocks.new_cache(step.session_id)
+        self.clock.begin_step()
         stack.blocks(hidden, cache, step.position, step.start, step.end)
+        if step.shape[:2] == (1, 1):  # decode steps are what the split is sized for
+            report = self._times.add(step.stack_id, self.clock.end_step())
+            if report is not None:
+                with self._send_lock:
+                    _try_send(self._conn, StepTimes(self._rank, *report))
+
+    def resplit(self, command: Resplit) -> None:
+        """Moves the sessions' caches to the new stack's split (with every other rank), then
+        drops the old stack."""
+        old, new = self.stacks[command.old], self.stacks[command.new]
+        like = torch.empty(0, old.blocks.config.head_dim, dtype=old.blocks.dtype, device=old.blocks.device)
+        for session_id, layers in command.sessions:
+            cache = self.caches.get(session_id)
+            moved = resplit_cache(
+                cache,
+                layers,
+                old.blocks.shard.partition_or_even(),
+                new.blocks.shard.partition_or_even(),
+                self._rank,
+                new.blocks.new_cache(session_id),
+                all_reduce_over(new.group),
+                like,
+            )
+            if cache is not None:
+                self.caches[session_id] = moved
+        self.stacks.pop(command.old, None)
+        self._times = _DecodeTimes()
+
+
+class _DecodeTimes:
+    """Sums decode-step compute per stack; hands out a report every REPORT_S."""
+
+    def __init__(self):
+        self.stack_id, self.steps, self.compute_s = 0, 0, 0.0
+        self.since = time.monotonic()
+
+    def add(self, stack_id: int, compute_s: float) -> tuple[int, int, float] | None:
+        if stack_id != self.stack_id:
+            self.stack_id, self.steps, self.compute_s = stack_id, 0, 0.0
+        self.steps, self.compute_s = self.steps + 1, self.compute_s + compute_s
+        if time.monotonic() - self.since < REPORT_S:
+            return None
+        report = (self.stack_id, self.steps, self.compute_s)
+        self.steps, self.compute_s, self.since = 0, 0.0, time.monotonic()
+        return report
 
 
 def _serve(stacks: _Stacks, conn) -> None:
@@ -300,6 +423,8 @@ def _serve(stacks: _Stacks, conn) -> None:
                 stacks.load_in_background(message)
             case DropStack(stack_id):
                 stacks.stacks.pop(stack_id, None)
+            case Resplit():
+                stacks.resplit(message)
             case Stop():
                 return
             case _:

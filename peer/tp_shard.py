@@ -14,6 +14,11 @@ own `base_model_tp_plan` from transformers (Llama, Mistral and Qwen2 all ship on
 
 The layers themselves are transformers' own classes, built against `shard_config` (a config
 with 1/K of the heads and of the MLP width) so their shapes match the shards.
+
+An uneven split (`--partition auto`, Hepti §4.3; the shares come from peer/tp_partition.py) is a
+`Partition`: how many KV-head groups (a KV head with the query heads that share it) and MLP
+columns each rank computes. The slices are then contiguous runs of those units, in rank order,
+so GQA stays intact on every rank however the heads are shared out.
 """
 
 from __future__ import annotations
@@ -21,16 +26,56 @@ from __future__ import annotations
 import copy
 import fnmatch
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
+from transformers import DynamicCache, PretrainedConfig
 
 AllReduce = Callable[[torch.Tensor], None]  # sums a tensor in place over the group
 
 
 class TPDegreeError(ValueError):
     """The model cannot be split K ways."""
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Each rank's share of every layer: KV-head groups and MLP columns, rank 0 first."""
+
+    kv_groups: tuple[int, ...]
+    mlp_columns: tuple[int, ...]
+
+    @property
+    def tp(self) -> int:
+        return len(self.kv_groups)
+
+    def check(self, config: PretrainedConfig) -> None:
+        """TPDegreeError unless the shares are positive and add up to the model's counts."""
+        kv_heads, width = _kv_heads(config), config.intermediate_size
+        if len(self.mlp_columns) != self.tp or self.tp < 1:
+            raise TPDegreeError("a partition needs one share of heads and of columns per rank")
+        if min(self.kv_groups) < 1 or min(self.mlp_columns) < 1:
+            raise TPDegreeError(f"every rank needs at least one KV head and one MLP column: {self}")
+        if sum(self.kv_groups) != kv_heads or sum(self.mlp_columns) != width:
+            raise TPDegreeError(
+                f"shares {self.kv_groups} / {self.mlp_columns} do not add up to the model's "
+                f"{kv_heads} KV heads / {width} MLP columns"
+            )
+
+    def heads(self, config: PretrainedConfig) -> tuple[int, ...]:
+        """Query heads per rank."""
+        per_group = config.num_attention_heads // _kv_heads(config)
+        return tuple(g * per_group for g in self.kv_groups)
+
+
+def even_partition(config: PretrainedConfig, tp: int) -> Partition:
+    """`--tp K`'s split as a Partition (K must divide the counts: check_degree)."""
+    return Partition((_kv_heads(config) // tp,) * tp, (config.intermediate_size // tp,) * tp)
+
+
+def _kv_heads(config: PretrainedConfig) -> int:
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
 def check_degree(config: PretrainedConfig, tp: int) -> None:
@@ -41,13 +86,22 @@ def check_degree(config: PretrainedConfig, tp: int) -> None:
         return  # one rank holds whole layers: any family
     counts = {
         "attention heads": config.num_attention_heads,
-        "KV heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        "KV heads": _kv_heads(config),
         "MLP width (intermediate_size)": config.intermediate_size,
     }
     for what, n in counts.items():
         if n % tp:
             raise TPDegreeError(f"--tp {tp} does not divide the model's {n} {what}")
     _layer_plan(config)  # fails on a plan we do not know how to apply
+
+
+def check_uneven_degree(config: PretrainedConfig, tp: int) -> None:
+    """An uneven split (`--partition auto`) needs no divisor, only a KV head for every rank."""
+    if tp < 2:
+        raise TPDegreeError("--partition auto splits a group of at least 2 ranks")
+    if tp > _kv_heads(config):
+        raise TPDegreeError(f"--tp {tp}: the model's {_kv_heads(config)} KV heads cannot give every rank one")
+    _layer_plan(config)
 
 
 def valid_degrees(config: PretrainedConfig, most: int) -> tuple[int, ...]:
@@ -62,16 +116,18 @@ def valid_degrees(config: PretrainedConfig, most: int) -> tuple[int, ...]:
     return tuple(degrees)
 
 
-def shard_config(config: PretrainedConfig, tp: int) -> PretrainedConfig:
-    """A copy of `config` whose layers have 1/tp of the heads and of the MLP width."""
+def shard_config(
+    config: PretrainedConfig, tp: int, partition: Partition | None = None, rank: int = 0
+) -> PretrainedConfig:
+    """A copy of `config` whose layers have rank `rank`'s share of the heads and of the MLP
+    width: 1/tp of each, or what `partition` gives it."""
+    partition = partition or even_partition(config, tp)
     local = copy.deepcopy(config)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     local.head_dim = head_dim  # keep it: hidden_size // (heads / tp) would be wrong
-    local.num_attention_heads = config.num_attention_heads // tp
-    local.num_key_value_heads = (
-        getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    ) // tp
-    local.intermediate_size = config.intermediate_size // tp
+    local.num_attention_heads = partition.heads(config)[rank]
+    local.num_key_value_heads = partition.kv_groups[rank]
+    local.intermediate_size = partition.mlp_columns[rank]
     return local
 
 
@@ -94,11 +150,26 @@ def _layer_plan(config: PretrainedConfig) -> dict[str, str]:
 
 
 class ShardPlan:
-    """Which part of each layer tensor rank `rank` of `tp` reads."""
+    """Which part of each layer tensor rank `rank` of `tp` reads: 1/tp of it, or the rank's
+    share of `partition` (an uneven split)."""
 
-    def __init__(self, config: PretrainedConfig, rank: int, tp: int):
+    def __init__(self, config: PretrainedConfig, rank: int, tp: int, partition: Partition | None = None):
         self.rank, self.tp = rank, tp
         self.layer_plan = _layer_plan(config)
+        self.partition = partition
+        self._config = config
+        if partition is not None:
+            if partition.tp != tp:
+                raise TPDegreeError(f"a partition of {partition.tp} ranks for a group of {tp}")
+            partition.check(config)
+
+    def partition_or_even(self) -> Partition:
+        """The split this plan reads: its partition, or 1/tp of everything."""
+        return self.partition or even_partition(self._config, self.tp)
+
+    def local_config(self, config: PretrainedConfig) -> PretrainedConfig:
+        """The config this rank's layers are built against (their shapes match its slices)."""
+        return shard_config(config, self.tp, self.partition, self.rank)
 
     def style(self, name: str) -> str | None:
         """'colwise', 'rowwise' or None (replicated) for a tensor name like
@@ -125,10 +196,19 @@ class ShardPlan:
         return tensor
 
     def _chunk(self, n: int, name: str) -> slice:
-        if n % self.tp:
-            raise TPDegreeError(f"{name}: {n} rows do not split into {self.tp} equal parts")
-        size = n // self.tp
-        return slice(self.rank * size, (self.rank + 1) * size)
+        shares = self._shares(name)
+        if n % sum(shares):
+            raise TPDegreeError(f"{name}: {n} rows do not split into {sum(shares)} equal units")
+        unit = n // sum(shares)
+        first = sum(shares[: self.rank])
+        return slice(first * unit, (first + shares[self.rank]) * unit)
+
+    def _shares(self, name: str) -> tuple[int, ...]:
+        """Units per rank of the tensor's half of the layer: KV-head groups for attention (a
+        q/o slice of a group is its query heads, a k/v slice its KV head), columns for the MLP."""
+        if self.partition is None:
+            return (1,) * self.tp
+        return self.partition.kv_groups if ".self_attn." in name else self.partition.mlp_columns
 
 
 def all_reduce_after_row_parallel(layer: nn.Module, plan: ShardPlan, all_reduce: AllReduce) -> None:
@@ -141,3 +221,35 @@ def all_reduce_after_row_parallel(layer: nn.Module, plan: ShardPlan, all_reduce:
     for module_name, module in layer.named_modules():
         if module_name and plan.style(f"x.{module_name}.weight") == "rowwise":
             module.register_forward_hook(hook)
+
+
+def resplit_cache(
+    cache: DynamicCache | None,
+    layers: tuple[tuple[int, int, int], ...],
+    old: Partition,
+    new: Partition,
+    rank: int,
+    template: DynamicCache,
+    all_reduce: AllReduce,
+    like: torch.Tensor,
+) -> DynamicCache:
+    """This rank's share under `new` of a session's keys and values, from every rank's share
+    under `old`: each filled layer is summed whole over the group (every rank adds its own KV
+    heads into zeros) and the rank keeps the heads `new` gives it. Collective: every rank calls
+    it with the same `layers` ((local layer, batch, length) of each filled layer) in the same
+    order; a rank without the session (`cache` None) adds zeros. `template` is an empty cache of
+    the new stack; `like` gives the dtype, device and head size."""
+    old_first, new_first = sum(old.kv_groups[:rank]), sum(new.kv_groups[:rank])
+    old_span = slice(old_first, old_first + old.kv_groups[rank])
+    new_span = slice(new_first, new_first + new.kv_groups[rank])
+    for index, batch, length in layers:
+        whole = like.new_zeros((2, batch, sum(old.kv_groups), length, like.shape[-1]))
+        if cache is not None:
+            layer = cache.layers[index]
+            whole[0, :, old_span], whole[1, :, old_span] = layer.keys, layer.values
+        all_reduce(whole)
+        layer = copy.copy(cache.layers[index] if cache is not None else template.layers[index])
+        layer.keys, layer.values = whole[0, :, new_span].clone(), whole[1, :, new_span].clone()
+        layer.is_initialized = True
+        template.layers[index] = layer
+    return template

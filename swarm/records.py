@@ -25,7 +25,6 @@ from typing import Any
 import msgpack
 
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS
-from hexswarm.swarm.identity import peer_id_from_owner_marker
 
 logger = logging.getLogger(__name__)
 
@@ -122,10 +121,20 @@ class PeerRecord:
     # `prefill` peer computes prompts and sends their keys and values to `decode` peers; `both`
     # (every peer before roles existed) serves whole requests. A client routes by it.
     role: str = "both"
+    # How a tensor-parallel group splits each layer (Hepti, peer/tp_partition.py): "even" (1/tp
+    # each) or the mode of its uneven split; the (heads, MLP columns) of each rank, rank 0 first;
+    # the split's predicted and the group's observed decode step over all its blocks; how many
+    # times it has re-partitioned from what it observed.
+    tp_partition: str = "even"
+    tp_shares: tuple[tuple[int, int], ...] = ()
+    tp_predicted_step_ms: float = 0.0
+    tp_observed_step_ms: float = 0.0
+    tp_repartitions: int = 0
     schema: int = RECORD_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
         body = asdict(self)
+        body["tp_shares"] = [list(share) for share in self.tp_shares]
         body["state"] = self.state.value
         body["addrs"] = list(self.addrs)
         body["devices"] = [asdict(d) for d in self.devices]
@@ -148,6 +157,7 @@ class PeerRecord:
             known["rtt_ms"] = _parse_rtts(known.get("rtt_ms", ()))
             known["tp_choices"] = _parse_tp_choices(known.get("tp_choices", ()))
             known["tp_speeds"] = _parse_tp_speeds(known.get("tp_speeds", ()))
+            known["tp_shares"] = _parse_tp_shares(known.get("tp_shares", ()))
             record = cls(**known)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed peer record: {e}") from None
@@ -186,6 +196,9 @@ def parse_signed_entries(
     """Turns a hivemind dictionary value {subkey: ValueWithExpiration} into [(peer_id, parsed)],
     keeping only entries that parse and whose subkey is an owner marker (or, with `owner_marker`,
     holds one that it extracts: subkeys that also name what the entry is about)."""
+    # here, not at the top: an edge peer (peer/edge/) builds records in a process without hivemind
+    from hexswarm.swarm.identity import peer_id_from_owner_marker
+
     entries = []
     if not isinstance(getattr(dict_value, "value", None), dict):
         return entries
@@ -308,6 +321,9 @@ def _parse_rtts(raw: Any) -> tuple[tuple[str, float], ...]:
 
 
 MAX_TP_DEGREE = 64
+# "even", or one of Hepti's modes (routing/hepti/split.py MODES; a test keeps the two in step,
+# and reading records need not load scipy)
+TP_PARTITIONS = ("even", "weight-stationary", "1d-tiled", "2d-tiled")
 
 
 def _parse_tp_choices(raw: Any) -> tuple[int, ...]:
@@ -336,6 +352,19 @@ def _parse_tp_speeds(raw: Any) -> tuple[tuple[int, float, float], ...]:
     if [e[0] for e in entries] != sorted({e[0] for e in entries}):
         raise ValueError("tp_speeds must be sorted by degree, one entry each")
     return tuple(entries)
+
+
+def _parse_tp_shares(raw: Any) -> tuple[tuple[int, int], ...]:
+    if not isinstance(raw, list | tuple) or len(raw) > MAX_TP_DEGREE:
+        raise ValueError(f"tp_shares must be a list of at most {MAX_TP_DEGREE} entries")
+    shares = []
+    for item in raw:
+        if not isinstance(item, list | tuple) or len(item) != 2:
+            raise ValueError("a tp_shares entry is not [heads, MLP columns]")
+        if not all(_is_int(x) and 1 <= x <= MAX_COUNT for x in item):
+            raise ValueError("tp_shares counts must be positive integers")
+        shares.append((item[0], item[1]))
+    return tuple(shares)
 
 
 def _is_degree(x: Any) -> bool:
@@ -388,11 +417,14 @@ _INT_RANGES = {
     "next_end": (0, MAX_BLOCKS),
     "decode_batch_size": (1, MAX_BATCH),
     "weight_bytes_per_block": (0, MAX_COUNT),
+    "tp_repartitions": (0, MAX_COUNT),
 }
 _FLOAT_RANGES = {  # [low, high)
     "throughput": (0.0, MAX_SPEED),  # 0 until measured; an online peer has measured (below)
     "decode_ms_per_block": (0.0, MAX_MS),
     "decode_batch_tokens_per_s": (0.0, MAX_SPEED),
+    "tp_predicted_step_ms": (0.0, MAX_MS),
+    "tp_observed_step_ms": (0.0, MAX_MS),
 }
 
 
@@ -426,6 +458,10 @@ def _check_ranges(record: PeerRecord) -> None:
         raise ValueError(f"tp {record.tp} does not match its {len(record.devices)} devices")
     if record.tp_choices and record.tp not in record.tp_choices:
         raise ValueError(f"tp {record.tp} is not one of its tp_choices {record.tp_choices}")
+    if record.tp_partition not in TP_PARTITIONS:
+        raise ValueError(f"unknown tensor-parallel partition {str(record.tp_partition)[:32]!r}")
+    if record.tp_shares and len(record.tp_shares) != record.tp:
+        raise ValueError(f"tp {record.tp} does not match its {len(record.tp_shares)} tp_shares")
 
 
 def _check_text(name: str, value: Any) -> None:

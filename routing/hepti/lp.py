@@ -8,7 +8,7 @@ block for the max. Per device i and block b (attention: KV-head groups g_i; MLP:
 
     min  T_att + T_mlp
     s.t. sum_i g_i = G,  sum_i c_i = C                         (Eq. 1, 9-10)
-         g_i, c_i integer >= 0                                 (Eq. 2)
+         g_i, c_i integer >= 0 (>= 1 with every_device)         (Eq. 2)
          g_i <= G zg_i,  c_i <= C zc_i,  z binary              (i takes part in b)
          F_att g_i / f_i + sum_j x_j zg_j <= T_att             (Eq. 5-7)
          F_mlp c_i / f_i + sum_j x_j zc_j <= T_mlp
@@ -77,6 +77,7 @@ def _solve(problem: HeptiProblem, memory: bool, integral: bool, fixed: Shares | 
             s = max(problem.devices[i].free_bytes, 1.0)
             row({i: problem.weight_bytes(GROUP) / s, n + i: problem.weight_bytes(TILE) / s}, -np.inf, 1.0)
     lower = np.zeros(4 * n + 2)
+    lower[: 2 * n] = problem.least_units
     upper = np.array([G] * n + [C] * n + [1.0] * 2 * n + [np.inf] * 2)
     if fixed is not None:
         lower[2 * n : 4 * n] = upper[2 * n : 4 * n] = np.array([*fixed[0], *fixed[1]], dtype=float)
@@ -115,7 +116,7 @@ def solve_relaxed(problem: HeptiProblem, memory: bool) -> Shares | None:
     first = _round(problem, shares, memory)
     best = problem.step_time(*first)[0] if first else math.inf
     improved = True
-    while improved:  # drop a block's least-used device while the rounded step gets shorter
+    while improved and not problem.every_device:  # drop a block's least-used device while that helps
         improved = False
         for block in (0, 1):
             candidates = [i for i in range(1, n) if active[block][i]]
@@ -143,7 +144,7 @@ def _polish(problem: HeptiProblem, shares: Shares, memory: bool) -> Shares:
         for units in (groups, tiles):
             slowest = max(range(len(units)), key=lambda i: units[i] / problem.devices[i].flops)
             for j in range(len(units)):
-                if j == slowest or not units[slowest]:
+                if j == slowest or units[slowest] <= problem.least_units:
                     continue
                 units[slowest] -= 1
                 units[j] += 1

@@ -100,6 +100,9 @@ class HeptiProblem:
     shape: LayerShape
     tokens: int = 1  # tokens per step (m in §4.3): the batch's new tokens
     tile: int = 64  # MLP columns per tile; the largest divisor of the width up to this is used
+    # Every device takes at least one unit of each block: a live tensor-parallel rank builds
+    # transformers' layers for its share, and a layer cannot have zero heads or columns.
+    every_device: bool = False
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -108,6 +111,15 @@ class HeptiProblem:
             raise ValueError("device names must be unique")
         if self.tokens <= 0 or self.tile <= 0:
             raise ValueError("tokens and tile must be positive")
+        if self.every_device and len(self.devices) > min(self.groups, self.tiles):
+            raise ValueError(
+                f"{len(self.devices)} devices cannot each take one of {self.groups} KV-head groups"
+            )
+
+    @property
+    def least_units(self) -> int:
+        """The fewest units of a block a device may take (Eq. 2's lower bound)."""
+        return 1 if self.every_device else 0
 
     @property
     def groups(self) -> int:

@@ -12,6 +12,8 @@ import torch
 
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.tp_group import TPGroup
+from hexswarm.peer.tp_profile import Slowdown
+from hexswarm.peer.tp_shard import Partition
 from hexswarm.swarm.model_spec import load_model_spec
 from hexswarm.swarm.protocol import ErrorCode, ProtocolError
 
@@ -68,6 +70,46 @@ def test_stacks_of_other_ranges_and_degrees_load_beside_the_serving_one(make_mod
         check(half, "half", 6, 8)  # the stack on a sub-group still serves
         with pytest.raises(ValueError):
             group.load_stack(0, 4, tp=3)  # not a degree the group was started for
+        assert not failures and group.failure is None
+    finally:
+        group.stop()
+
+
+def test_an_uneven_split_matches_tp1_and_re_splits_open_sessions_exactly(make_model):
+    """`--partition auto` on three CPU ranks, rank 2 three times slower from the start: the
+    profiles give it the smallest share; prefill and decode match one process; then the group
+    re-partitions to another split between two steps (as the drift check would) and the open
+    session, its keys and values re-split over the ranks, goes on matching."""
+    spec = load_model_spec(make_model(arch="llama", layers=3, hidden=128, heads=8, kv_heads=4))
+    reference = BlockStack.load(spec, 0, 3, torch.float32, CPU)
+    failures: list[str] = []
+    group = TPGroup(
+        spec, 0, 3, torch.float32, (CPU,) * 3, TIMEOUT_S, failures.append, partition="auto",
+        slowdowns={2: Slowdown(3.0)},
+    )  # fmt: skip
+    hidden = torch.randn(1, 9, 128, generator=torch.Generator().manual_seed(2))
+    try:
+        blocks = group.launch()
+        first = group.partition
+        assert sum(first.kv_groups) == 4 and sum(first.mlp_columns) == spec.config.intermediate_size
+        assert first.mlp_columns[2] < first.mlp_columns[0], first  # the slow rank computes least
+        assert group.split.mode == "weight-stationary" and group.repartitioner is not None
+        cache, ref_cache = blocks.new_cache("s"), reference.new_cache("s")
+
+        def step(a: int, b: int) -> None:
+            expected = reference(hidden[:, a:b], ref_cache, a, 0, 3)
+            torch.testing.assert_close(blocks(hidden[:, a:b], cache, a, 0, 3), expected, atol=1e-4, rtol=1e-4)
+
+        step(0, 5)  # prefill
+        step(5, 6)
+        other = Partition((1, 1, 2), (spec.config.intermediate_size - 64, 32, 32))
+        group.repartition(blocks, other)
+        assert group.partition == other and group.repartitions == 1
+        assert blocks.local.config.num_key_value_heads == 1
+        for position in range(6, 9):  # decode on the new split
+            step(position, position + 1)
+        observed, steps = group.decode_window(blocks.stack_id)
+        assert len(observed) == 3 and steps >= 0
         assert not failures and group.failure is None
     finally:
         group.stop()

@@ -3,6 +3,7 @@ groups, the shares by speed, the modes by memory, the typed error, and the round
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -34,6 +35,8 @@ def brute_force(problem: HeptiProblem, memory: bool) -> float:
     for groups in compositions(problem.groups, n):
         for tiles in compositions(problem.tiles, n):
             if memory and not problem.split_fits(groups, tiles):
+                continue
+            if min(groups + tiles) < problem.least_units:
                 continue
             best = min(best, problem.step_time(groups, tiles)[0])
     return best
@@ -72,6 +75,24 @@ def test_milp_step_time_is_optimal_against_brute_force(seed, memory):
     if memory:
         assert problem.split_fits(groups, tiles)
     assert problem.step_time(groups, tiles)[0] == pytest.approx(best, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_device_keeps_a_unit_of_each_block_and_stays_optimal(seed):
+    """What a live group asks (peer/tp_partition.py): no rank with zero heads or columns."""
+    rng = np.random.default_rng(100 + seed)
+    problem = dataclasses.replace(random_problem(rng, kv_heads=4), every_device=True)
+    groups, tiles = solve_milp(problem, memory=False)
+    assert min(groups + tiles) >= 1
+    assert problem.step_time(groups, tiles)[0] == pytest.approx(brute_force(problem, False), rel=1e-6)
+    relaxed = solve_relaxed(problem, memory=False)
+    assert min(relaxed[0] + relaxed[1]) >= 1 and sum(relaxed[0]) == problem.groups
+
+
+def test_every_device_needs_a_unit_for_each_device():
+    shape = LayerShape(64, 4, 2, 16, 96)
+    with pytest.raises(ValueError, match="3 devices cannot each take one of 2 KV-head groups"):
+        HeptiProblem(tuple(Device(f"d{i}", 1.0, 1e9) for i in range(3)), shape, every_device=True)
 
 
 def two_devices(speed_ratio: float, free: float = 1e12) -> HeptiProblem:

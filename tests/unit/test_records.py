@@ -34,6 +34,37 @@ def test_tp_choices_round_trip_and_default_to_a_fixed_degree():
     assert older.tp_choices == () and older.tp_speeds == ()
 
 
+def test_uneven_split_fields_round_trip_and_default_to_even():
+    record = make_record(
+        tp=3,
+        devices=(GPU, GPU, GPU),
+        tp_partition="weight-stationary",
+        tp_shares=((6, 704), (2, 640), (1, 192)),
+        tp_predicted_step_ms=21.5,
+        tp_observed_step_ms=23.0,
+        tp_repartitions=1,
+    )
+    assert PeerRecord.from_bytes(record.to_bytes()) == record
+    body = msgpack.unpackb(record.to_bytes())
+    for name in (
+        "tp_partition",
+        "tp_shares",
+        "tp_predicted_step_ms",
+        "tp_observed_step_ms",
+        "tp_repartitions",
+    ):
+        del body[name]  # a peer from before uneven splits
+    older = PeerRecord.from_bytes(msgpack.packb(body))
+    assert (older.tp_partition, older.tp_shares, older.tp_repartitions) == ("even", (), 0)
+
+
+def test_the_partitions_a_record_may_name_are_heptis_modes():
+    from hexswarm.routing.hepti.split import MODES
+    from hexswarm.swarm.records import TP_PARTITIONS
+
+    assert TP_PARTITIONS == ("even", *MODES)
+
+
 def test_record_without_tp_fields_reads_as_one_device():
     """A record from before tensor parallelism (no tp, no devices) still parses, at degree 1."""
     body = msgpack.unpackb(make_record().to_bytes())
@@ -87,6 +118,18 @@ def test_weight_format_round_trips_and_defaults_to_full_precision_for_older_reco
         {"tp_speeds": [[2, 900.0, 3.5], [1, 900.0, 3.5]]},
         {"tp_speeds": [[1, 900.0, 3.5], [1, 900.0, 3.5]]},
         {"tp_speeds": "fast"},
+        {"tp_partition": "lopsided"},
+        {"tp_partition": 3},
+        {"tp": 2, "devices": [], "tp_shares": [[4, 64]]},  # one share for two ranks
+        {"tp": 1, "tp_shares": [[0, 64]]},
+        {"tp": 1, "tp_shares": [[4, -64]]},
+        {"tp": 1, "tp_shares": [[4, 64.5]]},
+        {"tp": 1, "tp_shares": [[True, 64]]},
+        {"tp": 1, "tp_shares": [[4]]},
+        {"tp_shares": "4,64"},
+        {"tp_predicted_step_ms": float("nan")},
+        {"tp_observed_step_ms": -1.0},
+        {"tp_repartitions": -1},
     ],
 )
 def test_malformed_tp_fields_are_rejected(change):
