@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hexswarm.swarm.announce_relay import serve_in_thread
     from hexswarm.swarm.dht import start_dht
     from hexswarm.swarm.dht_process import shutdown_dht
     from hexswarm.swarm.identity import load_or_create_identity
@@ -43,11 +44,13 @@ def run(args: argparse.Namespace) -> int:
     )
     for maddr in dht.get_visible_maddrs():
         print(maddr, flush=True)
+    relay = serve_in_thread(dht, identity)  # edge peers announce through it (swarm/announce_relay.py)
     logger.info("bootstrap node %s is up; Ctrl-C stops it", identity.peer_id)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
+    relay.set()
     shutdown_dht(dht, 5)
     return 0

@@ -1,0 +1,155 @@
+"""A full node stores an edge peer's records for it, signatures intact (the edge peer's side is
+peer/edge/host.py; why edge peers exist: docs/architecture.md "Edge peers").
+
+An edge peer runs py-libp2p, not hivemind, so it cannot speak hivemind's DHT RPC. It signs each
+record with its own key exactly as hivemind's RSASignatureValidator expects (swarm/dht_signing.py)
+and sends the signed bytes here, on ANNOUNCE_PROTOCOL. This node checks what every DHT node
+would check and more (the signature, that the record names the key's own peer id, a bounded
+expiration), then stores the bytes unchanged on the nodes nearest the key. It cannot change them:
+the signature covers key, subkey, value and expiration, and every node re-checks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from functools import partial
+
+from hexswarm.swarm.dht_signing import (
+    ANNOUNCE_PROTOCOL,
+    MAX_ANNOUNCE_BYTES,
+    SignedEntry,
+    decode_announce,
+    dht_key_id,
+    encode_reply,
+    hivemind_dumps,
+)
+from hexswarm.swarm.identity import peer_id_from_owner_marker
+from hexswarm.swarm.protocol import read_payload
+from hexswarm.swarm.records import MODELS_KEY, ModelEntry, PeerRecord, model_key
+from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError
+
+logger = logging.getLogger(__name__)
+
+MAX_TTL_S = 600.0  # a relayed record expires within this; an edge peer re-announces every period
+MAX_CONCURRENT = 8  # requests being checked and stored at once; more are refused, not queued
+REQUEST_TIMEOUT_S = 10.0  # to read a request, and to store it
+STORE_TIMEOUT_S = 10.0
+
+
+class AnnounceRelay:
+    """Checks and stores signed records that edge peers send on ANNOUNCE_PROTOCOL."""
+
+    def __init__(self, dht, identity):
+        from hivemind.dht.crypto import RSASignatureValidator
+
+        self.dht = dht
+        self.validator = RSASignatureValidator(identity.private_key)
+        self.busy = 0
+
+    async def handle_stream(
+        self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """One request, one reply, then the stream closes."""
+        try:
+            if self.busy >= MAX_CONCURRENT:
+                raise ProtocolError(ErrorCode.BUSY, f"{MAX_CONCURRENT} announcements are being relayed")
+            self.busy += 1
+            try:
+                payload = await asyncio.wait_for(read_payload(reader, MAX_ANNOUNCE_BYTES), REQUEST_TIMEOUT_S)
+                stored = await self.relay(decode_announce(payload))
+            finally:
+                self.busy -= 1
+            writer.write(encode_reply(stored))
+        except ProtocolError as e:
+            logger.info("refused an announcement from ...%s: %s", str(stream_info.peer_id)[-8:], e)
+            writer.write(encode_reply(0, str(e)))
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def relay(self, entries: list[SignedEntry]) -> int:
+        """Checks every entry first (all or none are stored); returns how many nodes took them."""
+        for entry in entries:
+            self.check(entry)
+        stored = 0
+        for entry in entries:
+            future = self.dht.run_coroutine(
+                partial(_store_signed, entry.key, entry.subkey, entry.value, entry.expiration),
+                return_future=True,
+            )
+            stored += await asyncio.wait_for(asyncio.wrap_future(future), STORE_TIMEOUT_S)
+        return stored
+
+    def check(self, entry: SignedEntry) -> None:
+        """What makes a relayed entry acceptable; ProtocolError says what is wrong."""
+        from hivemind.dht.validation import DHTRecord
+
+        if entry.key != MODELS_KEY and not entry.key.startswith(MODELS_KEY + "/"):
+            raise ProtocolError(ErrorCode.MALFORMED, "only hexswarm model records are relayed")
+        if not time.time() < entry.expiration <= time.time() + MAX_TTL_S:
+            raise ProtocolError(
+                ErrorCode.MALFORMED, f"the expiration must be within {MAX_TTL_S:.0f} s from now"
+            )
+        try:
+            owner = peer_id_from_owner_marker(entry.subkey).to_base58()
+        except Exception:
+            raise ProtocolError(ErrorCode.MALFORMED, "the subkey is not an [owner:...] marker") from None
+        record = DHTRecord(dht_key_id(entry.key), hivemind_dumps(entry.subkey), entry.value, entry.expiration)
+        if not self.validator.validate(record):
+            raise ProtocolError(ErrorCode.MALFORMED, f"not signed by the key of ...{owner[-8:]}")
+        _check_value(entry.key, owner, self.validator.strip_value(record))
+
+
+def _check_value(key: str, owner: str, value_bytes: bytes) -> None:
+    """The signed value must be what its key holds, about its signer."""
+    import msgpack
+
+    try:
+        raw = msgpack.unpackb(value_bytes, raw=False)
+        if key == MODELS_KEY:
+            ModelEntry.from_bytes(raw)
+            return
+        record = PeerRecord.from_bytes(raw)
+    except Exception as e:
+        raise ProtocolError(ErrorCode.MALFORMED, f"the value is no hexswarm record: {e}") from None
+    if record.peer_id != owner or model_key(record.model_id) != key:
+        raise ProtocolError(ErrorCode.MALFORMED, "the record names another peer or another model's key")
+
+
+async def _store_signed(key: str, subkey: bytes, value: bytes, expiration: float, _dht, node) -> int:
+    """Runs in the DHT process: stores already-signed bytes on the nodes nearest `key`, as
+    DHTNode.store does after it signs (which it cannot do here: the key is the edge peer's)."""
+    from hivemind.dht.routing import DHTID
+
+    key_id = DHTID.generate(source=key)
+    nearest = await node.find_nearest_nodes([key_id], k_nearest=node.num_replicas)
+    stored = 0
+    for node_id, peer_id in nearest[key_id].items():
+        if node_id == node.node_id:
+            stored += bool(node.protocol.storage.store(key_id, value, expiration, subkey=subkey))
+        else:
+            ok = await node.protocol.call_store(peer_id, [key_id], [value], expiration, subkeys=[subkey])
+            stored += bool(ok and ok[0])
+    return stored
+
+
+def serve_in_thread(dht, identity) -> threading.Event:
+    """Serves the relay on `dht`'s p2p daemon from a thread of its own; set the event to stop."""
+    stop = threading.Event()
+    threading.Thread(
+        target=asyncio.run, args=(_serve(dht, identity, stop),), name="announce-relay", daemon=True
+    ).start()
+    return stop
+
+
+async def _serve(dht, identity, stop: threading.Event) -> None:
+    relay = AnnounceRelay(dht, identity)
+    p2p = await dht.replicate_p2p()
+    await p2p.add_binary_stream_handler(ANNOUNCE_PROTOCOL, relay.handle_stream)
+    logger.info("relaying edge peers' signed records on %s", ANNOUNCE_PROTOCOL)
+    while not stop.is_set():
+        await asyncio.sleep(0.2)
