@@ -21,6 +21,10 @@ LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 # for a while after each op, starving the next process in the chain (measured on 2 cores:
 # 78 ms per token with spinning, 2 ms passive, for the 8-layer tiny model).
 COLOCATED_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# The edge peer runs from its own environment, without hivemind (scripts/env.sh makes it).
+EDGE_PYTHON = Path(
+    os.environ.get("HEXSWARM_EDGE_PYTHON", Path(__file__).resolve().parents[1] / ".venv-edge/bin/python")
+)
 
 
 class LaunchError(RuntimeError):
@@ -109,6 +113,38 @@ class LocalSwarm:
             *extra,
         ]
         proc = self._spawn(name, args, env=env)
+        if wait:
+            self.wait_for_log(proc, "online:", timeout)
+        return proc
+
+    def start_edge_peer(
+        self,
+        model_dir: str | Path,
+        layers: str,
+        name: str,
+        *extra: str,
+        wait: bool = True,
+        timeout: float = 120,
+    ) -> Managed:
+        """An `edge-peer` process (py-libp2p, no hivemind) with its identity in the work folder."""
+        args = [
+            str(EDGE_PYTHON),
+            "-m",
+            "hexswarm.peer.edge",
+            str(model_dir),
+            "--layers",
+            layers,
+            "--name",
+            name,
+            "--initial-peers",
+            *self.initial_peers,
+            "--host-maddrs",
+            LOOPBACK,
+            "--identity",
+            str(self.workdir / f"{name}.key"),
+            *extra,
+        ]
+        proc = self._spawn(name, args)
         if wait:
             self.wait_for_log(proc, "online:", timeout)
         return proc

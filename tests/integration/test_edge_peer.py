@@ -24,15 +24,13 @@ from hexswarm.swarm.dht_signing import (
     signed_value,
 )
 from hexswarm.swarm.identity import load_or_create_identity
-from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.launcher import EDGE_PYTHON, LocalSwarm
 from hexswarm.swarm.protocol import PROTOCOL_VERSION, Error, ErrorCode, Ping, Pong
 from hexswarm.swarm.records import PeerRecord, model_key, read_peer_records
 from tests.integration.conftest import SignalHopPeer
 from tests.integration.test_bad_input import RawStream, _still_serves
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
-EDGE_PYTHON = ROOT / ".venv-edge" / "bin" / "python"  # scripts/env.sh makes it
 PROMPT = torch.tensor([[1, 5, 9, 22, 7]])
 NEW_TOKENS = 16
 
@@ -54,21 +52,11 @@ def edge_swarm(make_model, tmp_path_factory):
             name: local.start_peer(model_dir, layers, name, "--announce-period", "1", *extra, wait=False)
             for name, (layers, extra) in layout.items()
         }
-        peers["edge"] = local.start_command(
-            "edge", _edge_command(model_dir, local, folder), "online:", timeout=120
-        )
+        fast = ("--announce-period", "1", "--throughput", "100000", "--decode-ms", "0.05")
+        peers["edge"] = local.start_edge_peer(model_dir, "0:3", "edge", *fast)
         for name in layout:
             local.wait_for_log(peers[name], "online:", 180)
         yield local, peers, Path(model_dir), folder / "edge.key"
-
-
-def _edge_command(model_dir, local: LocalSwarm, folder: Path) -> list[str]:
-    return [
-        str(EDGE_PYTHON), "-m", "hexswarm.peer.edge", str(model_dir), "--layers", "0:3", "--name", "edge",
-        "--initial-peers", *local.initial_peers, "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
-        "--identity", str(folder / "edge.key"), "--announce-period", "1",
-        "--throughput", "100000", "--decode-ms", "0.05",
-    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
