@@ -28,7 +28,7 @@ from hexswarm.swarm.dht_signing import (
 )
 from hexswarm.swarm.identity import peer_id_from_owner_marker
 from hexswarm.swarm.protocol import read_payload
-from hexswarm.swarm.records import MODELS_KEY, ModelEntry, PeerRecord, model_key
+from hexswarm.swarm.records import MODELS_KEY, ModelEntry, PeerRecord, model_key, read_peer_records
 from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ MAX_TTL_S = 600.0  # a relayed record expires within this; an edge peer re-annou
 MAX_CONCURRENT = 8  # requests being checked and stored at once; more are refused, not queued
 REQUEST_TIMEOUT_S = 10.0  # to read a request, and to store it
 STORE_TIMEOUT_S = 10.0
+MEMBERS_TIMEOUT_S = 5.0  # reading the model's records for the reply's member list
 
 
 class AnnounceRelay:
@@ -59,10 +60,12 @@ class AnnounceRelay:
             self.busy += 1
             try:
                 payload = await asyncio.wait_for(read_payload(reader, MAX_ANNOUNCE_BYTES), REQUEST_TIMEOUT_S)
-                stored = await self.relay(decode_announce(payload))
+                entries = decode_announce(payload)
+                stored = await self.relay(entries)
+                members = await self.members(entries)
             finally:
                 self.busy -= 1
-            writer.write(encode_reply(stored))
+            writer.write(encode_reply(stored, members=members))
         except ProtocolError as e:
             logger.info("refused an announcement from ...%s: %s", str(stream_info.peer_id)[-8:], e)
             writer.write(encode_reply(0, str(e)))
@@ -83,6 +86,16 @@ class AnnounceRelay:
             )
             stored += await asyncio.wait_for(asyncio.wrap_future(future), STORE_TIMEOUT_S)
         return stored
+
+    async def members(self, entries: list[SignedEntry]) -> tuple[str, ...]:
+        """The peer ids announcing the model of the relayed record: those the edge peer may push
+        to (peer/push.py reads the DHT for it; an edge peer cannot, so its relay does)."""
+        keys = [e.key for e in entries if e.key.startswith(MODELS_KEY + "/")]
+        if not keys:
+            return ()
+        model_id = keys[0][len(MODELS_KEY) + 1 :]
+        records = await asyncio.to_thread(read_peer_records, self.dht, model_id, MEMBERS_TIMEOUT_S)
+        return tuple(r.peer_id for r in records)
 
     def check(self, entry: SignedEntry) -> None:
         """What makes a relayed entry acceptable; ProtocolError says what is wrong."""

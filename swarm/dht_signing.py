@@ -31,6 +31,9 @@ ANNOUNCE_PROTOCOL = "/hexswarm/announce/1"  # an edge peer's signed records, to 
 ANNOUNCE_VERSION = 1
 MAX_ANNOUNCE_BYTES = 256 << 10  # one request: two records of at most 64 KB each, and headroom
 MAX_ENTRIES = 4
+MAX_MEMBERS = 4096  # peer ids in a relay's reply
+MAX_PEER_ID = 128  # characters of a base58 peer id (46 for RSA keys)
+MAX_REPLY_BYTES = MAX_MEMBERS * (MAX_PEER_ID + 2) + 1024
 _TUPLE_EXT = 0x40  # hivemind's MSGPackSerializer._TUPLE_EXT_TYPE_CODE
 _PSS = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.MAX_LENGTH)
 _LENGTH = struct.Struct(">I")
@@ -108,13 +111,21 @@ def _entry(item) -> SignedEntry:
     return SignedEntry(*item)
 
 
-def encode_reply(stored: int, error: str = "") -> bytes:
-    payload = msgpack.packb({"v": ANNOUNCE_VERSION, "stored": stored, "error": error[:500]})
+def encode_reply(stored: int, error: str = "", members: tuple[str, ...] = ()) -> bytes:
+    """A relay's answer: on how many nodes the entries went, why not (if not), and the peer ids
+    that announce the model now (whom the edge peer may push to, peer/push.py)."""
+    body = {
+        "v": ANNOUNCE_VERSION,
+        "stored": stored,
+        "error": error[:500],
+        "members": list(members[:MAX_MEMBERS]),
+    }
+    payload = msgpack.packb(body)
     return _LENGTH.pack(len(payload)) + payload
 
 
-def decode_reply(payload: bytes) -> tuple[int, str]:
-    """(entries stored, why not all) from a relay's reply; ProtocolError if malformed."""
+def decode_reply(payload: bytes) -> tuple[int, str, tuple[str, ...]]:
+    """(entries stored, why not all, member peer ids) from a relay's reply; ProtocolError if malformed."""
     try:
         body = msgpack.unpackb(payload, raw=False)
     except Exception:
@@ -122,5 +133,10 @@ def decode_reply(payload: bytes) -> tuple[int, str]:
     if not (
         isinstance(body, dict) and isinstance(body.get("stored"), int) and isinstance(body.get("error"), str)
     ):
-        raise ProtocolError(ErrorCode.MALFORMED, "a relay's reply is {v, stored: int, error: str}")
-    return body["stored"], body["error"]
+        raise ProtocolError(ErrorCode.MALFORMED, "a relay's reply is {v, stored: int, error: str, members}")
+    members = body.get("members", [])
+    if not isinstance(members, list) or len(members) > MAX_MEMBERS:
+        raise ProtocolError(ErrorCode.MALFORMED, f"members must be a list of at most {MAX_MEMBERS} peer ids")
+    if not all(isinstance(m, str) and 0 < len(m) <= MAX_PEER_ID for m in members):
+        raise ProtocolError(ErrorCode.MALFORMED, "a member is not a peer id")
+    return body["stored"], body["error"], tuple(members)

@@ -28,12 +28,21 @@ from libp2p.crypto.pb import crypto_pb2
 from libp2p.crypto.serialization import deserialize_private_key
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.tools.anyio_service.context import background_trio_service
 
-from hexswarm.swarm.dht_signing import ANNOUNCE_PROTOCOL, SignedEntry, decode_reply, encode_announce
+from hexswarm.swarm.dht_signing import (
+    ANNOUNCE_PROTOCOL,
+    MAX_REPLY_BYTES,
+    SignedEntry,
+    decode_reply,
+    encode_announce,
+)
 from hexswarm.swarm.protocol import SESSION_PROTOCOL
 from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError
 
@@ -43,7 +52,7 @@ CHUNK = 1 << 16  # bytes per read on either side of the bridge
 START_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
 ANNOUNCE_TIMEOUT_S = 15.0
-MAX_REPLY_BYTES = 4096
+DIAL_TIMEOUT_S = 10.0  # to find a next peer through the DHT and open a stream to it
 
 
 def load_or_create_key(path: str | Path) -> tuple[KeyPair, rsa.RSAPrivateKey]:
@@ -108,10 +117,17 @@ class EdgeHost:
                 pass
         self._thread.join(timeout)
 
-    def announce(self, entries: list[SignedEntry]) -> tuple[int, str]:
+    def announce(self, entries: list[SignedEntry]) -> tuple[int, str, tuple[str, ...]]:
         """Blocking: hands signed entries to the first initial peer that relays them
-        (swarm/announce_relay.py); (nodes that stored them, why not) from the last one tried."""
+        (swarm/announce_relay.py); (nodes that stored them, why not, the model's member peer
+        ids) from the last one tried."""
         return trio.from_thread.run(self._announce, entries, trio_token=self._token)
+
+    def open_stream(self, peer_id: str) -> socket.socket:
+        """Blocking: a session stream to `peer_id` (a push link, peer/push.py), as one end of a
+        socket pair. The peer is found by id through the libp2p DHT of the initial peers'
+        daemons, as hivemind's p2pd finds peers."""
+        return trio.from_thread.run(self._open_stream, peer_id, trio_token=self._token)
 
     # ------------------------------------------------------------ the host's thread
 
@@ -134,15 +150,18 @@ class EdgeHost:
             listen_addrs=self.listen,
         )
         self._stop = trio.Event()
-        async with host.run(listen_addrs=self.listen):
-            self.host = host
-            host.set_stream_handler(TProtocol(SESSION_PROTOCOL), self._bridge)
-            self.peer_id = host.get_id().to_base58()
-            self.addrs = [str(a).split("/p2p/")[0] for a in host.get_addrs()]
-            await self._connect_initial_peers()
-            self._token = trio.lowlevel.current_trio_token()
-            self._ready.set()
-            await self._stop.wait()
+        self.dht = KadDHT(host, DHTMode.CLIENT)  # to look peers up; it stores nothing
+        async with host.run(listen_addrs=self.listen), background_trio_service(self.dht):
+            async with trio.open_nursery() as nursery:  # the bridges of the streams it opens
+                self.host, self._nursery = host, nursery
+                host.set_stream_handler(TProtocol(SESSION_PROTOCOL), self._accept)
+                self.peer_id = host.get_id().to_base58()
+                self.addrs = [str(a).split("/p2p/")[0] for a in host.get_addrs()]
+                await self._connect_initial_peers()
+                self._token = trio.lowlevel.current_trio_token()
+                self._ready.set()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
 
     async def _connect_initial_peers(self) -> int:
         """(Re)connects to every initial peer: the connection is how clients' daemons find this
@@ -152,28 +171,29 @@ class EdgeHost:
             with trio.move_on_after(CONNECT_TIMEOUT_S):
                 try:
                     await self.host.connect(info)
+                    await self.dht.routing_table.add_peer(info.peer_id)
                     connected += 1
                 except Exception as e:  # noqa: BLE001 - one unreachable bootstrap is not fatal
                     logger.warning("cannot connect to %s: %s", info.peer_id, e)
         return connected
 
-    async def _announce(self, entries: list[SignedEntry]) -> tuple[int, str]:
+    async def _announce(self, entries: list[SignedEntry]) -> tuple[int, str, tuple[str, ...]]:
         await self._connect_initial_peers()
         why = "no initial peer to relay through"
         for info in self.initial_peers:
             with trio.move_on_after(ANNOUNCE_TIMEOUT_S):
                 try:
-                    stored, why = await self._ask_relay(info.peer_id, entries)
+                    stored, why, members = await self._ask_relay(info.peer_id, entries)
                     if stored:
-                        return stored, why
+                        return stored, why, members
                     continue
                 except Exception as e:  # noqa: BLE001 - try the next one
                     why = f"{type(e).__name__}: {e}"
                     continue
             why = f"no answer within {ANNOUNCE_TIMEOUT_S} s"
-        return 0, why
+        return 0, why, ()
 
-    async def _ask_relay(self, peer_id, entries: list[SignedEntry]) -> tuple[int, str]:
+    async def _ask_relay(self, peer_id, entries: list[SignedEntry]) -> tuple[int, str, tuple[str, ...]]:
         stream = await self.host.new_stream(peer_id, [TProtocol(ANNOUNCE_PROTOCOL)])
         try:
             await stream.write(encode_announce(entries))
@@ -186,19 +206,36 @@ class EdgeHost:
             await stream.close()
         return decode_reply(reply[4:])
 
-    async def _bridge(self, stream) -> None:
-        """Pipes one libp2p stream to a socket whose other end the asyncio server reads."""
+    async def _open_stream(self, peer_id: str) -> socket.socket:
+        target = ID.from_base58(peer_id)
+        with trio.fail_after(DIAL_TIMEOUT_S):
+            info = await self.dht.find_peer(target)  # the peerstore first, then the network
+            if info is None:
+                raise ConnectionError(f"peer ...{peer_id[-8:]} was not found in the DHT")
+            await self.host.connect(info)
+            stream = await self.host.new_stream(target, [TProtocol(SESSION_PROTOCOL)])
+        ours, theirs = socket.socketpair()
+        self._nursery.start_soon(_bridge, stream, ours)
+        return theirs
+
+    async def _accept(self, stream) -> None:
+        """A remote opened a session stream: the asyncio server gets the socket pair's other end."""
         ours, theirs = socket.socketpair()
         self.on_stream(theirs, str(stream.muxed_conn.peer_id))
-        sock = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_pipe_in, stream, sock, nursery.cancel_scope)
-            nursery.start_soon(_pipe_out, sock, stream, nursery.cancel_scope)
-        await sock.aclose()
-        try:
-            await stream.reset()
-        except Exception:  # noqa: BLE001 - already closed by the other side
-            pass
+        await _bridge(stream, ours)
+
+
+async def _bridge(stream, ours: socket.socket) -> None:
+    """Pipes one libp2p stream to a socket whose other end the asyncio side reads and writes."""
+    sock = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_pipe_in, stream, sock, nursery.cancel_scope)
+        nursery.start_soon(_pipe_out, sock, stream, nursery.cancel_scope)
+    await sock.aclose()
+    try:
+        await stream.reset()
+    except Exception:  # noqa: BLE001 - already closed by the other side
+        pass
 
 
 async def _pipe_in(stream, sock: trio.SocketStream, scope: trio.CancelScope) -> None:

@@ -5,8 +5,12 @@ from peer/edge/host.py instead of hivemind's p2pd, and the signed record goes to
 that relays it (swarm/announce_relay.py) instead of into a DHT process of our own. Frames are
 validated, batched and computed by peer/server.py and peer/core.py, unchanged.
 
-Not here (yet): pushing outputs to the next peer (a client relays those hops itself), tensor
-parallelism, quantization, following the coordinator's plan, disaggregated roles.
+It pushes outputs to the next peer as run-peer does (peer/push.py), over streams its host opens
+by peer id, and only to the peers that announce its model: the relay's answer to each of its
+announcements lists them (it cannot read the DHT itself).
+
+Not here (yet): tensor parallelism, quantization, following the coordinator's plan,
+disaggregated roles, link probes.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from hexswarm import swarm
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore, PeerLimits
 from hexswarm.peer.edge.host import EdgeHost, load_or_create_key
+from hexswarm.peer.push import PushLinks, SwarmMembers
 from hexswarm.peer.server import PeerServer
 from hexswarm.peer.throughput import measure_or_load
 from hexswarm.swarm.dht_signing import SignedEntry, owner_marker, signed_value
@@ -94,6 +99,7 @@ class EdgePeer:
         self.host: EdgeHost | None = None
         self.throughput = (0.0, 0.0)
         self.streams: set[asyncio.Task] = set()
+        self.members: tuple[str, ...] = ()  # peer ids announcing this model, as the relay last said
 
     async def start(self) -> None:
         c = self.config
@@ -109,6 +115,7 @@ class EdgePeer:
             )
         self.core = PeerCore(blocks, c.spec.model_id, c.limits)
         self.server = PeerServer(self.core, c.max_frame_bytes, c.max_streams)
+        self.server.pusher = PushLinks(self._open_link, members=SwarmMembers(self._member_ids))
         self.host = EdgeHost(self.key_pair, list(c.host_maddrs), list(c.initial_peers), self._on_stream)
         await asyncio.to_thread(self.host.start)
         logger.info("libp2p host %s listening on %s", self.host.peer_id, ", ".join(self.host.addrs))
@@ -128,6 +135,14 @@ class EdgePeer:
         reader, writer = await asyncio.open_connection(sock=sock)
         await self.server.handle_stream(_StreamInfo(remote), reader, writer)
 
+    async def _open_link(self, peer_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A session stream to the next peer of a chain, for pushes (peer/push.py)."""
+        sock = await asyncio.to_thread(self.host.open_stream, peer_id)
+        return await asyncio.open_connection(sock=sock)
+
+    async def _member_ids(self) -> tuple[str, ...]:
+        return self.members  # refreshed by every announcement; a newcomer waits for the next one
+
     async def run_until(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
@@ -145,9 +160,12 @@ class EdgePeer:
             self._signed(MODELS_KEY, ModelEntry(c.spec.model_id, c.spec.num_blocks).to_bytes(), expiration),
         ]
         try:
-            stored, why = await asyncio.to_thread(self.host.announce, entries)
+            stored, why, members = await asyncio.to_thread(self.host.announce, entries)
         except Exception as e:  # noqa: BLE001 - the host's thread is gone: nothing to announce through
-            stored, why = 0, f"{type(e).__name__}: {e}"
+            stored, why, members = 0, f"{type(e).__name__}: {e}", ()
+        if members:
+            self.members = members
+            self.server.pusher.members.update(members)
         if not stored:
             logger.warning("announcing %s (%s) failed: %s; will retry", c.spec.model_id, state.value, why)
 
@@ -191,6 +209,7 @@ class EdgePeer:
             task.cancel()
         if self.server is not None:
             self.server.close()
+            self.server.pusher.close()
         if self.host is not None:
             self.host.stop()
         logger.info("stopped")

@@ -108,6 +108,8 @@ def test_chain_through_the_edge_peer_is_exact(edge_model, expected):
     assert edge_model.last_route.startswith("edge["), edge_model.last_route
     assert "full[" in edge_model.last_route
     assert torch.equal(out, expected)
+    steps = edge_model.last_hop_steps  # the edge peer pushed every step to the hivemind peer
+    assert steps["pushed"] >= NEW_TOKENS - 1 and not steps["push_failed"], steps
 
 
 def test_edge_peer_refuses_bad_frames_and_keeps_serving(edge_model):
@@ -137,14 +139,14 @@ def test_nobody_announces_in_the_edge_peers_name(edge_swarm, edge_model):
     # under its subkey (the signature is not its own), or under the forger's (the id is not his)
     for subkey, reason in ((edge.owner_marker, "not signed by"), (other.owner_marker, "names another peer")):
         entry = SignedEntry(key, subkey, signed_value(other_key, key, subkey, forged, expiration), expiration)
-        stored, why = _ask_relay(edge_model, edge_swarm[0], entry)
+        stored, why, _ = _ask_relay(edge_model, edge_swarm[0], entry)
         assert stored == 0 and reason in why, why
     time.sleep(2)
     assert _records(edge_model)["edge"].name == "edge"
     assert "forged" not in _records(edge_model)
 
 
-def _ask_relay(model, local: LocalSwarm, entry: SignedEntry) -> tuple[int, str]:
+def _ask_relay(model, local: LocalSwarm, entry: SignedEntry) -> tuple[int, str, tuple[str, ...]]:
     from hivemind.p2p import PeerID
 
     bootstrap = PeerID.from_base58(local.initial_peers[0].rsplit("/p2p/", 1)[1])

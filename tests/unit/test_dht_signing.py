@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgpack
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from hivemind.dht.crypto import RSASignatureValidator
@@ -64,7 +65,9 @@ def test_announce_requests_round_trip_and_reject_garbage():
     for bad in (b"\xc1", b"\x80", dht_signing.encode_announce([entry])[4:].replace(b"\x01", b"\x07", 1)):
         with pytest.raises(ProtocolError):
             dht_signing.decode_announce(bad)
-    assert dht_signing.decode_reply(dht_signing.encode_reply(2)[4:]) == (2, "")
+    assert dht_signing.decode_reply(dht_signing.encode_reply(2, members=("Qm1",))[4:]) == (2, "", ("Qm1",))
+    with pytest.raises(ProtocolError):
+        dht_signing.decode_reply(msgpack.packb({"v": 1, "stored": 1, "error": "", "members": [7]}))
 
 
 def test_the_relay_checks_key_expiration_and_record(identity):
