@@ -7,8 +7,9 @@ then, once it has left, with an `edge-peer` on 0:15. Prints one JSON line:
 - `hop_ms_edge` / `hop_ms_hivemind`: median round trip of a PING frame from the client to the
   0:15 peer over its session stream (the transport alone: no layer runs).
 - `ms_per_token_edge` / `ms_per_token_hivemind`: greedy decode after the first token, 16-token
-  prompt, through the whole chain. Pushes between peers are off in both (an edge peer does not
-  push yet, docs/architecture.md "Edge peers"), so both chains cross the same links.
+  prompt, through the whole chain, with pushes between peers off (the client relays every hop,
+  so the step crosses the peer under test's link twice); `*_push`: the same with pushes on (the
+  default: the 0:15 peer pushes to the 15:30 peer).
 - `exact`: both chains' greedy tokens equal local transformers'.
 
 Run: python benchmarks/edge_peer.py [--pings 300] [--new-tokens 32] [--repeats 3]
@@ -69,34 +70,37 @@ def main() -> None:
     for name, figures in (("hivemind", hivemind), ("edge", edge)):
         result[f"hop_ms_{name}"] = figures["hop_ms"]
         result[f"ms_per_token_{name}"] = figures["ms_per_token"]
+        result[f"ms_per_token_{name}_push"] = figures["ms_per_token_push"]
         result[f"chain_{name}"] = figures["chain"]
-    result["exact"] = hivemind["exact"] and edge["exact"]
+    result["exact"] = all(figures[key] for figures in (hivemind, edge) for key in ("exact", "exact_push"))
     result["hop_ms_added"] = round(edge["hop_ms"] - hivemind["hop_ms"], 3)
     result["ratios"] = {
         "hop_ms": round(edge["hop_ms"] / hivemind["hop_ms"], 3),
         "ms_per_token": round(edge["ms_per_token"] / hivemind["ms_per_token"], 3),
+        "ms_per_token_push": round(edge["ms_per_token_push"] / hivemind["ms_per_token_push"], 3),
     }
     print(json.dumps(result), flush=True)
 
 
 def measure(swarm: LocalSwarm, spec, ids, expected, name: str, args) -> dict:
-    """A fresh client, once `name` serves 0:SPLIT: ping round trips to it, then the chain's decode."""
+    """A fresh client, once `name` serves 0:SPLIT: ping round trips to it, then the chain's
+    decode with pushes off and on."""
     from hexswarm.client import DistributedModelForCausalLM
 
-    model = DistributedModelForCausalLM.from_pretrained(
-        spec.path, initial_peers=swarm.initial_peers, push=False
-    )
+    model = DistributedModelForCausalLM.from_pretrained(spec.path, initial_peers=swarm.initial_peers)
     try:
         peer_id = wait_for_peer(model, name)
-        out, ms = decode_ms(model, ids, args.new_tokens, args.repeats)
-        if not model.last_route.startswith(f"{name}["):
-            raise RuntimeError(f"the chain did not start at {name}: {model.last_route}")
-        return {
-            "hop_ms": round(ping_ms(model, peer_id, args.pings), 3),
-            "ms_per_token": round(ms, 2),
-            "exact": bool(torch.equal(out, expected)),
-            "chain": model.last_route,
-        }
+        figures = {"hop_ms": round(ping_ms(model, peer_id, args.pings), 3)}
+        for push, suffix in ((False, ""), (True, "_push")):
+            model.push = push
+            out, ms = decode_ms(model, ids, args.new_tokens, args.repeats)
+            if not model.last_route.startswith(f"{name}["):
+                raise RuntimeError(f"the chain did not start at {name}: {model.last_route}")
+            if push and model.last_hop_steps.get("push_failed"):
+                raise RuntimeError(f"pushes failed: {model.last_hop_steps}")
+            figures[f"ms_per_token{suffix}"] = round(ms, 2)
+            figures[f"exact{suffix}"] = bool(torch.equal(out, expected))
+        return {**figures, "chain": model.last_route}
     finally:
         model.shutdown()
 
