@@ -267,12 +267,17 @@ class TPGroup:
         window[0] += steps
         window[1] += compute_s
 
-    def decode_window(self, stack_id: int) -> tuple[list[float], int]:
-        """Each rank's mean compute per decode step of stack `stack_id` since the last call, and
-        the fewest steps any rank reported (0: some rank has not reported yet); starts a new window."""
-        windows = [self._windows.pop((rank, stack_id), [0, 0.0]) for rank in range(self.tp)]
+    def decode_window(self, stack_id: int, min_steps: int) -> tuple[list[float], int]:
+        """Each rank's mean compute per decode step of stack `stack_id` over the current window,
+        and the fewest steps any rank reported. A window ends (and the next starts) once every
+        rank has reported `min_steps`; before that this returns ([], fewest)."""
+        windows = [self._windows.get((rank, stack_id), [0, 0.0]) for rank in range(self.tp)]
         steps = min(w[0] for w in windows)
-        return [w[1] / w[0] if w[0] else float("nan") for w in windows], steps
+        if steps < min_steps:
+            return [], steps
+        for rank in range(self.tp):
+            self._windows.pop((rank, stack_id), None)
+        return [w[1] / w[0] for w in windows], steps
 
     def process_group(self, tp: int):
         """The process group a stack of degree `tp` runs its collectives over (None: all ranks)."""

@@ -48,6 +48,24 @@ def layer_shape(config: dict[str, Any], num_layers: int, weight_bytes: float) ->
     return dataclasses.replace(shape, dtype_bytes=max(1, math.ceil(weight_bytes)))
 
 
+def calibrate_links(
+    profiles: list[RankProfile], all_reduce_s: float, activation_bytes: float
+) -> list[RankProfile]:
+    """The links scaled so that Hepti's all-reduce through the leader (Eq. 6: each rank's partial
+    sum up and the sum back, one link after another) costs what the group's own all-reduce was
+    measured to: the ping-pongs keep which links are slower, the measured collective sets the
+    total (a ring or tree all-reduce is not the star Eq. 6 assumes, and idle ranks on shared cores
+    wake slower in a collective than in a ping-pong)."""
+    modelled = sum(2 * activation_bytes / p.bandwidth + 2 * p.latency_s for p in profiles[1:])
+    if not (modelled > 0 and math.isfinite(modelled) and all_reduce_s > 0):
+        return profiles
+    scale = all_reduce_s / modelled
+    return [profiles[0]] + [
+        dataclasses.replace(p, latency_s=p.latency_s * scale, bandwidth=p.bandwidth / scale)
+        for p in profiles[1:]
+    ]
+
+
 def hepti_problem(shape: hepti.LayerShape, profiles: list[RankProfile]) -> hepti.HeptiProblem:
     """P2 for the group: every rank keeps at least a KV head and a column tile (its layers
     cannot be empty), decode steps of one token."""

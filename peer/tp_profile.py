@@ -2,13 +2,14 @@
 
 Hepti §4.3 profiles every device before it partitions: its compute speed f_i, its free memory
 s_i and its link to the leader (BW_i and a latency). Here every rank measures its own at start,
-all at once (ranks that share a machine then also share its cores, as they will when serving):
+its speed in turn (ranks that share a machine's cores would otherwise measure the scheduler):
 
 - speed: FLOP/s of matrix-vector products of the layer's MLP shape over more weights than the
   caches hold, in the peer's dtype: what a decode step does;
 - free memory: the GPU's free bytes, or on a CPU the available RAM shared among the group's
   CPU ranks;
-- the link: ping-pongs of a small and a 1 MiB tensor with rank 0 over the group's own backend.
+- the link: ping-pongs of a small and a 1 MiB tensor with rank 0 over the group's own backend,
+  scaled so that their sum is what an all-reduce of the group measures (see `calibrate_links`).
 
 The figures are all-gathered, rank 0 solves Hepti's LP (peer/tp_partition.py) and broadcasts
 the shares, so every rank loads the same split.
@@ -30,14 +31,14 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from hexswarm.peer.tp_partition import RankProfile, hepti_problem, layer_shape, partition_of
+from hexswarm.peer.tp_partition import RankProfile, calibrate_links, hepti_problem, layer_shape, partition_of
 from hexswarm.peer.tp_shard import Partition
 from hexswarm.routing.hepti.problem import HeptiProblem
 from hexswarm.routing.hepti.split import HeptiInfeasibleError, HeptiSplit, plan_split
 from hexswarm.routing.scheduler.weight_formats import bytes_per_weight
 
 PROFILE_WEIGHT_BYTES = 64 << 20  # more than a CPU's caches: decode streams its weights from memory
-PROFILE_SECONDS = 0.4
+PROFILE_SECONDS = 0.3
 PING_ROUNDS = 20
 BANDWIDTH_BYTES = 1 << 20
 
@@ -136,6 +137,19 @@ def measure_flops(
     return 2.0 * hidden * width * copies * rounds / (time.perf_counter() - began)
 
 
+def measure_flops_in_turn(
+    rank: int, tp: int, device: torch.device, dtype: torch.dtype, hidden: int, width: int, clock: ComputeClock
+) -> float:
+    """`measure_flops`, one rank at a time (collective): ranks that share a machine's cores
+    would otherwise measure how the scheduler shared them out, not how fast each one is."""
+    flops = 0.0
+    for turn in range(tp):
+        if turn == rank:
+            flops = measure_flops(device, dtype, hidden, width, clock)
+        dist.barrier()
+    return flops
+
+
 def free_bytes(device: torch.device, tp: int) -> float:
     """Memory free for this rank's weights (a CPU's available RAM shared by the group's ranks)."""
     if device.type == "cuda":
@@ -174,6 +188,21 @@ def _ping(tensor: torch.Tensor, rank: int, peer: int, rounds: int, device: torch
     return (time.perf_counter() - began) / rounds
 
 
+def measure_all_reduce(hidden: int, dtype: torch.dtype, device: torch.device) -> float:
+    """Median seconds of one all-reduce of a token's hidden state over the whole group, as every
+    layer does twice per step (collective)."""
+    on = device if device.type == "cuda" else torch.device("cpu")
+    tensor = torch.zeros(1, hidden, dtype=dtype, device=on)
+    times = []
+    for _ in range(PING_ROUNDS):
+        began = time.perf_counter()
+        dist.all_reduce(tensor)
+        _sync(device)
+        times.append(time.perf_counter() - began)
+    times.sort()
+    return times[len(times) // 2]
+
+
 def gather_profiles(mine: RankProfile, tp: int, device: torch.device) -> list[RankProfile]:
     """Every rank's profile, rank 0 first, on every rank (collective)."""
     on = device if device.type == "cuda" else torch.device("cpu")
@@ -195,6 +224,10 @@ def broadcast_partition(partition: Partition | None, tp: int, device: torch.devi
     if not values[0]:
         return None
     return Partition(tuple(values[1 : tp + 1]), tuple(values[tp + 1 :]))
+
+
+def _bytes(dtype: torch.dtype) -> int:
+    return torch.tensor([], dtype=dtype).element_size()
 
 
 def _sync(device: torch.device) -> None:
@@ -229,16 +262,18 @@ def agree_partition(
     (collective: every rank of the group calls it right after joining)."""
     share = max(1, config.intermediate_size // tp)
     profile = RankProfile(
-        measure_flops(device, dtype, config.hidden_size, share, clock),
+        measure_flops_in_turn(rank, tp, device, dtype, config.hidden_size, share, clock),
         free_bytes(device, tp),
         *measure_link(rank, tp, device),
     )
-    profiles = gather_profiles(profile, tp, device)
+    all_reduce_s = measure_all_reduce(config.hidden_size, dtype, device)
+    profiles = calibrate_links(
+        gather_profiles(profile, tp, device), all_reduce_s, config.hidden_size * _bytes(dtype)
+    )
     problem = split = None
     reason = "rank 0 found no split that fits"
     if rank == 0:
-        element = torch.tensor([], dtype=dtype).element_size()
-        shape = layer_shape(config.to_dict(), num_layers, bytes_per_weight(quant, element))
+        shape = layer_shape(config.to_dict(), num_layers, bytes_per_weight(quant, _bytes(dtype)))
         problem = hepti_problem(shape, profiles)
         try:
             split = plan_split(problem)

@@ -27,9 +27,11 @@ async def rebalance(peer, stop: asyncio.Event) -> None:
             return
         except TimeoutError:
             pass
-        observed, steps = group.decode_window(blocks.stack_id)
+        observed, steps = group.decode_window(blocks.stack_id, group.repartitioner.policy.min_steps)
+        if not observed:
+            continue  # a window needs enough decode steps on every rank
         step_s, step_count = blocks.read_decode_step_s()
-        if step_count >= group.repartitioner.policy.min_steps and math.isfinite(step_s):
+        if step_count and math.isfinite(step_s):
             _note_step(peer, step_s)
         proposal = group.repartitioner.check(observed, steps)
         if proposal is None or proposal == group.partition:

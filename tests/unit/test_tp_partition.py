@@ -12,6 +12,7 @@ from hexswarm.peer.tp_partition import (
     DriftPolicy,
     RankProfile,
     Repartitioner,
+    calibrate_links,
     hepti_problem,
     layer_shape,
     partition_of,
@@ -143,3 +144,16 @@ def test_a_delayed_slowdown_starts_after_the_first_step():
     clock.begin_step()
     busy(0.01)
     assert clock.end_step() > 0.025
+
+
+def test_links_are_scaled_to_the_measured_all_reduce_and_keep_their_order():
+    profiles = [
+        RankProfile(1e9, 1e9, 0.0, math.inf),
+        RankProfile(1e9, 1e9, 1e-4, 1e9),
+        RankProfile(1e9, 1e9, 3e-4, 1e9),
+    ]
+    scaled = calibrate_links(profiles, all_reduce_s=2e-3, activation_bytes=2304)
+    problem = hepti_problem(layer_shape(SMOLLM2, 1, 4), scaled)
+    assert problem.comm_s(1) + problem.comm_s(2) == pytest.approx(2e-3)
+    assert problem.comm_s(2) > problem.comm_s(1) and scaled[0] == profiles[0]
+    assert calibrate_links(profiles, 0.0, 2304) == profiles  # nothing measured: as they were
