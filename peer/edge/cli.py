@@ -14,7 +14,7 @@ from hexswarm.swarm.threads import configure_openmp
 configure_openmp()  # before torch loads (see swarm/threads.py)
 
 # ruff: noqa: E402
-from hexswarm.peer.cli import parse_layers
+from hexswarm.peer.cli import log_context, parse_layers
 from hexswarm.swarm import cli_args, log_setup
 from hexswarm.swarm.cli_args import UsageError
 
@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         return cli_args.usage_error("edge-peer", str(e))
     from hexswarm.peer.edge.runtime import serve
 
-    log_setup.setup_logging(args, f"{config.name} {config.spec.model_id} [{config.start}:{config.end})")
+    log_setup.setup_logging(
+        args, log_context(config.name, config.spec.model_id, f"[{config.start}:{config.end})")
+    )
     return asyncio.run(serve(config))
 
 

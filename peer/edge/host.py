@@ -53,6 +53,10 @@ START_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
 ANNOUNCE_TIMEOUT_S = 15.0
 DIAL_TIMEOUT_S = 10.0  # to find a next peer through the DHT and open a stream to it
+# A DHT lookup asks every peer it meets for the Kademlia protocol, and clients' daemons (DHT
+# clients) refuse it: py-libp2p logs each refusal as an ERROR of many lines. They are expected;
+# a lookup that fails for good reaches us as an exception, which push.py reports.
+QUIET_LOGGERS = ("libp2p.host.basic_host", "libp2p.kad_dht.peer_routing")
 
 
 def load_or_create_key(path: str | Path) -> tuple[KeyPair, rsa.RSAPrivateKey]:
@@ -141,6 +145,8 @@ class EdgeHost:
             self._ready.set()
 
     async def _main(self) -> None:
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
         noise = NoiseTransport(self.key_pair, noise_privkey=new_x25519_key_pair().private_key)
         # Noise and yamux only: what go-libp2p (hivemind's p2pd) speaks too; no fallbacks to offer.
         host = new_host(

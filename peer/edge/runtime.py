@@ -88,6 +88,8 @@ async def serve(config: EdgeConfig) -> int:
 
 
 class EdgePeer:
+    """The parts of a running edge peer (core, server, libp2p host) and its lifecycle."""
+
     def __init__(self, config: EdgeConfig):
         self.config = config
         self.loop = asyncio.get_running_loop()
