@@ -94,13 +94,13 @@ class LocalSwarm:
         timeout: float = 120,
         env: dict[str, str] | None = None,
         launcher: tuple[str, ...] = (),
+        program: tuple[str, ...] = (sys.executable, "-m", "hexswarm.peer.cli"),
     ) -> Managed:
-        """A `run-peer` process; `launcher` goes before it, e.g. ("taskset", "-c", "0") to pin it."""
+        """A `run-peer` process (or `program`, which takes its flags); `launcher` goes before
+        it, e.g. ("taskset", "-c", "0") to pin it."""
         args = [
             *launcher,
-            sys.executable,
-            "-m",
-            "hexswarm.peer.cli",
+            *program,
             str(model_dir),
             "--layers",
             layers,
@@ -127,27 +127,11 @@ class LocalSwarm:
         timeout: float = 120,
     ) -> Managed:
         """An `edge-peer` process (py-libp2p, no hivemind) with its identity in the work folder."""
-        args = [
-            str(EDGE_PYTHON),
-            "-m",
-            "hexswarm.peer.edge",
-            str(model_dir),
-            "--layers",
-            layers,
-            "--name",
-            name,
-            "--initial-peers",
-            *self.initial_peers,
-            "--host-maddrs",
-            LOOPBACK,
-            "--identity",
-            str(self.workdir / f"{name}.key"),
-            *extra,
-        ]
-        proc = self._spawn(name, args)
-        if wait:
-            self.wait_for_log(proc, "online:", timeout)
-        return proc
+        identity = ("--identity", str(self.workdir / f"{name}.key"))
+        program = (str(EDGE_PYTHON), "-m", "hexswarm.peer.edge")
+        return self.start_peer(
+            model_dir, layers, name, *identity, *extra, wait=wait, timeout=timeout, program=program
+        )
 
     def start_peers(
         self,
