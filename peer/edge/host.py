@@ -227,7 +227,7 @@ class EdgeHost:
     async def _accept(self, stream) -> None:
         """A remote opened a session stream: the asyncio server gets the socket pair's other end."""
         ours, theirs = socket.socketpair()
-        self.on_stream(theirs, str(stream.muxed_conn.peer_id))
+        self.on_stream(theirs, stream.muxed_conn.peer_id.to_base58())
         await _bridge(stream, ours)
 
 

@@ -1,7 +1,8 @@
-"""An edge peer (py-libp2p, no hivemind) in a real swarm on 127.0.0.1: a hivemind bootstrap, a
-hivemind peer after it in the chain and a slower hivemind spare beside it. An unchanged client
-reaches it, its output is exact, it refuses bad frames like any peer, nobody can announce in its
-name, and its death mid-generation is failed over exactly."""
+"""An edge peer (py-libp2p, no hivemind) in a real swarm on 127.0.0.1: a hivemind bootstrap,
+hivemind peers before and after it in the chain and a slower hivemind spare beside it. An
+unchanged client reaches it, pushes cross it both ways, its output is exact, it refuses bad
+frames like any peer, nobody can announce in its name, and its death mid-generation is failed
+over exactly."""
 
 from __future__ import annotations
 
@@ -25,10 +26,20 @@ from hexswarm.swarm.dht_signing import (
 )
 from hexswarm.swarm.identity import load_or_create_identity
 from hexswarm.swarm.launcher import EDGE_PYTHON, LocalSwarm
-from hexswarm.swarm.protocol import PROTOCOL_VERSION, Error, ErrorCode, Ping, Pong
+from hexswarm.swarm.protocol import (
+    PROTOCOL_VERSION,
+    Error,
+    ErrorCode,
+    Open,
+    Opened,
+    Ping,
+    Pong,
+    Step,
+    StepResult,
+)
 from hexswarm.swarm.records import PeerRecord, model_key, read_peer_records
 from tests.integration.conftest import SignalHopPeer
-from tests.integration.test_bad_input import RawStream, _still_serves
+from tests.integration.test_bad_input import HIDDEN, RawStream
 
 pytestmark = pytest.mark.integration
 PROMPT = torch.tensor([[1, 5, 9, 22, 7]])
@@ -47,13 +58,13 @@ def edge_swarm(make_model, tmp_path_factory):
         local.start_bootstrap()
         # The spare announces itself much slower than the edge peer, so routes go through the edge.
         slow = ("--throughput", "10", "--decode-ms", "50")
-        layout = {"full": ("3:6", ()), "spare": ("0:3", slow)}
+        layout = {"head": ("0:2", ()), "tail": ("4:6", ()), "spare": ("2:4", slow)}
         peers = {
             name: local.start_peer(model_dir, layers, name, "--announce-period", "1", *extra, wait=False)
             for name, (layers, extra) in layout.items()
         }
         fast = ("--announce-period", "1", "--throughput", "100000", "--decode-ms", "0.05")
-        peers["edge"] = local.start_edge_peer(model_dir, "0:3", "edge", *fast)
+        peers["edge"] = local.start_edge_peer(model_dir, "2:4", "edge", *fast)
         for name in layout:
             local.wait_for_log(peers[name], "online:", 180)
         yield local, peers, Path(model_dir), folder / "edge.key"
@@ -67,7 +78,7 @@ def edge_model(edge_swarm):
     model = DistributedModelForCausalLM.from_pretrained(
         model_dir, initial_peers=local.initial_peers, coverage_timeout=60
     )
-    _wait_for_names(model, {"edge", "full", "spare"})
+    _wait_for_names(model, {"head", "edge", "tail", "spare"})
     yield model
     model.shutdown()
 
@@ -105,11 +116,11 @@ def test_edge_process_has_no_hivemind():
 
 def test_chain_through_the_edge_peer_is_exact(edge_model, expected):
     out = edge_model.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=False)
-    assert edge_model.last_route.startswith("edge["), edge_model.last_route
-    assert "full[" in edge_model.last_route
+    assert edge_model.last_route == "head[0:2) -> edge[2:4) -> tail[4:6)", edge_model.last_route
     assert torch.equal(out, expected)
-    steps = edge_model.last_hop_steps  # the edge peer pushed every step to the hivemind peer
-    assert steps["pushed"] >= NEW_TOKENS - 1 and not steps["push_failed"], steps
+    # every step was pushed by the hivemind head to the edge peer, and by the edge peer onwards
+    steps = edge_model.last_hop_steps
+    assert steps["pushed"] >= 2 * NEW_TOKENS and not steps["push_failed"], steps
 
 
 def test_edge_peer_refuses_bad_frames_and_keeps_serving(edge_model):
@@ -123,7 +134,9 @@ def test_edge_peer_refuses_bad_frames_and_keeps_serving(edge_model):
         stream.send_bytes(struct.pack(">I", len(payload)) + payload)
         assert stream.recv().code == ErrorCode.VERSION
         assert isinstance(stream.ask(Ping(3)), Pong)
-        _still_serves(stream, edge_model)
+        model_id = edge_model.spec.model_id
+        assert isinstance(stream.ask(Open("ok", model_id, 2, 4, 16, 1, "float32")), Opened)
+        assert isinstance(stream.ask(Step("ok", 0, torch.randn(1, 2, HIDDEN))), StepResult)
     finally:
         stream.close()
 
@@ -165,7 +178,7 @@ def _ask_relay(model, local: LocalSwarm, entry: SignedEntry) -> tuple[int, str, 
 
 def test_edge_peer_killed_mid_generation_output_stays_exact(edge_swarm, edge_model, expected):
     _, peers, _, _ = edge_swarm
-    killer = SignalHopPeer(edge_model, peers, tokens=4, hop=0)
+    killer = SignalHopPeer(edge_model, peers, tokens=4, hop=1)
     out = edge_model.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=False, stopping_criteria=[killer])
     assert killer.victim == "edge"
     assert torch.equal(out, expected)
