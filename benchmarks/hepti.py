@@ -47,6 +47,7 @@ from hexswarm.swarm.launcher import LocalSwarm  # noqa: E402
 from hexswarm.swarm.records import read_peer_records  # noqa: E402
 
 PROMPT = [1, 504, 3458, 282, 260, 3108, 30, 2683, 314, 253, 1345, 28]  # a short fixed prompt
+EXTRA: tuple[str, ...] = ()  # more run-peer flags (a diagnosis: "-v")
 SKIP_MEASURING = ("--throughput", "100", "--decode-ms", "1")  # one peer: its announced speed routes nothing
 
 
@@ -64,7 +65,7 @@ class TokenTimes(StoppingCriteria):
 def start_group(swarm: LocalSwarm, ranks: int, partition: str, slowdown: str):
     return swarm.start_peer(
         DEFAULT_MODEL, "0:30", f"{partition}{ranks}", "--tp", str(ranks), "--devices", ",".join(["cpu"] * ranks),
-        "--partition", partition, "--debug-slowdown", slowdown, "--announce-period", "1", *SKIP_MEASURING,
+        "--partition", partition, "--debug-slowdown", slowdown, "--announce-period", "1", *SKIP_MEASURING, *EXTRA,
         timeout=600,
     )  # fmt: skip
 

@@ -19,7 +19,6 @@ PERIOD_S = 1.0
 
 async def rebalance(peer, stop: asyncio.Event) -> None:
     """Runs until `stop` for `peer` (peer/runtime.py's _Peer) whose group has a Repartitioner."""
-    group = peer.group
     blocks = peer.core.blocks  # TPBlocks (a --debug-corrupt-outputs wrapper passes attributes on)
     while not stop.is_set():
         try:
@@ -27,22 +26,10 @@ async def rebalance(peer, stop: asyncio.Event) -> None:
             return
         except TimeoutError:
             pass
-        observed, steps = group.decode_window(blocks.stack_id, group.repartitioner.policy.min_steps)
-        if not observed:
-            continue  # a window needs enough decode steps on every rank
-        step_s, step_count = blocks.read_decode_step_s()
-        if step_count and math.isfinite(step_s):
-            _note_step(peer, step_s)
-        proposal = group.repartitioner.check(observed, steps)
-        if proposal is None or proposal == group.partition:
-            continue
-        logger.info(
-            "observed compute per rank %s ms against predicted %s ms: re-partitioning",
-            [round(s * 1000, 2) for s in observed],
-            [round(s * 1000, 2) for s in group.repartitioner.predicted],
-        )
-        await asyncio.to_thread(group.repartition, blocks, proposal)
-        await peer.announcer.announce(PeerState.ONLINE)
+        try:
+            await _window(peer, blocks)
+        except Exception:  # a failed check or move must not end the peer's serving
+            logger.exception("re-partition check failed")
 
 
 def _note_step(peer, step_s: float) -> None:
@@ -56,3 +43,32 @@ def _note_step(peer, step_s: float) -> None:
     prefill, decode_ms = peer.throughput
     new_ms = step_s * 1000 / blocks
     peer.throughput = (prefill * decode_ms / new_ms if decode_ms else prefill, new_ms)
+
+
+async def _window(peer, blocks) -> None:
+    """One check of the drift: reads the window's figures and re-partitions if it should."""
+    group = peer.group
+    observed, steps = group.decode_window(blocks.stack_id, group.repartitioner.policy.min_steps)
+    if not observed:
+        return  # a window needs enough decode steps on every rank
+    step_s, step_count = blocks.read_decode_step_s()
+    if step_count and math.isfinite(step_s):
+        _note_step(peer, step_s)
+    predicted = group.repartitioner.predicted
+    proposal = group.repartitioner.check(observed, steps)
+    logger.debug(
+        "decode compute per rank over %d steps: observed %s ms, predicted %s ms (drifted windows: %d)",
+        steps,
+        [round(s * 1000, 2) for s in observed],
+        [round(s * 1000, 2) for s in predicted],
+        group.repartitioner.strikes,
+    )
+    if proposal is None or proposal == group.partition:
+        return
+    logger.info(
+        "observed compute per rank %s ms against predicted %s ms: re-partitioning",
+        [round(s * 1000, 2) for s in observed],
+        [round(s * 1000, 2) for s in predicted],
+    )
+    await asyncio.to_thread(group.repartition, blocks, proposal)
+    await peer.announcer.announce(PeerState.ONLINE)
