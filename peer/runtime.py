@@ -39,9 +39,11 @@ from hexswarm.peer.throughput import measure_or_load
 from hexswarm.peer.tp_group import TPGroup, TPGroupError
 from hexswarm.peer.tp_rebalance import rebalance
 from hexswarm.swarm import log_setup
+from hexswarm.swarm.announce_relay import AnnounceRelay
 from hexswarm.swarm.coordinator.records import Trust, dht_get
 from hexswarm.swarm.dht import start_dht
 from hexswarm.swarm.dht_process import shutdown_dht
+from hexswarm.swarm.dht_signing import ANNOUNCE_PROTOCOL
 from hexswarm.swarm.identity import load_or_create_identity
 from hexswarm.swarm.model_spec import ModelSpec
 from hexswarm.swarm.protocol import SESSION_PROTOCOL, ProtocolError
@@ -321,6 +323,9 @@ class _Peer:
         # Pushes go only to peers that announce this model (a client writes the chain).
         self.server.pusher = PushLinks(self._open_link, members=SwarmMembers(self._member_ids))
         await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, self._handle_stream)
+        # edge peers (peer/edge/) may announce through any full peer, as through a bootstrap
+        relay = AnnounceRelay(self.dht, self.identity)
+        await self.p2p.add_binary_stream_handler(ANNOUNCE_PROTOCOL, relay.handle_stream)
         await self.announcer.announce(PeerState.ONLINE)
         logger.info("online: serving %s blocks [%d:%d)", c.spec.model_id, c.start, c.end)
         if self.group is not None and self.group.repartitioner is not None:
@@ -481,6 +486,7 @@ class _Peer:
 
     async def _close_p2p(self) -> None:
         await self.p2p.remove_binary_stream_handler(SESSION_PROTOCOL)
+        await self.p2p.remove_binary_stream_handler(ANNOUNCE_PROTOCOL)
         await self.p2p.shutdown()
 
 

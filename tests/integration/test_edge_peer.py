@@ -142,8 +142,10 @@ def test_edge_peer_refuses_bad_frames_and_keeps_serving(edge_model):
 
 
 def test_nobody_announces_in_the_edge_peers_name(edge_swarm, edge_model):
-    """Signed by another key, a record under the edge peer's subkey, or naming its id, is refused."""
-    _, _, _, edge_key = edge_swarm
+    """Signed by another key, a record under the edge peer's subkey, or naming its id, is refused
+    by every relay: the bootstrap and any hivemind peer."""
+    local, _, _, edge_key = edge_swarm
+    relays = [local.initial_peers[0].rsplit("/p2p/", 1)[1], _records(edge_model)["head"].peer_id]
     edge, other = load_or_create_identity(edge_key), load_or_create_identity(edge_key.with_name("other.key"))
     honest = _records(edge_model)["edge"]
     forged = PeerRecord(**{**honest.__dict__, "name": "forged"}).to_bytes()
@@ -152,20 +154,21 @@ def test_nobody_announces_in_the_edge_peers_name(edge_swarm, edge_model):
     # under its subkey (the signature is not its own), or under the forger's (the id is not his)
     for subkey, reason in ((edge.owner_marker, "not signed by"), (other.owner_marker, "names another peer")):
         entry = SignedEntry(key, subkey, signed_value(other_key, key, subkey, forged, expiration), expiration)
-        stored, why, _ = _ask_relay(edge_model, edge_swarm[0], entry)
-        assert stored == 0 and reason in why, why
+        for relay in relays:
+            stored, why, _ = _ask_relay(edge_model, relay, entry)
+            assert stored == 0 and reason in why, why
     time.sleep(2)
     assert _records(edge_model)["edge"].name == "edge"
     assert "forged" not in _records(edge_model)
 
 
-def _ask_relay(model, local: LocalSwarm, entry: SignedEntry) -> tuple[int, str, tuple[str, ...]]:
+def _ask_relay(model, relay: str, entry: SignedEntry) -> tuple[int, str, tuple[str, ...]]:
     from hivemind.p2p import PeerID
 
-    bootstrap = PeerID.from_base58(local.initial_peers[0].rsplit("/p2p/", 1)[1])
-
     async def ask():
-        _, reader, writer = await model.swarm.p2p.call_binary_stream_handler(bootstrap, ANNOUNCE_PROTOCOL)
+        _, reader, writer = await model.swarm.p2p.call_binary_stream_handler(
+            PeerID.from_base58(relay), ANNOUNCE_PROTOCOL
+        )
         writer.write(encode_announce([entry]))
         await writer.drain()
         (length,) = struct.unpack(">I", await reader.readexactly(4))
