@@ -492,6 +492,10 @@ class _Peer:
 
 def weight_bytes_per_block(blocks) -> int:
     """Bytes one block's weights take on this peer: a tensor-parallel group's leader holds 1/tp
-    of each block (its `local` stack), and every rank as much."""
+    of each block (its `local` stack) and every rank as much, or with an uneven split its share
+    of the block's weights (peer/tp_partition.py)."""
     local = getattr(blocks, "local", blocks)
+    group = getattr(blocks, "group", None)
+    if group is not None and group.repartitioner is not None and blocks.tp == group.tp:
+        return int(local.weight_bytes_per_block() / group.repartitioner.weight_share(0))
     return local.weight_bytes_per_block() * blocks.tp

@@ -150,6 +150,13 @@ class Repartitioner:
             return candidate
         return None
 
+    def weight_share(self, rank: int) -> float:
+        """The fraction of a block's split weights that `rank` holds under the current partition."""
+        tile, p = self.problem.tile_width, self.problem
+        units = [(g * p.weight_bytes(hepti.GROUP), c // tile * p.weight_bytes(hepti.TILE))
+                 for g, c in zip(self.partition.kv_groups, self.partition.mlp_columns, strict=True)]  # fmt: skip
+        return sum(units[rank]) / sum(a + m for a, m in units)
+
     def adopt(self, partition: Partition) -> None:
         """The group now serves `partition`."""
         self.partition, self.strikes = partition, 0

@@ -157,3 +157,9 @@ def test_links_are_scaled_to_the_measured_all_reduce_and_keep_their_order():
     assert problem.comm_s(1) + problem.comm_s(2) == pytest.approx(2e-3)
     assert problem.comm_s(2) > problem.comm_s(1) and scaled[0] == profiles[0]
     assert calibrate_links(profiles, 0.0, 2304) == profiles  # nothing measured: as they were
+
+
+def test_weight_shares_add_up_to_the_block():
+    check = drift_check(2.0, 1.0, 1.0)
+    shares = [check.weight_share(rank) for rank in range(3)]
+    assert sum(shares) == pytest.approx(1.0) and shares[0] > shares[1]
