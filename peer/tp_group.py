@@ -194,6 +194,15 @@ class TPGroup:
             return
         self.partition, self.split = agreed.partition, agreed.split
         self.repartitioner = Repartitioner(agreed.problem, agreed.partition)
+        devices = agreed.problem.devices
+        logger.info(
+            "profiled ranks: %s GFLOP/s, %s GiB free, all-reduce %.0f us a layer",
+            [round(d.flops / 1e9, 2) for d in devices],
+            [round(d.free_bytes / 2**30, 1) for d in devices],
+            sum(agreed.problem.comm_s(i) for i in range(1, len(devices)))
+            / agreed.problem.shape.num_layers
+            * 1e6,
+        )
         logger.info(
             "Hepti split (%s): KV heads %s, MLP columns %s per rank; predicted %.1f ms a step (even: %s)",
             agreed.split.mode,
