@@ -13,10 +13,10 @@ Per case (a number of ranks), one JSON line:
 - `recovery_s`: from the slowdown until the rolling ms per token stays within 10% of
   `ms_fresh_lp`; `sessions_lost`: generations that failed; `exact`: every output equals the
   first even run's;
-- `predicted_error`: |the LP's predicted step - the group's observed decode step| / observed, from
-  the `--partition auto` peer's record (both cover every layer, network excluded; the prediction
-  is at the speeds the group last observed); `predicted_at_start_ms`: the prediction from the
-  profiles alone, before any step.
+- `predicted_error`: |the LP's predicted step - the group's observed decode step| / observed for
+  the `--partition auto` group (both over every layer, the network excluded), the prediction
+  from the profiles at start (`predicted_at_start_ms`; `predicted_at_observed_speeds_ms` is the
+  same split's at the compute speeds the group observed since).
 
 The slowdown is benchmark-only (`run-peer --debug-slowdown RANK:FACTOR[@SECONDS]`): after each
 stretch of its compute the rank sleeps FACTOR - 1 times as long, so it is that much slower
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -52,13 +53,19 @@ SKIP_MEASURING = ("--throughput", "100", "--decode-ms", "1")  # one peer: its an
 
 
 class TokenTimes(StoppingCriteria):
-    """Notes when each token is generated (never stops generation)."""
+    """Notes when each token is generated and, with `watch`, when the group's record first shows
+    a re-partition (checked every 8 tokens; never stops generation)."""
 
-    def __init__(self):
+    def __init__(self, watch=None):
         self.times: list[float] = []
+        self.watch, self.switched = watch, None
 
     def __call__(self, input_ids, scores, **kwargs) -> bool:
         self.times.append(time.perf_counter())
+        if self.watch is not None and self.switched is None and len(self.times) % 8 == 0:
+            record = record_of(self.watch)
+            if record is not None and record.tp_repartitions:
+                self.switched = self.times[-1]
         return False
 
 
@@ -76,13 +83,16 @@ def client(swarm: LocalSwarm):
     return DistributedModelForCausalLM.from_pretrained(DEFAULT_MODEL, initial_peers=swarm.initial_peers)
 
 
-def generate(model, new_tokens: int) -> tuple[torch.Tensor, list[float]]:
-    """Greedy output and the seconds between consecutive tokens after the first."""
-    clock = TokenTimes()
+def generate(
+    model, new_tokens: int, watch: bool = False
+) -> tuple[torch.Tensor, list[tuple[float, float]], float | None]:
+    """Greedy output, (time, seconds since the previous token) of each token after the first, and
+    with `watch` when a re-partition was first seen."""
+    clock = TokenTimes(model if watch else None)
     output = model.generate(
         torch.tensor([PROMPT]), max_new_tokens=new_tokens, do_sample=False, stopping_criteria=[clock]
     )
-    return output, [b - a for a, b in zip(clock.times, clock.times[1:], strict=False)]
+    return output, [(b, b - a) for a, b in zip(clock.times, clock.times[1:], strict=False)], clock.switched
 
 
 def record_of(model):
@@ -96,18 +106,19 @@ def steady(swarm: LocalSwarm, ranks: int, partition: str, slowdown: str, args) -
     model = client(swarm)
     try:
         generate(model, 4)  # warm-up
-        runs = [generate(model, args.new_tokens) for _ in range(args.repeats)]
+        runs = [generate(model, args.new_tokens)[:2] for _ in range(args.repeats)]
         time.sleep(1.5)  # the record's observed step is refreshed every announce
         record = record_of(model)
     finally:
         model.shutdown()
         swarm.stop(peer)
-    predicted = re.search(r"predicted ([0-9.]+) ms a step", peer.log())
+    predicted = re.search(r"predicted ([0-9.]+) ms a step \(even: ([0-9.]+)?", peer.log())
     return {
-        "ms": statistics.median(1000 * statistics.mean(gaps) for _, gaps in runs),
+        "ms": statistics.median(1000 * statistics.mean(g for _, g in gaps) for _, gaps in runs),
         "outputs": [out for out, _ in runs],
         "record": record,
         "predicted_at_start_ms": float(predicted.group(1)) if predicted else None,
+        "predicted_even_ms": float(predicted.group(2)) if predicted and predicted.group(2) else None,
     }
 
 
@@ -120,25 +131,24 @@ def mid_run(swarm: LocalSwarm, ranks: int, slowdown: str, fresh_ms: float, args)
     try:
         while time.perf_counter() - began < args.onset + args.deadline:
             try:
-                output, run_gaps = generate(model, args.new_tokens)
+                output, run_gaps, seen = generate(model, args.new_tokens, watch=switched is None)
             except Exception:  # a failed generation is a lost session: counted, not fatal
                 lost += 1
                 continue
-            now = time.perf_counter()
             outputs.append(output)
-            gaps += [(now, g) for g in run_gaps]
-            record = record_of(model)
-            if switched is None and record is not None and record.tp_repartitions:
-                switched = now
-            if switched is not None and now - switched > args.after_switch_s:
+            gaps += run_gaps
+            switched = switched or seen
+            if switched is not None and time.perf_counter() - switched > args.after_switch_s:
                 break
     finally:
         model.shutdown()
         swarm.stop(peer)
     onset = began + args.onset
     after = [g for t, g in gaps if switched is not None and t > switched]
+    slowed = [g for t, g in gaps if onset + 1 < t < (switched or math.inf)]
     return {
         "ms": 1000 * statistics.median(after) if after else None,
+        "ms_slowed_before_switch": 1000 * statistics.median(slowed) if slowed else None,
         "recovery_s": recovery_s(gaps, onset, fresh_ms),
         "switched_s": round(switched - onset, 1) if switched else None,
         "outputs": outputs,
@@ -163,28 +173,35 @@ def recovery_s(
 
 def run_case(swarm: LocalSwarm, ranks: int, args) -> dict:
     slowdown = f"{ranks - 1}:{args.factor}"
-    even = steady(swarm, ranks, "even", slowdown, args)
+    # SmolLM2's 9 heads and 3 KV heads split evenly over 1 or 3 ranks only
+    even = steady(swarm, ranks, "even", slowdown, args) if 3 % ranks == 0 else {"ms": None, "outputs": []}
     lp = steady(swarm, ranks, "auto", slowdown, args)
     moved = mid_run(swarm, ranks, slowdown, lp["ms"], args)
     record = lp["record"]
-    reference = even["outputs"][0]
     outputs = even["outputs"] + lp["outputs"] + moved["outputs"]
+    reference = outputs[0]
     predicted, observed = record.tp_predicted_step_ms, record.tp_observed_step_ms
+    at_start = lp["predicted_at_start_ms"]
     return {
         "case": f"{ranks}-cpu-ranks-one-{args.factor:g}x-slower",
-        "ms_even": round(even["ms"], 1),
+        "ms_even": round(even["ms"], 1) if even["ms"] else None,
         "ms_lp": round(lp["ms"], 1),
         "ms_repartitioned": round(moved["ms"], 1) if moved["ms"] else None,
         "ms_fresh_lp": round(lp["ms"], 1),
         "recovery_s": moved["recovery_s"],
         "sessions_lost": moved["lost"],
-        "predicted_error": round(abs(predicted - observed) / observed, 3) if observed else None,
-        "lp_vs_even": round(even["ms"] / lp["ms"], 3),
+        "predicted_error": round(abs(at_start - observed) / observed, 3) if observed and at_start else None,
+        "lp_vs_even": round(even["ms"] / lp["ms"], 3) if even["ms"] else None,
+        # the split made for equal speeds, once the rank has slowed and before the group re-splits
+        "ms_slowed_before_switch": round(moved["ms_slowed_before_switch"], 1)
+        if moved["ms_slowed_before_switch"]
+        else None,
         "exact": all(torch.equal(reference, out) for out in outputs),
         "lp_shares": [list(share) for share in record.tp_shares],
         "lp_mode": record.tp_partition,
-        "predicted_step_ms": round(predicted, 1),
-        "predicted_at_start_ms": lp["predicted_at_start_ms"],
+        "predicted_at_start_ms": at_start,
+        "predicted_even_ms": lp["predicted_even_ms"],  # the LP's own figure for the even split
+        "predicted_at_observed_speeds_ms": round(predicted, 1),
         "observed_step_ms": round(observed, 1),
         "switched_s": moved["switched_s"],
         "new_tokens": args.new_tokens,

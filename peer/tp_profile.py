@@ -188,17 +188,23 @@ def _ping(tensor: torch.Tensor, rank: int, peer: int, rounds: int, device: torch
     return (time.perf_counter() - began) / rounds
 
 
-def measure_all_reduce(hidden: int, dtype: torch.dtype, device: torch.device) -> float:
-    """Median seconds of one all-reduce of a token's hidden state over the whole group, as every
-    layer does twice per step (collective)."""
+def measure_all_reduce(hidden: int, width: int, dtype: torch.dtype, device: torch.device) -> float:
+    """Median seconds of one all-reduce of a token's hidden state over the whole group, each
+    after a decode-sized product as in a step (collective). Ranks fresh from their own compute
+    wake slower in a collective than idle ones do, and a step is made of exactly that."""
     on = device if device.type == "cuda" else torch.device("cpu")
     tensor = torch.zeros(1, hidden, dtype=dtype, device=on)
+    weight = torch.randn(width, hidden, dtype=dtype, device=device)
+    x = torch.randn(1, hidden, dtype=dtype, device=device)
     times = []
-    for _ in range(PING_ROUNDS):
-        began = time.perf_counter()
-        dist.all_reduce(tensor)
-        _sync(device)
-        times.append(time.perf_counter() - began)
+    with torch.inference_mode():
+        for _ in range(2 * PING_ROUNDS):
+            torch.nn.functional.linear(x, weight)
+            _sync(device)
+            began = time.perf_counter()
+            dist.all_reduce(tensor)
+            _sync(device)
+            times.append(time.perf_counter() - began)
     times.sort()
     return times[len(times) // 2]
 
@@ -266,7 +272,7 @@ def agree_partition(
         free_bytes(device, tp),
         *measure_link(rank, tp, device),
     )
-    all_reduce_s = measure_all_reduce(config.hidden_size, dtype, device)
+    all_reduce_s = measure_all_reduce(config.hidden_size, share, dtype, device)
     profiles = calibrate_links(
         gather_profiles(profile, tp, device), all_reduce_s, config.hidden_size * _bytes(dtype)
     )
