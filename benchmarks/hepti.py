@@ -33,6 +33,7 @@ import math
 import os
 import re
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -113,12 +114,14 @@ def steady(swarm: LocalSwarm, ranks: int, partition: str, slowdown: str, args) -
         model.shutdown()
         swarm.stop(peer)
     predicted = re.search(r"predicted ([0-9.]+) ms a step \(even: ([0-9.]+)?", peer.log())
+    profiled = re.search(r"all-reduce ([0-9.]+) us a layer", peer.log())
     return {
         "ms": statistics.median(1000 * statistics.mean(g for _, g in gaps) for _, gaps in runs),
         "outputs": [out for out, _ in runs],
         "record": record,
         "predicted_at_start_ms": float(predicted.group(1)) if predicted else None,
         "predicted_even_ms": float(predicted.group(2)) if predicted and predicted.group(2) else None,
+        "all_reduce_us": float(profiled.group(1)) if profiled else None,
     }
 
 
@@ -132,7 +135,8 @@ def mid_run(swarm: LocalSwarm, ranks: int, slowdown: str, fresh_ms: float, args)
         while time.perf_counter() - began < args.onset + args.deadline:
             try:
                 output, run_gaps, seen = generate(model, args.new_tokens, watch=switched is None)
-            except Exception:  # a failed generation is a lost session: counted, not fatal
+            except Exception as e:  # a failed generation is a lost session: counted, not fatal
+                print(f"lost a session: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                 lost += 1
                 continue
             outputs.append(output)
@@ -203,6 +207,8 @@ def run_case(swarm: LocalSwarm, ranks: int, args) -> dict:
         "predicted_even_ms": lp["predicted_even_ms"],  # the LP's own figure for the even split
         "predicted_at_observed_speeds_ms": round(predicted, 1),
         "observed_step_ms": round(observed, 1),
+        # one all-reduce of a hidden state over the group, as profiled at start (2 a layer, 60 a token)
+        "all_reduce_us": lp["all_reduce_us"],
         "switched_s": moved["switched_s"],
         "new_tokens": args.new_tokens,
         "cpu_cores": os.cpu_count(),

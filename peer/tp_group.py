@@ -436,17 +436,20 @@ class TPBlocks:
         self.process_group = group.process_group(tp)
         self.caches: dict[str, GroupCache] = {}  # open sessions (their caches move in a re-partition)
         self.decode_step_s = [0, 0.0]  # [decode steps, seconds] of the group since the last reading
-        self._lock = threading.Lock()  # a switch of split happens between two steps
+        self._lock = threading.Lock()  # a switch of split happens between two steps ...
+        self._switching = threading.Lock()  # ... and not while a session's cache opens or closes
 
     def new_cache(self, session_id: str) -> GroupCache:
-        self.group.send_to(self.ranks, OpenCache(session_id, self.stack_id))
-        cache = GroupCache(session_id, self.local.new_cache(session_id))
-        self.caches[session_id] = cache
-        return cache
+        with self._switching:  # not while a switch moves the caches (it lists them first)
+            self.group.send_to(self.ranks, OpenCache(session_id, self.stack_id))
+            cache = GroupCache(session_id, self.local.new_cache(session_id))
+            self.caches[session_id] = cache
+            return cache
 
     def release(self, session_id: str) -> None:
-        self.caches.pop(session_id, None)
-        self.group.send_to(self.ranks, FreeCache(session_id), quiet=True)
+        with self._switching:
+            self.caches.pop(session_id, None)
+            self.group.send_to(self.ranks, FreeCache(session_id), quiet=True)
 
     def read_decode_step_s(self) -> tuple[float, int]:
         """The group's mean decode step (s) since the last reading, and how many steps."""
@@ -458,7 +461,7 @@ class TPBlocks:
         """Serves `new`'s stack (same blocks, another split) from the next step on: between two
         steps, every rank re-splits each open session's keys and values (peer/tp_shard.py
         `resplit_cache`) and drops this stack."""
-        with self._lock:
+        with self._switching, self._lock:
             sessions = tuple((sid, _filled_layers(cache.local)) for sid, cache in self.caches.items())
             self.group.send_to(self.ranks, Resplit(self.stack_id, new.stack_id, sessions))
             old_split, new_split = self.local.shard.partition_or_even(), new.local.shard.partition_or_even()

@@ -103,7 +103,7 @@ def step_time_s(problem: hepti.HeptiProblem, partition: Partition) -> float:
 
 @dataclass(frozen=True)
 class DriftPolicy:
-    margin: float = 0.25  # |observed / predicted - 1| beyond which a rank has drifted
+    margin: float = 0.2  # |observed / predicted - 1| beyond which a rank has drifted
     sustain: int = 3  # consecutive checks with a drifted rank before re-solving
     min_steps: int = 5  # decode steps a check needs to count
     min_gain: float = 0.08  # a re-split must be predicted this much faster to be worth a move
