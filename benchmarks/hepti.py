@@ -115,6 +115,7 @@ def steady(swarm: LocalSwarm, ranks: int, partition: str, slowdown: str, args) -
         swarm.stop(peer)
     predicted = re.search(r"predicted ([0-9.]+) ms a step \(even: ([0-9.]+)?", peer.log())
     profiled = re.search(r"all-reduce ([0-9.]+) us a layer", peer.log())
+    speeds = re.search(r"profiled ranks: \[([0-9., ]+)\] GFLOP/s", peer.log())
     return {
         "ms": statistics.median(1000 * statistics.mean(g for _, g in gaps) for _, gaps in runs),
         "outputs": [out for out, _ in runs],
@@ -122,6 +123,7 @@ def steady(swarm: LocalSwarm, ranks: int, partition: str, slowdown: str, args) -
         "predicted_at_start_ms": float(predicted.group(1)) if predicted else None,
         "predicted_even_ms": float(predicted.group(2)) if predicted and predicted.group(2) else None,
         "all_reduce_us": float(profiled.group(1)) if profiled else None,
+        "gflops": [float(x) for x in speeds.group(1).split(",")] if speeds else None,
     }
 
 
@@ -175,6 +177,24 @@ def recovery_s(
     return round(recovered - onset, 1) if recovered is not None else None
 
 
+def modelled_gain(gflops: list[float], all_reduce_s: float) -> float | None:
+    """even ÷ LP step as Hepti's model predicts it for ranks of these speeds, with every
+    all-reduce costing `all_reduce_s` (None when no even split exists)."""
+    from hexswarm.peer.tp_partition import RankProfile, hepti_problem, layer_shape
+    from hexswarm.routing.hepti.split import plan_split
+    from hexswarm.swarm.model_spec import load_model_spec
+
+    config = load_model_spec(DEFAULT_MODEL).config.to_dict()
+    link = all_reduce_s / (2 * (len(gflops) - 1))  # Eq. 6: two latencies per rank besides the leader
+    profiles = [RankProfile(g * 1e9, 1e12, link if i else 0.0, math.inf) for i, g in enumerate(gflops)]
+    split = plan_split(hepti_problem(layer_shape(config, 30, 4), profiles))
+    return (
+        round(split.even_step_time_s / split.step_time_s, 3)
+        if math.isfinite(split.even_step_time_s)
+        else None
+    )
+
+
 def run_case(swarm: LocalSwarm, ranks: int, args) -> dict:
     slowdown = f"{ranks - 1}:{args.factor}"
     # SmolLM2's 9 heads and 3 KV heads split evenly over 1 or 3 ranks only
@@ -209,6 +229,9 @@ def run_case(swarm: LocalSwarm, ranks: int, args) -> dict:
         "observed_step_ms": round(observed, 1),
         # one all-reduce of a hidden state over the group, as profiled at start (2 a layer, 60 a token)
         "all_reduce_us": lp["all_reduce_us"],
+        "profiled_gflops": lp["gflops"],
+        # what the LP's model predicts for these ranks if an all-reduce cost 20 us (own cores or GPUs)
+        "modelled_lp_vs_even_20us": modelled_gain(lp["gflops"], 20e-6) if lp["gflops"] else None,
         "switched_s": moved["switched_s"],
         "new_tokens": args.new_tokens,
         "cpu_cores": os.cpu_count(),
