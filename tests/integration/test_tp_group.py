@@ -103,8 +103,20 @@ def test_an_uneven_split_matches_tp1_and_re_splits_open_sessions_exactly(make_mo
         step(0, 5)  # prefill
         step(5, 6)
         other = Partition((1, 1, 2), (spec.config.intermediate_size - 64, 32, 32))
-        group.repartition(blocks, other)
+        with ThreadPoolExecutor(1) as pool:  # sessions open and close while the switch runs
+            switching = pool.submit(group.repartition, blocks, other)
+            while not switching.done():
+                blocks.release(f"late-{len(blocks.caches)}")
+                blocks.new_cache(f"late-{len(blocks.caches)}")
+            switching.result(timeout=120)
         assert group.partition == other and group.repartitions == 1
+        late, late_ref = blocks.new_cache("late"), reference.new_cache("late")
+        torch.testing.assert_close(
+            blocks(hidden[:, :4], late, 0, 0, 3),
+            reference(hidden[:, :4], late_ref, 0, 0, 3),
+            atol=1e-4,
+            rtol=1e-4,
+        )
         assert blocks.local.config.num_key_value_heads == 1
         for position in range(6, 9):  # decode on the new split
             step(position, position + 1)
