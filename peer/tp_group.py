@@ -68,7 +68,7 @@ from hexswarm.peer.tp_rank import (
     rank_main,
     subgroups,
 )
-from hexswarm.peer.tp_shard import Partition, resplit_cache
+from hexswarm.peer.tp_shard import Partition, resplit_sessions
 from hexswarm.swarm import log_setup
 from hexswarm.swarm.launcher import free_port
 from hexswarm.swarm.model_spec import ModelSpec
@@ -106,7 +106,6 @@ class TPGroup:
         self.quant = quant  # every rank quantizes its shard the same way (peer/quant.py)
         self.partition_mode = partition  # "even" (1/tp each) or "auto" (Hepti's LP)
         self.slowdowns = slowdowns or {}  # benchmark-only: rank -> how much slower it computes
-        self.partition: Partition | None = None  # the uneven split the full degree serves at
         self.repartitioner: Repartitioner | None = None  # the leader's drift check (auto only)
         self.split = None  # the LP's answer at start (routing.hepti.split.HeptiSplit; auto only)
         self.repartitions = 0
@@ -192,7 +191,7 @@ class TPGroup:
         agreed = first_partition(self._setup(0, init_method, threads), self.devices[0], self.spec, self.clock)
         if agreed is None:
             return
-        self.partition, self.split = agreed.partition, agreed.split
+        self.split = agreed.split
         self.repartitioner = Repartitioner(agreed.problem, agreed.partition)
         devices = agreed.problem.devices
         logger.info(
@@ -224,11 +223,10 @@ class TPGroup:
         tp = tp or self.tp
         if tp not in self._groups and tp != 1:
             raise ValueError(f"degree {tp} is not one this group was started for ({sorted(self._groups)})")
-        if tp == self.tp:
-            partition = partition or self.partition
+        partition = (partition or self.partition) if tp == self.tp else None
         self._stack_ids += 1
         stack_id, ranks = self._stack_ids, range(1, tp)
-        self.send_to(ranks, LoadStack(stack_id, start, end, tp, partition if tp == self.tp else None))
+        self.send_to(ranks, LoadStack(stack_id, start, end, tp, partition))
         local = load_shard(
             self.spec,
             start,
@@ -239,7 +237,7 @@ class TPGroup:
             tp,
             self.process_group(tp),
             self.quant,
-            partition if tp == self.tp else None,
+            partition,
             self.clock,
         )
         self._wait_for(lambda: all((r, stack_id) in self._loaded for r in ranks), "load a range")
@@ -253,18 +251,21 @@ class TPGroup:
         began = time.monotonic()
         new = self.load_stack(blocks.start, blocks.end, self.tp, partition)
         blocks.switch_to(new)
-        self.partition = partition
         self.repartitions += 1
         self._windows.clear()  # figures of the old split
-        if self.repartitioner is not None:
-            self.repartitioner.adopt(partition)
-            self.split = self.repartitioner.last_split or self.split
+        self.repartitioner.adopt(partition)
+        self.split = self.repartitioner.last_split or self.split
         logger.info(
             "re-partitioned in %.1f s: KV heads %s, MLP columns %s per rank",
             time.monotonic() - began,
             partition.kv_groups,
             partition.mlp_columns,
         )
+
+    @property
+    def partition(self) -> Partition | None:
+        """The uneven split the full degree serves at (None: 1/tp each)."""
+        return self.repartitioner.partition if self.repartitioner is not None else None
 
     def predicted_step_s(self) -> float:
         """The LP's step time for the split served now, at the speeds last observed (Eq. 7)."""
@@ -460,19 +461,16 @@ class TPBlocks:
     def switch_to(self, new: TPBlocks) -> None:
         """Serves `new`'s stack (same blocks, another split) from the next step on: between two
         steps, every rank re-splits each open session's keys and values (peer/tp_shard.py
-        `resplit_cache`) and drops this stack."""
+        `resplit_sessions`) and drops this stack."""
         with self._switching, self._lock:
             sessions = tuple((sid, _filled_layers(cache.local)) for sid, cache in self.caches.items())
             self.group.send_to(self.ranks, Resplit(self.stack_id, new.stack_id, sessions))
-            old_split, new_split = self.local.shard.partition_or_even(), new.local.shard.partition_or_even()
-            like = torch.empty(0, self.config.head_dim, dtype=self.dtype, device=self.device)
+            local_caches = {sid: cache.local for sid, cache in self.caches.items()}
             all_reduce = all_reduce_over(new.process_group)
-            for session_id, layers in sessions:
-                cache = self.caches[session_id]
-                template = new.local.new_cache(session_id)
-                cache.local = resplit_cache(
-                    cache.local, layers, old_split, new_split, 0, template, all_reduce, like
-                )
+            for session_id, moved in resplit_sessions(
+                self.local, new.local, sessions, local_caches, 0, all_reduce
+            ).items():
+                self.caches[session_id].local = moved
             self.local, self.stack_id = new.local, new.stack_id
             self.config = new.local.config
 
@@ -498,7 +496,8 @@ class TPBlocks:
             broadcast_from_leader(hidden, self.process_group)
             self.group.clock.begin_step()
             output = self.local(hidden, cache.local, position, start, end)
-            if (batch, tokens) == (1, 1):  # decode steps are what the split is sized for
+            observed = self.group.repartitioner is not None  # only a drift check reads them
+            if observed and (batch, tokens) == (1, 1):  # decode steps are what the split is sized for
                 self.group.note_decode(0, self.stack_id, 1, self.group.clock.end_step())
                 self.decode_step_s[0] += 1
                 self.decode_step_s[1] += time.perf_counter() - began

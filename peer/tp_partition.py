@@ -86,19 +86,23 @@ def partition_of(split: HeptiSplit) -> Partition:
     return Partition(tuple(s.kv_groups for s in split.shares), tuple(s.mlp_columns for s in split.shares))
 
 
+def units(problem: hepti.HeptiProblem, partition: Partition) -> tuple[list[int], list[int]]:
+    """`partition` in the problem's units: KV-head groups and MLP tiles per rank."""
+    return list(partition.kv_groups), [c // problem.tile_width for c in partition.mlp_columns]
+
+
 def predicted_compute_s(problem: hepti.HeptiProblem, partition: Partition) -> list[float]:
     """Each rank's compute per decode step under `partition` (Eq. 5), from the problem's speeds."""
-    tile = problem.tile_width
+    groups, tiles = units(problem, partition)
     return [
-        (g * problem.flops(hepti.GROUP) + c // tile * problem.flops(hepti.TILE)) / d.flops
-        for d, g, c in zip(problem.devices, partition.kv_groups, partition.mlp_columns, strict=True)
+        (g * problem.flops(hepti.GROUP) + c * problem.flops(hepti.TILE)) / d.flops
+        for d, g, c in zip(problem.devices, groups, tiles, strict=True)
     ]
 
 
 def step_time_s(problem: hepti.HeptiProblem, partition: Partition) -> float:
     """The group's step under `partition` (Eq. 7)."""
-    tile = problem.tile_width
-    return problem.step_time(list(partition.kv_groups), [c // tile for c in partition.mlp_columns])[0]
+    return problem.step_time(*units(problem, partition))[0]
 
 
 @dataclass(frozen=True)
@@ -152,10 +156,13 @@ class Repartitioner:
 
     def weight_share(self, rank: int) -> float:
         """The fraction of a block's split weights that `rank` holds under the current partition."""
-        tile, p = self.problem.tile_width, self.problem
-        units = [(g * p.weight_bytes(hepti.GROUP), c // tile * p.weight_bytes(hepti.TILE))
-                 for g, c in zip(self.partition.kv_groups, self.partition.mlp_columns, strict=True)]  # fmt: skip
-        return sum(units[rank]) / sum(a + m for a, m in units)
+        p = self.problem
+        groups, tiles = units(p, self.partition)
+        weights = [
+            g * p.weight_bytes(hepti.GROUP) + c * p.weight_bytes(hepti.TILE)
+            for g, c in zip(groups, tiles, strict=True)
+        ]
+        return weights[rank] / sum(weights)
 
     def adopt(self, partition: Partition) -> None:
         """The group now serves `partition`."""

@@ -163,8 +163,7 @@ def free_bytes(device: torch.device, tp: int) -> float:
 def measure_link(rank: int, tp: int, device: torch.device) -> tuple[float, float]:
     """(one-way latency s, bandwidth B/s) between rank 0 and each other rank, in turn; every rank
     calls it (rank 0 returns zeros and infinity: it holds the step already)."""
-    on = device if device.type == "cuda" else torch.device("cpu")
-    small, large = torch.zeros(1, device=on), torch.zeros(BANDWIDTH_BYTES // 4, device=on)
+    small, large = torch.zeros(1, device=device), torch.zeros(BANDWIDTH_BYTES // 4, device=device)
     figures = (0.0, float("inf"))
     for other in range(1, tp):
         if rank not in (0, other):
@@ -195,8 +194,7 @@ def measure_all_reduce(hidden: int, width: int, dtype: torch.dtype, device: torc
     """Median seconds of one all-reduce of a token's hidden state over the whole group, each
     after a decode-sized product as in a step (collective). Ranks fresh from their own compute
     wake slower in a collective than idle ones do, and a step is made of exactly that."""
-    on = device if device.type == "cuda" else torch.device("cpu")
-    tensor = torch.zeros(1, hidden, dtype=dtype, device=on)
+    tensor = torch.zeros(1, hidden, dtype=dtype, device=device)
     weight = torch.randn(width, hidden, dtype=dtype, device=device)
     x = torch.randn(1, hidden, dtype=dtype, device=device)
     times = []
@@ -214,8 +212,7 @@ def measure_all_reduce(hidden: int, width: int, dtype: torch.dtype, device: torc
 
 def gather_profiles(mine: RankProfile, tp: int, device: torch.device) -> list[RankProfile]:
     """Every rank's profile, rank 0 first, on every rank (collective)."""
-    on = device if device.type == "cuda" else torch.device("cpu")
-    local = torch.tensor(mine.as_tuple(), dtype=torch.float64, device=on)
+    local = torch.tensor(mine.as_tuple(), dtype=torch.float64, device=device)
     table = [torch.zeros_like(local) for _ in range(tp)]
     dist.all_gather(table, local)
     return [RankProfile(*row.tolist()) for row in table]
@@ -223,8 +220,7 @@ def gather_profiles(mine: RankProfile, tp: int, device: torch.device) -> list[Ra
 
 def broadcast_partition(partition: Partition | None, tp: int, device: torch.device) -> Partition | None:
     """Rank 0's partition on every rank (None: rank 0 found none that fits; collective)."""
-    on = device if device.type == "cuda" else torch.device("cpu")
-    shares = torch.zeros(2 * tp + 1, dtype=torch.int64, device=on)
+    shares = torch.zeros(2 * tp + 1, dtype=torch.int64, device=device)
     if partition is not None:
         shares[0] = 1
         shares[1:] = torch.tensor([*partition.kv_groups, *partition.mlp_columns])

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from hexswarm.peer.tp_profile import Agreed, ComputeClock, Slowdown, agree_partition
-from hexswarm.peer.tp_shard import Partition, resplit_cache
+from hexswarm.peer.tp_shard import Partition, Sessions, resplit_sessions
 from hexswarm.swarm import log_setup
 from hexswarm.swarm.records import DeviceInfo
 
@@ -87,7 +87,7 @@ class Resplit:
 
     old: int
     new: int
-    sessions: tuple[tuple[str, tuple[tuple[int, int, int], ...]], ...]
+    sessions: Sessions
 
 
 @dataclass(frozen=True)
@@ -300,9 +300,9 @@ def rank_main(setup: RankSetup, conn) -> None:
         return _Stack(blocks, group)
 
     try:
-        stacks = _Stacks(_Stack(stack, None), load, conn, setup.rank, send_lock)
-        stacks.clock = clock
-        _serve(stacks, conn)
+        # only an uneven group's leader reads the ranks' decode times (its drift check)
+        observe = setup.partition == "auto"
+        _serve(_Stacks(_Stack(stack, None), load, conn, setup.rank, send_lock, clock, observe), conn)
     except Exception as e:  # a failed collective, or the leader gone: the leader tears the group down
         logger.error("rank %d stops: %s: %s", setup.rank, type(e).__name__, e)
         with send_lock:
@@ -320,11 +320,21 @@ class _Stack:
 class _Stacks:
     """A rank's block stacks by id (one, or two while the peer moves) and its sessions' caches."""
 
-    def __init__(self, first: _Stack, load, conn, rank: int, send_lock: threading.Lock):
+    def __init__(
+        self,
+        first: _Stack,
+        load,
+        conn,
+        rank: int,
+        send_lock: threading.Lock,
+        clock: ComputeClock,
+        observe: bool,
+    ):
         self.stacks = {0: first}
         self.caches: dict[str, object] = {}  # session id -> its cache
         self._load, self._conn, self._rank, self._send_lock = load, conn, rank, send_lock
-        self.clock = ComputeClock()
+        self.clock = clock  # the rank's compute apart from its waits (and its benchmark slowdown)
+        self._observe = observe  # report decode compute to the leader
         self._times = _DecodeTimes()
 
     def open(self, command: OpenCache) -> None:
@@ -356,7 +366,7 @@ class _Stacks:
             cache = stack.blocks.new_cache(step.session_id)
         self.clock.begin_step()
         stack.blocks(hidden, cache, step.position, step.start, step.end)
-        if step.shape[:2] == (1, 1):  # decode steps are what the split is sized for
+        if self._observe and step.shape[:2] == (1, 1):  # decode steps are what the split is sized for
             report = self._times.add(step.stack_id, self.clock.end_step())
             if report is not None:
                 with self._send_lock:
@@ -366,21 +376,10 @@ class _Stacks:
         """Moves the sessions' caches to the new stack's split (with every other rank), then
         drops the old stack."""
         old, new = self.stacks[command.old], self.stacks[command.new]
-        like = torch.empty(0, old.blocks.config.head_dim, dtype=old.blocks.dtype, device=old.blocks.device)
-        for session_id, layers in command.sessions:
-            cache = self.caches.get(session_id)
-            moved = resplit_cache(
-                cache,
-                layers,
-                old.blocks.shard.partition_or_even(),
-                new.blocks.shard.partition_or_even(),
-                self._rank,
-                new.blocks.new_cache(session_id),
-                all_reduce_over(new.group),
-                like,
-            )
-            if cache is not None:
-                self.caches[session_id] = moved
+        all_reduce = all_reduce_over(new.group)
+        self.caches.update(
+            resplit_sessions(old.blocks, new.blocks, command.sessions, self.caches, self._rank, all_reduce)
+        )
         self.stacks.pop(command.old, None)
         self._times = _DecodeTimes()
 

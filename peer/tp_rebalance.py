@@ -63,7 +63,7 @@ async def _window(peer, blocks) -> None:
         [round(s * 1000, 2) for s in predicted],
         group.repartitioner.strikes,
     )
-    if proposal is None or proposal == group.partition:
+    if proposal is None:
         return
     logger.info(
         "observed compute per rank %s ms against predicted %s ms: re-partitioning",

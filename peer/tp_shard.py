@@ -223,7 +223,33 @@ def all_reduce_after_row_parallel(layer: nn.Module, plan: ShardPlan, all_reduce:
             module.register_forward_hook(hook)
 
 
-def resplit_cache(
+Sessions = tuple[tuple[str, tuple[tuple[int, int, int], ...]], ...]  # (id, its filled layers)
+
+
+def resplit_sessions(
+    old_stack,
+    new_stack,
+    sessions: Sessions,
+    caches: dict[str, DynamicCache],
+    rank: int,
+    all_reduce: AllReduce,
+) -> dict[str, DynamicCache]:
+    """The caches of `sessions` moved from `old_stack`'s split to `new_stack`'s (two BlockStacks
+    of the same blocks on this rank), for the sessions this rank holds in `caches`. Collective:
+    every rank of the group calls it with the same `sessions` (see `_resplit_cache`)."""
+    old, new = old_stack.shard.partition_or_even(), new_stack.shard.partition_or_even()
+    like = torch.empty(0, old_stack.config.head_dim, dtype=old_stack.dtype, device=old_stack.device)
+    moved = {}
+    for session_id, layers in sessions:
+        cache = caches.get(session_id)
+        template = new_stack.new_cache(session_id)
+        result = _resplit_cache(cache, layers, old, new, rank, template, all_reduce, like)
+        if cache is not None:
+            moved[session_id] = result
+    return moved
+
+
+def _resplit_cache(
     cache: DynamicCache | None,
     layers: tuple[tuple[int, int, int], ...],
     old: Partition,
