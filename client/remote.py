@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 
 import torch
@@ -28,6 +29,8 @@ from hexswarm.swarm.protocol import (
     write_frame,
 )
 from hexswarm.swarm.wire_tensors import DTYPE_NAMES
+
+logger = logging.getLogger(__name__)
 
 
 class PeerError(RuntimeError):
@@ -160,3 +163,26 @@ class PeerConnection:
 
     def close(self) -> None:
         self.writer.close()
+
+
+CLOSE_TIMEOUT_S = 5.0
+
+
+async def close_sessions(opened: list[tuple[PeerConnection, str]]) -> None:
+    """Closes each (connection, session id) pair's session, all at once, each within
+    CLOSE_TIMEOUT_S; then ends every stream, even when cancelled: a peer frees the sessions of
+    a stream that ended, so no session outlives its client's close whatever the peers answer."""
+    try:
+        await asyncio.gather(*(_close_one(conn, session_id) for conn, session_id in opened))
+    finally:
+        for conn, _ in opened:
+            conn.close()
+
+
+async def _close_one(conn: PeerConnection, session_id: str) -> None:
+    if conn.writer.is_closing():  # a failed hop's stream is closed already
+        return
+    try:
+        await asyncio.wait_for(conn.close_session(session_id), CLOSE_TIMEOUT_S)
+    except Exception as e:  # best effort: the stream's end frees the session anyway
+        logger.debug("closing session %s on %s: %s", session_id, conn.peer_name, e)

@@ -6,6 +6,9 @@
 - A peer that failed is banned by this client for `ban_base_s`, and each new failure of the
   same peer multiplies that by `ban_factor` (up to `ban_max_s`): a flaky peer is tried
   again later, a broken one is soon left alone for minutes.
+- A peer that answers RATE_LIMITED is not failing: it asks the session to slow down
+  (peer/admission.py). The client waits what the peer named (clamped) and sends the same step
+  again, up to `rate_limit_wait_s` per step; past that, the peer counts as failed.
 - Each `generate()` call (one session) may spend at most `max_retries` failed attempts and
   `retry_budget_s` seconds on failovers; then it raises `FailoverError`, which lists every
   attempt (peer, blocks, error).
@@ -14,6 +17,7 @@
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,6 +46,8 @@ class RetryPolicy:
     # step before it reports the push failed (the client then relays that hop). Long enough for a
     # busy peer's event loop to read and check a frame; a stalled next peer costs this much more.
     push_ack_timeout_s: float = 1.0
+    # A peer's RATE_LIMITED asks for a wait, not a failover: this much waiting per step at most.
+    rate_limit_wait_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_retries < 0 or self.retry_budget_s <= 0:
@@ -52,6 +58,8 @@ class RetryPolicy:
             raise ValueError("deadline_slack must be >= 1 and deadline_floor_s > 0")
         if not 0.001 <= self.push_ack_timeout_s <= 60:
             raise ValueError("push_ack_timeout_s must be in [0.001, 60]")
+        if self.rate_limit_wait_s < 0:
+            raise ValueError("rate_limit_wait_s must be >= 0")
 
 
 def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> float:
@@ -60,6 +68,22 @@ def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> floa
         return 0.0
     cap = min(policy.backoff_max_s, policy.backoff_base_s * 2 ** (attempt - 1))
     return cap / 2 + rng.uniform(0, cap / 2)
+
+
+_RETRY_IN = re.compile(r"retry in (\d{1,7}(?:\.\d{1,3})?) ms")
+RATE_LIMIT_DEFAULT_WAIT_S = 0.05  # when the peer's message names no wait
+RATE_LIMIT_MAX_WAIT_S = 1.0  # one wait at most, whatever the peer names
+
+
+def rate_limit_wait(error: PeerError) -> float | None:
+    """Seconds to wait before sending the refused step again, when `error` is a RATE_LIMITED
+    refusal (the peer computed nothing); None for any other error. The wait is the one the
+    peer's message names ("retry in 3 ms"), remote input, so clamped to (0, 1] s."""
+    if error.code != ErrorCode.RATE_LIMITED:
+        return None
+    named = _RETRY_IN.search(error.message or "")
+    wait = float(named.group(1)) / 1000 if named else RATE_LIMIT_DEFAULT_WAIT_S
+    return min(max(wait, 0.001), RATE_LIMIT_MAX_WAIT_S)
 
 
 class BanList:

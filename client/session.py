@@ -34,8 +34,8 @@ import torch
 from hexswarm.client.disaggregation import Roles, kv_sources, kv_targets, split_by_role
 from hexswarm.client.failover import Failover, Hops, LiveHop
 from hexswarm.client.history import InputHistory
-from hexswarm.client.remote import KvTransferError, PeerError
-from hexswarm.client.retry import BanList, RetryPolicy
+from hexswarm.client.remote import CLOSE_TIMEOUT_S, KvTransferError, PeerError, close_sessions
+from hexswarm.client.retry import BanList, RetryPolicy, rate_limit_wait
 from hexswarm.client.swarm_client import SwarmClient, uncovered_blocks
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.chains.swarm_view import NoRouteError, Router, RouteRequest
@@ -191,11 +191,24 @@ class InferenceSession:
 
     async def _step(self, hidden: torch.Tensor) -> torch.Tensor:
         inputs: dict[int, torch.Tensor] = {}  # block boundary -> this step's input there
-        i = 0
+        i, paced_s = 0, 0.0
         while i < len(self.hops):
             try:
                 hidden, i = await self._segment(i, hidden, inputs)
             except _HopFailed as e:
+                wait = rate_limit_wait(e.error)
+                if wait is not None and paced_s + wait <= self.policy.rate_limit_wait_s:
+                    # The peer refused before computing anything: the same input again, later.
+                    if not paced_s:
+                        logger.info(
+                            "session %s: %s asks it to slow down (%s)",
+                            self.session_id, e.error.peer, e.error.message,
+                        )  # fmt: skip
+                    paced_s += wait
+                    await asyncio.sleep(wait)
+                    i = e.index
+                    hidden = inputs[self.hops[i].start]
+                    continue
                 hidden, i = await self._recover(e.index, e.error, inputs)
         self.history.append(inputs)
         return hidden
@@ -281,23 +294,13 @@ class InferenceSession:
     def close(self) -> None:
         if self.verifier is not None:
             self.verifier.close()
-        if self.hops:
-            run_sync(self._close_all(), timeout=10)
-            self.hops = []
+        hops, self.hops = [*self.hops, *(self.decode_hops or [])], []
+        if hops:
+            run_sync(self._close(hops), timeout=2 * CLOSE_TIMEOUT_S)
 
-    async def _close_all(self) -> None:
-        await self._close([*self.hops, *(self.decode_hops or [])])
-
-    async def _close(self, hops: list[LiveHop]) -> None:
-        for hop in hops:
-            try:
-                if not hop.conn.writer.is_closing():  # a failed hop's stream is closed already
-                    hop.conn.timeout = min(hop.conn.timeout, 5.0)
-                    await hop.conn.close_session(hop.session_id)
-            except Exception as e:  # best effort: the peer frees the session when the stream ends anyway
-                logger.debug("closing on %s: %s", hop.conn.peer_name, e)
-            finally:
-                hop.conn.close()
+    @staticmethod
+    async def _close(hops: list[LiveHop]) -> None:
+        await close_sessions([(hop.conn, hop.session_id) for hop in hops])
 
     def peer_names(self) -> list[str]:
         """Names of the peers of the current chain, in order."""

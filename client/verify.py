@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from hivemind.utils import get_dht_time
 
-from hexswarm.client.remote import PeerConnection, PeerError
+from hexswarm.client.remote import PeerConnection, PeerError, close_sessions
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.identity import peer_id_from_owner_marker
@@ -247,11 +247,5 @@ class Verifier:
             run_sync(self._close_shadows(), timeout=10)
 
     async def _close_shadows(self) -> None:
-        for shadow in self.shadows.values():
-            try:
-                await shadow.conn.close_session(shadow.session_id)
-            except PeerError as e:
-                logger.debug("closing a shadow session: %s", e)
-            finally:
-                shadow.conn.close()
-        self.shadows.clear()
+        shadows, self.shadows = list(self.shadows.values()), {}
+        await close_sessions([(shadow.conn, shadow.session_id) for shadow in shadows])

@@ -143,3 +143,27 @@ def test_flooding_remote_is_refused_while_others_are_served(limited):
         if flooder is not None:
             flooder.close()
         model.shutdown()
+
+
+def test_a_session_over_the_rate_is_paced_not_failed_over(limited):
+    """A generation that outruns --max-steps-per-second: the peer refuses the steps over the rate
+    with RATE_LIMITED, and the client waits the time named and sends them again. Nothing is
+    banned or failed over (this swarm has no other peer to fail over to), the output is exact."""
+    from transformers import AutoModelForCausalLM
+
+    from hexswarm.client import DistributedModelForCausalLM
+
+    local, model_dir = limited
+    reference = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=local.initial_peers)
+    try:
+        input_ids = torch.tensor([[3, 14, 15, 92, 65]])
+        new_tokens = 20  # 20 steps: the burst's 10, then 10 more at 5 steps/s, so 2 s at least
+        expected = reference.generate(input_ids, max_new_tokens=new_tokens, do_sample=False)
+        began = time.monotonic()
+        out = model.generate(input_ids, max_new_tokens=new_tokens, do_sample=False)
+        assert torch.equal(out, expected)
+        assert model.last_failovers == []
+        assert time.monotonic() - began >= 1.5  # paced by the peer, not let through
+    finally:
+        model.shutdown()

@@ -8,7 +8,18 @@ import torch
 from hexswarm.client.deadline import PeerSpeed, step_deadline_s
 from hexswarm.client.history import InputHistory
 from hexswarm.client.remote import PeerError
-from hexswarm.client.retry import Attempt, BanList, FailoverError, RetryBudget, RetryPolicy, backoff_delay
+from hexswarm.client.retry import (
+    RATE_LIMIT_DEFAULT_WAIT_S,
+    RATE_LIMIT_MAX_WAIT_S,
+    Attempt,
+    BanList,
+    FailoverError,
+    RetryBudget,
+    RetryPolicy,
+    backoff_delay,
+    rate_limit_wait,
+)
+from hexswarm.swarm.protocol import ErrorCode
 
 
 class Clock:
@@ -128,3 +139,22 @@ def test_a_boundary_kept_only_after_the_first_step_is_no_place_to_replay_from():
     assert history.sent_before(4, 6, torch.zeros(1, 1, 2)) is None
     history.replace(4, torch.ones(1, 6, 2))  # a replay through a new hop at 4 saw all six
     assert history.replay_start(6) == 4
+
+
+def _refusal(code: ErrorCode, message: str) -> PeerError:
+    return PeerError("p1", code, message)
+
+
+def test_rate_limited_is_a_wait_of_what_the_peer_names():
+    assert rate_limit_wait(_refusal(ErrorCode.RATE_LIMITED, "over 5 steps/s; retry in 120 ms")) == 0.12
+    assert rate_limit_wait(_refusal(ErrorCode.RATE_LIMITED, "over 5 steps/s")) == RATE_LIMIT_DEFAULT_WAIT_S
+
+
+def test_the_named_wait_is_clamped():
+    assert rate_limit_wait(_refusal(ErrorCode.RATE_LIMITED, "retry in 9999999 ms")) == RATE_LIMIT_MAX_WAIT_S
+    assert rate_limit_wait(_refusal(ErrorCode.RATE_LIMITED, "retry in 0 ms")) == 0.001
+
+
+def test_other_errors_are_no_wait():
+    for code in (ErrorCode.BUSY, ErrorCode.PEER_FAILED, None):
+        assert rate_limit_wait(_refusal(code, "retry in 3 ms")) is None
