@@ -5,9 +5,10 @@ The API server must not block its event loop, and many requests share one
 (the model keeps one swarm session per thread), and a streamer hands every new token to
 the request's asyncio queue. The streamer first passes each token through the request's own
 `on_token` (the API detokenizes there), so that per-token CPU work runs in the generation
-thread, not on the event loop. Setting `cancel` (the client went away), or `should_stop()`
-turning true (a stop string appeared), ends `generate` after the step in flight, which closes
-the session on every peer.
+thread, not on the event loop. `should_stop()` turning true (a stop string appeared) ends
+`generate` after the step in flight; setting `cancel` (the client went away) ends it within
+0.1 s, even mid-step or while a failover waits for a peer. Either way the session closes on
+every peer.
 
 Sampling draws from the request's own `torch.Generator`, so concurrent requests do not
 share the global RNG. It draws exactly what `generate(do_sample=True)` draws after
@@ -28,6 +29,8 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 from transformers.generation.streamers import BaseStreamer
+
+from hexswarm.client.worker import Cancelled
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,11 @@ def start_generation(
         try:
             if not stream.cancel.is_set():  # the client may have left before a thread was free
                 with torch.inference_mode():
-                    model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
+                    model.generate(
+                        input_ids, attention_mask=torch.ones_like(input_ids), cancel=stream.cancel, **kwargs
+                    )
+        except Cancelled:  # the client left mid-step; nobody reads the stream any more
+            pass
         except BaseException as e:  # handed to the request, which answers with an error
             outcome = e
         loop.call_soon_threadsafe(stream.queue.put_nowait, outcome)

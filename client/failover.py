@@ -197,6 +197,10 @@ class Hops:
                     hop.conn.close()
                 span = next(((h.start, h.end) for h in hops if h.hop.peer_id == e.peer_id), (start, end))
                 self.failed(e.peer_id, *span, _short(e))
+            except BaseException:  # cancelled mid-replay: the new hops are nobody's yet
+                for hop in hops:
+                    hop.conn.close()
+                raise
         raise AssertionError("unreachable")
 
     async def _route(self, start: int, end: int, formats: dict[int, str] | None) -> Route:

@@ -54,6 +54,7 @@ class _ThreadSessions(threading.local):
     session: InferenceSession | None = None
     max_length: int | None = None  # set while inside `inference_session`
     verify: float | None = None  # this call's `verify=` (None: the model's)
+    cancel: threading.Event | None = None  # this call's `cancel=`: set, it stops waiting on peers
     last_route: str | None = None
     last_failovers: list | None = None  # client.failover.Failover of the last session
     last_hop_steps: dict | None = None  # hop steps sent by the client / pushed by peers, last session
@@ -141,6 +142,7 @@ class DistributedMixin:
                 "beam search would reorder the swarm's KV caches; use greedy or sampling"
             )
         self._threads.verify = kwargs.pop("verify", None)
+        self._threads.cancel = kwargs.pop("cancel", None)
         try:
             with (
                 torch_threads(self.threads),
@@ -148,7 +150,7 @@ class DistributedMixin:
             ):
                 return super().generate(inputs, *args, **kwargs)
         finally:
-            self._threads.verify = None
+            self._threads.verify = self._threads.cancel = None
 
     def _generation_length(self, inputs, kwargs) -> int:
         prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
@@ -218,8 +220,10 @@ class DistributedMixin:
             )
             share = self._threads.verify if self._threads.verify is not None else self.verify
             session.verifier = Verifier(session, share, self.verify_stats) if share > 0 else None
+            session.cancel = self._threads.cancel
             self.session = session.open()
             self.last_route = self.session.describe_route()
+        self.session.cancel = self._threads.cancel  # this call's, on a session kept across calls too
         return self.session
 
     def shutdown(self) -> None:
@@ -276,6 +280,9 @@ class DistributedModelForCausalLM:
         call, backoff, bans, step deadlines, and the bound on the hop inputs kept for replay.
         `verify` in [0, 1] is the share of hop steps a second peer recomputes (client/verify.py);
         `generate(..., verify=p)` overrides it for one call.
+        `generate(..., cancel=event)` (a threading.Event): once another thread sets it, the call
+        stops within 0.1 s, even mid-step or mid-failover, raising client.worker.Cancelled, and
+        closes its session on every peer (the API server sets it when its client leaves).
         `push` (default True): each peer sends its output straight to the next peer of the chain,
         and the client reads every hop's output; False relays every hop through the client
         (docs/reliability.md "Push between peers"). Settable later as `model.push`.

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import threading
 import time
 from collections import Counter
 
@@ -71,6 +72,9 @@ class InferenceSession:
         self.position = 0  # tokens of each sequence the swarm has cached
         self.failovers: list[Failover] = []
         self.verifier = None  # a client/verify.py Verifier when the caller asked for verify > 0
+        # Set by the caller when nobody wants the answer any more (the API's client left): a
+        # step or an open waiting on peers, a failover included, stops within 0.1 s.
+        self.cancel: threading.Event | None = None
         self.push = push
         self.relayed: set[str] = set()  # session ids of hops a push into failed: the client feeds them
         # hop steps the client sent / that peers pushed; pushes that failed (then relayed)
@@ -110,10 +114,10 @@ class InferenceSession:
         try:
             roles = split_by_role(long_enough, self.spec.num_blocks)
             if roles is not None:
-                run_sync(self._open_disaggregated(roles), timeout=self._timeout())
+                run_sync(self._open_disaggregated(roles), self._timeout(), self.cancel)
             if not self.hops:
                 self.hops, _, _ = run_sync(
-                    self.peers.replace(0, self.spec.num_blocks, None), timeout=self._timeout()
+                    self.peers.replace(0, self.spec.num_blocks, None), self._timeout(), self.cancel
                 )
         finally:
             self.peers.no_route_deadline = None  # later failovers have the retry budget
@@ -135,7 +139,7 @@ class InferenceSession:
             )
         hidden = hidden.to(self.dtype).contiguous()
         step = self._prefill(hidden) if self.decode_hops is not None else self._step(hidden)
-        output = run_sync(step, timeout=self._timeout())
+        output = run_sync(step, self._timeout(), self.cancel)
         self.position += hidden.shape[1]
         return output
 
@@ -156,6 +160,10 @@ class InferenceSession:
             logger.info("session %s: no disaggregated chains (%s); serving colocated", self.session_id, e)
             await self._close(decode_hops)
             self.hops, self.decode_hops = [], None
+        except BaseException:  # cancelled: the decode sessions are nobody's yet, end their streams
+            for hop in decode_hops:
+                hop.conn.close()
+            raise
 
     async def _prefill(self, hidden: torch.Tensor) -> torch.Tensor:
         """The prompt through the prefill chain, whose peers hand its keys and values to the

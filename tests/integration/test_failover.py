@@ -1,13 +1,18 @@
 """A peer of the chain dies (SIGKILL) or stalls (SIGSTOP) mid-generation: the client fails over
 and the output equals the local model's, token for token."""
 
+import os
 import signal
+import threading
+import time
 
 import pytest
 import torch
 from transformers import StoppingCriteriaList
 
-from tests.integration.conftest import PEERS, SignalHopPeer
+from hexswarm.client.worker import Cancelled
+from hexswarm.swarm.records import read_peer_records
+from tests.integration.conftest import PEERS, SignalHopPeer, swarm_of
 
 pytestmark = pytest.mark.integration
 
@@ -33,3 +38,51 @@ def test_failover_mid_generation_is_exact(swarm, model, local_model, sig):
             swarm.peers[hurt.victim] = swarm.local.start_peer(
                 swarm.model_dir, layers, hurt.victim, "--announce-period", "1", *extra
             )
+
+
+def test_cancel_ends_a_generation_waiting_on_a_stalled_peer(make_model, tmp_path):
+    """The only peer stalls mid-generation, so the step fails over and waits for a peer that
+    does not come; `cancel` ends that wait at once, and the session is freed on the peer."""
+    from hexswarm.client import DistributedModelForCausalLM
+
+    model_dir = make_model(arch="llama", layers=2, seed=31)
+    with swarm_of(model_dir, tmp_path, {"only": ("0:2", ())}) as (local, peers):
+        model = DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=local.initial_peers)
+        stall = SignalHopPeer(model, peers, tokens=3, hop=0, sig=signal.SIGSTOP)
+        cancel, raised = threading.Event(), []
+
+        def generate() -> None:
+            try:
+                model.generate(
+                    torch.tensor([[3, 14, 15]]), max_new_tokens=50, do_sample=False, cancel=cancel,
+                    stopping_criteria=StoppingCriteriaList([stall]),
+                )  # fmt: skip
+            except Exception as e:
+                raised.append(e)
+
+        worker = threading.Thread(target=generate)
+        try:
+            worker.start()
+            deadline = time.monotonic() + 60
+            while stall.victim is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(3)  # past the step's deadline: the client is failing over, waiting for peers
+            cancel.set()
+            cancelled_at = time.monotonic()
+            worker.join(10)
+            assert not worker.is_alive() and time.monotonic() - cancelled_at < 2
+            assert len(raised) == 1 and isinstance(raised[0], Cancelled), raised
+        finally:
+            if stall.victim is not None:
+                os.kill(peers["only"].popen.pid, signal.SIGCONT)
+            worker.join(60)
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                records = read_peer_records(model.swarm.dht, model.spec.model_id)
+                if records and not any(r.open_sessions for r in records):
+                    break
+                time.sleep(0.25)
+            assert records and not any(r.open_sessions for r in records), records
+        finally:
+            model.shutdown()
