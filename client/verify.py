@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from hivemind.utils import get_dht_time
 
-from hexswarm.client.remote import PeerConnection, PeerError, close_sessions
+from hexswarm.client.remote import CLOSE_TIMEOUT_S, PeerConnection, PeerError, close_sessions
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.identity import peer_id_from_owner_marker
@@ -244,7 +244,7 @@ class Verifier:
 
     def close(self) -> None:
         if self.shadows:
-            run_sync(self._close_shadows(), timeout=10)
+            run_sync(self._close_shadows(), timeout=2 * CLOSE_TIMEOUT_S)
 
     async def _close_shadows(self) -> None:
         shadows, self.shadows = list(self.shadows.values()), {}
