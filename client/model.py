@@ -32,7 +32,7 @@ from hexswarm.routing.chains.swarm_view import Router
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS, check_quant
 from hexswarm.swarm import architectures
 from hexswarm.swarm.checkpoint import load_tensors
-from hexswarm.swarm.dht import public_initial_peers
+from hexswarm.swarm.dht import NO_PUBLIC_PEERS, public_initial_peers
 from hexswarm.swarm.model_spec import ModelSpec, config_for_blocks, load_model_spec
 from hexswarm.swarm.terminal_text import printable
 from hexswarm.swarm.threads import openmp_spins, torch_threads
@@ -301,7 +301,11 @@ class DistributedModelForCausalLM:
         spec = load_model_spec(model_dir)
         peers = public_initial_peers() if public else list(initial_peers or [])
         if not peers:
-            raise ValueError("pass initial_peers=[...] (the bootstrap's multiaddrs) or public=True")
+            raise ValueError(
+                NO_PUBLIC_PEERS
+                if public
+                else "pass initial_peers=[...] (the bootstrap's multiaddrs) or public=True"
+            )
         model = _build_local_parts(spec, dtype)
         if router is None:
             from hexswarm.routing.chains.routers import make_router

@@ -100,14 +100,14 @@ def print_model(model_id: str, num_blocks: int, records: list[PeerRecord], alias
     print(f"model {printable(model_id, MODEL_ID_LIMIT)}{f' ({alias})' if alias else ''}: {num_blocks} blocks")
     print(
         f"  {'peer id':<14} {'name':<16} {'layers':<9} {'state':<8} {'tp':>9} {'devices':<14} {'tok/s/blk':>9} {'ms/blk':>7} "
-        f"{'sessions':>8} {'cache left':>10}  address"
+        f"{'sessions':>8} {'cache left':>10}  {'reach':<11} address"
     )
     for r in sorted(records, key=lambda r: (r.start, r.end, r.name)):
-        address = printable(r.addrs[0], ADDRESS_LIMIT) if r.addrs else "-"
+        address = describe_address(r)
         print(
             f"  {short_id(r.peer_id):<14} {printable(r.name, 16):<16} {f'{r.start}:{r.end}':<9} {r.state.value:<8} "
             f"{describe_tp(r):>9} {printable(describe_devices(r), 14):<14} {r.throughput:>9.0f} {r.decode_ms_per_block:>7.2f} {r.open_sessions:>8} {r.cache_tokens_left:>10}  "
-            f"{address}"
+            f"{r.reachability or '-':<11} {address}"
         )
     from hexswarm.swarm.records import online_peers_per_block
 
@@ -132,6 +132,15 @@ def print_reports(reports: list[Report], names: dict[str, str]) -> None:
             f"  REPORTED: {short_id(peer_id)} {printable(names.get(peer_id, '?'))} by {len(reporters)} client(s) "
             f"for wrong outputs on blocks {', '.join(blocks)}{tie}"
         )
+
+
+def describe_address(record: PeerRecord) -> str:
+    """Where others reach it: its first address, the relays it is reached through, or why nobody can."""
+    if record.reachability == "relayed":
+        return "via relay " + ", ".join(short_id(r) for r in record.relays)
+    if record.reachability == "unreachable":
+        return "nobody could dial it and no relay took it (see its log)"
+    return printable(record.addrs[0], ADDRESS_LIMIT) if record.addrs else "-"
 
 
 def short_id(peer_id: str) -> str:

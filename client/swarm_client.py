@@ -22,6 +22,7 @@ from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.dht import start_dht
 from hexswarm.swarm.dht_process import shutdown_dht
 from hexswarm.swarm.dht_read import DHT_READ_TIMEOUT_S
+from hexswarm.swarm.dialing import Dialer
 from hexswarm.swarm.records import (
     PeerRecord,
     PeerState,
@@ -99,6 +100,11 @@ class SwarmClient:
     # weight formats this client routes through (a peer's record says its own: swarm/records.py)
     quants: tuple[str, ...] = (DEFAULT_QUANT,)
     _last_snapshot: tuple | None = None
+    dialer: Dialer | None = None  # dials peers at their records' addresses (relay circuits)
+
+    def __post_init__(self) -> None:
+        if self.dialer is None:
+            self.dialer = Dialer(self.p2p)
 
     @classmethod
     def connect(
@@ -129,9 +135,11 @@ class SwarmClient:
         """Online, trusted peers of the model whose layer range fits it (a bad record must not break
         routing) and whose weight format this client accepts (or any, with `any_format`); none if
         the DHT does not answer within `timeout` seconds."""
+        records = read_peer_records(self.dht, model_id, timeout)
+        self.dialer.learn(records)
         return [
             r
-            for r in read_peer_records(self.dht, model_id, timeout)
+            for r in records
             if r.state == PeerState.ONLINE
             and 0 <= r.start < r.end <= num_blocks
             and r.peer_id not in self.distrusted
@@ -226,7 +234,9 @@ class SwarmClient:
             conn.close()
 
     async def open_connection(self, peer_id: str, name: str, timeout: float) -> PeerConnection:
-        return await PeerConnection.connect(self.p2p, PeerID.from_base58(peer_id), name, timeout)
+        peer = PeerID.from_base58(peer_id)
+        await self.dialer.connect(peer)
+        return await PeerConnection.connect(self.p2p, peer, name, timeout)
 
     def forget(self, peer_id: str) -> None:
         """Drops what the client measured of a peer that failed, so it is re-measured."""

@@ -64,7 +64,7 @@ def peer_config(args: argparse.Namespace):
         raise UsageError("--role auto needs --layers auto: the coordinator's plan gives a peer both")
     spec, (start, end), devices, tp_choices, prefill_threads = _load(args)
     try:
-        coordinator_trust = trust_from(args.coordinator_key)
+        coordinator_trust = trust_from(_coordinator_keys(args), public=args.public)
         coordinator = coordinator_config(args, args.model) if args.coordinator else None
     except (OSError, ValueError) as e:
         raise UsageError(str(e)) from None
@@ -81,6 +81,8 @@ def peer_config(args: argparse.Namespace):
         initial_peers=tuple(args.initial_peers),
         host_maddrs=tuple(args.host_maddrs),
         announce_maddrs=tuple(args.announce_maddrs),
+        reachability=args.reachability,
+        relay_limits=cli_args.relay_limits(args),
         identity_path=args.identity,
         name=args.name,
         devices=devices,
@@ -123,6 +125,15 @@ def peer_config(args: argparse.Namespace):
         debug_record=dict(map(parse_record_override, args.debug_record)),
         prefill_threads=prefill_threads,
     )
+
+
+def _coordinator_keys(args: argparse.Namespace) -> list[str] | None:
+    """--coordinator-key, else in the public swarm the keys its shipped list names."""
+    if args.coordinator_key or not args.public:
+        return args.coordinator_key
+    from hexswarm.swarm.dht import public_coordinator_keys
+
+    return public_coordinator_keys() or None
 
 
 def _load(args: argparse.Namespace):

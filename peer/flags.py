@@ -79,8 +79,16 @@ def _swarm(g) -> None:
         nargs="+",
         default=[],
         metavar="MADDR",
-        help="public multiaddrs to tell others (behind NAT or in docker)",
+        help="public multiaddrs to tell others (a forwarded port, docker); a dial-back checks them",
     )
+    g.add_argument(
+        "--reachability",
+        choices=("auto", "direct", "relayed"),
+        default="auto",
+        help="auto: reachable nodes dial this peer back at start, and behind NAT it serves through "
+        "relays; direct: trust that others can dial it (no check); relayed: use relays without a check",
+    )
+    cli_args.add_relay_limits(g)
     g.add_argument(
         "--identity",
         default=None,

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from hivemind.p2p import PeerID
 
 from hexswarm import swarm
 from hexswarm.peer.admission import Admission, AdmissionLimits
@@ -33,6 +32,7 @@ from hexswarm.peer.link_probe import LinkProbe
 from hexswarm.peer.plan_follower import PlanFollower, join_range
 from hexswarm.peer.push import PushLinks, SwarmMembers
 from hexswarm.peer.range_move import RangeMover
+from hexswarm.peer.reachability import Reach, Reachability
 from hexswarm.peer.scheduler import BatchPolicy
 from hexswarm.peer.server import PeerServer
 from hexswarm.peer.throughput import measure_or_load
@@ -44,9 +44,12 @@ from hexswarm.swarm.coordinator.records import Trust, dht_get
 from hexswarm.swarm.dht import start_dht
 from hexswarm.swarm.dht_process import shutdown_dht
 from hexswarm.swarm.dht_signing import ANNOUNCE_PROTOCOL
+from hexswarm.swarm.dialing import Dialer
 from hexswarm.swarm.identity import load_or_create_identity
 from hexswarm.swarm.model_spec import ModelSpec
+from hexswarm.swarm.port_relay import RELAY_PROTOCOL, RelayLimits, RelayService
 from hexswarm.swarm.protocol import SESSION_PROTOCOL, ProtocolError
+from hexswarm.swarm.reachability import DIALBACK_PROTOCOL, DialBackService
 from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
 from hexswarm.swarm.wire_tensors import DTYPE_NAMES
 
@@ -107,6 +110,10 @@ class PeerConfig:
     debug_record: dict = field(default_factory=dict)  # tests only: fields announced over the honest ones
     # torch threads for steps of many tokens (prefill) when decode runs on fewer (peer/devices.py)
     prefill_threads: int | None = None
+    # How others reach this peer (peer/reachability.py): auto (dial-back, relays behind NAT),
+    # or what the operator knows: direct (not checked) or relayed (behind NAT, no check)
+    reachability: str = "auto"
+    relay_limits: RelayLimits = field(default_factory=RelayLimits)  # what it relays for others once direct
 
     @property
     def tp(self) -> int:
@@ -121,18 +128,20 @@ async def serve(config: PeerConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
+    started = time.monotonic()
     identity = load_or_create_identity(config.identity_path)
     # In the main thread (a second or two of blocking): it sets up signal dispositions for the DHT child.
     dht = start_dht(config.initial_peers, identity, config.host_maddrs, config.announce_maddrs)
     name = config.name or f"{socket.gethostname()}-{identity.peer_id.to_base58()[-6:]}"
     log_setup.set_context(f"peer {name} {config.spec.model_id}[{config.start}:{config.end})")
     logger.info("peer %s joined the DHT as %s", name, identity.peer_id)
+    dht, reach, check = await _become_reachable(config, dht, identity, started)
     if config.auto:
         start, end = await join_range(dht, config.spec.model_id, config.spec.num_blocks, config.max_blocks)
         config = replace(config, start=start, end=end)
         log_setup.set_context(f"peer {name} {config.spec.model_id}[{start}:{end})")
         logger.info("--layers auto: Petals' rule chose blocks [%d:%d)", start, end)
-    peer = _Peer(config, dht, identity, name, stop)
+    peer = _Peer(config, dht, identity, name, stop, reach, check)
     coordinator = _start_coordinator(config, dht, identity, stop)
     try:
         await peer.announcer.announce(PeerState.JOINING)
@@ -158,6 +167,23 @@ async def serve(config: PeerConfig) -> int:
     return 0
 
 
+async def _become_reachable(config: PeerConfig, dht, identity, started: float):
+    """(the DHT to serve on, the peer's Reach, the check that re-dials its relays)."""
+
+    async def restart_dht():  # behind NAT: a client-mode node stores nothing for others
+        await asyncio.to_thread(shutdown_dht, dht, DHT_CLOSE_S)
+        return start_dht(config.initial_peers, identity, config.host_maddrs, client_mode=True)
+
+    check = Reachability(identity.peer_id.to_base58(), config.reachability, started, restart_dht)
+    try:
+        records = peer_records_from(await dht_get(dht, model_key(config.spec.model_id)), config.spec.model_id)
+    except Exception:  # remote input; the initial peers alone can still check
+        records = []
+    direct = [r for r in records if r.reachability == "direct" and r.state == PeerState.ONLINE]
+    dht, reach = await check.run(dht, config.initial_peers, direct)
+    return dht, reach, check
+
+
 def _start_coordinator(config: PeerConfig, dht, identity, stop: asyncio.Event) -> asyncio.Task | None:
     """`--coordinator`: a coordinator candidate on this peer's DHT node, ended by `stop`."""
     if config.coordinator is None:
@@ -177,8 +203,13 @@ def _follower_trust(config: PeerConfig, peer_id: str) -> Trust:
 class _Peer:
     """The parts of a running peer, and the steps of its lifecycle."""
 
-    def __init__(self, config: PeerConfig, dht, identity, name: str, stop: asyncio.Event):
+    def __init__(
+        self, config: PeerConfig, dht, identity, name: str, stop: asyncio.Event, reach: Reach, check
+    ):
         self.config, self.dht, self.identity, self.name = config, dht, identity, name
+        self.reach, self.reachability_check = reach, check
+        self.dialer: Dialer | None = None  # once p2p is up
+        self.relay: RelayService | None = None  # a direct peer relays for peers behind NAT
         self.stop = stop
         self.loop = asyncio.get_running_loop()
         self.core: PeerCore | None = None
@@ -195,7 +226,6 @@ class _Peer:
         self.start, self.end, self.tp = config.start, config.end, config.tp
         self.next_range: tuple[int, int] | None = None  # loading it to move there
         self.mover = RangeMover(self)
-        self.addrs = tuple(str(a) for a in dht.get_visible_maddrs())
         peer_id = identity.peer_id.to_base58()
         self.probe = LinkProbe(peer_id, self._open_link)  # through the p2p layer, once p2p is up
         self.follower = (
@@ -244,7 +274,9 @@ class _Peer:
             dtype=DTYPE_NAMES.get(c.dtype, str(c.dtype)),
             device=",".join(str(d) for d in c.devices),
             version=swarm.__version__,
-            addrs=self.addrs,
+            addrs=self.reach.addrs,
+            reachability=self.reach.mode,
+            relays=self.reach.relays,
             tp=self.tp,
             devices=self.device_info[: self.tp],
             tp_choices=c.tp_choices,
@@ -320,14 +352,29 @@ class _Peer:
             self.server.faults = FaultInjector(self.core, c.faults)
             self.server.faults.install_signals(self.loop)
         self.p2p = await self.dht.replicate_p2p()
+        self.dialer = Dialer(self.p2p)
         # Pushes go only to peers that announce this model (a client writes the chain).
         self.server.pusher = PushLinks(self._open_link, members=SwarmMembers(self._member_ids))
         await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, self._handle_stream)
         # edge peers (peer/edge/) may announce through any full peer, as through a bootstrap
         relay = AnnounceRelay(self.dht, self.identity)
         await self.p2p.add_binary_stream_handler(ANNOUNCE_PROTOCOL, relay.handle_stream)
-        await self.announcer.announce(PeerState.ONLINE)
-        logger.info("online: serving %s blocks [%d:%d)", c.spec.model_id, c.start, c.end)
+        if self.reach.mode == "direct":  # others behind NAT ask reachable peers to dial them back
+            await self.p2p.add_binary_stream_handler(
+                DIALBACK_PROTOCOL, DialBackService(self.p2p).handle_stream
+            )
+            self.relay = RelayService(limits=c.relay_limits)
+            await self.relay.start()
+            await self.p2p.add_binary_stream_handler(RELAY_PROTOCOL, self.relay.handle_stream)
+        await self.announcer.announce(self.serving_state())
+        if self.reach.mode == "unreachable":
+            logger.error(
+                "joining, not online: %s; retrying every %.0f s", self.reach.reason, c.announce_period
+            )
+        else:
+            logger.info(
+                "online: serving %s blocks [%d:%d) (%s)", c.spec.model_id, c.start, c.end, self.reach.mode
+            )
         if self.group is not None and self.group.repartitioner is not None:
             self.rebalancer = asyncio.create_task(rebalance(self, stop), name="rebalance")
         return True
@@ -356,10 +403,7 @@ class _Peer:
     async def _open_link(self, peer_id: str):
         """A session stream to a peer id through the p2p layer: for pushed steps (peer/push.py)
         and round-trip probes (peer/link_probe.py). Never a connection to an announced address."""
-        _, reader, writer = await self.p2p.call_binary_stream_handler(
-            PeerID.from_base58(peer_id), SESSION_PROTOCOL
-        )
-        return reader, writer
+        return await self.dialer.open_stream(peer_id, SESSION_PROTOCOL)
 
     async def _load_blocks(self) -> Blocks:
         c = self.config
@@ -404,8 +448,25 @@ class _Peer:
             except TimeoutError:
                 self.core.expire_idle()
                 self._log_hop_cost()
-                await self.announcer.announce(PeerState.ONLINE)
+                await self._recheck_reachability()
+                await self.announcer.announce(self.serving_state())
                 await self._coordinate()
+
+    def serving_state(self) -> PeerState:
+        """ONLINE only while others can reach it, directly or through a relay."""
+        return PeerState.JOINING if self.reach.mode == "unreachable" else PeerState.ONLINE
+
+    async def _recheck_reachability(self) -> None:
+        try:
+            records = await self.read_records()
+            direct = [r for r in records if r.reachability == "direct" and r.state == PeerState.ONLINE]
+            reach = await self.reachability_check.recheck(self.reach, direct)
+        except Exception:  # remote input must not stop serving
+            logger.exception("re-checking the relays failed")
+            return
+        if reach.addrs != self.reach.addrs or reach.mode != self.reach.mode:
+            logger.warning("reachability now %s via %s %s", reach.mode, reach.addrs, reach.reason)
+        self.reach = reach
 
     async def _coordinate(self) -> None:
         """Measures round trips and, for an auto peer, follows the plan (or Petals' rule)."""
@@ -427,9 +488,12 @@ class _Peer:
         return [r.peer_id for r in await self.read_records()]
 
     async def read_records(self) -> list[PeerRecord]:
-        return peer_records_from(
+        records = peer_records_from(
             await dht_get(self.dht, model_key(self.config.spec.model_id)), self.config.spec.model_id
         )
+        if self.dialer is not None:
+            self.dialer.learn(records)
+        return records
 
     def _log_hop_cost(self) -> None:
         stats = self.server.hop_stats.take()
@@ -467,6 +531,9 @@ class _Peer:
 
     async def close(self) -> None:
         self.mover.cancel()  # a move or drain in progress ends with the peer
+        self.reachability_check.close()
+        if self.relay is not None:
+            self.relay.close()
         if self.rebalancer is not None:
             self.rebalancer.cancel()
         if self.server is not None:
@@ -487,6 +554,9 @@ class _Peer:
     async def _close_p2p(self) -> None:
         await self.p2p.remove_binary_stream_handler(SESSION_PROTOCOL)
         await self.p2p.remove_binary_stream_handler(ANNOUNCE_PROTOCOL)
+        if self.relay is not None:
+            await self.p2p.remove_binary_stream_handler(DIALBACK_PROTOCOL)
+            await self.p2p.remove_binary_stream_handler(RELAY_PROTOCOL)
         await self.p2p.shutdown()
 
 

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from functools import partial
 
 from hexswarm.swarm.dht_signing import (
-    ANNOUNCE_PROTOCOL,
     MAX_ANNOUNCE_BYTES,
     SignedEntry,
     decode_announce,
@@ -148,21 +146,3 @@ async def _store_signed(key: str, subkey: bytes, value: bytes, expiration: float
             ok = await node.protocol.call_store(peer_id, [key_id], [value], expiration, subkeys=[subkey])
             stored += bool(ok and ok[0])
     return stored
-
-
-def serve_in_thread(dht, identity) -> threading.Event:
-    """Serves the relay on `dht`'s p2p daemon from a thread of its own; set the event to stop."""
-    stop = threading.Event()
-    threading.Thread(
-        target=asyncio.run, args=(_serve(dht, identity, stop),), name="announce-relay", daemon=True
-    ).start()
-    return stop
-
-
-async def _serve(dht, identity, stop: threading.Event) -> None:
-    relay = AnnounceRelay(dht, identity)
-    p2p = await dht.replicate_p2p()
-    await p2p.add_binary_stream_handler(ANNOUNCE_PROTOCOL, relay.handle_stream)
-    logger.info("relaying edge peers' signed records on %s", ANNOUNCE_PROTOCOL)
-    while not stop.is_set():
-        await asyncio.sleep(0.2)

@@ -1,11 +1,21 @@
-"""`hexswarm bootstrap`: a DHT node with a stable address that a private swarm joins through."""
+"""`hexswarm bootstrap`: a DHT node with a stable address that a swarm joins through.
+
+Besides the DHT it serves what peers need from a reachable node: circuit relay v2 for peers
+behind NAT (on by default, with limits that fit hidden-state traffic), dial-backs that tell a
+peer whether others can reach it (swarm/reachability.py), and the announce relay for edge
+peers (swarm/announce_relay.py).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import signal
 import threading
+
+from hexswarm.swarm import cli_args
+from hexswarm.swarm.cli_args import add_relay_limits, relay_limits
 
 logger = logging.getLogger(__name__)
 
@@ -27,14 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="identity key file (created if missing); keeps the peer id stable across restarts "
         "(default: a new peer id each start)",
     )
+    parser.set_defaults(empty_public_list_ok=True)  # the first node of a public swarm has none to join
+    cli_args.add_initial_peers(parser, required=False)
     parser.add_argument(
-        "--initial-peers", nargs="*", default=[], metavar="MADDR", help="other bootstrap nodes to join"
+        "--no-relay",
+        action="store_true",
+        help="do not relay for peers behind NAT (they then need another reachable node to relay them)",
     )
+    add_relay_limits(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from hexswarm.swarm.announce_relay import serve_in_thread
-    from hexswarm.swarm.dht import start_dht
+    from hexswarm.swarm.dht import INITIAL_PEERS_ENV, start_dht
     from hexswarm.swarm.dht_process import shutdown_dht
     from hexswarm.swarm.identity import load_or_create_identity
 
@@ -44,13 +58,53 @@ def run(args: argparse.Namespace) -> int:
     )
     for maddr in dht.get_visible_maddrs():
         print(maddr, flush=True)
-    relay = serve_in_thread(dht, identity)  # edge peers announce through it (swarm/announce_relay.py)
-    logger.info("bootstrap node %s is up; Ctrl-C stops it", identity.peer_id)
+    services = serve_in_thread(dht, identity, None if args.no_relay else relay_limits(args))
+    relaying = "no relaying" if args.no_relay else f"relaying for peers behind NAT ({relay_limits(args)})"
+    logger.info("bootstrap node %s is up, %s; Ctrl-C stops it", identity.peer_id, relaying)
+    if args.public and not args.initial_peers:
+        logger.info(
+            "the first node of a public swarm: others join it with %s set to an address above",
+            INITIAL_PEERS_ENV,
+        )
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    relay.set()
+    services.set()
     shutdown_dht(dht, 5)
     return 0
+
+
+def serve_in_thread(dht, identity, limits) -> threading.Event:
+    """Serves the announce relay, dial-backs and (with `limits`) relay slots on `dht`'s p2p
+    daemon from a thread of its own; set the event to stop."""
+    stop = threading.Event()
+    threading.Thread(
+        target=asyncio.run,
+        args=(_serve(dht, identity, limits, stop),),
+        name="bootstrap-services",
+        daemon=True,
+    ).start()
+    return stop
+
+
+async def _serve(dht, identity, limits, stop: threading.Event) -> None:
+    from hexswarm.swarm.announce_relay import AnnounceRelay
+    from hexswarm.swarm.dht_signing import ANNOUNCE_PROTOCOL
+    from hexswarm.swarm.port_relay import RELAY_PROTOCOL, RelayService
+    from hexswarm.swarm.reachability import DIALBACK_PROTOCOL, DialBackService
+
+    p2p = await dht.replicate_p2p()
+    await p2p.add_binary_stream_handler(ANNOUNCE_PROTOCOL, AnnounceRelay(dht, identity).handle_stream)
+    await p2p.add_binary_stream_handler(DIALBACK_PROTOCOL, DialBackService(p2p).handle_stream)
+    relay = None
+    if limits is not None:
+        relay = RelayService(limits=limits)
+        await relay.start()
+        await p2p.add_binary_stream_handler(RELAY_PROTOCOL, relay.handle_stream)
+    logger.info("serving edge peers' announcements, dial-backs%s", " and relay slots" if relay else "")
+    while not stop.is_set():
+        await asyncio.sleep(0.2)
+    if relay is not None:
+        relay.close()

@@ -91,15 +91,40 @@ def add_model_argument(
         )
 
 
-def add_initial_peers(parser: argparse.ArgumentParser) -> None:
-    """The swarm to join: required wherever a command joins one (there is no public swarm yet)."""
-    parser.add_argument(
+def add_initial_peers(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """The swarm to join: --initial-peers (a private swarm) or --public, one of them required
+    wherever a command joins a swarm. --public sets `initial_peers` to the public list."""
+    group = parser.add_mutually_exclusive_group(required=required)
+    group.add_argument(
         "--initial-peers",
         nargs="+",
-        required=True,
+        default=[],
         metavar="MADDR",
         help="multiaddrs of swarm members to join through, e.g. what `hexswarm bootstrap` prints",
     )
+    group.add_argument(
+        "--public",
+        action=PublicSwarm,
+        help="join the public swarm through the bootstrap list shipped with hexswarm "
+        "(or HEXSWARM_INITIAL_PEERS), with the public defaults (docs/operations.md)",
+    )
+    parser.set_defaults(public=False)
+
+
+class PublicSwarm(argparse.Action):
+    """--public: the shipped list of bootstrap peers; one line and exit 2 when it is empty
+    (except where an empty list is allowed: the first bootstrap of a public swarm)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from hexswarm.swarm.dht import NO_PUBLIC_PEERS, public_initial_peers
+
+        peers = public_initial_peers()
+        if not peers and not getattr(namespace, "empty_public_list_ok", False):
+            parser.error(f"--public: {NO_PUBLIC_PEERS}")
+        namespace.initial_peers, namespace.public = peers, True
 
 
 def add_client_quant(parser: argparse.ArgumentParser) -> None:
@@ -213,3 +238,45 @@ def auto_or(parse: Callable[[str], int | float]) -> Callable[[str], int | float 
 
     parse_auto.__name__ = f"auto or {parse.__name__}"
     return parse_auto
+
+
+def add_relay_limits(g) -> None:
+    """What a reachable node relays for peers behind NAT (swarm/port_relay.py RelayLimits)."""
+    from hexswarm.swarm.port_relay import RelayLimits
+
+    limits = RelayLimits()
+    g.add_argument(
+        "--relay-max-slots",
+        type=positive_int,
+        default=limits.max_slots,
+        help="peers behind NAT relayed at once",
+    )
+    g.add_argument(
+        "--relay-max-connections",
+        type=positive_int,
+        default=limits.max_connections,
+        help="connections open at once to each relayed peer",
+    )
+    g.add_argument(
+        "--relay-data-limit-gb",
+        type=positive_float,
+        default=limits.data_limit_bytes / 2**30,
+        help="GiB one relayed connection may carry each way before it is closed",
+    )
+    g.add_argument(
+        "--relay-time-limit-min",
+        type=positive_float,
+        default=limits.time_limit_s / 60,
+        help="minutes one relayed connection may last before it is closed",
+    )
+
+
+def relay_limits(args):
+    from hexswarm.swarm.port_relay import RelayLimits
+
+    return RelayLimits(
+        max_slots=args.relay_max_slots,
+        max_connections=args.relay_max_connections,
+        data_limit_bytes=int(args.relay_data_limit_gb * 2**30),
+        time_limit_s=args.relay_time_limit_min * 60,
+    )

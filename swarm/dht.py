@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if (
@@ -14,23 +15,40 @@ if (
 ):  # hivemind loads when a node starts: `--help` of the commands that join does not wait for it
     from hexswarm.swarm.identity import Identity
 
-# The public swarm's bootstrap nodes, overridable with HEXSWARM_INITIAL_PEERS (space- or
-# comma-separated multiaddrs). Empty until a public swarm runs: the commands offer no `--public`
-# yet, and `from_pretrained(public=True)` says so clearly.
-PUBLIC_INITIAL_PEERS: tuple[str, ...] = ()
+# The public swarm's bootstrap nodes ship as data (swarm/public_peers.txt), overridable with
+# HEXSWARM_INITIAL_PEERS (space- or comma-separated multiaddrs).
+PUBLIC_PEERS_FILE = Path(__file__).with_name("public_peers.txt")
 INITIAL_PEERS_ENV = "HEXSWARM_INITIAL_PEERS"
+NO_PUBLIC_PEERS = (
+    "no public bootstrap peers are known (the list shipped with hexswarm is empty and "
+    f"{INITIAL_PEERS_ENV} is unset): start one with `hexswarm bootstrap --public` and set "
+    f"{INITIAL_PEERS_ENV} to the address it prints, or join a private swarm with --initial-peers"
+)
 
 DEFAULT_HOST_MADDRS = ("/ip4/0.0.0.0/tcp/0",)
 
 
 def public_initial_peers() -> list[str]:
+    """The public swarm's bootstrap addresses: HEXSWARM_INITIAL_PEERS, else the shipped list
+    (possibly empty: the caller says what to do then)."""
     from_env = os.environ.get(INITIAL_PEERS_ENV, "")
-    peers = [p for p in from_env.replace(",", " ").split() if p] or list(PUBLIC_INITIAL_PEERS)
-    if not peers:
-        raise SystemExit(
-            f"no public bootstrap peers are configured; set {INITIAL_PEERS_ENV} or pass --initial-peers"
-        )
-    return peers
+    peers = [p for p in from_env.replace(",", " ").split() if p]
+    return peers or [line for kind, line in _public_list() if kind == "peer"]
+
+
+def public_coordinator_keys() -> list[str]:
+    """Coordinator keys the shipped list names: the only plans --public peers follow."""
+    return [line for kind, line in _public_list() if kind == "coordinator"]
+
+
+def _public_list() -> list[tuple[str, str]]:
+    entries = []
+    for line in PUBLIC_PEERS_FILE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            kind, _, rest = line.partition(" ")
+            entries.append(("coordinator", rest.strip()) if kind == "coordinator" else ("peer", line))
+    return entries
 
 
 def start_dht(
@@ -45,8 +63,7 @@ def start_dht(
     """A running hivemind DHT node that signs with `identity` and validates every record it sees.
 
     Every role installs the signature validator: nodes without it would store forged records.
-    The node's process (and its p2pd) exits when this process dies (swarm/dht_process.py);
-    stop it with `swarm.dht_process.shutdown_dht`, which is bounded in time.
+
     """
     from hivemind.dht.crypto import RSASignatureValidator
 

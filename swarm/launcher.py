@@ -62,26 +62,29 @@ class LocalSwarm:
         self.workdir = Path(self.workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
 
-    def start_bootstrap(self, timeout: float = 60) -> list[str]:
-        identity = self.workdir / "bootstrap.key"
+    def start_bootstrap(
+        self,
+        timeout: float = 60,
+        *extra: str,
+        name: str = "bootstrap",
+        launcher: tuple[str, ...] = (),
+        host_maddrs: str = LOOPBACK,
+        address_prefix: str = "/ip4/127.0.0.1/",
+    ) -> list[str]:
+        """A bootstrap node (`launcher` goes before it, e.g. `ip netns exec NS`); its address
+        that starts with `address_prefix` is added to the initial peers of what starts next."""
+        identity = self.workdir / f"{name}.key"
+        args = [sys.executable, "-m", "hexswarm.swarm.cli", "bootstrap", "--host-maddrs", host_maddrs]
         proc = self._spawn(
-            "bootstrap",
-            [
-                sys.executable,
-                "-m",
-                "hexswarm.swarm.cli",
-                "bootstrap",
-                "--host-maddrs",
-                LOOPBACK,
-                "--identity",
-                str(identity),
-            ],
-            stdout=subprocess.PIPE,
+            name, [*launcher, *args, "--identity", str(identity), *extra], stdout=subprocess.PIPE
         )
-        line = _read_line(proc, timeout)
-        if not line.startswith("/"):
-            raise LaunchError(f"bootstrap did not print its address:\n{proc.log()}")
-        self.initial_peers = [line]
+        deadline = time.monotonic() + timeout
+        while not (line := _read_line(proc, deadline - time.monotonic())).startswith(address_prefix):
+            if not line.startswith("/"):
+                raise LaunchError(
+                    f"{name} did not print an address starting with {address_prefix}:\n{proc.log()}"
+                )
+        self.initial_peers = [*self.initial_peers, line]
         return self.initial_peers
 
     def start_peer(
@@ -175,6 +178,7 @@ class LocalSwarm:
         for proc in reversed(self.processes):
             self.stop(proc, timeout=15)
         self.processes.clear()
+        self.initial_peers = []
 
     def __enter__(self) -> LocalSwarm:
         return self
@@ -214,7 +218,7 @@ def _read_line(proc: Managed, timeout: float) -> str:
 
     selector = selectors.DefaultSelector()
     selector.register(proc.popen.stdout, selectors.EVENT_READ)
-    if not selector.select(timeout):
+    if timeout <= 0 or not selector.select(timeout):
         raise LaunchError(f"{proc.name} printed nothing within {timeout} s:\n{proc.log()}")
     return proc.popen.stdout.readline().decode().strip()
 

@@ -130,6 +130,11 @@ class PeerRecord:
     tp_predicted_step_ms: float = 0.0
     tp_observed_step_ms: float = 0.0
     tp_repartitions: int = 0
+    # Whether others can dial it (peer/reachability.py): "direct", "relayed" (its `addrs` are
+    # relay circuits, through the relays' peer ids in `relays`), or "unreachable" (it stays
+    # joining and says why); "" from a peer that predates the check.
+    reachability: str = ""
+    relays: tuple[str, ...] = ()
     schema: int = RECORD_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
@@ -137,6 +142,7 @@ class PeerRecord:
         body["tp_shares"] = [list(share) for share in self.tp_shares]
         body["state"] = self.state.value
         body["addrs"] = list(self.addrs)
+        body["relays"] = list(self.relays)
         body["devices"] = [asdict(d) for d in self.devices]
         body["rtt_ms"] = [[peer, ms] for peer, ms in self.rtt_ms]
         body["tp_choices"] = list(self.tp_choices)
@@ -153,6 +159,7 @@ class PeerRecord:
         try:
             known["state"] = PeerState(known["state"])
             known["addrs"] = tuple(str(a) for a in known.get("addrs", ()))
+            known["relays"] = tuple(str(a) for a in known.get("relays", ()))
             known["devices"] = tuple(DeviceInfo.from_dict(d) for d in known.get("devices", ()))
             known["rtt_ms"] = _parse_rtts(known.get("rtt_ms", ()))
             known["tp_choices"] = _parse_tp_choices(known.get("tp_choices", ()))
@@ -403,6 +410,7 @@ MAX_LENGTH = 1 << 24  # tokens
 MAX_BATCH = 4096
 MAX_PLAN_VERSION = 1 << 53  # as far as a float counts exactly; plans bound it much tighter
 
+REACHABILITY = ("", "direct", "relayed", "unreachable")
 _TEXT_FIELDS = ("peer_id", "name", "model_id", "dtype", "device", "version", "region")
 _INT_RANGES = {
     "start": (0, MAX_BLOCKS - 1),
@@ -454,6 +462,10 @@ def _check_ranges(record: PeerRecord) -> None:
         raise ValueError(f"bad next layer range {record.next_start}:{record.next_end}")
     if len(record.addrs) > MAX_ADDRS or any(len(a) > MAX_TEXT for a in record.addrs):
         raise ValueError(f"at most {MAX_ADDRS} addresses of at most {MAX_TEXT} characters")
+    if record.reachability not in REACHABILITY:
+        raise ValueError(f"unknown reachability {str(record.reachability)[:32]!r}")
+    if len(record.relays) > MAX_ADDRS or any(len(r) > MAX_TEXT for r in record.relays):
+        raise ValueError(f"at most {MAX_ADDRS} relays of at most {MAX_TEXT} characters")
     if record.devices and len(record.devices) != record.tp:
         raise ValueError(f"tp {record.tp} does not match its {len(record.devices)} devices")
     if record.tp_choices and record.tp not in record.tp_choices:

@@ -23,7 +23,6 @@ HIDDEN = {
     "--no-batching",
     "--max-batch",
     "--max-batch-tokens",
-    "--public",
 }
 
 
@@ -118,8 +117,9 @@ PEER = ["m", "--layers", "0:1", *UNREACHABLE]
         ([*PEER, "--max-batch-sequences", "0"], "argument --max-batch-sequences: must be at least 1"),
         ([*PEER, "--max-batch", "0"], "argument --max-batch: must be at least 1"),
         ([*PEER, "--lease-ttl", "-5"], "argument --lease-ttl: must be positive"),
-        ([*PEER, "--public"], "unrecognized arguments: --public"),
-        (["m", "--layers", "0:1"], "the following arguments are required: --initial-peers"),
+        ([*PEER, "--public"], "argument --public: not allowed with argument --initial-peers"),
+        (["m", "--layers", "0:1", "--public"], "--public: no public bootstrap peers are known"),
+        (["m", "--layers", "0:1"], "one of the arguments --initial-peers --public is required"),
     ],
 )
 def test_run_peer_bad_values_are_one_line_and_exit_2(argv, message, capsys):
@@ -139,7 +139,8 @@ def test_run_peer_bad_values_are_one_line_and_exit_2(argv, message, capsys):
             "--max-concurrent: must be at least 1",
         ),
         (["api", *UNREACHABLE, "--model", "m", "--queue-timeout", "0"], "--queue-timeout: must be positive"),
-        (["api", "--public", "--model", "m"], "the following arguments are required: --initial-peers"),
+        (["api", "--public", "--model", "m"], "--public: no public bootstrap peers are known"),
+        (["api", "--model", "m"], "one of the arguments --initial-peers --public is required"),
         (["monitor", *UNREACHABLE, "--refresh", "0"], "--refresh: must be positive"),
         (["status", *UNREACHABLE, "--timeout", "-1"], "--timeout: must be positive"),
         (["coordinator", *UNREACHABLE, "--model", "m", "--rate", "0"], "--rate: must be positive"),

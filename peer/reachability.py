@@ -1,0 +1,230 @@
+"""How a peer becomes reachable: directly, or through relays' ports when it is behind NAT.
+
+At start (docs/architecture.md, "Crossing NATs"):
+1. A few reachable nodes (the initial peers first, then direct peers of the model) dial the
+   peer back (swarm/reachability.py). If at least half of those that answer reach it, it is
+   `direct` and announces the addresses they reached it at (a forwarded port included).
+2. Otherwise its DHT node restarts in client mode (it stores nothing for others), and it asks
+   up to WANT_RELAYS reachable nodes, those that answered first, for a relay slot
+   (swarm/port_relay.py). It is `relayed` once a helper has dialed it through a slot's port,
+   and it announces those ports.
+3. With no slot that works it is `unreachable`: it stays joining and says why.
+
+While it serves, `recheck` (each announce period) re-dials its slots, drops a relay that is
+gone, and asks another reachable node for a slot, so a relay that leaves is replaced within
+one or two periods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from hexswarm.swarm.dialing import Dialer
+from hexswarm.swarm.maddrs import peer_id_of, tcp_addr, with_peer_id
+from hexswarm.swarm.port_relay import RelayLimits, Slot, hold_slot
+from hexswarm.swarm.reachability import DialBackReply, ask_many, reachable_verdict
+
+logger = logging.getLogger(__name__)
+
+MODES = ("auto", "direct", "relayed")
+MAX_HELPERS = 3  # nodes asked to dial back at once
+WANT_RELAYS = 2  # slots a peer behind NAT holds, so that one relay may leave
+RELAY_WAIT_S = 15.0  # how long slots get before the peer calls itself unreachable
+RELAY_RETRY_S = 0.5
+
+
+@dataclass(frozen=True)
+class Reach:
+    """What the peer announces about how to reach it."""
+
+    mode: str  # direct, relayed or unreachable
+    addrs: tuple[str, ...]  # what others dial: verified direct addresses, or relays' ports
+    relays: tuple[str, ...] = ()  # relay peer ids, for status
+    reason: str = ""  # why it is unreachable, or why direct was not verified
+    known_s: float = 0.0  # seconds from the start until the dial-back answered
+    relayed_s: float = 0.0  # ... until a relay's port was confirmed
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A reachable node: a helper for dial-backs and, for peers behind NAT, a relay."""
+
+    peer_id: str
+    addr: str  # its address, ending with /p2p/<peer_id>
+
+
+def candidates(initial_peers: Sequence[str], direct_records: Sequence) -> list[Candidate]:
+    """The initial peers first (bootstraps), then direct peers of the model; one address each."""
+    found: dict[str, str] = {}
+    for addr in initial_peers:
+        peer = peer_id_of(addr)
+        if peer and tcp_addr(addr):
+            found.setdefault(peer, addr)
+    for record in direct_records:
+        for addr in record.addrs:
+            if tcp_addr(addr) and peer_id_of(addr) == record.peer_id:
+                found.setdefault(record.peer_id, addr)
+                break
+    return [Candidate(peer, addr) for peer, addr in found.items()]
+
+
+def reached_addrs(replies: Sequence[DialBackReply | None], peer_id: str) -> tuple[str, ...]:
+    """The addresses helpers reached us at, each with our id."""
+    dialed = [dialed for r in replies if r is not None for _, dialed in r.reached]
+    return tuple(dict.fromkeys(with_peer_id(a, peer_id) for a in dialed))
+
+
+def nat_message(listen_addrs: Sequence[str], relays: Sequence[str]) -> str:
+    ports = sorted({a.port for a in map(tcp_addr, listen_addrs) if a is not None})
+    port_hint = f"TCP port {ports[0]}" if ports else "a fixed TCP port (--host-maddrs /ip4/0.0.0.0/tcp/PORT)"
+    return (
+        f"behind NAT: no node could dial this peer, so it serves through relay(s) "
+        f"{', '.join('...' + r[-8:] for r in relays)}; for a direct path, forward {port_hint} "
+        f"on your router to this machine"
+    )
+
+
+def local_endpoint(listen_addrs: Sequence[str]) -> tuple[str, int] | None:
+    """Where a tunnel reaches this peer's own daemon: its loopback address if it listens there."""
+    addrs = [a for a in map(tcp_addr, listen_addrs) if a is not None]
+    for addr in sorted(addrs, key=lambda a: a.ip not in ("127.0.0.1", "::1")):
+        return addr.ip, addr.port
+    return None
+
+
+class Reachability:
+    """Runs the steps of the module docstring for one peer and holds its relay slots."""
+
+    def __init__(
+        self,
+        peer_id: str,
+        mode: str,
+        started: float,
+        restart_dht: Callable[[], Awaitable],
+        limits: RelayLimits | None = None,
+    ):
+        self.peer_id, self.mode, self.started = peer_id, mode, started
+        self.restart_dht = restart_dht  # () -> a new DHT in client mode, the old one shut down
+        self.limits = limits or RelayLimits()
+        self.helpers: list[Candidate] = []
+        self.relays: list[Candidate] = []  # whom to ask for slots, in order
+        self.slots: dict[str, Slot] = {}  # relay id -> its live slot
+        self.holders: dict[str, asyncio.Task] = {}  # relay id -> the task holding its slot
+        self.p2p = self.dialer = self.local = None
+
+    async def run(self, dht, initial_peers: Sequence[str], direct_records: Sequence) -> tuple[object, Reach]:
+        """(the DHT to serve on, how this peer is reached)."""
+        listen = tuple(str(a) for a in dht.get_visible_maddrs())
+        everyone = [c for c in candidates(initial_peers, direct_records) if c.peer_id != self.peer_id]
+        self.helpers = everyone[:MAX_HELPERS]
+        if self.mode == "direct":
+            return dht, Reach("direct", listen, reason="--reachability direct: not checked")
+        answering = everyone
+        known = time.monotonic() - self.started
+        if self.mode == "auto":
+            replies = await ask_many(await dht.replicate_p2p(), [h.peer_id for h in self.helpers], listen)
+            verdict, known = reachable_verdict(replies), time.monotonic() - self.started
+            if verdict is None:
+                logger.warning("no node answered a dial-back; announcing as directly reachable, unverified")
+                return dht, Reach("direct", listen, reason="no node answered a dial-back", known_s=known)
+            if verdict:
+                addrs = reached_addrs(replies, self.peer_id)
+                logger.info("reachable directly at %s (%.1f s after start)", ", ".join(addrs), known)
+                return dht, Reach("direct", addrs, known_s=known)
+            answering = [h for h, r in zip(self.helpers, replies, strict=True) if r is not None]
+        self.relays = answering + [c for c in everyone if c not in answering]
+        dht = await self.restart_dht()
+        self.p2p = await dht.replicate_p2p()
+        self.dialer = Dialer(self.p2p)
+        self.local = local_endpoint([str(a) for a in dht.get_visible_maddrs()])
+        reach = await self._first_slots(known)
+        if reach.mode == "relayed":
+            logger.warning(nat_message(listen, reach.relays))
+        else:
+            logger.error("unreachable: %s", reach.reason)
+        return dht, reach
+
+    async def _first_slots(self, known: float) -> Reach:
+        if self.local is None or not self.relays:
+            return Reach("unreachable", (), reason="no reachable node to relay through", known_s=known)
+        deadline = time.monotonic() + RELAY_WAIT_S
+        while True:
+            self._ask_for_slots()
+            addrs = await self._verified() if self.slots else ()
+            if addrs:
+                return self._relayed(addrs, known, time.monotonic() - self.started)
+            if time.monotonic() > deadline:
+                reason = (
+                    f"no relay gave a working slot within {RELAY_WAIT_S:.0f} s (asked {len(self.holders)})"
+                )
+                return Reach("unreachable", (), reason=reason, known_s=known)
+            await asyncio.sleep(RELAY_RETRY_S)
+
+    def _ask_for_slots(self) -> None:
+        """Starts holding slots on the first relays not yet asked, up to WANT_RELAYS live ones."""
+        for relay in self.relays:
+            if len(self.holders) >= WANT_RELAYS:
+                return
+            if relay.peer_id not in self.holders:
+                task = asyncio.create_task(self._hold(relay), name=f"relay-slot-{relay.peer_id[-8:]}")
+                self.holders[relay.peer_id] = task
+
+    async def _hold(self, relay: Candidate) -> None:
+        try:
+            self.dialer.addrs[relay.peer_id] = (relay.addr,)
+            await self.dialer.connect(_peer(relay.peer_id))
+            ip = tcp_addr(relay.addr).ip
+            await hold_slot(self.p2p, relay.peer_id, ip, self.local, self._on_slot, self.limits)
+        except Exception as e:
+            logger.info("relay ...%s: %s: %s", relay.peer_id[-8:], type(e).__name__, str(e)[:200])
+        finally:
+            self.slots.pop(relay.peer_id, None)
+            # the relay is spent: ask the others first next time
+            self.relays = [r for r in self.relays if r.peer_id != relay.peer_id] + [relay]
+
+    def _on_slot(self, slot: Slot) -> None:
+        self.slots[slot.relay_id] = slot
+
+    async def _verified(self) -> tuple[str, ...] | None:
+        """Slot addresses a helper dialed us through; None if no helper answered."""
+        addrs = [slot.addr(self.peer_id) for slot in self.slots.values()]
+        replies = await ask_many(self.p2p, [h.peer_id for h in self.helpers], addrs)
+        if all(r is None for r in replies):
+            return None
+        return reached_addrs(replies, self.peer_id)
+
+    def _relayed(self, addrs: tuple[str, ...], known: float, relayed: float) -> Reach:
+        relays = tuple(s.relay_id for s in self.slots.values() if s.addr(self.peer_id) in addrs)
+        return Reach("relayed", addrs, relays, known_s=known, relayed_s=relayed)
+
+    async def recheck(self, reach: Reach, direct_records: Sequence = ()) -> Reach:
+        """A relayed peer's slots, re-dialed: relays that are gone are replaced by other
+        reachable nodes (bootstraps, then direct peers). A direct peer is left as it is."""
+        if reach.mode == "direct" or self.p2p is None:
+            return reach
+        for peer_id in [p for p, task in self.holders.items() if task.done()]:
+            del self.holders[peer_id]
+        known = {r.peer_id for r in self.relays}
+        fresh = candidates((), [r for r in direct_records if r.peer_id != self.peer_id])
+        self.relays += [c for c in fresh if c.peer_id not in known]
+        self._ask_for_slots()
+        addrs = await self._verified() if self.slots else ()
+        if addrs is None:  # nobody could check: no news is not bad news
+            return reach
+        if addrs:
+            return self._relayed(addrs, reach.known_s, reach.relayed_s)
+        return Reach("unreachable", (), reason="no relay slot could be dialed", known_s=reach.known_s)
+
+    def close(self) -> None:
+        for task in self.holders.values():
+            task.cancel()
+
+
+def _peer(peer_id: str):
+    from hivemind.p2p import PeerID
+
+    return PeerID.from_base58(peer_id)

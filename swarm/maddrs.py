@@ -1,0 +1,50 @@
+"""Multiaddrs as the public swarm uses them: direct TCP addresses with a peer id."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+MAX_MADDR_CHARS = 256
+
+
+@dataclass(frozen=True)
+class TcpAddr:
+    """The host and port of a /ip4|ip6/.../tcp/... address."""
+
+    ip: str
+    port: int
+
+
+def tcp_addr(maddr: str) -> TcpAddr | None:
+    """The (ip, port) an address names, or None if it is not /ip4|ip6/X/tcp/P[/p2p/ID]."""
+    parts = maddr.split("/")
+    if len(maddr) > MAX_MADDR_CHARS or len(parts) < 5 or parts[0] != "":
+        return None
+    if parts[1] not in ("ip4", "ip6") or parts[3] != "tcp":
+        return None
+    if len(parts) > 5 and not (len(parts) == 7 and parts[5] == "p2p"):
+        return None
+    try:
+        ip = str(ipaddress.ip_address(parts[2]))
+        port = int(parts[4])
+    except ValueError:
+        return None
+    return TcpAddr(ip, port) if 0 < port < 65536 else None
+
+
+def peer_id_of(maddr: str) -> str | None:
+    """The /p2p/<id> an address ends with (whose address it is), or None."""
+    _, found, tail = maddr.rpartition("/p2p/")
+    return tail if found and tail and "/" not in tail else None
+
+
+def without_peer_id(maddr: str) -> str:
+    """The address to hand the daemon for a known peer: without its trailing /p2p/<id> (hivemind
+    encodes that part as a CID, which p2pd cannot parse)."""
+    head, found, tail = maddr.rpartition("/p2p/")
+    return head if found and tail and "/" not in tail else maddr
+
+
+def with_peer_id(maddr: str, peer_id: str) -> str:
+    return f"{without_peer_id(maddr)}/p2p/{peer_id}"
