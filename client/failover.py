@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hexswarm.client.deadline import PeerSpeed, step_deadline_s
+from hexswarm.client.deadline import PeerSpeed, step_deadline_s, transfer_s
 from hexswarm.client.remote import PeerConnection, PeerError
 from hexswarm.client.retry import Attempt, BanList, RetryBudget, RetryPolicy, backoff_delay
 from hexswarm.client.swarm_client import PING_TIMEOUT_S, MissingBlocksError, SwarmClient
@@ -35,7 +35,7 @@ from hexswarm.routing.chains.span import route_span
 from hexswarm.routing.chains.swarm_view import Hop, NoRouteError, Route, Router, RouteRequest
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.model_spec import ModelSpec
-from hexswarm.swarm.protocol import KvTarget, NextHop, Step
+from hexswarm.swarm.protocol import MAX_ACK_MS, KvTarget, NextHop, Step
 from hexswarm.swarm.records import PeerRecord
 
 logger = logging.getLogger(__name__)
@@ -124,19 +124,28 @@ class Hops:
     async def send(self, hop: LiveHop, hidden: torch.Tensor, position: int, chain: list[LiveHop]) -> None:
         """Sends a step to `hop`, which pushes its output along `chain` (peer/push.py)."""
         next_hops = tuple(NextHop(h.hop.peer_id, h.session_id) for h in chain)
-        ack_ms = max(1, round(1000 * self.policy.push_ack_timeout_s)) if chain else 0
+        ack_ms = min(MAX_ACK_MS, max(1, round(1000 * self.push_ack_s(hop, hidden)))) if chain else 0
         await hop.conn.send(Step(hop.session_id, position, hidden, next_hops, ack_ms))
 
     async def result(self, hop: LiveHop, hidden: torch.Tensor, pushes: bool) -> tuple[torch.Tensor, str]:
         """`hop`'s output for input `hidden`, and why its push failed (""). The deadline runs from
         when the previous hop's output came; a hop that pushes answers after its push was acked."""
-        hop.conn.timeout = self.hop_deadline(hop, hidden) + (self.policy.push_ack_timeout_s if pushes else 0)
+        hop.conn.timeout = self.hop_deadline(hop, hidden) + (self.push_ack_s(hop, hidden) if pushes else 0)
         return await hop.conn.step_result(hop.session_id, hidden)
 
     def hop_deadline(self, hop: LiveHop, hidden: torch.Tensor) -> float:
-        return self.deadline(hop.hop.peer_id, hop.end - hop.start, hidden.shape[0], hidden.shape[1])
+        payload = 2 * hidden.numel() * hidden.element_size()  # in and out
+        return self.deadline(hop.hop.peer_id, hop.end - hop.start, hidden.shape[0], hidden.shape[1], payload)
 
-    def deadline(self, peer_id: str, blocks: int, batch: int, tokens: int) -> float:
+    def push_ack_s(self, hop: LiveHop, hidden: torch.Tensor) -> float:
+        """How long a pushing peer waits for the next one's ack: the policy's floor, plus the
+        step's bytes at a slow link and two round trips as the client measured this peer (a
+        peer behind a relay or across the internet is that far from others too)."""
+        rtt_s = self.swarm.rtt_ms.get(hop.hop.peer_id, (0.0, 0.0))[0] / 1000
+        payload = hidden.numel() * hidden.element_size()
+        return self.policy.push_ack_timeout_s + transfer_s(payload, self.policy) + 2 * rtt_s
+
+    def deadline(self, peer_id: str, blocks: int, batch: int, tokens: int, payload_bytes: int = 0) -> float:
         record = self.records.get(peer_id)
         rtt = self.swarm.rtt_ms.get(peer_id, (0.0, 0.0))[0]
         speed = PeerSpeed(
@@ -145,7 +154,7 @@ class Hops:
             open_sessions=record.open_sessions if record else 0,
             rtt_ms=rtt,
         )
-        return step_deadline_s(speed, blocks, batch, tokens, self.policy, self.budget.used)
+        return step_deadline_s(speed, blocks, batch, tokens, self.policy, self.budget.used, payload_bytes)
 
     # -- failures ----------------------------------------------------------------------------
 

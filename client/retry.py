@@ -46,6 +46,10 @@ class RetryPolicy:
     # step before it reports the push failed (the client then relays that hop). Long enough for a
     # busy peer's event loop to read and check a frame; a stalled next peer costs this much more.
     push_ack_timeout_s: float = 1.0
+    # Deadlines and push acks also allow for the bytes a step carries at this rate: a home
+    # uplink's floor (8 Mbit/s). A 2,048-token prefill at hidden size 8,192 in fp16 is 32 MiB a
+    # hop, 34 s at this rate; a decode step of SmolLM2 is 2.3 KB, 2 ms.
+    min_link_bytes_per_s: float = 1e6
     # A peer's RATE_LIMITED asks for a wait, not a failover: this much waiting per step at most.
     rate_limit_wait_s: float = 5.0
 
@@ -58,6 +62,8 @@ class RetryPolicy:
             raise ValueError("deadline_slack must be >= 1 and deadline_floor_s > 0")
         if not 0.001 <= self.push_ack_timeout_s <= 60:
             raise ValueError("push_ack_timeout_s must be in [0.001, 60]")
+        if not self.min_link_bytes_per_s > 0:
+            raise ValueError("min_link_bytes_per_s must be > 0")
         if self.rate_limit_wait_s < 0:
             raise ValueError("rate_limit_wait_s must be >= 0")
 

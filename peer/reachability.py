@@ -18,6 +18,7 @@ one or two periods.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -75,7 +76,9 @@ def candidates(initial_peers: Sequence[str], direct_records: Sequence) -> list[C
 def reached_addrs(replies: Sequence[DialBackReply | None], peer_id: str) -> tuple[str, ...]:
     """The addresses helpers reached us at, each with our id."""
     dialed = [dialed for r in replies if r is not None for _, dialed in r.reached]
-    return tuple(dict.fromkeys(with_peer_id(a, peer_id) for a in dialed))
+    # a loopback address is worth announcing only when nothing else was reached (one machine)
+    remote = [a for a in dialed if not ipaddress.ip_address(tcp_addr(a).ip).is_loopback]
+    return tuple(dict.fromkeys(with_peer_id(a, peer_id) for a in remote or dialed))
 
 
 def nat_message(listen_addrs: Sequence[str], relays: Sequence[str]) -> str:
@@ -144,6 +147,11 @@ class Reachability:
         reach = await self._first_slots(known)
         if reach.mode == "relayed":
             logger.warning(nat_message(listen, reach.relays))
+            logger.info(
+                "reachability known %.1f s, relay slot confirmed %.1f s after start",
+                reach.known_s,
+                reach.relayed_s,
+            )
         else:
             logger.error("unreachable: %s", reach.reason)
         return dht, reach

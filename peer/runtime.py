@@ -369,7 +369,7 @@ class _Peer:
         await self.announcer.announce(self.serving_state())
         if self.reach.mode == "unreachable":
             logger.error(
-                "joining, not online: %s; retrying every %.0f s", self.reach.reason, c.announce_period
+                "joining, not online (%s); retrying every %.0f s", self.reach.reason, c.announce_period
             )
         else:
             logger.info(

@@ -15,6 +15,18 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
         echo "[test] no chromium/chromedriver: the monitor's browser test will be skipped"
     fi
 fi
+# The NAT tests (tests/integration/test_public_swarm.py) build homes behind MASQUERADE routers
+# in network namespaces: they need iptables (iproute2's ip and tc are on every machine here).
+if ! command -v iptables >/dev/null; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+        echo "[test] installing iptables for the NAT tests"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq iptables >/dev/null
+    else
+        echo "[test] no iptables: the NAT tests will be skipped"
+    fi
+fi
 # Lint and formatting are part of the suite: CI runs this script.
 ruff check .
 ruff format --check .

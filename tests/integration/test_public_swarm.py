@@ -110,8 +110,8 @@ def test_peers_behind_nat_serve_through_relays_and_the_output_is_exact(lab, clie
     for name in ("home1", "home2"):
         record = records[name]
         assert record.state == PeerState.ONLINE and record.reachability == "relayed", record
-        assert len(record.relays) == 2 and all("/p2p-circuit/p2p/" in a for a in record.addrs), record
-        assert not any("192.168." in a for a in record.addrs), "home addresses nobody can dial"
+        assert len(record.relays) == 2 and len(record.addrs) == 2, record
+        assert all(a.startswith(f"/ip4/{netlab.PUBLIC_HOST_IP}/tcp/") for a in record.addrs), record
         assert "behind NAT" in lab.peers[name].log() and "forward TCP port" in lab.peers[name].log()
     assert torch.equal(generate(client), expected)
     assert client.last_route == "home1[0:3) -> home2[3:6)", client.last_route
@@ -126,7 +126,7 @@ def test_a_direct_peer_is_preferred_at_equal_speed(lab, client, expected):
         time.sleep(0.5)
     record = lab.records(client)["public"]
     assert record.reachability == "direct" and record.addrs, record
-    assert all(a.startswith(f"/ip4/{netlab.PUBLIC_HOST_IP}/tcp/") for a in record.addrs), record
+    assert all(a.startswith(f"/ip4/{netlab.PUBLIC_HOST_IP}/tcp/") for a in record.addrs), record.addrs
     client.swarm.rtt_ms.clear()  # measure both candidates for blocks 0:3 afresh
     assert torch.equal(generate(client), expected)
     assert client.last_route.startswith("public[0:3)"), client.last_route
@@ -173,7 +173,7 @@ def test_a_peer_no_relay_takes_stays_joining_and_says_why(lab, tmp_path):
         )
         alone.wait_for_log(peer, "joining, not online", 90)
         assert "online:" not in peer.log()
-        assert "no relay took a reservation" in peer.log()
+        assert "no relay gave a working slot" in peer.log()
         status = alone.start_command(
             "status",
             [*public, sys.executable, "-m", "hexswarm.swarm.cli", "status", "--initial-peers", bootstrap],

@@ -95,6 +95,17 @@ def test_deadline_follows_announced_speed_with_a_floor():
     assert step_deadline_s(PeerSpeed(), 4, 1, 1, policy) == 1.0  # nothing known: the floor
 
 
+def test_deadline_allows_for_the_steps_bytes_at_a_slow_home_link():
+    policy = RetryPolicy(deadline_floor_s=1.0, min_link_bytes_per_s=1e6)
+    fast = PeerSpeed(decode_ms_per_block=0.01, rtt_ms=80.0)
+    decode = step_deadline_s(fast, 4, 1, 1, policy, payload_bytes=2 * 2304)
+    assert decode == 1.0  # a decode step's few KB stay under the floor
+    prefill = step_deadline_s(fast, 4, 1, 2048, policy, payload_bytes=2 * 32 * 2**20)  # 32 MiB each way
+    assert prefill == pytest.approx(67.1, abs=0.1)
+    with pytest.raises(ValueError):
+        RetryPolicy(min_link_bytes_per_s=0)
+
+
 def test_history_keeps_inputs_per_boundary_within_its_bound():
     per_boundary = 1 * 8 * 4 * 4  # batch x max_length x hidden x float32
     history = InputHistory(per_boundary, max_bytes=2 * per_boundary)

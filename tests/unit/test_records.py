@@ -169,6 +169,11 @@ def test_malformed_tp_fields_are_rejected(change):
         {"quant": "fp8"},  # a format the reader does not know: its outputs are not what it asked for
         {"quant": 8},
         {"weight_bytes_per_block": -1},
+        {"reachability": "teleported"},
+        {"reachability": 1},
+        {"relays": ["Qm" + "x" * 300]},
+        {"relays": ["QmR"] * 40},
+        {"relays": 5},
     ],
 )
 def test_malformed_records_are_rejected(change):
@@ -176,6 +181,15 @@ def test_malformed_records_are_rejected(change):
     body.update(change)
     with pytest.raises(ValueError):
         PeerRecord.from_bytes(msgpack.packb(body))
+
+
+def test_reachability_round_trips_and_defaults_to_unknown_for_older_records():
+    record = make_record(reachability="relayed", relays=("QmRelay",), addrs=("/ip4/1.2.3.4/tcp/5/p2p/Qm123",))
+    assert PeerRecord.from_bytes(record.to_bytes()) == record
+    body = msgpack.unpackb(make_record().to_bytes())
+    del body["reachability"], body["relays"]
+    older = PeerRecord.from_bytes(msgpack.packb(body))
+    assert (older.reachability, older.relays) == ("", ())
 
 
 def test_not_msgpack_or_too_big_is_rejected():

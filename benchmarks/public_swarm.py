@@ -1,0 +1,189 @@
+"""Peers behind NAT against peers on the "internet", in network namespaces (swarm/netlab.py).
+
+SmolLM2-135M-Instruct, layers 0:15 and 15:30. A bootstrap on the internet relays; the client
+sits in home 3 behind its own NAT. The same run serves the chain twice: first with the two peers
+at home (homes 1 and 2, behind NAT: relayed through the bootstrap's ports), then with two peers
+on the internet (direct). Prints one JSON line per case:
+
+- `hop_ms_direct` / `hop_ms_relayed`: median PING round trip from the client to the 0:15 peer
+  over its session stream (the transport alone: no layer runs).
+- `ms_per_token_direct` / `ms_per_token_relayed`: greedy decode after the first token, through
+  the whole chain (pushes on, the default: home 1 pushes to home 2 through the relay).
+- `reachability_known_s`, `relay_reserved_s`: from the home peer's start until its dial-back
+  answered, and until a relay's port for it was confirmed (its log); `online_s_behind_nat`: from
+  its start until it logged `online:`.
+- `prompt_bytes_per_hop`: the prompt's hidden states, to show they pass libp2p's 128 KiB relay
+  limit, which would reset the connection (swarm/port_relay.py).
+- `exact`: both chains' greedy tokens equal local transformers'.
+
+Case `wan-100mbit` caps each home router's upload at 100 Mbit/s (tc tbf) and measures the
+relayed chain again. This kernel has no netem, so no delay is added.
+
+Needs root, iproute2 and iptables. Run: python benchmarks/public_swarm.py [--new-tokens 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm.launcher)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from real_model import TEXT, decode_ms  # noqa: E402
+
+from hexswarm.swarm import gguf_checkpoint, netlab  # noqa: E402
+from hexswarm.swarm.builtin_models import DEFAULT_MODEL  # noqa: E402
+from hexswarm.swarm.launcher import LocalSwarm  # noqa: E402
+
+ANY = "/ip4/0.0.0.0/tcp/0"
+PROMPT_TOKENS = 160
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pings", type=int, default=200)
+    parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    why_not = netlab.available()
+    if why_not:
+        sys.exit(f"public_swarm: {why_not}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hexswarm.swarm.model_spec import load_model_spec
+
+    spec = load_model_spec(DEFAULT_MODEL)
+    gguf_checkpoint.materialize_all(spec.path)  # every weight file, for the local baseline
+    ids = AutoTokenizer.from_pretrained(spec.path)(TEXT, return_tensors="pt").input_ids[:, :PROMPT_TOKENS]
+    local = AutoModelForCausalLM.from_pretrained(spec.path).eval()
+    expected = local.generate(
+        ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False
+    )
+    hidden = local.config.hidden_size
+    del local
+    base = {
+        "bench": "public_swarm",
+        "model": spec.model_id,
+        "prompt_bytes_per_hop": PROMPT_TOKENS * hidden * 4,
+    }
+    with tempfile.TemporaryDirectory(prefix="hexswarm-nat-") as tmp, netlab.NetLab(homes=3) as net:
+        with LocalSwarm(Path(tmp)) as swarm:
+            public = net.exec_prefix(net.public_ns)
+            swarm.start_bootstrap(
+                60, launcher=public, host_maddrs=ANY, address_prefix=f"/ip4/{netlab.PUBLIC_HOST_IP}/"
+            )
+            home = start_pair(swarm, spec.path, net.home(1).host_ns, net.home(2).host_ns, net, "home")
+            relayed = measure(swarm, net, spec, ids, expected, "home", args)
+            for router in (net.home(i).router_ns for i in (1, 2, 3)):
+                net.shape(router, "wan0", 100)
+            wan = measure(swarm, net, spec, ids, expected, "home", args)
+            for proc in home.values():
+                swarm.stop(proc)
+            start_pair(swarm, spec.path, net.public_ns, net.public_ns, net, "inet")
+            direct = measure(swarm, net, spec, ids, expected, "inet", args)
+        timing = start_times(home["home-left"])
+    for case, measured in (("lan", relayed), ("wan-100mbit", wan)):
+        line = {
+            **base,
+            "case": case,
+            "hop_ms_direct": direct["hop_ms"],
+            "hop_ms_relayed": measured["hop_ms"],
+            "hop_ms_added": round(measured["hop_ms"] - direct["hop_ms"], 3),
+            "ms_per_token_direct": direct["ms_per_token"],
+            "ms_per_token_relayed": measured["ms_per_token"],
+            **timing,
+            "chain_relayed": measured["chain"],
+            "chain_direct": direct["chain"],
+            "exact": measured["exact"] and direct["exact"],
+        }
+        print(json.dumps(line), flush=True)
+
+
+def start_pair(swarm: LocalSwarm, model, left_ns: str, right_ns: str, net, prefix: str) -> dict:
+    """Peers `{prefix}-left` [0:15) and `{prefix}-right` [15:30), started at once, each once online."""
+    peers = {}
+    for name, layers, ns in ((f"{prefix}-left", "0:15", left_ns), (f"{prefix}-right", "15:30", right_ns)):
+        peers[name] = swarm.start_peer(
+            model, layers, name, "--host-maddrs", ANY, wait=False, launcher=net.exec_prefix(ns)
+        )
+        peers[name].started = time.monotonic()
+    for proc in peers.values():
+        swarm.wait_for_log(proc, "online:", 300)
+        proc.online_s = time.monotonic() - proc.started
+    return peers
+
+
+def start_times(proc) -> dict:
+    found = re.search(r"reachability known ([\d.]+) s, relay slot confirmed ([\d.]+) s", proc.log())
+    return {
+        "reachability_known_s": float(found.group(1)) if found else None,
+        "relay_reserved_s": float(found.group(2)) if found else None,
+        "online_s_behind_nat": round(proc.online_s, 1),
+    }
+
+
+def measure(swarm: LocalSwarm, net, spec, ids, expected, prefix: str, args) -> dict:
+    """A fresh client in home 3: ping round trips to the left peer, then the chain's decode."""
+    from hexswarm.client import DistributedModelForCausalLM
+
+    with netlab.inside(net.home(3).host_ns):
+        model = DistributedModelForCausalLM.from_pretrained(spec.path, initial_peers=swarm.initial_peers)
+    try:
+        peer_id = wait_for_pair(model, prefix)
+        hop_ms = ping_ms(model, peer_id, args.pings)
+        out, ms = decode_ms(model, ids, args.new_tokens, args.repeats)
+        if not model.last_route.startswith(f"{prefix}-left["):
+            raise RuntimeError(f"the chain did not start at {prefix}-left: {model.last_route}")
+        return {
+            "hop_ms": round(hop_ms, 3),
+            "ms_per_token": round(ms, 2),
+            "exact": bool(torch.equal(out, expected)),
+            "chain": model.last_route,
+        }
+    finally:
+        model.shutdown()
+
+
+def wait_for_pair(model, prefix: str, timeout: float = 60) -> str:
+    from hexswarm.swarm.records import PeerState, read_peer_records
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = {r.name: r for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
+        if all(
+            records.get(f"{prefix}-{side}", None) and records[f"{prefix}-{side}"].state == PeerState.ONLINE
+            for side in ("left", "right")
+        ):
+            return records[f"{prefix}-left"].peer_id
+        time.sleep(0.5)
+    raise RuntimeError(f"{prefix}-left and {prefix}-right were not online within {timeout} s")
+
+
+def ping_ms(model, peer_id: str, count: int) -> float:
+    """Median PING round trip over one session stream (dialed at the record's addresses)."""
+    from hexswarm.client.worker import run_sync
+
+    async def pings() -> list[float]:
+        conn = await model.swarm.open_connection(peer_id, "under-test", 30)
+        try:
+            for _ in range(10):
+                await conn.ping()
+            return [await conn.ping() for _ in range(count)]
+        finally:
+            conn.close()
+
+    model.swarm.online_records(model.spec.model_id, model.spec.num_blocks)  # learn the addresses
+    return statistics.median(run_sync(pings(), timeout=120))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The TCP relay for peers behind NAT (swarm/port_relay.py), on 127.0.0.1: a slot, a tunnel per
+connection, the limits. The libp2p stream that carries the slot's control messages is stood in
+for by a loopback TCP connection; everything else is the real code."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+import pytest
+
+from hexswarm.swarm.port_relay import RelayLimits, RelayService, Slot, _frame, _open_tunnel, _read_message
+
+pytestmark = pytest.mark.asyncio
+
+
+@dataclass
+class FakePeerId:
+    text: str
+
+    def to_base58(self) -> str:
+        return self.text
+
+
+@dataclass
+class StreamInfo:
+    peer_id: FakePeerId
+
+
+async def echo(reader, writer):
+    while data := await reader.read(1 << 16):
+        writer.write(data)
+        await writer.drain()
+    writer.close()
+
+
+@contextlib.asynccontextmanager
+async def relay_with_slot(limits: RelayLimits, peer: str = "QmPeer"):
+    """A relay, an echo server as the relayed peer's daemon, and a slot held for `peer`:
+    yields (relay, slot, control reader, daemon address)."""
+    relay = RelayService(host="127.0.0.1", limits=limits)
+    await relay.start()
+    daemon = await asyncio.start_server(echo, "127.0.0.1", 0)
+    accepted = asyncio.get_running_loop().create_future()
+    control_server = await asyncio.start_server(lambda r, w: accepted.set_result((r, w)), "127.0.0.1", 0)
+    peer_reader, peer_writer = await asyncio.open_connection(
+        "127.0.0.1", control_server.sockets[0].getsockname()[1]
+    )
+    relay_side = await accepted
+    held = asyncio.create_task(relay.handle_stream(StreamInfo(FakePeerId(peer)), *relay_side))
+    peer_writer.write(_frame({"want": "slot"}))
+    reply = await _read_message(peer_reader, 5)
+    slot = Slot("QmRelay", "127.0.0.1", reply["port"], reply["tunnel_port"])
+    try:
+        yield relay, slot, peer_reader, ("127.0.0.1", daemon.sockets[0].getsockname()[1])
+    finally:
+        peer_writer.close()
+        await asyncio.wait_for(held, 5)
+        relay.close()
+        daemon.close()
+        control_server.close()
+
+
+async def relayed_echo(slot, control, daemon, limits, payload: bytes) -> bytes:
+    client_reader, client_writer = await asyncio.open_connection("127.0.0.1", slot.port)
+    message = await _read_message(control, 5)  # the relay asks the peer for a tunnel
+    tunnel = asyncio.create_task(_open_tunnel(slot, message["open"], daemon, limits))
+    client_writer.write(payload)
+    await client_writer.drain()
+    received = b""
+    with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+        while len(received) < len(payload):
+            chunk = await asyncio.wait_for(client_reader.read(1 << 16), 5)
+            if not chunk:
+                break
+            received += chunk
+    client_writer.close()
+    tunnel.cancel()
+    return received
+
+
+async def test_a_relayed_connection_carries_far_more_than_libp2ps_128_kib():
+    limits = RelayLimits()
+    async with relay_with_slot(limits) as (_, slot, control, daemon):
+        payload = bytes(range(256)) * 16384  # 4 MiB
+        assert await relayed_echo(slot, control, daemon, limits, payload) == payload
+
+
+async def test_a_connection_past_its_data_limit_is_closed():
+    limits = RelayLimits(data_limit_bytes=100_000)
+    async with relay_with_slot(limits) as (_, slot, control, daemon):
+        received = await relayed_echo(slot, control, daemon, limits, b"x" * 1_000_000)
+        assert len(received) <= 100_000
+
+
+async def test_a_tunnel_with_an_unknown_token_is_closed_and_the_slot_ends_with_its_stream():
+    async with relay_with_slot(RelayLimits()) as (relay, slot, _, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", slot.tunnel_port)
+        writer.write(b"\0" * 16)
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert list(relay.slots) == ["QmPeer"]
+    assert relay.slots == {}
+
+
+async def test_a_full_relay_refuses_a_slot():
+    async with relay_with_slot(RelayLimits(max_slots=1)) as (relay, *_):
+        second = asyncio.get_running_loop().create_future()
+        server = await asyncio.start_server(lambda r, w: second.set_result((r, w)), "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        handled = asyncio.create_task(relay.handle_stream(StreamInfo(FakePeerId("QmOther")), *await second))
+        writer.write(_frame({"want": "slot"}))
+        assert "relay full" in (await _read_message(reader, 5))["error"]
+        await asyncio.wait_for(handled, 5)
+        writer.close()
+        server.close()

@@ -1,0 +1,140 @@
+"""Reachability's pure parts: what a helper may dial, how replies are read and judged, what a
+peer announces, and the multiaddrs they are made of."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from hexswarm.peer.reachability import Candidate, candidates, local_endpoint, nat_message, reached_addrs
+from hexswarm.swarm.dialing import dialable
+from hexswarm.swarm.maddrs import peer_id_of, tcp_addr, with_peer_id, without_peer_id
+from hexswarm.swarm.reachability import (
+    MAX_ADDRS,
+    DialBackReply,
+    decode_reply,
+    decode_request,
+    dial_targets,
+    encode_reply,
+    encode_request,
+    reachable_verdict,
+)
+from tests.unit.record_cases import make_record
+
+ME = "QmAsker"
+
+
+def test_multiaddr_parts():
+    assert tcp_addr("/ip4/10.0.0.1/tcp/31337") == tcp_addr("/ip4/10.0.0.1/tcp/31337/p2p/QmX")
+    assert tcp_addr("/ip4/10.0.0.1/tcp/31337").port == 31337
+    assert tcp_addr("/ip6/::1/tcp/5/p2p/QmX").ip == "::1"
+    for bad in (
+        "10.0.0.1:31337",
+        "/ip4/10.0.0.1/udp/5",
+        "/ip4/300.0.0.1/tcp/5",
+        "/ip4/1.2.3.4/tcp/0",
+        "/ip4/1.2.3.4/tcp/5/x/y/z",
+    ):
+        assert tcp_addr(bad) is None, bad
+    assert peer_id_of("/ip4/1.2.3.4/tcp/5/p2p/QmX") == "QmX" and peer_id_of("/ip4/1.2.3.4/tcp/5") is None
+    assert without_peer_id("/ip4/1.2.3.4/tcp/5/p2p/QmX") == "/ip4/1.2.3.4/tcp/5"
+    assert with_peer_id("/ip4/1.2.3.4/tcp/5/p2p/QmX", "QmY") == "/ip4/1.2.3.4/tcp/5/p2p/QmY"
+
+
+def test_a_helper_dials_the_askers_own_ip_with_the_ports_it_names():
+    targets = dial_targets(["/ip4/192.168.1.2/tcp/4000", "/ip4/127.0.0.1/tcp/4000"], {"203.0.113.9"}, set())
+    assert targets == [("/ip4/192.168.1.2/tcp/4000", "/ip4/203.0.113.9/tcp/4000")]  # one dial, not two
+
+
+def test_a_helper_dials_a_relays_port_as_it_is_and_nothing_else():
+    relay_port = "/ip4/198.51.100.7/tcp/5000/p2p/QmAsker"
+    assert dial_targets([relay_port], {"203.0.113.9"}, {"198.51.100.7"}) == [
+        (relay_port, "/ip4/198.51.100.7/tcp/5000")
+    ]
+    # an address at an unknown host is never dialed there: only at the asker's own IP
+    assert dial_targets(["/ip4/8.8.8.8/tcp/53"], {"203.0.113.9"}, {"198.51.100.7"}) == [
+        ("/ip4/8.8.8.8/tcp/53", "/ip4/203.0.113.9/tcp/53")
+    ]
+    assert dial_targets(["/ip4/8.8.8.8/tcp/53"], set(), set()) == []
+    many = [f"/ip4/10.0.0.1/tcp/{port}" for port in range(1000, 1100)]
+    assert len(dial_targets(many, {"203.0.113.9"}, set())) == MAX_ADDRS
+
+
+def test_requests_and_replies_round_trip_and_reject_malformed_input():
+    assert decode_request(encode_request(["/ip4/1.2.3.4/tcp/5"])) == ["/ip4/1.2.3.4/tcp/5"]
+    for bad in (b"\xc1", msgpack.packb([1]), msgpack.packb({"addrs": "x"}), msgpack.packb({"addrs": [1]})):
+        with pytest.raises(ValueError):
+            decode_request(bad)
+    with pytest.raises(ValueError):
+        decode_request(msgpack.packb({"addrs": ["/ip4/1.2.3.4/tcp/5"] * (MAX_ADDRS + 1)}))
+    asked = ["/ip4/192.168.1.2/tcp/4000"]
+    reply = decode_reply("QmH", encode_reply([(asked[0], "/ip4/203.0.113.9/tcp/4000")], "203.0.113.9"), asked)
+    assert reply.reached == ((asked[0], "/ip4/203.0.113.9/tcp/4000"),) and reply.observed_ip == "203.0.113.9"
+
+
+def test_a_reply_counts_only_what_was_asked_at_the_port_asked():
+    asked = ["/ip4/192.168.1.2/tcp/4000"]
+    lies = [("/ip4/192.168.1.2/tcp/9999", "/ip4/1.1.1.1/tcp/9999"), (asked[0], "/ip4/1.1.1.1/tcp/4001")]
+    assert decode_reply("QmH", encode_reply(lies), asked).reached == ()
+    with pytest.raises(ValueError):
+        decode_reply("QmH", msgpack.packb({"reached": [["only one"]]}), asked)
+
+
+def reply(reached: bool, error: str = "") -> DialBackReply:
+    return DialBackReply(
+        "QmH", (("/ip4/1.2.3.4/tcp/5", "/ip4/1.2.3.4/tcp/5"),) if reached else (), error=error
+    )
+
+
+def test_the_verdict_needs_half_of_those_that_answered():
+    assert reachable_verdict([None, None]) is None
+    assert reachable_verdict([reply(False, error="busy")]) is None
+    assert reachable_verdict([reply(True)]) is True
+    assert reachable_verdict([reply(True), reply(False)]) is True
+    assert reachable_verdict([reply(True), reply(False), reply(False)]) is False  # one liar is outvoted
+    assert reachable_verdict([reply(False), None]) is False
+
+
+def test_a_peer_announces_what_helpers_reached_and_loopback_only_alone():
+    both = DialBackReply(
+        "QmH",
+        (("a", "/ip4/127.0.0.1/tcp/5"), ("b", "/ip4/10.77.0.2/tcp/5"), ("c", "/ip4/10.77.0.2/tcp/5")),
+    )
+    assert reached_addrs([both, None], ME) == ("/ip4/10.77.0.2/tcp/5/p2p/QmAsker",)
+    alone = DialBackReply("QmH", (("a", "/ip4/127.0.0.1/tcp/5"),))
+    assert reached_addrs([alone], ME) == ("/ip4/127.0.0.1/tcp/5/p2p/QmAsker",)
+
+
+def test_relay_candidates_are_initial_peers_then_direct_peers():
+    direct = make_record(
+        peer_id="QmDirect", addrs=("/ip4/10.0.0.9/tcp/7/p2p/QmDirect", "/ip4/10.0.0.9/tcp/8/p2p/QmOther")
+    )
+    found = candidates(["/ip4/10.0.0.1/tcp/1/p2p/QmBoot", "not an address", "/ip4/10.0.0.1/tcp/1"], [direct])
+    assert found == [
+        Candidate("QmBoot", "/ip4/10.0.0.1/tcp/1/p2p/QmBoot"),
+        Candidate("QmDirect", "/ip4/10.0.0.9/tcp/7/p2p/QmDirect"),
+    ]
+
+
+def test_a_tunnel_reaches_the_daemon_on_loopback_first():
+    assert local_endpoint(["/ip4/192.168.1.2/tcp/4000/p2p/QmX", "/ip4/127.0.0.1/tcp/4000/p2p/QmX"]) == (
+        "127.0.0.1",
+        4000,
+    )
+    assert local_endpoint(["/ip4/192.168.1.2/tcp/4000"]) == ("192.168.1.2", 4000)
+    assert local_endpoint([]) is None
+
+
+def test_the_nat_line_names_the_relay_and_the_port_to_forward():
+    line = nat_message(["/ip4/192.168.1.2/tcp/4242/p2p/QmX"], ["QmRelayAAAAAAAA"])
+    assert "...AAAAAAAA" in line and "forward TCP port 4242" in line
+
+
+def test_a_record_is_dialed_only_at_its_own_tcp_addresses():
+    addrs = (
+        "/ip4/1.2.3.4/tcp/5/p2p/QmMe",
+        "/ip4/1.2.3.4/tcp/6/p2p/QmSomeoneElse",
+        "/dns/x/tcp/5",
+        "/ip4/1.2.3.4/tcp/7",
+    )
+    assert dialable("QmMe", addrs) == ("/ip4/1.2.3.4/tcp/5/p2p/QmMe", "/ip4/1.2.3.4/tcp/7")
