@@ -16,8 +16,10 @@ on the internet (direct). Prints one JSON line per case:
   limit, which would reset the connection (swarm/port_relay.py).
 - `exact`: both chains' greedy tokens equal local transformers'.
 
-Case `wan-100mbit` caps each home router's upload at 100 Mbit/s (tc tbf) and measures the
-relayed chain again. This kernel has no netem, so no delay is added.
+Case `wan` then gives every home an internet link: upload capped at 100 Mbit/s (tc tbf) and
+`--delay-ms` (25) added each way to every connection a home opens (this kernel has no netem: a
+delay proxy in each home router, swarm/netlab.py), and measures the relayed chain again on
+fresh peers, against the same chain without it (`ms_per_token_relayed_lan`).
 
 Needs root, iproute2 and iptables. Run: python benchmarks/public_swarm.py [--new-tokens 24]
 """
@@ -53,6 +55,8 @@ def main() -> None:
     parser.add_argument("--pings", type=int, default=200)
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--delay-ms", type=float, default=25.0, help="one way, on each home's link")
+    parser.add_argument("--mbit", type=float, default=100.0, help="each home's upload")
     args = parser.parse_args()
     why_not = netlab.available()
     if why_not:
@@ -83,18 +87,22 @@ def main() -> None:
             )
             home = start_pair(swarm, spec.path, net.home(1).host_ns, net.home(2).host_ns, net, "home")
             relayed = measure(swarm, net, spec, ids, expected, "home", args)
-            for router in (net.home(i).router_ns for i in (1, 2, 3)):
-                net.shape(router, "wan0", 100)
-            wan = measure(swarm, net, spec, ids, expected, "home", args)
-            for proc in home.values():
-                swarm.stop(proc)
-            start_pair(swarm, spec.path, net.public_ns, net.public_ns, net, "inet")
+            stop_all(swarm, home)
+            inet = start_pair(swarm, spec.path, net.public_ns, net.public_ns, net, "inet")
             direct = measure(swarm, net, spec, ids, expected, "inet", args)
-        timing = start_times(home["home-left"])
-    for case, measured in (("lan", relayed), ("wan-100mbit", wan)):
+            stop_all(swarm, inet)
+            for i in (1, 2, 3):
+                net.shape(net.home(i).router_ns, "wan0", args.mbit)
+                net.delay_home(i, args.delay_ms, port=7070)
+            wan_home = start_pair(swarm, spec.path, net.home(1).host_ns, net.home(2).host_ns, net, "wan")
+            wan = measure(swarm, net, spec, ids, expected, "wan", args)
+        timings = {"lan": start_times(home["home-left"]), "wan": start_times(wan_home["wan-left"])}
+    wan_case = f"wan-{args.mbit:g}mbit-{2 * args.delay_ms:g}ms-rtt-per-home-link"
+    for case, measured, timing in (("lan", relayed, timings["lan"]), (wan_case, wan, timings["wan"])):
         line = {
             **base,
             "case": case,
+            "ms_per_token_relayed_lan": relayed["ms_per_token"],
             "hop_ms_direct": direct["hop_ms"],
             "hop_ms_relayed": measured["hop_ms"],
             "hop_ms_added": round(measured["hop_ms"] - direct["hop_ms"], 3),
@@ -120,6 +128,11 @@ def start_pair(swarm: LocalSwarm, model, left_ns: str, right_ns: str, net, prefi
         swarm.wait_for_log(proc, "online:", 300)
         proc.online_s = time.monotonic() - proc.started
     return peers
+
+
+def stop_all(swarm: LocalSwarm, peers: dict) -> None:
+    for proc in peers.values():
+        swarm.stop(proc)
 
 
 def start_times(proc) -> dict:

@@ -2,7 +2,8 @@
 
 At start (docs/architecture.md, "Crossing NATs"):
 1. A few reachable nodes (the initial peers first, then direct peers of the model) dial the
-   peer back (swarm/reachability.py). If at least half of those that answer reach it, it is
+   peer back (swarm/reachability.py); a peer that listens on loopback only serves this machine
+   and asks no one. If at least half of those that answer reach it, it is
    `direct` and announces the addresses they reached it at (a forwarded port included).
 2. Otherwise its DHT node restarts in client mode (it stores nothing for others), and it asks
    up to WANT_RELAYS reachable nodes, those that answered first, for a relay slot
@@ -126,6 +127,9 @@ class Reachability:
         self.helpers = everyone[:MAX_HELPERS]
         if self.mode == "direct":
             return dht, Reach("direct", listen, reason="--reachability direct: not checked")
+        if self.mode == "auto" and listen and all(_is_loopback(a) for a in listen):
+            # it serves this machine only, where everyone can dial it: nothing to ask anyone
+            return dht, Reach("direct", listen, reason="listens on loopback only")
         answering = everyone
         known = time.monotonic() - self.started
         if self.mode == "auto":
@@ -236,3 +240,8 @@ def _peer(peer_id: str):
     from hivemind.p2p import PeerID
 
     return PeerID.from_base58(peer_id)
+
+
+def _is_loopback(maddr: str) -> bool:
+    addr = tcp_addr(maddr)
+    return addr is not None and ipaddress.ip_address(addr.ip).is_loopback

@@ -50,16 +50,17 @@ class Dialer:
         _, reader, writer = await self.p2p.call_binary_stream_handler(peer, protocol)
         return reader, writer
 
-    async def connect(self, peer) -> None:
-        """Dials the record's addresses; a no-op in the daemon when a connection is already open.
-        A failure is left to the stream, which then says why (and may still find a route)."""
+    async def connect(self, peer, timeout: float = CONNECT_TIMEOUT_S) -> None:
+        """Dials the record's addresses, for at most `timeout` seconds; a no-op in the daemon
+        when a connection is already open. A failure is left to the stream, which then says why
+        (and may still find a route)."""
         addrs = self.addrs.get(peer.to_base58())
-        if not addrs:
+        if not addrs or timeout <= 0:
             return
         try:
             from hivemind.utils.multiaddr import Multiaddr
 
             maddrs = [Multiaddr(without_peer_id(a)) for a in addrs]
-            await asyncio.wait_for(self.p2p._client.connect(peer, maddrs), CONNECT_TIMEOUT_S)
+            await asyncio.wait_for(self.p2p._client.connect(peer, maddrs), min(timeout, CONNECT_TIMEOUT_S))
         except Exception as e:
             logger.debug("dialing ...%s at %s: %s: %s", peer.to_base58()[-8:], addrs, type(e).__name__, e)

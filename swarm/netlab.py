@@ -13,6 +13,12 @@ iptables rules go with them).
 A home's host can dial the internet; nobody outside can dial into a home. The addresses are
 private ranges on purpose: reachability must be decided by dial-backs, never by address class.
 Needs root, `ip` (iproute2) and `iptables`; `available()` says whether they are here.
+
+A home's link can be made slower: `shape` caps its upload (tc tbf), and `delay_home` adds a
+one-way delay to every TCP connection its host opens (this kernel has no netem): the router
+redirects them to a small proxy of ours in its namespace (`python -m hexswarm.swarm.netlab
+delay PORT MS`), which reads each connection's original destination, connects there, and
+forwards each chunk both ways `MS` milliseconds after it arrived.
 """
 
 from __future__ import annotations
@@ -23,7 +29,10 @@ import ctypes
 import os
 import secrets
 import shutil
+import socket
+import struct
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -116,6 +125,29 @@ class NetLab:
             f"tc qdisc replace dev {device} root tbf rate {rate_mbit}mbit burst {burst_kbit}kbit latency 400ms",
         )
 
+    def delay_home(self, i: int, one_way_ms: float, port: int = 7070) -> subprocess.Popen:
+        """Adds `one_way_ms` each way to every TCP connection home i's host opens (its router
+        redirects them to a delay proxy); the proxy dies with the namespaces."""
+        home = self.home(i)
+        self._run(
+            home.router_ns, f"iptables -t nat -A PREROUTING -i lan0 -p tcp -j REDIRECT --to-ports {port}"
+        )
+        args = [
+            *self.exec_prefix(home.router_ns),
+            sys.executable,
+            "-m",
+            "hexswarm.swarm.netlab",
+            "delay",
+            str(port),
+            str(one_way_ms),
+        ]
+        proxy = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        if proxy.stdout.readline().strip() != b"ready":
+            raise NetLabError(f"the delay proxy in {home.router_ns} did not start")
+        return proxy
+
     def close(self) -> None:
         for ns in reversed(self.namespaces):
             _kill_processes_in(ns)
@@ -197,3 +229,58 @@ def _kill_processes_in(ns: str) -> None:
             os.kill(int(pid), 9)
         except (ProcessLookupError, ValueError):
             pass
+
+
+# --- the delay proxy (runs inside a router's namespace)
+
+SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h: where a REDIRECTed connection was going
+
+
+async def _serve_delay(port: int, one_way_s: float) -> None:
+    import asyncio
+
+    async def forward(reader, writer) -> None:
+        """Forwards each chunk `one_way_s` after it arrived, in order, until either side ends."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def read() -> None:
+            while data := await reader.read(1 << 16):
+                queue.put_nowait((asyncio.get_running_loop().time() + one_way_s, data))
+            queue.put_nowait((asyncio.get_running_loop().time() + one_way_s, b""))
+
+        async def write() -> None:
+            while True:
+                due, data = await queue.get()
+                await asyncio.sleep(max(0.0, due - asyncio.get_running_loop().time()))
+                if not data:
+                    break
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        await asyncio.gather(read(), write(), return_exceptions=True)
+
+    async def accepted(reader, writer) -> None:
+        raw = writer.get_extra_info("socket").getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+        destination = (socket.inet_ntoa(raw[4:8]), struct.unpack(">H", raw[2:4])[0])
+        try:
+            upstream = await asyncio.open_connection(*destination)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(
+            forward(reader, upstream[1]), forward(upstream[0], writer), return_exceptions=True
+        )
+
+    server = await asyncio.start_server(accepted, "0.0.0.0", port)
+    print("ready", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":  # python -m hexswarm.swarm.netlab delay PORT MS
+    import asyncio
+
+    if len(sys.argv) != 4 or sys.argv[1] != "delay":
+        sys.exit("usage: python -m hexswarm.swarm.netlab delay PORT ONE_WAY_MS")
+    asyncio.run(_serve_delay(int(sys.argv[2]), float(sys.argv[3]) / 1000))

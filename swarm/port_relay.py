@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from hexswarm.swarm.protocol import read_payload
+from hexswarm.swarm.protocol import framed, read_payload
+from hexswarm.swarm.records import unpack_map
 
 logger = logging.getLogger(__name__)
 
@@ -53,19 +54,12 @@ class RelayLimits:
 
 
 def _frame(body: dict) -> bytes:
-    payload = msgpack.packb(body)
-    return len(payload).to_bytes(4, "big") + payload
+    return framed(msgpack.packb(body))
 
 
 async def _read_message(reader: asyncio.StreamReader, timeout: float | None) -> dict:
-    payload = await asyncio.wait_for(read_payload(reader, MAX_MESSAGE_BYTES), timeout)
-    try:
-        body = msgpack.unpackb(payload, raw=False, strict_map_key=True)
-    except Exception:
-        raise ValueError("not msgpack") from None
-    if not isinstance(body, dict):
-        raise ValueError("not a map")
-    return body
+    """One control message (remote input): ValueError unless it is a small msgpack map."""
+    return unpack_map(await asyncio.wait_for(read_payload(reader, MAX_MESSAGE_BYTES), timeout))
 
 
 async def splice(a: tuple, b: tuple, data_limit: int, time_limit: float) -> None:

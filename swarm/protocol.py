@@ -375,9 +375,13 @@ def _session(fields: dict) -> str:
 # ---------------------------------------------------------------- stream I/O
 
 
+def framed(payload: bytes) -> bytes:
+    """`payload` with the length prefix every stream of ours reads (read_payload)."""
+    return _LENGTH.pack(len(payload)) + payload
+
+
 async def write_frame(writer: asyncio.StreamWriter, message: Message) -> None:
-    payload = encode(message)
-    writer.write(_LENGTH.pack(len(payload)) + payload)
+    writer.write(framed(encode(message)))
     await writer.drain()
 
 

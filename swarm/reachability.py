@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import msgpack
 
 from hexswarm.swarm.maddrs import MAX_MADDR_CHARS, tcp_addr, without_peer_id
-from hexswarm.swarm.protocol import read_payload
+from hexswarm.swarm.protocol import framed, read_payload
+from hexswarm.swarm.records import unpack_map
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def encode_request(addrs: Sequence[str]) -> bytes:
 
 def decode_request(payload: bytes) -> list[str]:
     """The addresses asked for; ValueError on anything malformed (remote input)."""
-    body = _unpack(payload)
+    body = unpack_map(payload)
     addrs = body.get("addrs")
     if not isinstance(addrs, list) or len(addrs) > MAX_ADDRS:
         raise ValueError(f"addrs must be a list of at most {MAX_ADDRS}")
@@ -73,7 +74,7 @@ def encode_reply(reached: Sequence[tuple[str, str]], observed_ip: str = "", erro
 
 def decode_reply(helper: str, payload: bytes, asked: Sequence[str]) -> DialBackReply:
     """A helper's reply; only addresses we asked about count (ValueError if malformed)."""
-    body = _unpack(payload)
+    body = unpack_map(payload)
     reached, observed, error = body.get("reached"), body.get("observed_ip", ""), body.get("error", "")
     if not isinstance(reached, list) or len(reached) > MAX_ADDRS:
         raise ValueError("reached must be a short list")
@@ -97,16 +98,6 @@ def _fits(pair: tuple[str, str], asked: Sequence[str]) -> bool:
         return False
     mine, theirs = tcp_addr(asked_addr), tcp_addr(dialed)
     return mine is not None and theirs is not None and mine.port == theirs.port
-
-
-def _unpack(payload: bytes) -> dict:
-    try:
-        body = msgpack.unpackb(payload, raw=False, strict_map_key=True)
-    except Exception:
-        raise ValueError("not msgpack") from None
-    if not isinstance(body, dict):
-        raise ValueError("not a map")
-    return body
 
 
 def dial_targets(addrs: Iterable[str], observed_ips: set[str], node_ips: set[str]) -> list[tuple[str, str]]:
@@ -154,7 +145,7 @@ class DialBackService:
         asker = stream_info.peer_id.to_base58()
         try:
             if self.busy >= MAX_CONCURRENT:
-                writer.write(_frame(encode_reply((), error=f"busy: {MAX_CONCURRENT} dial-backs running")))
+                writer.write(framed(encode_reply((), error=f"busy: {MAX_CONCURRENT} dial-backs running")))
                 return
             self.busy += 1
             try:
@@ -164,12 +155,12 @@ class DialBackService:
                 reached = await self._dial(asker, dial_targets(addrs, observed, nodes))
             finally:
                 self.busy -= 1
-            writer.write(_frame(encode_reply(reached, observed_ip=min(observed, default=""))))
+            writer.write(framed(encode_reply(reached, observed_ip=min(observed, default=""))))
             logger.info(
                 "dial-back for ...%s: reached %d of %d addresses", asker[-8:], len(reached), len(addrs)
             )
         except ValueError as e:
-            writer.write(_frame(encode_reply((), error=f"malformed request: {e}")))
+            writer.write(framed(encode_reply((), error=f"malformed request: {e}")))
         except Exception as e:  # remote input must never stop the service
             logger.debug("dial-back for ...%s failed: %s: %s", asker[-8:], type(e).__name__, e)
         finally:
@@ -227,10 +218,6 @@ async def _connects(prober, peer, target: str) -> bool:
     return True
 
 
-def _frame(payload: bytes) -> bytes:
-    return len(payload).to_bytes(4, "big") + payload
-
-
 async def ask(p2p, helper: str, addrs: Sequence[str], timeout: float = ASK_TIMEOUT_S) -> DialBackReply | None:
     """One helper's dial-back of `addrs`; None if it could not be asked or did not answer."""
     from hivemind.p2p import PeerID
@@ -240,7 +227,7 @@ async def ask(p2p, helper: str, addrs: Sequence[str], timeout: float = ASK_TIMEO
             PeerID.from_base58(helper), DIALBACK_PROTOCOL
         )
         try:
-            writer.write(_frame(encode_request(addrs)))
+            writer.write(framed(encode_request(addrs)))
             await writer.drain()
             return decode_reply(helper, await read_payload(reader, MAX_REQUEST_BYTES), addrs)
         finally:
