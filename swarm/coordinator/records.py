@@ -47,8 +47,8 @@ Trust = frozenset[str] | None
 
 def trust_from(keys: list[str] | None, public: bool = False) -> Trust:
     """The trust of `--coordinator-key KEY ...`: those keys; with none, any member of a private
-    swarm and nobody in a public one (no public swarm runs yet: the commands join private ones
-    only). ValueError on a key that is not a peer id."""
+    swarm and nobody in a public one (`--public`: run-peer passes the keys its shipped list
+    names). ValueError on a key that is not a peer id."""
     from hivemind.p2p import PeerID
 
     if keys:

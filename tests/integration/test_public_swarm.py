@@ -19,7 +19,7 @@ from hexswarm.swarm.launcher import LocalSwarm
 from hexswarm.swarm.records import PeerState, read_peer_records
 from tests.integration.conftest import SignalHopPeer
 
-pytestmark = [pytest.mark.integration, pytest.mark.netns]
+pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.slow]
 
 WHY_NOT = netlab.available()
 if WHY_NOT:
