@@ -16,6 +16,7 @@ import signal
 import socket
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -49,7 +50,7 @@ from hexswarm.swarm.identity import load_or_create_identity
 from hexswarm.swarm.model_spec import ModelSpec
 from hexswarm.swarm.port_relay import RELAY_PROTOCOL, RelayLimits, RelayService
 from hexswarm.swarm.protocol import SESSION_PROTOCOL, ProtocolError
-from hexswarm.swarm.reachability import DIALBACK_PROTOCOL, DialBackService
+from hexswarm.swarm.reachability import DIALBACK_PROTOCOL, DialBackService, ip_group_of
 from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
 from hexswarm.swarm.wire_tensors import DTYPE_NAMES
 
@@ -363,7 +364,7 @@ class _Peer:
             await self.p2p.add_binary_stream_handler(
                 DIALBACK_PROTOCOL, DialBackService(self.p2p).handle_stream
             )
-            self.relay = RelayService(limits=c.relay_limits)
+            self.relay = RelayService(limits=c.relay_limits, group_of=partial(ip_group_of, self.p2p))
             await self.relay.start()
             await self.p2p.add_binary_stream_handler(RELAY_PROTOCOL, self.relay.handle_stream)
         await self.announcer.announce(self.serving_state())

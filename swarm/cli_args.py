@@ -252,6 +252,12 @@ def add_relay_limits(g) -> None:
         help="peers behind NAT relayed at once",
     )
     g.add_argument(
+        "--relay-max-slots-per-group",
+        type=positive_int,
+        default=limits.max_slots_per_group,
+        help="peers behind NAT relayed at once from one IP group (/24 of IPv4, /48 of IPv6)",
+    )
+    g.add_argument(
         "--relay-max-connections",
         type=positive_int,
         default=limits.max_connections,
@@ -276,6 +282,7 @@ def relay_limits(args):
 
     return RelayLimits(
         max_slots=args.relay_max_slots,
+        max_slots_per_group=args.relay_max_slots_per_group,
         max_connections=args.relay_max_connections,
         data_limit_bytes=int(args.relay_data_limit_gb * 2**30),
         time_limit_s=args.relay_time_limit_min * 60,

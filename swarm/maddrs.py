@@ -48,3 +48,11 @@ def without_peer_id(maddr: str) -> str:
 
 def with_peer_id(maddr: str, peer_id: str) -> str:
     return f"{without_peer_id(maddr)}/p2p/{peer_id}"
+
+
+def ip_group(ip: str) -> str:
+    """The network one operator is likely to hold whole (/24 of IPv4, /48 of IPv6): what limits
+    per IP group count, so that many identities on one machine share one allowance."""
+    address = ipaddress.ip_address(ip)
+    prefix = 24 if address.version == 4 else 48
+    return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import msgpack
@@ -48,6 +48,7 @@ class RelayLimits:
     of long prompts: a 2,048-token prefill at hidden size 8,192 in fp16 is 32 MiB a hop."""
 
     max_slots: int = 128  # peers relayed at once
+    max_slots_per_group: int = 8  # ... from one IP group (/24, /48): identities cost nothing, machines do
     max_connections: int = 16  # open connections to one relayed peer
     data_limit_bytes: int = 64 << 30  # per connection and direction, then it is closed
     time_limit_s: float = 24 * 3600  # per connection, then it is closed
@@ -91,6 +92,7 @@ class _Slot:
     peer_id: str
     server: asyncio.AbstractServer
     control: asyncio.StreamWriter
+    group: str = ""
     connections: int = 0
 
 
@@ -100,6 +102,8 @@ class RelayService:
 
     host: str = "0.0.0.0"
     limits: RelayLimits = field(default_factory=RelayLimits)
+    # peer id -> the IP group its connections come from (swarm/reachability.py ip_group_of)
+    group_of: Callable[[str], Awaitable[str]] | None = None
     slots: dict[str, _Slot] = field(default_factory=dict)
     pending: dict[bytes, asyncio.Future] = field(default_factory=dict)
     tunnel: asyncio.AbstractServer | None = None
@@ -126,10 +130,13 @@ class RelayService:
                 raise ValueError("expected {'want': 'slot'}")
             if peer_id in self.slots:
                 self.slots.pop(peer_id).server.close()  # its previous slot's stream is stale
-            if len(self.slots) >= self.limits.max_slots:
-                writer.write(_frame({"error": f"relay full: {self.limits.max_slots} slots"}))
+            group = await self.group_of(peer_id) if self.group_of else peer_id
+            refusal = self._refusal(group)
+            if refusal:
+                writer.write(_frame({"error": refusal}))
                 return
             slot = await self._open_slot(peer_id, writer)
+            slot.group = group
             writer.write(
                 _frame({"port": slot.server.sockets[0].getsockname()[1], "tunnel_port": self.tunnel_port})
             )
@@ -145,6 +152,13 @@ class RelayService:
                 slot.server.close()
                 logger.info("stopped relaying ...%s", peer_id[-8:])
             writer.close()
+
+    def _refusal(self, group: str) -> str:
+        if len(self.slots) >= self.limits.max_slots:
+            return f"relay full: {self.limits.max_slots} slots"
+        if sum(slot.group == group for slot in self.slots.values()) >= self.limits.max_slots_per_group:
+            return f"{self.limits.max_slots_per_group} slots from {group} already"
+        return ""
 
     async def _open_slot(self, peer_id: str, control: asyncio.StreamWriter) -> _Slot:
         slot = _Slot(peer_id, None, control)  # type: ignore[arg-type]

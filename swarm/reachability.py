@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import msgpack
 
-from hexswarm.swarm.maddrs import MAX_MADDR_CHARS, tcp_addr, without_peer_id
+from hexswarm.swarm.maddrs import MAX_MADDR_CHARS, ip_group, tcp_addr, without_peer_id
 from hexswarm.swarm.protocol import framed, read_payload
 from hexswarm.swarm.records import unpack_map
 
@@ -33,6 +34,7 @@ DIALBACK_PROTOCOL = "/hexswarm/dialback/1"
 MAX_REQUEST_BYTES = 4096
 MAX_ADDRS = 8  # addresses one request may ask to be dialed at
 MAX_CONCURRENT = 2  # requests served at once; more are refused at once, not queued
+MAX_PER_GROUP = 1  # ... of which from one IP group (many identities on one machine share it)
 REQUEST_TIMEOUT_S = 5.0  # to read a request
 DIAL_TIMEOUT_S = 3.0  # per address
 PROBER_START_S = 10.0
@@ -139,22 +141,23 @@ class DialBackService:
 
     def __init__(self, p2p):
         self.p2p = p2p
-        self.busy = 0
+        self.busy: Counter[str] = Counter()  # IP group -> requests being served
 
     async def handle_stream(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         asker = stream_info.peer_id.to_base58()
         try:
-            if self.busy >= MAX_CONCURRENT:
-                writer.write(framed(encode_reply((), error=f"busy: {MAX_CONCURRENT} dial-backs running")))
+            observed, nodes = await self._what_i_see(asker)
+            group = ip_group(min(observed)) if observed else asker
+            if self.busy.total() >= MAX_CONCURRENT or self.busy[group] >= MAX_PER_GROUP:
+                writer.write(framed(encode_reply((), error=f"busy: {self.busy.total()} dial-backs running")))
                 return
-            self.busy += 1
+            self.busy[group] += 1
             try:
                 payload = await asyncio.wait_for(read_payload(reader, MAX_REQUEST_BYTES), REQUEST_TIMEOUT_S)
                 addrs = decode_request(payload)
-                observed, nodes = await self._what_i_see(asker)
                 reached = await self._dial(asker, dial_targets(addrs, observed, nodes))
             finally:
-                self.busy -= 1
+                self.busy[group] -= 1
             writer.write(framed(encode_reply(reached, observed_ip=min(observed, default=""))))
             logger.info(
                 "dial-back for ...%s: reached %d of %d addresses", asker[-8:], len(reached), len(addrs)
@@ -243,3 +246,13 @@ async def ask(p2p, helper: str, addrs: Sequence[str], timeout: float = ASK_TIMEO
 async def ask_many(p2p, helpers: Sequence[str], addrs: Sequence[str]) -> list[DialBackReply | None]:
     """Asks every helper at once."""
     return list(await asyncio.gather(*(ask(p2p, helper, addrs) for helper in helpers)))
+
+
+async def ip_group_of(p2p, peer_id: str) -> str:
+    """The IP group a connected peer's connections come from (its id if none is known)."""
+    for info in await p2p.list_peers():
+        if info.peer_id.to_base58() == peer_id:
+            ips = sorted(a.ip for a in (tcp_addr(str(m)) for m in info.addrs) if a is not None)
+            if ips:
+                return ip_group(ips[0])
+    return peer_id

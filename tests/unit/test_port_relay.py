@@ -35,11 +35,15 @@ async def echo(reader, writer):
     writer.close()
 
 
+async def same_machine(peer_id: str) -> str:
+    return "203.0.113.0/24"  # every identity in these tests comes from one IP group
+
+
 @contextlib.asynccontextmanager
 async def relay_with_slot(limits: RelayLimits, peer: str = "QmPeer"):
     """A relay, an echo server as the relayed peer's daemon, and a slot held for `peer`:
     yields (relay, slot, control reader, daemon address)."""
-    relay = RelayService(host="127.0.0.1", limits=limits)
+    relay = RelayService(host="127.0.0.1", limits=limits, group_of=same_machine)
     await relay.start()
     daemon = await asyncio.start_server(echo, "127.0.0.1", 0)
     accepted = asyncio.get_running_loop().create_future()
@@ -103,14 +107,21 @@ async def test_a_tunnel_with_an_unknown_token_is_closed_and_the_slot_ends_with_i
     assert relay.slots == {}
 
 
-async def test_a_full_relay_refuses_a_slot():
-    async with relay_with_slot(RelayLimits(max_slots=1)) as (relay, *_):
+@pytest.mark.parametrize(
+    "limits, refusal",
+    [
+        (RelayLimits(max_slots=1), "relay full"),
+        (RelayLimits(max_slots_per_group=1), "1 slots from 203.0.113.0/24"),
+    ],
+)
+async def test_a_full_relay_or_ip_group_is_refused_a_slot(limits, refusal):
+    async with relay_with_slot(limits) as (relay, *_):
         second = asyncio.get_running_loop().create_future()
         server = await asyncio.start_server(lambda r, w: second.set_result((r, w)), "127.0.0.1", 0)
         reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
         handled = asyncio.create_task(relay.handle_stream(StreamInfo(FakePeerId("QmOther")), *await second))
         writer.write(_frame({"want": "slot"}))
-        assert "relay full" in (await _read_message(reader, 5))["error"]
+        assert refusal in (await _read_message(reader, 5))["error"]
         await asyncio.wait_for(handled, 5)
         writer.close()
         server.close()

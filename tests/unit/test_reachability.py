@@ -8,7 +8,7 @@ import pytest
 
 from hexswarm.peer.reachability import Candidate, candidates, local_endpoint, nat_message, reached_addrs
 from hexswarm.swarm.dialing import dialable
-from hexswarm.swarm.maddrs import peer_id_of, tcp_addr, with_peer_id, without_peer_id
+from hexswarm.swarm.maddrs import ip_group, peer_id_of, tcp_addr, with_peer_id, without_peer_id
 from hexswarm.swarm.reachability import (
     MAX_ADDRS,
     DialBackReply,
@@ -39,6 +39,8 @@ def test_multiaddr_parts():
     assert peer_id_of("/ip4/1.2.3.4/tcp/5/p2p/QmX") == "QmX" and peer_id_of("/ip4/1.2.3.4/tcp/5") is None
     assert without_peer_id("/ip4/1.2.3.4/tcp/5/p2p/QmX") == "/ip4/1.2.3.4/tcp/5"
     assert with_peer_id("/ip4/1.2.3.4/tcp/5/p2p/QmX", "QmY") == "/ip4/1.2.3.4/tcp/5/p2p/QmY"
+    assert ip_group("203.0.113.9") == ip_group("203.0.113.200") == "203.0.113.0/24"
+    assert ip_group("2001:db8:1:2::5") == "2001:db8:1::/48"
 
 
 def test_a_helper_dials_the_askers_own_ip_with_the_ports_it_names():
