@@ -242,7 +242,7 @@ def auto_or(parse: Callable[[str], int | float]) -> Callable[[str], int | float 
 
 def add_relay_limits(g) -> None:
     """What a reachable node relays for peers behind NAT (swarm/port_relay.py RelayLimits)."""
-    from hexswarm.swarm.port_relay import RelayLimits
+    from hexswarm.swarm.relay_limits import RelayLimits
 
     limits = RelayLimits()
     g.add_argument(
@@ -278,7 +278,7 @@ def add_relay_limits(g) -> None:
 
 
 def relay_limits(args):
-    from hexswarm.swarm.port_relay import RelayLimits
+    from hexswarm.swarm.relay_limits import RelayLimits
 
     return RelayLimits(
         max_slots=args.relay_max_slots,

@@ -31,6 +31,7 @@ import msgpack
 
 from hexswarm.swarm.protocol import framed, read_payload
 from hexswarm.swarm.records import unpack_map
+from hexswarm.swarm.relay_limits import RelayLimits
 
 logger = logging.getLogger(__name__)
 
@@ -40,18 +41,6 @@ TOKEN_BYTES = 16
 PAIRING_TIMEOUT_S = 10.0  # a client's connection waits this long for the peer's tunnel
 REQUEST_TIMEOUT_S = 5.0
 COPY_CHUNK = 1 << 16
-
-
-@dataclass(frozen=True)
-class RelayLimits:
-    """What a relay allows (flags: swarm/cli_args.py add_relay_limits). They fit whole sessions
-    of long prompts: a 2,048-token prefill at hidden size 8,192 in fp16 is 32 MiB a hop."""
-
-    max_slots: int = 128  # peers relayed at once
-    max_slots_per_group: int = 8  # ... from one IP group (/24, /48): identities cost nothing, machines do
-    max_connections: int = 16  # open connections to one relayed peer
-    data_limit_bytes: int = 64 << 30  # per connection and direction, then it is closed
-    time_limit_s: float = 24 * 3600  # per connection, then it is closed
 
 
 def _frame(body: dict) -> bytes:
