@@ -205,7 +205,7 @@ class Reachability:
         """Slot addresses a helper dialed us through; None if no helper answered."""
         addrs = [slot.addr(self.peer_id) for slot in self.slots.values()]
         replies = await ask_many(self.p2p, [h.peer_id for h in self.helpers], addrs)
-        if all(r is None for r in replies):
+        if all(r is None or r.error for r in replies):  # nobody could check (busy, gone)
             return None
         return reached_addrs(replies, self.peer_id)
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import random
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -35,6 +37,8 @@ MAX_REQUEST_BYTES = 4096
 MAX_ADDRS = 8  # addresses one request may ask to be dialed at
 MAX_CONCURRENT = 2  # requests served at once; more are refused at once, not queued
 MAX_PER_GROUP = 1  # ... of which from one IP group (many identities on one machine share it)
+BUSY = "busy"  # a reply's error when the helper serves others: ask again after BUSY_RETRY_S
+BUSY_RETRY_S = 0.5
 REQUEST_TIMEOUT_S = 5.0  # to read a request
 DIAL_TIMEOUT_S = 3.0  # per address
 PROBER_START_S = 10.0
@@ -149,7 +153,9 @@ class DialBackService:
             observed, nodes = await self._what_i_see(asker)
             group = ip_group(min(observed)) if observed else asker
             if self.busy.total() >= MAX_CONCURRENT or self.busy[group] >= MAX_PER_GROUP:
-                writer.write(framed(encode_reply((), error=f"busy: {self.busy.total()} dial-backs running")))
+                writer.write(
+                    framed(encode_reply((), error=f"{BUSY}: {self.busy.total()} dial-backs running"))
+                )
                 return
             self.busy[group] += 1
             try:
@@ -236,11 +242,18 @@ async def ask(p2p, helper: str, addrs: Sequence[str], timeout: float = ASK_TIMEO
         finally:
             writer.close()
 
-    try:
-        return await asyncio.wait_for(exchange(), timeout)
-    except Exception as e:
-        logger.debug("dial-back by ...%s: %s: %s", helper[-8:], type(e).__name__, e)
-        return None
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            reply = await asyncio.wait_for(exchange(), max(deadline - time.monotonic(), 0.1))
+        except Exception as e:
+            logger.debug("dial-back by ...%s: %s: %s", helper[-8:], type(e).__name__, e)
+            return None
+        # a busy helper (its other requests, or one from our IP group) is asked again, not skipped:
+        # peers behind one NAT that start together must not read "busy" as "nobody could check"
+        if not reply.error.startswith(BUSY) or time.monotonic() + BUSY_RETRY_S >= deadline:
+            return reply
+        await asyncio.sleep(BUSY_RETRY_S * random.uniform(1, 2))
 
 
 async def ask_many(p2p, helpers: Sequence[str], addrs: Sequence[str]) -> list[DialBackReply | None]:

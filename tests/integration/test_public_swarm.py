@@ -30,6 +30,7 @@ PROMPT = [[1, 5, 9, 14, 3, 7]]
 NEW_TOKENS = 12
 # every peer announces the same speed, so that routes differ only by what the client measures
 EQUAL_SPEED = ("--throughput", "50000", "--decode-ms", "0.3")
+HOME_LINK_DELAY_MS = 2.0  # each way: the router's choice must not hang on a loaded machine's noise
 
 
 class Lab:
@@ -74,6 +75,8 @@ def lab(make_model, tmp_path_factory):
                 address_prefix=f"/ip4/{netlab.PUBLIC_HOST_IP}/",
             )
         lab = Lab(net, local, model_dir)
+        for home in (1, 2):  # a home's link is a little slower than the internet's, as at home
+            net.delay_home(home, HOME_LINK_DELAY_MS)
         lab.start_peer("home1", "0:3", net.home(1).host_ns, wait=False)
         lab.start_peer("home2", "3:6", net.home(2).host_ns, wait=False)
         for proc in lab.peers.values():
