@@ -30,7 +30,7 @@ PROMPT = [[1, 5, 9, 14, 3, 7]]
 NEW_TOKENS = 12
 # every peer announces the same speed, so that routes differ only by what the client measures
 EQUAL_SPEED = ("--throughput", "50000", "--decode-ms", "0.3")
-HOME_LINK_DELAY_MS = 2.0  # each way: the router's choice must not hang on a loaded machine's noise
+HOME_LINK_DELAY_MS = 2.0  # each way, on the links of homes 1 and 2
 
 
 class Lab:
@@ -75,8 +75,8 @@ def lab(make_model, tmp_path_factory):
                 address_prefix=f"/ip4/{netlab.PUBLIC_HOST_IP}/",
             )
         lab = Lab(net, local, model_dir)
-        for home in (1, 2):  # a home's link is a little slower than the internet's, as at home
-            net.delay_home(home, HOME_LINK_DELAY_MS)
+        for home in (1, 2):  # a home's link is slower than the internet's, as at home: the router's
+            net.delay_home(home, HOME_LINK_DELAY_MS)  # choice must not hang on sub-ms noise
         lab.start_peer("home1", "0:3", net.home(1).host_ns, wait=False)
         lab.start_peer("home2", "3:6", net.home(2).host_ns, wait=False)
         for proc in lab.peers.values():
@@ -149,12 +149,14 @@ def test_a_relay_that_leaves_leaves_its_peers_served(lab, client, expected):
     relay_a_id = lab.local.initial_peers[0].rsplit("/p2p/", 1)[1]
     lab.local.stop(relay_a, timeout=10)
     survivor = next(n for n in ("home2", "home1b") if lab.peers[n].alive())
-    deadline = time.monotonic() + 30  # one re-check of the circuits each announce period (2 s)
+    deadline = time.monotonic() + 45  # one re-check of the slots each announce period (2 s)
+    record = None
     while time.monotonic() < deadline:
-        record = lab.records(client).get(survivor)
+        record = lab.records(client).get(survivor) or record  # a read may miss it while the DHT heals
         if record and record.relays and relay_a_id not in record.relays:
             break
         time.sleep(1)
+    assert record is not None, f"no record of {survivor} after relay-a left"
     assert record.state == PeerState.ONLINE and relay_a_id not in record.relays, record
     assert record.relays and all(relay_a_id not in a for a in record.addrs), record
     assert torch.equal(generate(client), expected)
