@@ -29,6 +29,7 @@ from hexswarm.swarm.dialing import Dialer
 from hexswarm.swarm.maddrs import peer_id_of, tcp_addr, with_peer_id
 from hexswarm.swarm.port_relay import RelayLimits, Slot, hold_slot
 from hexswarm.swarm.reachability import DialBackReply, ask_many, reachable_verdict
+from hexswarm.swarm.records import PeerState
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,11 @@ def candidates(initial_peers: Sequence[str], direct_records: Sequence) -> list[C
                 found.setdefault(record.peer_id, addr)
                 break
     return [Candidate(peer, addr) for peer, addr in found.items()]
+
+
+def direct_peers(records: Sequence) -> list:
+    """The model's online peers that others can dial directly: helpers and relays to ask."""
+    return [r for r in records if r.reachability == "direct" and r.state == PeerState.ONLINE]
 
 
 def reached_addrs(replies: Sequence[DialBackReply | None], peer_id: str) -> tuple[str, ...]:
@@ -120,16 +126,23 @@ class Reachability:
         self.holders: dict[str, asyncio.Task] = {}  # relay id -> the task holding its slot
         self.p2p = self.dialer = self.local = None
 
-    async def run(self, dht, initial_peers: Sequence[str], direct_records: Sequence) -> tuple[object, Reach]:
-        """(the DHT to serve on, how this peer is reached)."""
+    async def run(
+        self, dht, initial_peers: Sequence[str], read_records: Callable[[], Awaitable[Sequence]]
+    ) -> tuple[object, Reach]:
+        """(the DHT to serve on, how this peer is reached); `read_records` reads the model's
+        records, for direct peers to ask, only when the peer asks anyone."""
         listen = tuple(str(a) for a in dht.get_visible_maddrs())
-        everyone = [c for c in candidates(initial_peers, direct_records) if c.peer_id != self.peer_id]
-        self.helpers = everyone[:MAX_HELPERS]
         if self.mode == "direct":
             return dht, Reach("direct", listen, reason="--reachability direct: not checked")
         if self.mode == "auto" and listen and all(_is_loopback(a) for a in listen):
             # it serves this machine only, where everyone can dial it: nothing to ask anyone
             return dht, Reach("direct", listen, reason="listens on loopback only")
+        try:
+            records = await read_records()
+        except Exception:  # remote input; the initial peers alone can still check
+            records = []
+        everyone = [c for c in candidates(initial_peers, direct_peers(records)) if c.peer_id != self.peer_id]
+        self.helpers = everyone[:MAX_HELPERS]
         answering = everyone
         known = time.monotonic() - self.started
         if self.mode == "auto":
@@ -213,7 +226,7 @@ class Reachability:
         relays = tuple(s.relay_id for s in self.slots.values() if s.addr(self.peer_id) in addrs)
         return Reach("relayed", addrs, relays, known_s=known, relayed_s=relayed)
 
-    async def recheck(self, reach: Reach, direct_records: Sequence = ()) -> Reach:
+    async def recheck(self, reach: Reach, records: Sequence = ()) -> Reach:
         """A relayed peer's slots, re-dialed: relays that are gone are replaced by other
         reachable nodes (bootstraps, then direct peers). A direct peer is left as it is."""
         if reach.mode == "direct" or self.p2p is None:
@@ -221,7 +234,7 @@ class Reachability:
         for peer_id in [p for p, task in self.holders.items() if task.done()]:
             del self.holders[peer_id]
         known = {r.peer_id for r in self.relays}
-        fresh = candidates((), [r for r in direct_records if r.peer_id != self.peer_id])
+        fresh = candidates((), [r for r in direct_peers(records) if r.peer_id != self.peer_id])
         self.relays += [c for c in fresh if c.peer_id not in known]
         self._ask_for_slots()
         addrs = await self._verified() if self.slots else ()

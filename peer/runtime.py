@@ -16,7 +16,6 @@ import signal
 import socket
 import time
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any
 
 import torch
@@ -50,7 +49,7 @@ from hexswarm.swarm.identity import load_or_create_identity
 from hexswarm.swarm.model_spec import ModelSpec
 from hexswarm.swarm.port_relay import RELAY_PROTOCOL, RelayLimits, RelayService
 from hexswarm.swarm.protocol import SESSION_PROTOCOL, ProtocolError
-from hexswarm.swarm.reachability import DIALBACK_PROTOCOL, DialBackService, ip_group_of
+from hexswarm.swarm.reachability import DIALBACK_PROTOCOL, serve_helpers
 from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
 from hexswarm.swarm.wire_tensors import DTYPE_NAMES
 
@@ -175,13 +174,11 @@ async def _become_reachable(config: PeerConfig, dht, identity, started: float):
         await asyncio.to_thread(shutdown_dht, dht, DHT_CLOSE_S)
         return start_dht(config.initial_peers, identity, config.host_maddrs, client_mode=True)
 
+    async def records() -> list[PeerRecord]:
+        return peer_records_from(await dht_get(dht, model_key(config.spec.model_id)), config.spec.model_id)
+
     check = Reachability(identity.peer_id.to_base58(), config.reachability, started, restart_dht)
-    try:
-        records = peer_records_from(await dht_get(dht, model_key(config.spec.model_id)), config.spec.model_id)
-    except Exception:  # remote input; the initial peers alone can still check
-        records = []
-    direct = [r for r in records if r.reachability == "direct" and r.state == PeerState.ONLINE]
-    dht, reach = await check.run(dht, config.initial_peers, direct)
+    dht, reach = await check.run(dht, config.initial_peers, records)
     return dht, reach, check
 
 
@@ -360,13 +357,8 @@ class _Peer:
         # edge peers (peer/edge/) may announce through any full peer, as through a bootstrap
         relay = AnnounceRelay(self.dht, self.identity)
         await self.p2p.add_binary_stream_handler(ANNOUNCE_PROTOCOL, relay.handle_stream)
-        if self.reach.mode == "direct":  # others behind NAT ask reachable peers to dial them back
-            await self.p2p.add_binary_stream_handler(
-                DIALBACK_PROTOCOL, DialBackService(self.p2p).handle_stream
-            )
-            self.relay = RelayService(limits=c.relay_limits, group_of=partial(ip_group_of, self.p2p))
-            await self.relay.start()
-            await self.p2p.add_binary_stream_handler(RELAY_PROTOCOL, self.relay.handle_stream)
+        if self.reach.mode == "direct":  # peers behind NAT ask reachable ones for dial-backs and slots
+            self.relay = await serve_helpers(self.p2p, c.relay_limits)
         await self.announcer.announce(self.serving_state())
         if self.reach.mode == "unreachable":
             logger.error(
@@ -402,8 +394,9 @@ class _Peer:
         await self.server.handle_stream(*args)
 
     async def _open_link(self, peer_id: str):
-        """A session stream to a peer id through the p2p layer: for pushed steps (peer/push.py)
-        and round-trip probes (peer/link_probe.py). Never a connection to an announced address."""
+        """A session stream to a peer id, dialed at its signed record's addresses (a relay's port
+        for a peer behind NAT): for pushed steps (peer/push.py) and round-trip probes
+        (peer/link_probe.py)."""
         return await self.dialer.open_stream(peer_id, SESSION_PROTOCOL)
 
     async def _load_blocks(self) -> Blocks:
@@ -459,9 +452,7 @@ class _Peer:
 
     async def _recheck_reachability(self) -> None:
         try:
-            records = await self.read_records()
-            direct = [r for r in records if r.reachability == "direct" and r.state == PeerState.ONLINE]
-            reach = await self.reachability_check.recheck(self.reach, direct)
+            reach = await self.reachability_check.recheck(self.reach, await self.read_records())
         except Exception:  # remote input must not stop serving
             logger.exception("re-checking the relays failed")
             return

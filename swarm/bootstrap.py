@@ -13,7 +13,6 @@ import asyncio
 import logging
 import signal
 import threading
-from functools import partial
 
 from hexswarm.swarm import cli_args
 from hexswarm.swarm.cli_args import add_relay_limits, relay_limits
@@ -93,17 +92,11 @@ def serve_in_thread(dht, identity, limits) -> threading.Event:
 async def _serve(dht, identity, limits, stop: threading.Event) -> None:
     from hexswarm.swarm.announce_relay import AnnounceRelay
     from hexswarm.swarm.dht_signing import ANNOUNCE_PROTOCOL
-    from hexswarm.swarm.port_relay import RELAY_PROTOCOL, RelayService
-    from hexswarm.swarm.reachability import DIALBACK_PROTOCOL, DialBackService, ip_group_of
+    from hexswarm.swarm.reachability import serve_helpers
 
     p2p = await dht.replicate_p2p()
     await p2p.add_binary_stream_handler(ANNOUNCE_PROTOCOL, AnnounceRelay(dht, identity).handle_stream)
-    await p2p.add_binary_stream_handler(DIALBACK_PROTOCOL, DialBackService(p2p).handle_stream)
-    relay = None
-    if limits is not None:
-        relay = RelayService(limits=limits, group_of=partial(ip_group_of, p2p))
-        await relay.start()
-        await p2p.add_binary_stream_handler(RELAY_PROTOCOL, relay.handle_stream)
+    relay = await serve_helpers(p2p, limits)
     logger.info("serving edge peers' announcements, dial-backs%s", " and relay slots" if relay else "")
     while not stop.is_set():
         await asyncio.sleep(0.2)

@@ -269,3 +269,19 @@ async def ip_group_of(p2p, peer_id: str) -> str:
             if ips:
                 return ip_group(ips[0])
     return peer_id
+
+
+async def serve_helpers(p2p, limits):
+    """What a reachable node serves peers behind NAT on `p2p`: dial-backs and, with `limits`,
+    relay slots (swarm/port_relay.py). Returns the relay (None without `limits`), for close."""
+    from functools import partial
+
+    from hexswarm.swarm.port_relay import RELAY_PROTOCOL, RelayService
+
+    await p2p.add_binary_stream_handler(DIALBACK_PROTOCOL, DialBackService(p2p).handle_stream)
+    if limits is None:
+        return None
+    relay = RelayService(limits=limits, group_of=partial(ip_group_of, p2p))
+    await relay.start()
+    await p2p.add_binary_stream_handler(RELAY_PROTOCOL, relay.handle_stream)
+    return relay
