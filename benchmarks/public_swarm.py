@@ -148,6 +148,7 @@ def measure(swarm: LocalSwarm, net, spec, ids, expected, prefix: str, args) -> d
     """A fresh client in home 3: ping round trips to the left peer, then the chain's decode."""
     from hexswarm.client import DistributedModelForCausalLM
 
+    torch.zeros(1).share_memory_()  # torch's shm manager in this namespace (tests/.../test_public_swarm.py)
     with netlab.inside(net.home(3).host_ns):
         model = DistributedModelForCausalLM.from_pretrained(spec.path, initial_peers=swarm.initial_peers)
     try:

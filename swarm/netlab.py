@@ -210,7 +210,9 @@ class NetLab:
 def inside(ns: str) -> Iterator[None]:
     """Runs the calling thread inside namespace `ns` for a while: processes it starts meanwhile
     (a client's DHT child and its p2pd) live there for good, while the test process itself
-    talks to them over Unix sockets in /tmp, which no network namespace separates."""
+    talks to them over Unix sockets in /tmp, which no network namespace separates. Abstract
+    Unix sockets are per namespace: a helper started meanwhile that uses one (torch's
+    shared-memory manager) is lost once the thread leaves, so start such helpers first."""
     libc = ctypes.CDLL(None, use_errno=True)
     with open("/proc/thread-self/ns/net") as home, open(f"/var/run/netns/{ns}") as target:
         if libc.setns(target.fileno(), CLONE_NEWNET) != 0:

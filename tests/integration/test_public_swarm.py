@@ -88,6 +88,9 @@ def lab(make_model, tmp_path_factory):
 def client(lab):
     from hexswarm.client import DistributedModelForCausalLM
 
+    # torch's shared-memory manager answers on an abstract Unix socket, which a network namespace
+    # scopes: start it here, or one started inside home 3 is lost to this process with the lab
+    torch.zeros(1).share_memory_()
     with netlab.inside(lab.net.home(3).host_ns):  # the client's DHT and p2pd live in home 3
         model = DistributedModelForCausalLM.from_pretrained(
             lab.model_dir, initial_peers=lab.local.initial_peers, coverage_timeout=60
