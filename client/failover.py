@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hexswarm.client.deadline import PeerSpeed, step_deadline_s, transfer_s
-from hexswarm.client.remote import PeerConnection, PeerError
+from hexswarm.client.remote import PeerConnection, PeerError, random_session_id
 from hexswarm.client.retry import Attempt, BanList, RetryBudget, RetryPolicy, backoff_delay
 from hexswarm.client.swarm_client import PING_TIMEOUT_S, MissingBlocksError, SwarmClient
 from hexswarm.routing.chains.span import route_span
@@ -100,7 +100,6 @@ class Hops:
     records: dict[str, PeerRecord]  # peer id -> its record, as last read
     budget: RetryBudget = None
     rng: random.Random = field(default_factory=random.Random)
-    serial: int = 0
     ping_timeout: float = PING_TIMEOUT_S  # for peers the client has not measured yet
     failed_here: set[str] = field(default_factory=set)  # peers that failed in this session
     # While a session opens: when (time.monotonic()) finding no chain ends the call, the
@@ -289,10 +288,9 @@ class Hops:
                 timeout = self.deadline(hop.peer_id, 0, 1, 1)
                 conn = await self.swarm.open_connection(hop.peer_id, self.name(hop.peer_id), timeout=timeout)
                 conn.timeout = timeout
-                self.serial += 1
                 record = self.records.get(hop.peer_id)
                 quant = record.quant if record else DEFAULT_QUANT
-                live = LiveHop(hop, conn, f"{self.session_id}.{self.serial}", upstream, quant)
+                live = LiveHop(hop, conn, random_session_id(), upstream, quant)
                 opened.append(live)
                 await conn.open(
                     live.session_id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import time
 
 import torch
@@ -166,6 +167,12 @@ class PeerConnection:
 
 
 CLOSE_TIMEOUT_S = 5.0
+
+
+def random_session_id() -> str:
+    """A remote session's id: 128 random bits, so nobody who has not been told it can guess it
+    (a peer scopes sessions by their opener too, peer/core.py)."""
+    return secrets.token_hex(16)
 
 
 async def close_sessions(opened: list[tuple[PeerConnection, str]]) -> None:

@@ -31,7 +31,13 @@ from dataclasses import dataclass
 import torch
 from hivemind.utils import get_dht_time
 
-from hexswarm.client.remote import CLOSE_TIMEOUT_S, PeerConnection, PeerError, close_sessions
+from hexswarm.client.remote import (
+    CLOSE_TIMEOUT_S,
+    PeerConnection,
+    PeerError,
+    close_sessions,
+    random_session_id,
+)
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.identity import peer_id_from_owner_marker
@@ -185,7 +191,7 @@ class Verifier:
         s = self.session
         conn = await self.swarm.open_connection(witness.peer_id, witness.name, timeout=WITNESS_TIMEOUT_S)
         conn.timeout = WITNESS_TIMEOUT_S
-        shadow_id = f"{s.session_id}-v{len(self.shadows)}"
+        shadow_id = random_session_id()
         try:
             await conn.open(shadow_id, self.spec.model_id, start, end, s.max_length, s.batch_size, s.dtype)
         except BaseException:

@@ -70,9 +70,15 @@ class PeerLimits:
     session_idle_timeout: float = 300.0  # seconds without a step before a session is dropped
 
 
+def session_key(owner: str, session_id: str) -> str:
+    """Where a session lives in a peer: its id within the namespace of the remote that opened
+    it, so nobody can open, step or squat another remote's session ids."""
+    return f"{owner}/{session_id}" if owner else session_id
+
+
 @dataclass
 class Session:
-    session_id: str
+    session_id: str  # as the client named it (what replies carry)
     start: int
     end: int
     batch_size: int
@@ -88,6 +94,11 @@ class Session:
     kv_from: tuple[str, ...] = ()
     kv_to: tuple[KvTarget, ...] = ()
     kv_imported: dict[int, int] = field(default_factory=dict)  # global layer -> tokens imported
+    owner: str = ""  # the remote peer id that opened it
+
+    @property
+    def key(self) -> str:
+        return session_key(self.owner, self.session_id)
 
     @property
     def reserved_tokens(self) -> int:
@@ -124,24 +135,26 @@ class PeerCore:
         cap = self.limits.session_cache_tokens
         return self.cache_tokens_left if cap is None else min(cap, self.cache_tokens_left)
 
-    def open(self, request: Open) -> Opened:
-        self.check_open(request)
-        self.sessions[request.session_id] = Session(
+    def open(self, request: Open, owner: str = "") -> Opened:
+        self.check_open(request, owner)
+        key = session_key(owner, request.session_id)
+        self.sessions[key] = Session(
             session_id=request.session_id,
             start=request.start,
             end=request.end,
             batch_size=request.batch_size,
             max_length=request.max_length,
             wire_dtype=WIRE_DTYPES[request.dtype],
-            cache=self.blocks.new_cache(request.session_id),
+            cache=self.blocks.new_cache(key),
             upstream=request.upstream,
             kv_from=request.kv_from,
             kv_to=request.kv_to,
+            owner=owner,
         )
         logger.debug("session %s opened for [%d:%d)", request.session_id, request.start, request.end)
         return Opened(request.session_id)
 
-    def check_open(self, r: Open) -> None:
+    def check_open(self, r: Open, owner: str = "") -> None:
         """Raises the ProtocolError that `open(r)` would, without opening anything."""
         limits = self.limits
         self._check_not_failed()
@@ -164,7 +177,7 @@ class PeerCore:
             )
         if not 1 <= r.batch_size <= limits.max_batch:
             raise ProtocolError(ErrorCode.BUSY, f"batch size {r.batch_size} is not in 1..{limits.max_batch}")
-        if r.session_id in self.sessions:
+        if session_key(owner, r.session_id) in self.sessions:
             raise ProtocolError(ErrorCode.BAD_STATE, f"session {r.session_id} is already open")
         self._check_kv_roles(r)
         if len(self.sessions) >= limits.max_sessions:
@@ -197,10 +210,11 @@ class PeerCore:
                     f"keys and values of blocks [{target.start}:{target.end}) asked, the session runs [{r.start}:{r.end})",
                 )
 
-    def begin_step(self, request: Step) -> tuple[Session, torch.Tensor]:
-        """Validates a step and marks its session busy; returns the input in the compute dtype."""
+    def begin_step(self, request: Step, owner: str = "") -> tuple[Session, torch.Tensor]:
+        """Validates a step of `owner`'s session and marks it busy; returns the input in the
+        compute dtype."""
         self._check_not_failed()
-        session = self.get(request.session_id)
+        session = self.get(request.session_id, owner)
         if session.kv_from and len(session.kv_imported) < session.end - session.start:
             raise ProtocolError(
                 ErrorCode.BAD_STATE, "the session still waits for its prompt's keys and values"
@@ -285,19 +299,19 @@ class PeerCore:
                     outputs = self.blocks.forward_batch(list(hiddens), caches, positions, start, end)
                 for (session, _), output in zip(group, outputs, strict=True):
                     session.position += 1
-                    results[session.session_id] = StepResult(
+                    results[session.key] = StepResult(
                         session.session_id, output.to("cpu", session.wire_dtype)
                     )
         finally:
             for session, _ in steps:
                 self.end_step(session)
-        return [results[session.session_id] for session, _ in steps]
+        return [results[session.key] for session, _ in steps]
 
     def import_kv(self, push: KvPush, sender: str) -> None:
         """Takes keys and values of consecutive layers of a prompt from the session's prefill
         peer, all or none of them; the session starts decoding at the prompt's length once it
         has every layer."""
-        session = self.sessions.get(push.session_id)
+        session = self.sessions.get(session_key(push.owner, push.session_id))
         if session is None or sender not in session.kv_from:
             # the same answer whether the session is unknown or not the sender's to fill
             raise ProtocolError(
@@ -375,35 +389,34 @@ class PeerCore:
         session.busy = False
         session.last_used = time.monotonic()
 
-    def close(self, request: Close) -> Closed:
-        self.get(request.session_id)
-        self.drop(request.session_id)
+    def close(self, request: Close, owner: str = "") -> Closed:
+        self.drop(self.get(request.session_id, owner).key)
         return Closed(request.session_id)
 
-    def get(self, session_id: str) -> Session:
-        session = self.sessions.get(session_id)
+    def get(self, session_id: str, owner: str = "") -> Session:
+        session = self.sessions.get(session_key(owner, session_id))
         if session is None:
             raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"no open session {session_id!r} on this peer")
         return session
 
-    def drop(self, session_id: str) -> None:
-        """Frees a session's cache (on close, disconnect or idle timeout)."""
-        if self.sessions.pop(session_id, None) is not None:
-            self.blocks.release(session_id)
-            logger.debug("session %s freed", session_id)
+    def drop(self, key: str) -> None:
+        """Frees a session's cache (on close, disconnect or idle timeout); `key` is its Session.key."""
+        if self.sessions.pop(key, None) is not None:
+            self.blocks.release(key)
+            logger.debug("session %s freed", key)
 
     def expire_idle(self, now: float | None = None) -> list[str]:
         now = time.monotonic() if now is None else now
         expired = [
-            sid
-            for sid, s in self.sessions.items()
+            key
+            for key, s in self.sessions.items()
             if not s.busy and now - s.last_used > self.limits.session_idle_timeout
         ]
-        for sid in expired:
+        for key in expired:
             logger.info(
-                "session %s idle for over %.0f s; freeing its cache", sid, self.limits.session_idle_timeout
+                "session %s idle for over %.0f s; freeing its cache", key, self.limits.session_idle_timeout
             )
-            self.drop(sid)
+            self.drop(key)
         return expired
 
 

@@ -84,8 +84,8 @@ class FaultInjector:
 
     def faulty(self, session: Session) -> bool:
         if len(self.steps) > 4 * max(1, self.core.limits.max_sessions):  # forget closed sessions
-            self.steps = {sid: n for sid, n in self.steps.items() if sid in self.core.sessions}
-        n = self.steps[session.session_id] = self.steps.get(session.session_id, 0) + 1
+            self.steps = {key: n for key, n in self.steps.items() if key in self.core.sessions}
+        n = self.steps[session.key] = self.steps.get(session.key, 0) + 1
         after = self.plan.fail_after
         return self.armed or (after is not None and n > after) or self.rng.random() < self.plan.error_rate
 

@@ -201,7 +201,7 @@ class StepScheduler:
                 self.queue.append(job)
 
     def _still_open(self, job: Job) -> bool:
-        if self.core.sessions.get(job.session.session_id) is job.session:
+        if self.core.sessions.get(job.session.key) is job.session:
             return True
         # Its stream is gone (closed, or the session expired): nobody waits for the answer.
         job.future.set_exception(

@@ -24,7 +24,7 @@ import time
 from dataclasses import replace
 
 from hexswarm.peer.admission import Admission, AdmissionLimits
-from hexswarm.peer.core import PeerCore
+from hexswarm.peer.core import PeerCore, session_key
 from hexswarm.peer.faults import FaultInjector
 from hexswarm.peer.hop_stats import HopStats
 from hexswarm.peer.push import PushLinks
@@ -118,8 +118,9 @@ class PeerServer:
             logger.exception("stream from ...%s failed", remote)
         finally:
             for session_id in owned:
-                self.core.drop(session_id)
-                self.clients.pop(session_id, None)
+                key = session_key(remote_id, session_id)
+                self.core.drop(key)
+                self.clients.pop(key, None)
             self.open_streams -= 1
             self.waiting.pop(writer, None)
             self.admission.leave_stream(remote_id)
@@ -172,7 +173,7 @@ class PeerServer:
                     is_link = await self._pushed(message, remote, writer, arrived) or is_link
                     continue
                 if isinstance(message, Step):
-                    await self._step(message, owned, writer, arrived)
+                    await self._step(message, owned, writer, arrived, remote)
                     continue
                 if isinstance(message, KvPush):
                     is_link = await self._kv_pushed(message, remote, writer) or is_link
@@ -185,17 +186,17 @@ class PeerServer:
                 reply = Error(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")
             await self._send(writer, reply)
 
-    async def _step(self, message: Step, owned: set[str], writer, arrived: float) -> None:
+    async def _step(self, message: Step, owned: set[str], writer, arrived: float, remote: str) -> None:
         """A client's step: queued for the compute thread; its result (after any push) goes back."""
         self._check_owned(message.session_id, owned)
-        session, hidden, poison = self._begin_step(message)
+        session, hidden, poison = self._begin_step(message, remote)
         await self._run(session, hidden, poison, message, writer, arrived)
 
-    def _begin_step(self, message: Step):
+    def _begin_step(self, message: Step, owner: str):
         """The checks every step passes, a client's or a pushed one: the session's rate limit,
         then the core's shape, position and value checks; and whether a debug fault poisons it."""
-        self.admission.check_step(message.session_id)
-        session, hidden = self.core.begin_step(message)
+        self.admission.check_step(session_key(owner, message.session_id))
+        session, hidden = self.core.begin_step(message, owner)
         poison = self.faults is not None and self.faults.before_step(session)
         return session, hidden, poison
 
@@ -209,16 +210,17 @@ class PeerServer:
         if session.kv_to:
             result = replace(result, kv_error=await self._send_kv(session))
         if message.chain and not result.kv_error:
-            result = replace(result, push_error=await self._forward(result, message))
+            result = replace(result, push_error=await self._forward(result, message, session.owner))
         await self._send(writer, result)
         self._note(job, arrived, queued, time.perf_counter())
 
-    async def _forward(self, result: StepResult, message: Step) -> str:
-        """Pushes this hop's output to the next hop of the chain; "" when it took it, else why not."""
+    async def _forward(self, result: StepResult, message: Step, owner: str) -> str:
+        """Pushes this hop's output to the next hop of the chain (a session of the same client,
+        `owner`); "" when it took it, else why not."""
         if self.pusher is None:
             return "this peer does not push"
         head, rest = message.chain[0], message.chain[1:]
-        step = Step(head.session_id, message.position, result.hidden, rest, message.ack_ms)
+        step = Step(head.session_id, message.position, result.hidden, rest, message.ack_ms, owner)
         return await self.pusher.push(head.peer_id, step, message.ack_ms / 1000)
 
     async def _send_kv(self, session) -> str:
@@ -232,9 +234,8 @@ class PeerServer:
             for first in range(target.start, target.end, per_push):
                 layers = range(first, min(first + per_push, target.end))
                 keys, values = self.core.export_kv(session, layers)
-                why = await self.pusher.push(
-                    target.peer_id, KvPush(target.session_id, first, keys, values), KV_PUSH_TIMEOUT_S
-                )
+                push = KvPush(target.session_id, first, keys, values, session.owner)
+                why = await self.pusher.push(target.peer_id, push, KV_PUSH_TIMEOUT_S)
                 if why:
                     return f"keys and values of layers [{layers[0]}:{layers[-1] + 1}): {why}"
                 sent += keys.nbytes + values.nbytes
@@ -280,14 +281,14 @@ class PeerServer:
         """The checks on a pushed step: the session must name `remote` as its upstream."""
         if self.faults is not None:
             self.faults.check_push()
-        session = self.core.sessions.get(message.session_id)
-        client = self.clients.get(message.session_id)
+        key = session_key(message.owner, message.session_id)
+        session, client = self.core.sessions.get(key), self.clients.get(key)
         if session is None or client is None or not session.upstream or session.upstream != remote:
             # The same answer whether the session is unknown or not the pusher's to feed.
             raise ProtocolError(
                 ErrorCode.UNKNOWN_SESSION, f"no session {message.session_id!r} takes pushes from this peer"
             )
-        return (client, *self._begin_step(message))
+        return (client, *self._begin_step(message, message.owner))
 
     async def _run_pushed(self, session, hidden, poison: bool, message: Step, client, arrived: float) -> None:
         try:
@@ -316,21 +317,24 @@ class PeerServer:
             case Ping():
                 return Pong(message.nonce)
             case Open():
-                self.core.check_open(message)  # a malformed OPEN is told so before any share is counted
+                self.core.check_open(
+                    message, remote
+                )  # a malformed OPEN is told so before any share is counted
                 needed, limits = message.batch_size * message.max_length, self.core.limits
                 self.admission.check_open(
                     remote, self.core.sessions, needed, limits.cache_tokens, limits.session_cache_tokens or 0
                 )
-                opened = self.core.open(message)
-                self.admission.opened(remote, message.session_id)
+                opened = self.core.open(message, remote)
+                key = session_key(remote, message.session_id)
+                self.admission.opened(remote, key)
                 owned.add(message.session_id)
-                self.clients[message.session_id] = writer
+                self.clients[key] = writer
                 return opened
             case Close():
                 self._check_owned(message.session_id, owned)
                 owned.discard(message.session_id)
-                self.clients.pop(message.session_id, None)
-                return self.core.close(message)
+                self.clients.pop(session_key(remote, message.session_id), None)
+                return self.core.close(message, remote)
             case _:
                 raise ProtocolError(
                     ErrorCode.BAD_STATE, f"a peer does not accept {type(message).__name__} frames"

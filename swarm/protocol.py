@@ -110,6 +110,9 @@ class Step:
     # How long a pusher waits for the next peer's PUSH_ACK. Set on every pushed step (it marks a
     # push: the answer is a PUSH_ACK) and on a client's step with a chain; 0 on other steps.
     ack_ms: int = 0
+    # A pushed step: the client (peer id) whose session it feeds; sessions live in their
+    # opener's namespace (peer/core.py), so a push names whose session it means.
+    owner: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,7 @@ class KvPush:
     layer: int  # global block index of the first layer
     keys: torch.Tensor  # (layers, batch, kv_heads, tokens, head_dim), in the compute dtype
     values: torch.Tensor
+    owner: str = ""  # the client (peer id) that opened the decode session
 
 
 @dataclass(frozen=True)
@@ -207,6 +211,8 @@ def encode(message: Message) -> bytes:
                 body["chain"] = [[h.peer_id, h.session_id] for h in message.chain]
             if message.ack_ms:
                 body["ack_ms"] = message.ack_ms
+            if message.owner:
+                body["owner"] = message.owner
         case StepResult():
             body.update(
                 t=MsgType.STEP_RESULT, session=message.session_id, hidden=encode_tensor(message.hidden)
@@ -223,6 +229,8 @@ def encode(message: Message) -> bytes:
                 keys=encode_tensor(message.keys),
                 values=encode_tensor(message.values),
             )
+            if message.owner:
+                body["owner"] = message.owner
         case PushAck():
             body.update(
                 t=MsgType.PUSH_ACK,
@@ -306,7 +314,8 @@ def _decode_kv_push(f: dict) -> KvPush:
     layer = field(f, "layer", int)
     if layer < 0:
         raise ProtocolError(ErrorCode.MALFORMED, f"layer must be >= 0, got {layer}")
-    return KvPush(_session(f), layer, decode_tensor(f.get("keys")), decode_tensor(f.get("values")))
+    keys, values = decode_tensor(f.get("keys")), decode_tensor(f.get("values"))
+    return KvPush(_session(f), layer, keys, values, _owner(f))
 
 
 def _decode_step(f: dict) -> Step:
@@ -319,7 +328,13 @@ def _decode_step(f: dict) -> Step:
     ack_ms = optional_field(f, "ack_ms", int, 0)
     if not 0 <= ack_ms <= MAX_ACK_MS or (chain and not ack_ms):
         raise ProtocolError(ErrorCode.MALFORMED, f"ack_ms must be in 1..{MAX_ACK_MS} with a chain or a push")
-    return Step(_session(f), field(f, "position", int), decode_tensor(f.get("hidden")), chain, ack_ms)
+    hidden = decode_tensor(f.get("hidden"))
+    return Step(_session(f), field(f, "position", int), hidden, chain, ack_ms, _owner(f))
+
+
+def _owner(f: dict) -> str:
+    owner = optional_field(f, "owner", str, "")
+    return _peer_id(owner) if owner else ""
 
 
 def _next_hop(item: Any) -> NextHop:

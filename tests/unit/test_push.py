@@ -24,6 +24,7 @@ from hexswarm.swarm.model_spec import load_model_spec
 from hexswarm.swarm.protocol import (
     MAX_CHAIN,
     PROTOCOL_VERSION,
+    Close,
     Error,
     ErrorCode,
     NextHop,
@@ -158,20 +159,41 @@ async def test_only_the_named_upstream_may_push_into_a_session(spec):
     hidden = torch.randn(1, 1, HIDDEN)
     for remote, session in [("stranger", "s"), ("client", "s"), ("prev", "unknown")]:
         other = Stream(server, remote)  # the same refusal for a wrong pusher and an unknown session
-        assert await other.ask(Step(session, 0, hidden, ack_ms=100)) == PushAck(
+        assert await other.ask(Step(session, 0, hidden, ack_ms=100, owner="client")) == PushAck(
             session, ErrorCode.UNKNOWN_SESSION, f"no session {session!r} takes pushes from this peer"
         )
         await other.end()
-    assert server.core.sessions["s"].position == 0 and client.replies.empty()
+    assert server.core.get("s", "client").position == 0 and client.replies.empty()
 
     prev = Stream(server, "prev")
-    assert await prev.ask(Step("s", 0, hidden, ack_ms=100)) == PushAck("s")
+    assert await prev.ask(Step("s", 0, hidden, ack_ms=100)) == PushAck(  # whose session "s"?
+        "s", ErrorCode.UNKNOWN_SESSION, "no session 's' takes pushes from this peer"
+    )
+    assert await prev.ask(Step("s", 0, hidden, ack_ms=100, owner="client")) == PushAck("s")
     result = await client.reply()  # the result goes to the session's client, not to the pusher
     assert isinstance(result, StepResult) and result.hidden.shape == hidden.shape
-    assert server.core.sessions["s"].position == 1
-    bad = await prev.ask(Step("s", 0, hidden, ack_ms=100))  # the usual step checks apply
+    assert server.core.get("s", "client").position == 1
+    bad = await prev.ask(Step("s", 0, hidden, ack_ms=100, owner="client"))  # the usual step checks apply
     assert bad.code == ErrorCode.BAD_STATE and "position" in bad.message
     await prev.end()
+    await client.end()
+    server.close()
+
+
+@pytest.mark.asyncio
+async def test_a_session_id_taken_by_another_remote_is_not_squatted(spec):
+    """A liar that learned a client's session id and opened it first holds its own session:
+    the client's OPEN, steps and pushes reach the client's (sessions are scoped by opener)."""
+    server = _server(spec)
+    squatter, client = Stream(server, "liar"), Stream(server, "client")
+    assert isinstance(await squatter.ask(_open(spec, "s", upstream="prev")), Opened)
+    assert isinstance(await client.ask(_open(spec, "s", upstream="prev")), Opened)
+    hidden = torch.randn(1, 2, HIDDEN)
+    assert isinstance(await client.ask(Step("s", 0, hidden)), StepResult)
+    assert server.core.get("s", "client").position == 2 and server.core.get("s", "liar").position == 0
+    await squatter.ask(Close("s"))  # closes its own, not the client's
+    assert server.core.get("s", "client").position == 2
+    await squatter.end()
     await client.end()
     server.close()
 
@@ -183,7 +205,7 @@ async def test_a_session_without_an_upstream_takes_no_pushes(spec):
     await client.ask(_open(spec, "s"))
     other = Stream(server, "")  # even a remote whose id is empty, like the unset upstream
     assert (
-        await other.ask(Step("s", 0, torch.randn(1, 1, HIDDEN), ack_ms=100))
+        await other.ask(Step("s", 0, torch.randn(1, 1, HIDDEN), ack_ms=100, owner="client"))
     ).code == ErrorCode.UNKNOWN_SESSION
     await other.end()
     await client.end()
@@ -238,7 +260,7 @@ async def test_a_failed_push_is_reported_to_the_client_and_leaves_the_next_hop_a
     async with linked(spec, FaultPlan(push=mode)) as (a, b):
         to_a, to_b, out_a = await _chain_step(spec, a, b, torch.randn(1, 1, HIDDEN))
         assert isinstance(out_a, StepResult) and reason in out_a.push_error
-        assert b.core.sessions["h2"].position == 0 and to_b.replies.empty()
+        assert b.core.get("h2", "client").position == 0 and to_b.replies.empty()
         # The client then relays that hop itself.
         assert isinstance(await to_b.ask(Step("h2", 0, out_a.hidden)), StepResult)
         await to_a.end()
@@ -285,7 +307,7 @@ async def test_pushed_steps_of_different_sessions_still_batch(spec):
         await client.ask(_open(spec, f"s{i}", upstream="A"))
     link = Stream(server, "A")  # one link from the previous peer carries both sessions' pushes
     for i in range(2):
-        link.send(Step(f"s{i}", 0, torch.randn(1, 1, HIDDEN), ack_ms=1000))
+        link.send(Step(f"s{i}", 0, torch.randn(1, 1, HIDDEN), ack_ms=1000, owner="client"))
     assert {(await link.reply()).session_id for _ in range(2)} == {"s0", "s1"}
     for client in clients:
         assert isinstance(await client.reply(), StepResult)
