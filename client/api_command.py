@@ -61,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how the client picks each request's chain of peers (docs/routing.md)",
     )
     cli_args.add_client_quant(parser)
+    cli_args.add_client_verify(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             coverage_timeout=args.coverage_timeout,
             host_maddrs=args.host_maddrs,
             quant=args.quant,
+            verify=cli_args.client_verify(args),
         )
     except ModelSpecError as e:
         raise cli_args.UsageError(str(e)) from None

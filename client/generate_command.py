@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--sample", action="store_true", help="sample (seed 0) instead of greedy decoding")
     cli_args.add_client_quant(parser)
+    cli_args.add_client_verify(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         model = DistributedModelForCausalLM.from_pretrained(
-            args.model, initial_peers=args.initial_peers, quant=args.quant
+            args.model,
+            initial_peers=args.initial_peers,
+            quant=args.quant,
+            verify=cli_args.client_verify(args),
         )
     except ModelSpecError as e:
         raise cli_args.UsageError(str(e)) from None

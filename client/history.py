@@ -76,6 +76,12 @@ class InputHistory:
         past = like[:, :0] if past is None else past
         return past if past.shape[1] == position else None
 
+    def sent_whole(self, start: int) -> torch.Tensor | None:
+        """Everything boundary `start` was sent; None when it is not kept whole or saw nothing."""
+        if start not in self._chunks or start in self._incomplete:
+            return None
+        return self.inputs(start)
+
     @property
     def nbytes(self) -> int:
         return sum(c.numel() * c.element_size() for chunks in self._chunks.values() for c in chunks)

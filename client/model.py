@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import threading
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from hexswarm.client.failover import Failover
 from hexswarm.client.retry import BanList, RetryPolicy
 from hexswarm.client.session import InferenceSession
 from hexswarm.client.swarm_client import SwarmClient
-from hexswarm.client.verify import Verifier, VerifyStats
+from hexswarm.client.verify import RollbackNeeded, Verifier, VerifyStats
 from hexswarm.routing.chains.swarm_view import Router
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS, check_quant
 from hexswarm.swarm import architectures
@@ -44,6 +45,7 @@ _OUTPUT_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_f
 DEFAULT_COVERAGE_TIMEOUT_S = 60.0  # how long to wait for every block to have an online peer
 # The winner of the multi-client load benchmark (docs/benchmarks.md "Router").
 DEFAULT_ROUTING = "tradeoff"
+MAX_ROLLBACKS = 8  # a generation starts again at most this often (each time without a proven liar)
 ROUTE_LIMIT = 4096  # characters of `last_route`: dozens of hops of names cut to the records' limit
 
 
@@ -58,6 +60,7 @@ class _ThreadSessions(threading.local):
     last_route: str | None = None
     last_failovers: list | None = None  # client.failover.Failover of the last session
     last_hop_steps: dict | None = None  # hop steps sent by the client / pushed by peers, last session
+    tokens: torch.Tensor | None = None  # what this generation's session was fed (for a rollback)
 
 
 class DistributedMixin:
@@ -144,13 +147,46 @@ class DistributedMixin:
         self._threads.verify = kwargs.pop("verify", None)
         self._threads.cancel = kwargs.pop("cancel", None)
         try:
-            with (
-                torch_threads(self.threads),
-                self.inference_session(max_length=self._generation_length(inputs, kwargs)),
-            ):
-                return super().generate(inputs, *args, **kwargs)
+            for rollbacks in itertools.count():
+                try:
+                    return self._generate_checked(inputs, args, kwargs)
+                except RollbackNeeded as e:
+                    if (
+                        kwargs.get("streamer") is not None
+                        or rollbacks >= MAX_ROLLBACKS
+                        or self._threads.tokens is None
+                    ):
+                        raise e.error from None  # tokens already out (or too many liars): the error
+                    inputs, kwargs = self._rolled_back(e.position, inputs, kwargs)
         finally:
-            self._threads.verify = self._threads.cancel = None
+            self._threads.verify = self._threads.cancel = self._threads.tokens = None
+
+    def _generate_checked(self, inputs, args, kwargs):
+        """One generation in one session; with verification on and no streamer, every step the
+        verifier has not checked yet is checked before the output returns."""
+        with (
+            torch_threads(self.threads),
+            self.inference_session(max_length=self._generation_length(inputs, kwargs)),
+        ):
+            output = super().generate(inputs, *args, **kwargs)
+            if self.session is not None and kwargs.get("streamer") is None:
+                self.session.finish_verification()
+            return output
+
+    def _rolled_back(self, position: int, inputs, kwargs):
+        """The generation's inputs and arguments to start again from: the tokens up to and
+        including `position` (the first whose hidden state was wrong came from right ones)."""
+        prompt = inputs if inputs is not None else kwargs.get("input_ids")
+        tokens = self._threads.tokens
+        keep = max(prompt.shape[1] if prompt is not None else 1, min(position + 1, tokens.shape[1]))
+        total = self._generation_length(inputs, kwargs)
+        kept = {k: v for k, v in kwargs.items() if k not in ("max_length", "input_ids", "attention_mask")}
+        kept["max_new_tokens"] = total - keep
+        if "attention_mask" in kwargs:
+            kept["attention_mask"] = torch.ones_like(tokens[:, :keep])
+        logger.warning("a lie was found at token %d: generating again from there without the liar", position)
+        self.verify_stats.rollbacks += 1
+        return tokens[:, :keep], kept
 
     def _generation_length(self, inputs, kwargs) -> int:
         prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
@@ -188,10 +224,22 @@ class DistributedMixin:
             if self._threads.max_length is None:  # a bare forward() call: a one-shot session
                 with self.inference_session(max_length=inputs_embeds.shape[1]):
                     return self._forward_in_session(inputs_embeds, start, logits_to_keep, cache)
-            return self._forward_in_session(inputs_embeds, start, logits_to_keep, cache)
+            return self._forward_in_session(inputs_embeds, start, logits_to_keep, cache, input_ids)
 
-    def _forward_in_session(self, inputs_embeds, start, logits_to_keep, cache):
-        hidden = self._session_for(inputs_embeds, start).step(inputs_embeds)
+    def _track_tokens(self, position: int, input_ids) -> None:
+        """Keeps the tokens the session has been fed, so a generation can roll back to a token."""
+        threads = self._threads
+        if input_ids is None or (position and threads.tokens is None):
+            threads.tokens = None  # fed embeddings: no rollback
+        elif position == 0:
+            threads.tokens = input_ids.detach().clone()
+        else:
+            threads.tokens = torch.cat([threads.tokens, input_ids.detach()], dim=1)
+
+    def _forward_in_session(self, inputs_embeds, start, logits_to_keep, cache, input_ids=None):
+        session = self._session_for(inputs_embeds, start)
+        self._track_tokens(session.position, input_ids)
+        hidden = session.step(inputs_embeds)
         hidden = self.model.norm(hidden.to(self.model.norm.weight.dtype))
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = architectures.final_logits(self.config, self.lm_head(hidden[:, keep, :]))

@@ -38,6 +38,7 @@ from hexswarm.client.history import InputHistory
 from hexswarm.client.remote import CLOSE_TIMEOUT_S, KvTransferError, PeerError, close_sessions
 from hexswarm.client.retry import BanList, RetryPolicy, rate_limit_wait
 from hexswarm.client.swarm_client import SwarmClient, uncovered_blocks
+from hexswarm.client.verify import RollbackNeeded, VerificationError
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.chains.swarm_view import NoRouteError, Router, RouteRequest
 from hexswarm.swarm.model_spec import ModelSpec
@@ -204,6 +205,9 @@ class InferenceSession:
             try:
                 hidden, i = await self._segment(i, hidden, inputs)
             except _HopFailed as e:
+                if isinstance(e.error, VerificationError) and e.error.position < self.position:
+                    # an earlier step was wrong: every hop after the liar built on it
+                    raise RollbackNeeded(e.error) from None
                 wait = rate_limit_wait(e.error)
                 if wait is not None and paced_s + wait <= self.policy.rate_limit_wait_s:
                     # The peer refused before computing anything: the same input again, later.
@@ -294,6 +298,16 @@ class InferenceSession:
             self.session_id, event.peer, event.error, start, bad.end, self.describe_route(),
         )  # fmt: skip
         return output[:, self.position :], first + len(new_hops)
+
+    def finish_verification(self) -> None:
+        """Has the verifier check every step it has not checked yet (a generation is about to
+        return); raises RollbackNeeded if one of them was a lie."""
+        if self.verifier is None:
+            return
+        try:
+            run_sync(self.verifier.finish(), self._timeout(), self.cancel)
+        except VerificationError as e:
+            raise RollbackNeeded(e) from None
 
     def formats(self, hops: list[LiveHop]) -> dict[int, str]:
         """Block -> the weight format of the peer that served it on `hops` (what a replay keeps)."""

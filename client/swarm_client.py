@@ -19,6 +19,7 @@ from hexswarm.client.remote import PeerConnection, PeerError
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.chains.swarm_view import SwarmView
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
+from hexswarm.swarm.bans import load_bans
 from hexswarm.swarm.dht import start_dht
 from hexswarm.swarm.dht_process import shutdown_dht
 from hexswarm.swarm.dht_read import DHT_READ_TIMEOUT_S
@@ -93,8 +94,8 @@ class SwarmClient:
     p2p: object
     rtt_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (ms, measured at)
     view_version: int = 0
-    # peers this client caught returning wrong outputs (client/verify.py): left out of every route
-    # for the client's life, unlike a session's BanList (client/retry.py), whose bans of failed or
+    # peers caught returning wrong outputs (client/verify.py), by this client or an earlier one on
+    # this machine (swarm/bans.py): left out of every route for good, unlike a session's BanList (client/retry.py), whose bans of failed or
     # slow peers expire
     distrusted: set[str] = field(default_factory=set)
     silent: set[str] = field(default_factory=set)  # peers whose failed ping was logged (once each)
@@ -106,6 +107,7 @@ class SwarmClient:
     def __post_init__(self) -> None:
         if self.dialer is None:
             self.dialer = Dialer(self.p2p)
+        self.distrusted |= set(load_bans())  # this machine's earlier verdicts (swarm/bans.py)
 
     @classmethod
     def connect(

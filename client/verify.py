@@ -1,24 +1,31 @@
 """Output verification: a share of a session's hop steps is recomputed by a second peer.
 
-With `verify=p`, each hop step is verified with probability p. The verifying peer (a
-*witness*: another online peer that serves the hop's blocks) runs a *shadow session* of its
-own for that hop. The shadow is caught up by replaying the hop's earlier inputs, which the
-session keeps anyway for failover (client/history.py), in one chunk together with the verified step's input; the witness's output for
-the step's tokens is then compared with the serving peer's within a tolerance set by the
-coarsest dtype involved (wire dtype and both peers' compute dtypes).
+With `verify=p`, each hop step is checked with probability p. The checking peer (a *witness*:
+another online peer that serves the hop's blocks in the same weight format, from another IP
+group where there is one) runs a *shadow session* of its own for that hop. The shadow is
+caught up by replaying the hop's earlier inputs, which the session keeps anyway for failover
+(client/history.py), in one chunk together with the checked step's input. The two outputs are
+compared token by token, each relative to its own size, within the tolerance calibrated on
+SmolLM2 for the coarsest format involved (client/verify_tolerance.py).
 
-On disagreement, with two peers nobody can tell who is right. So a third peer serving the
-blocks, if there is one, recomputes the step as a tie-breaker and the peer it disagrees with
-is the culprit; with no third peer, the serving peer is (its output is the one the
-generation used, so the client stops trusting it). The culprit is banned by this client (left
-out of all its routes), and a signed report naming the evidence (input hash, both output
-hashes) is published in the DHT (swarm/reports.py). If the culprit is the serving peer, the
-step fails with VerificationError, a PeerError naming that peer, so the session fails over
-or fails; if it is the witness, the generation goes on.
+Evidence, not accusations. When the server and the witness disagree, one witness's word is not
+enough: a third peer (of the same format, preferably from a third IP group) recomputes the
+step. The peer that the third one disagrees with, while agreeing with the other, is the liar:
+it is banned by this client and on this machine for good (swarm/bans.py), and a signed report
+naming the evidence (input hash, both output hashes) is published in the DHT (swarm/reports.py).
+With no third opinion, or one that settles nothing, nobody is blamed: the step counts as
+"disputed" among the steps that could not be compared. If the liar is the serving peer, the
+step fails with VerificationError, a PeerError naming that peer, so the session fails over to
+another peer (which recomputes the step from the kept inputs) or fails; if it is the witness,
+the generation goes on.
 
-Cost: one extra step per verified hop step (a longer one when a shadow catches up); no memory
+The counts are honest (VerifyStats): a step counts as compared only once a witness answered
+and the comparison was settled; every sampled step that could not be, counts under its reason.
+
+Cost: one extra step per checked hop step (a longer one when a shadow catches up); no memory
 beyond the failover history. A hop whose start boundary that history does not keep whole
-(beyond its `max_history_bytes`) is not verified.
+(beyond its `max_history_bytes`, or a disaggregated session's decode hops after the first)
+cannot be checked and counts as such.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import torch
 from hivemind.utils import get_dht_time
@@ -38,47 +46,122 @@ from hexswarm.client.remote import (
     close_sessions,
     random_session_id,
 )
+from hexswarm.client.verify_tolerance import TOLERANCES, Comparison, coarsest, compare
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
+from hexswarm.swarm.bans import add_ban, new_ban
 from hexswarm.swarm.identity import peer_id_from_owner_marker
+from hexswarm.swarm.maddrs import ip_group, tcp_addr
 from hexswarm.swarm.records import PeerRecord
 from hexswarm.swarm.reports import REPORT_TTL_S, Report, publish_report, tensor_hash
 from hexswarm.swarm.wire_tensors import DTYPE_NAMES
 
 logger = logging.getLogger(__name__)
 
-# Largest |difference| allowed, relative to the largest |value| of the output (at least 1).
-TOLERANCE = {"float32": 1e-3, "float16": 1e-2, "bfloat16": 6e-2}
 RECORDS_TTL_S = 30.0  # how long the list of candidate witnesses is reused
 PUBLISH_TIMEOUT_S = 5.0
 WITNESS_TIMEOUT_S = 30.0  # opening a shadow session and catching it up (a replay of the span's inputs)
 
+# A span's run is checked at the latest when it holds this many unchecked tokens (it is kept until then)
+MAX_RUN_TOKENS = 256
+# Why a sampled step was not compared (VerifyStats.uncompared)
+NO_WITNESS = "no other peer serves the blocks in that format"
+NOT_KEPT = "the hop's earlier inputs are not kept"
+WITNESS_FAILED = "the witness failed"
+DISPUTED = "server and witness disagree and no third opinion settled it"
+
 
 class VerificationError(PeerError):
-    """A peer's output failed verification; it is banned by this client."""
+    """A peer's output was proven wrong (a witness and a third peer agree); it is banned.
+    `position`: the first token whose hidden state it got wrong."""
 
-    def __init__(self, peer: str, peer_id: str, message: str):
+    def __init__(self, peer: str, peer_id: str, message: str, position: int = 0):
         super().__init__(peer, None, message, peer_id=peer_id)
+        self.position = position
         self.args = (f"peer {peer} failed verification: {message}",)
+
+
+class RollbackNeeded(Exception):
+    """A lie was found in an earlier step than the current one: the tokens after `position`
+    came from wrong hidden states. The caller starts again from there without the liar
+    (client/model.py does for a non-streaming generate)."""
+
+    def __init__(self, error: VerificationError):
+        super().__init__(str(error))
+        self.error, self.position = error, error.position
 
 
 @dataclass
 class VerifyStats:
     steps: int = 0  # hop steps seen
-    verified: int = 0  # hop steps recomputed by a witness
-    unverifiable: int = 0  # chosen, but no witness serves the blocks (or the history is incomplete)
-    mismatches: int = 0
+    sampled: int = 0  # chosen for a check
+    compared: int = 0  # checked against a witness, with a settled outcome
+    mismatches: int = 0  # steps where the server and a witness disagreed (settled or not)
+    liars: int = 0  # peers proven wrong (a witness and a third peer agree against them)
+    rollbacks: int = 0  # generations started again from the last right token (client/model.py)
+    uncompared: Counter = field(default_factory=Counter)  # reason -> sampled steps not compared
+
+    @property
+    def unverifiable(self) -> int:
+        return sum(self.uncompared.values())
+
+    def describe(self) -> str:
+        why = "; ".join(f"{n} {reason}" for reason, n in self.uncompared.most_common())
+        return (
+            f"{self.steps} hop steps, {self.sampled} sampled, {self.compared} compared, "
+            f"{self.mismatches} disagreed, {self.liars} liar(s) caught, {self.rollbacks} rollback(s)"
+            + (f"; not compared: {why}" if why else "")
+        )
 
 
 @dataclass
 class _Shadow:
     conn: PeerConnection
     session_id: str
+    peer_id: str
     position: int = 0
 
 
+@dataclass
+class _Served:
+    """One hop step's output as the client got it, kept until a witness has checked it."""
+
+    position: int
+    peer_id: str
+    output: torch.Tensor  # (batch, new tokens, hidden)
+
+
+@dataclass
+class _Run:
+    """Steps of one span to check at once: the span's inputs up to the run's end and what was served."""
+
+    start: int
+    end: int
+    quant: str
+    inputs: torch.Tensor  # (batch, tokens so far, hidden): everything the span was sent
+    served: list[_Served]
+
+    @property
+    def first(self) -> int:
+        return self.served[0].position
+
+    @property
+    def outputs(self) -> torch.Tensor:
+        return torch.cat([s.output for s in self.served], dim=1)
+
+    @property
+    def servers(self) -> set[str]:
+        return {s.peer_id for s in self.served}
+
+
 class Verifier:
-    """Verifies a share of one InferenceSession's hop steps; lives as long as the session."""
+    """Verifies one InferenceSession's hop steps in runs; lives as long as the session.
+
+    Every hop step's output is kept (per span) until a witness has checked it. A sampled step
+    checks its span's whole run since the last check: the witness's shadow session catches up
+    on those tokens in one prefill-shaped pass, and each of the run's steps is compared. So a
+    peer that lies on one step in twenty is caught at the first check after the lie, and
+    `finish` checks what is left when a generation ends."""
 
     def __init__(
         self, session, share: float, stats: VerifyStats | None = None, rng: random.Random | None = None
@@ -90,6 +173,9 @@ class Verifier:
             stats or VerifyStats()
         )  # may be shared by a model's sessions (counted on the client loop)
         self.shadows: dict[tuple[str, int, int], _Shadow] = {}
+        self.witness_of: dict[tuple[int, int], str] = {}  # span -> the peer whose shadow checks it
+        self.served: dict[tuple[int, int], list[_Served]] = {}
+        self.quants: dict[tuple[int, int], str] = {}
         self._records: tuple[float, list[PeerRecord]] = (-RECORDS_TTL_S, [])
 
     async def after_hop(
@@ -103,89 +189,193 @@ class Verifier:
         quant: str = DEFAULT_QUANT,
     ) -> None:
         """Called by the session after each hop step, before the step's inputs join the session's
-        history: maybe verifies the output. A witness catches up from the inputs the session keeps
-        for failover (client/history.py); a boundary it does not keep whole is not verified.
-        `quant` is the serving peer's weight format: only a peer of the same format can witness
-        (a quantized peer computes the model quantized, which is not a lie)."""
+        history: keeps the output and maybe checks the span's run so far. `quant` is the serving
+        peer's weight format: only a peer of the same format can witness (a quantized peer
+        computes the model quantized, which is not a lie)."""
         self.stats.steps += 1
-        if self.rng.random() >= self.share:
+        served = self.served.setdefault((start, end), [])
+        served.append(_Served(position, conn.peer_id, output))
+        self.quants[start, end] = quant
+        run_tokens = position + output.shape[1] - served[0].position
+        if self.rng.random() >= self.share and run_tokens < MAX_RUN_TOKENS:
             return
+        self.stats.sampled += 1
         past = self.session.history.sent_before(start, position, hidden_in)
-        if past is not None:
-            await self._verify(conn, start, end, past, position, hidden_in, output, quant)
+        await self._check_span(start, end, past, hidden_in)
 
-    async def _verify(self, conn, start, end, past, position, hidden_in, output, quant) -> None:
-        records = await self._candidates(start, end, exclude={conn.peer_id}, quant=quant)
-        if not records:
-            self.stats.unverifiable += 1
+    async def finish(self) -> None:
+        """Checks every span's steps not checked yet (a generation is about to return)."""
+        for start, end in list(self.served):
+            if self.served.get((start, end)):
+                self.stats.sampled += 1
+                await self._check_span(start, end, self.session.history.sent_whole(start), None)
+
+    async def _check_span(self, start: int, end: int, past, hidden_in) -> None:
+        served = self.served.pop((start, end), [])
+        if past is None:
+            self.stats.uncompared[NOT_KEPT] += len(served)
             return
-        witness = self.rng.choice(records)
-        theirs = await self._recompute(witness, start, end, past, position, hidden_in)
-        self.stats.verified += 1
-        if theirs is None or self._agree(output, theirs, conn.peer_id, witness):
+        inputs = past if hidden_in is None else torch.cat([past, hidden_in], dim=1)
+        served = [s for s in served if s.position + s.output.shape[1] <= inputs.shape[1]]
+        if served:
+            await self._check(_Run(start, end, self.quants[start, end], inputs, served))
+
+    async def _check(self, run: _Run) -> None:
+        records = await self._candidates(run, exclude=run.servers)
+        if not records:
+            self.stats.uncompared[NO_WITNESS] += len(run.served)
+            return
+        witness = self._witness(run, records)
+        theirs = await self._recompute(witness, run)
+        if theirs is None:
+            self.stats.uncompared[WITNESS_FAILED] += len(run.served)
+            return
+        first = self._compare(run.outputs, theirs, [*run.servers, witness.peer_id])
+        if first.agree:
+            self.stats.compared += len(run.served)
             return
         self.stats.mismatches += 1
-        await self._judge(conn, witness, start, end, past, position, hidden_in, output, theirs)
-
-    async def _judge(self, conn, witness, start, end, past, position, hidden_in, output, theirs) -> None:
-        """The two outputs differ: a third peer (of the same format) breaks the tie if there is one."""
-        culprit, other, tie_breaker = conn.peer_id, witness.peer_id, ""
-        others = await self._candidates(
-            start, end, exclude={conn.peer_id, witness.peer_id}, quant=witness.quant
+        logger.info(
+            "blocks [%d:%d): the served outputs and witness %s's disagree (%s); asking a third peer",
+            run.start,
+            run.end,
+            witness.name,
+            first.describe(),
         )
-        if others:
-            third = self.rng.choice(others)
-            verdict = await self._recompute(third, start, end, past, position, hidden_in)
-            if verdict is not None and self._agree(verdict, output, third.peer_id, None):
-                culprit, other = witness.peer_id, conn.peer_id  # the third peer sides with the serving peer
-            tie_breaker = third.peer_id
-        bad_output, good_output = (output, theirs) if culprit == conn.peer_id else (theirs, output)
+        await self._settle(run, witness, theirs, first)
+
+    def _witness(self, run: _Run, records: list[PeerRecord]) -> PeerRecord:
+        """The span's witness so far if it still qualifies (its shadow has caught up), else a new one."""
+        current = self.witness_of.get((run.start, run.end))
+        for record in records:
+            if record.peer_id == current:
+                return record
+        witness = self._pick(records, avoid=list(run.servers))
+        self.witness_of[run.start, run.end] = witness.peer_id
+        return witness
+
+    async def _settle(self, run: _Run, witness: PeerRecord, theirs: torch.Tensor, first: Comparison) -> None:
+        """The served outputs and the witness's disagree: a third peer's recomputation names the
+        liar, if it can."""
+        others = await self._candidates(run, exclude={*run.servers, witness.peer_id})
+        third = self._pick(others, avoid=[*run.servers, witness.peer_id]) if others else None
+        verdict = await self._recompute(third, run, fresh=True) if third is not None else None
+        if verdict is None:
+            self.stats.uncompared[DISPUTED] += len(run.served)
+            logger.warning(
+                "blocks [%d:%d): the server and witness %s disagree and no third peer could settle it; "
+                "blaming nobody",
+                run.start,
+                run.end,
+                witness.name,
+            )
+            return
+        sides_with_servers = self._compare(run.outputs, verdict, [*run.servers, third.peer_id]).agree
+        sides_with_witness = self._compare(theirs, verdict, [witness.peer_id, third.peer_id]).agree
+        if sides_with_servers == sides_with_witness:  # agrees with both, or with neither
+            self.stats.uncompared[DISPUTED] += len(run.served)
+            return
+        self.stats.compared += len(run.served)
+        self.stats.liars += 1
+        if sides_with_servers:
+            served = _Served(run.first, witness.peer_id, theirs)
+            await self._convict(served, run, verdict, third, first)
+            self._forget_witness(run, witness.peer_id)
+            return
+        bad = self._first_wrong(run, verdict)
+        await self._convict(bad, run, verdict, third, first)
+        name = self.session.peers.name(bad.peer_id)
+        raise VerificationError(
+            name,
+            bad.peer_id,
+            f"its output for blocks [{run.start}:{run.end}) at token {bad.position} is wrong: {first.describe()}",
+            position=bad.position,
+        )
+
+    def _first_wrong(self, run: _Run, verdict: torch.Tensor) -> _Served:
+        """The first served step the third peer's outputs disagree with (the first of the run if
+        only the run as a whole is off)."""
+        offset = 0
+        for served in run.served:
+            n = served.output.shape[1]
+            if not self._compare(served.output, verdict[:, offset : offset + n], [served.peer_id]).agree:
+                return served
+            offset += n
+        return run.served[0]
+
+    async def _convict(self, bad: _Served, run: _Run, verdict, third: PeerRecord, first: Comparison) -> None:
+        offset = bad.position - run.first
+        good = verdict[:, offset : offset + bad.output.shape[1]]
         report = Report(
             reporter="",
-            reported=culprit,
+            reported=bad.peer_id,
             model_id=self.spec.model_id,
-            start=start,
-            end=end,
-            position=position,
-            input_hash=tensor_hash(hidden_in),
-            reported_output_hash=tensor_hash(bad_output),
-            witness=other,
-            witness_output_hash=tensor_hash(good_output),
-            max_abs_diff=float((output.float() - theirs.float()).abs().max()),
-            tie_breaker=tie_breaker,
+            start=run.start,
+            end=run.end,
+            position=bad.position,
+            input_hash=tensor_hash(run.inputs[:, : bad.position + bad.output.shape[1]]),
+            reported_output_hash=tensor_hash(bad.output),
+            witness=third.peer_id,
+            witness_output_hash=tensor_hash(good),
+            max_abs_diff=float((bad.output.float() - good.float()).abs().max()),
+            tie_breaker=third.peer_id,
             time=get_dht_time(),
         )
-        self._ban(culprit)
+        self._ban(bad.peer_id)
+        reason = f"wrong output for blocks [{run.start}:{run.end}) ({first.describe()})"
+        add_ban(new_ban(bad.peer_id, self.spec.model_id, run.start, run.end, reason))
         await self._publish(report)
-        name = self.session.peers.name(culprit)
         logger.warning(
-            "peer %s returned a wrong output for blocks [%d:%d); banned and reported", name, start, end
+            "peer %s returned a wrong output for blocks [%d:%d) at token %d (%s agrees); banned and reported",
+            self.session.peers.name(bad.peer_id),
+            run.start,
+            run.end,
+            bad.position,
+            third.name,
         )
-        if culprit == conn.peer_id:
-            raise VerificationError(
-                name, culprit, f"its output for blocks [{start}:{end}) differs by {report.max_abs_diff:.3g}"
-            )
 
-    async def _recompute(
-        self, witness: PeerRecord, start, end, past, position, hidden_in
-    ) -> torch.Tensor | None:
-        """The witness's output for the step, its shadow session caught up first; None if it failed."""
-        key = (witness.peer_id, start, end)
+    def _pick(self, records: list[PeerRecord], avoid: list[str]) -> PeerRecord:
+        """A random one of `records`, from an IP group none of the `avoid` peers announce where
+        there is one: peers behind one address may be one operator."""
+        taken = {group for peer_id in avoid for group in self._groups(peer_id)}
+        apart = [r for r in records if not self._groups(r.peer_id) & taken]
+        return self.rng.choice(apart or records)
+
+    def _groups(self, peer_id: str) -> set[str]:
+        record = self._record(peer_id)
+        addrs = [tcp_addr(a) for a in (record.addrs if record else ())]
+        return {ip_group(a.ip) for a in addrs if a is not None}
+
+    async def _recompute(self, witness: PeerRecord, run: _Run, fresh: bool = False) -> torch.Tensor | None:
+        """The witness's outputs for the run's tokens, its shadow session caught up on the
+        span's inputs in one step (from the start with `fresh`); None if it failed."""
+        key = (witness.peer_id, run.start, run.end)
         try:
-            shadow = self.shadows.get(key) or await self._open_shadow(witness, start, end)
-            self.shadows[key] = shadow
-            chunk = torch.cat(
-                [past[:, shadow.position :], hidden_in], dim=1
-            )  # the inputs it has not seen, in one step
+            shadow = None if fresh else self.shadows.get(key)
+            if shadow is None or shadow.position > run.first:
+                if shadow is not None:
+                    shadow.conn.close()
+                shadow = await self._open_shadow(witness, run.start, run.end)
+            if not fresh:
+                self.shadows[key] = shadow
+            chunk = run.inputs[:, shadow.position :]  # the inputs it has not seen, in one step
             result = await shadow.conn.step(shadow.session_id, shadow.position, chunk)
-            shadow.position = position + hidden_in.shape[1]
-            return result[:, -hidden_in.shape[1] :]
+            first = run.first - shadow.position
+            shadow.position = run.inputs.shape[1]
+            if fresh:
+                await close_sessions([(shadow.conn, shadow.session_id)])
+            return result[:, first:]
         except PeerError as e:  # a witness that fails is not evidence against anyone
             logger.info("witness %s could not verify: %s", witness.name, e)
-            shadow = self.shadows.pop(key, None)
-            if shadow is not None:
-                shadow.conn.close()
+            self._forget_witness(run, witness.peer_id)
             return None
+
+    def _forget_witness(self, run: _Run, peer_id: str) -> None:
+        shadow = self.shadows.pop((peer_id, run.start, run.end), None)
+        if shadow is not None:
+            shadow.conn.close()
+        if self.witness_of.get((run.start, run.end)) == peer_id:
+            del self.witness_of[run.start, run.end]
 
     async def _open_shadow(self, witness: PeerRecord, start: int, end: int) -> _Shadow:
         s = self.session
@@ -197,24 +387,20 @@ class Verifier:
         except BaseException:
             conn.close()
             raise
-        return _Shadow(conn, shadow_id)
+        return _Shadow(conn, shadow_id, witness.peer_id)
 
-    def _agree(self, ours: torch.Tensor, theirs: torch.Tensor, peer_a: str, witness) -> bool:
-        names = [DTYPE_NAMES.get(self.session.dtype, "float32")]
-        records = [r for r in (self._record(peer_a), witness) if isinstance(r, PeerRecord)]
-        names += [r.dtype for r in records]
-        # int8 layers run their matmuls in bfloat16 (peer/quant.py): two such peers agree to that
-        names += ["bfloat16" for r in records if r.quant != DEFAULT_QUANT]
-        tolerance = max(TOLERANCE.get(n, max(TOLERANCE.values())) for n in names)
-        if ours.shape != theirs.shape:
-            return False
-        scale = max(1.0, float(theirs.float().abs().max()))
-        return float((ours.float() - theirs.float()).abs().max()) <= tolerance * scale
+    def _compare(self, ours: torch.Tensor, theirs: torch.Tensor, peers: list[str]) -> Comparison:
+        """`ours` against `theirs` at the tolerance of the coarsest format involved: the wire
+        dtype and each peer's compute dtype (int8 layers count as int8)."""
+        formats = [DTYPE_NAMES.get(self.session.dtype, "float32")]
+        for record in filter(None, map(self._record, peers)):
+            formats.append(record.dtype if record.quant == DEFAULT_QUANT else "int8")
+        return compare(ours, theirs, TOLERANCES[coarsest(formats)])
 
     def _record(self, peer_id: str) -> PeerRecord | None:
         return next((r for r in self._records[1] if r.peer_id == peer_id), None)
 
-    async def _candidates(self, start: int, end: int, exclude: set[str], quant: str) -> list[PeerRecord]:
+    async def _candidates(self, run: _Run, exclude: set[str]) -> list[PeerRecord]:
         loop = asyncio.get_running_loop()
         if loop.time() - self._records[0] > RECORDS_TTL_S:
             records = await asyncio.to_thread(
@@ -224,11 +410,11 @@ class Verifier:
         return [
             r
             for r in self._records[1]
-            if r.start <= start
-            and end <= r.end
+            if r.start <= run.start
+            and run.end <= r.end
             and r.peer_id not in exclude
             and r.peer_id not in self.swarm.distrusted
-            and r.quant == quant
+            and r.quant == run.quant
         ]
 
     def _ban(self, peer_id: str) -> None:
@@ -236,6 +422,8 @@ class Verifier:
         self.swarm.forget(peer_id)
         for key in [k for k in self.shadows if k[0] == peer_id]:
             self.shadows.pop(key).conn.close()
+        for span in [span for span, witness in self.witness_of.items() if witness == peer_id]:
+            del self.witness_of[span]
 
     async def _publish(self, report: Report) -> None:
         from hivemind.dht.crypto import RSASignatureValidator

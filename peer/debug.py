@@ -3,30 +3,63 @@
 from __future__ import annotations
 
 import json
+import random
 
 import msgpack
 import torch
 
+from hexswarm.peer.flags import LIES
+
 
 class CorruptOutputs:
-    """Wraps a peer's Blocks so that every output carries noise (run-peer
-    --debug-corrupt-outputs): a stand-in for a buggy or malicious peer, which client-side
+    """Wraps a peer's Blocks so that its outputs are wrong in one of the LIES ways (run-peer
+    --debug-corrupt-outputs MODE): a stand-in for a buggy or malicious peer, which client-side
     verification (client/verify.py) must catch. Everything else is the wrapped Blocks'."""
 
-    def __init__(self, blocks, scale: float = 0.05):
-        self._blocks = blocks
-        self._scale = scale
+    def __init__(self, blocks, mode: str = "noise5", seed: int = 0):
+        if mode not in LIES:
+            raise ValueError(f"unknown lie {mode!r}; one of {sorted(LIES)}")
+        self._blocks, self._mode = blocks, mode
+        self._rng = random.Random(seed)
+        if mode in ("skip-layer", "finetune"):
+            _tamper(blocks, mode)
 
     def __getattr__(self, name: str):
         return getattr(self._blocks, name)
 
     def __call__(self, hidden: torch.Tensor, cache, position: int, start: int, end: int) -> torch.Tensor:
-        output = self._blocks(hidden, cache, position, start, end)
-        return output + self._scale * output.std() * torch.randn_like(output)
+        return self._lie(self._blocks(hidden, cache, position, start, end))
 
     def forward_batch(self, hiddens, caches, positions, start: int, end: int) -> list[torch.Tensor]:
-        outputs = self._blocks.forward_batch(hiddens, caches, positions, start, end)
-        return [out + self._scale * out.std() * torch.randn_like(out) for out in outputs]
+        return [self._lie(out) for out in self._blocks.forward_batch(hiddens, caches, positions, start, end)]
+
+    def _lie(self, output: torch.Tensor) -> torch.Tensor:
+        if self._mode == "noise5":
+            return output + 0.05 * output.std() * torch.randn_like(output)
+        if self._mode == "noise" or (self._mode == "sometimes" and self._rng.random() < 1 / 20):
+            rms = output.float().pow(2).mean(dim=-1, keepdim=True).sqrt()
+            return output + (0.01 * rms * torch.randn_like(output, dtype=torch.float32)).to(output.dtype)
+        return output
+
+
+def _tamper(blocks, mode: str) -> None:
+    """Changes the middle block of a BlockStack's range in place: skipped, or its weights perturbed."""
+    middle = len(blocks.layers) // 2
+    if mode == "skip-layer":
+        blocks.layers[middle] = _Skip()
+        return
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in blocks.layers[middle].parameters():
+            if param.is_floating_point() and param.ndim == 2:
+                rms = param.float().pow(2).mean().sqrt()
+                noise = torch.randn(param.shape, generator=generator) * 0.01 * rms
+                param.add_(noise.to(param.dtype))
+
+
+class _Skip(torch.nn.Module):
+    def forward(self, hidden, **kwargs):
+        return hidden
 
 
 def parse_record_override(text: str) -> tuple[str, object]:

@@ -18,6 +18,16 @@ from hexswarm.swarm.dht import DEFAULT_HOST_MADDRS
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+# How a --debug-corrupt-outputs peer lies (the attacks of benchmarks/verify.py)
+LIES = {
+    "noise5": "Gaussian noise at 5% of the output's standard deviation, on every step",
+    "noise": "Gaussian noise at 1% of each token's RMS, on every step",
+    "sometimes": "Gaussian noise at 1% of each token's RMS, on one step in 20 (at random)",
+    "skip-layer": "the middle block of its range not run",
+    "finetune": "the middle block's weights perturbed by 1% of their RMS (a fine-tune)",
+}
+
+
 def peer_parser() -> argparse.ArgumentParser:
     """The parser of run-peer's own flags, the hidden --debug-* ones included."""
     p = cli_args.new_parser("run-peer", "Serve a range of a model's transformer layers to the swarm.")
@@ -292,8 +302,10 @@ def add_debug_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug-fault-on-signal", action="store_true", help=hidden)
     parser.add_argument("--debug-fault", choices=["error", "nan"], default="error", help=hidden)
     parser.add_argument("--debug-push", choices=["refuse", "drop"], default="", help=hidden)
-    # add noise to every output (peer/debug.py), so tests can check the client's verification
-    parser.add_argument("--debug-corrupt-outputs", action="store_true", help=hidden)
+    # compute wrong outputs on purpose (peer/debug.py LIES), so tests can check the client's verification
+    parser.add_argument(
+        "--debug-corrupt-outputs", nargs="?", const="noise5", default="", choices=LIES, help=hidden
+    )
     # benchmarks/hepti.py: RANK:FACTOR[@SECONDS], that rank computes FACTOR times slower (from then on)
     parser.add_argument("--debug-slowdown", action="append", default=[], help=hidden)
     # announce FIELD=JSON over the honest record (peer/debug.py), so tests can check its readers

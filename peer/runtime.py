@@ -105,7 +105,7 @@ class PeerConfig:
     batch: BatchPolicy = BatchPolicy()  # decode batching and prefill chunking (peer/scheduler.py)
     faults: FaultPlan | None = None  # debug fault injection (peer.faults); None in production
     admission: AdmissionLimits = AdmissionLimits()  # per-remote and per-session limits
-    debug_corrupt_outputs: bool = False  # tests only: add noise to every output (peer/debug.py)
+    debug_corrupt_outputs: str = ""  # tests only: a way to compute wrong outputs (peer/debug.py LIES)
     coordinator_trust: Trust = None  # whose plans an auto peer follows (swarm/coordinator/records.py)
     debug_record: dict = field(default_factory=dict)  # tests only: fields announced over the honest ones
     # torch threads for steps of many tokens (prefill) when decode runs on fewer (peer/devices.py)
@@ -340,8 +340,11 @@ class _Peer:
         if stop.is_set():
             return False
         if c.debug_corrupt_outputs:
-            logger.warning("--debug-corrupt-outputs: every output of this peer is WRONG on purpose")
-            blocks = CorruptOutputs(blocks)
+            logger.warning(
+                "--debug-corrupt-outputs %s: this peer computes WRONG outputs on purpose",
+                c.debug_corrupt_outputs,
+            )
+            blocks = CorruptOutputs(blocks, c.debug_corrupt_outputs)
         self.core = PeerCore(blocks, c.spec.model_id, c.limits, c.prefill_threads)
         self.server = PeerServer(
             self.core, c.max_frame_bytes, c.max_streams, c.batch, Admission(c.admission), c.handshake_timeout

@@ -140,6 +140,40 @@ def add_client_quant(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# The share of hop steps a witness recomputes on a --public client unless --verify says otherwise
+# (client/verify.py; docs/reliability.md measures its cost).
+PUBLIC_VERIFY_RATE = 0.05
+
+
+def verify_rate(text: str) -> float:
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = -1.0
+    if not 0.0 <= rate <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a share of steps in [0, 1], got {text!r}")
+    return rate
+
+
+def add_client_verify(parser: argparse.ArgumentParser) -> None:
+    """--verify RATE of a command that generates as a client (api, generate)."""
+    parser.add_argument(
+        "--verify",
+        type=verify_rate,
+        default=None,
+        metavar="RATE",
+        help="share of each hop's steps a second peer recomputes to catch wrong outputs "
+        f"(default: {PUBLIC_VERIFY_RATE} with --public, else 0; docs/reliability.md)",
+    )
+
+
+def client_verify(args: argparse.Namespace) -> float:
+    """The --verify rate asked, or the default of the swarm joined."""
+    if args.verify is not None:
+        return args.verify
+    return PUBLIC_VERIFY_RATE if getattr(args, "public", False) else 0.0
+
+
 def add_client_host_maddrs(parser: argparse.ArgumentParser) -> None:
     """--host-maddrs of a command that reads the swarm as a client (api, monitor)."""
     parser.add_argument(
