@@ -48,7 +48,8 @@ COARSENESS = ("float32", "float16", "bfloat16", "int8")
 
 def coarsest(formats: list[str]) -> str:
     """The coarsest of `formats` (an unknown one counts as the coarsest known)."""
-    return max(formats, key=lambda f: COARSENESS.index(f) if f in COARSENESS else len(COARSENESS) - 1)
+    known = [f if f in COARSENESS else COARSENESS[-1] for f in formats]
+    return max(known, key=COARSENESS.index)
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,11 @@ def test_run_peer_bad_values_are_one_line_and_exit_2(argv, message, capsys):
         (["plan", "--cluster", "c", "--model", "m", "--max-batch", "0"], "--max-batch: must be at least 1"),
         (["make-tiny-model", "d", "--layers", "0"], "--layers: must be at least 1"),
         (["generate", "m", *UNREACHABLE, "--max-new-tokens", "0"], "--max-new-tokens: must be at least 1"),
+        (["generate", "m", *UNREACHABLE, "--verify", "1.5"], "--verify: must be a share of steps in [0, 1]"),
+        (
+            ["api", *UNREACHABLE, "--model", "m", "--verify", "x"],
+            "--verify: must be a share of steps in [0, 1]",
+        ),
         (["demo", "--max-new-tokens", "-3"], "--max-new-tokens: must be at least 1"),
     ],
 )
@@ -231,3 +236,14 @@ def test_run_peer_defaults_are_those_of_the_peer():
     assert args.max_sessions_per_peer == AdmissionLimits.sessions_per_remote
     assert args.max_steps_per_second == AdmissionLimits.steps_per_second
     assert args.cache_share_per_peer == AdmissionLimits.cache_share_per_remote
+
+
+def test_verify_defaults_to_the_public_rate_only_with_public():
+    import argparse
+
+    from hexswarm.swarm import cli_args
+
+    assert cli_args.client_verify(argparse.Namespace(verify=None, public=True)) == cli_args.PUBLIC_VERIFY_RATE
+    assert cli_args.client_verify(argparse.Namespace(verify=None, public=False)) == 0.0
+    assert cli_args.client_verify(argparse.Namespace(verify=0.0, public=True)) == 0.0  # asked: off
+    assert cli_args.client_verify(argparse.Namespace(verify=0.5, public=False)) == 0.5

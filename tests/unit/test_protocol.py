@@ -45,6 +45,16 @@ def test_messages_round_trip():
         assert type(decoded) is type(message)
 
 
+def test_a_push_names_the_client_whose_session_it_feeds():
+    step = Step("s", 3, torch.zeros(1, 1, 4), ack_ms=100, owner="QmClient")
+    assert decode(encode(step)).owner == "QmClient"
+    assert decode(encode(Step("s", 0, torch.zeros(1, 1, 4)))).owner == ""
+    bad = msgpack.unpackb(encode(step), raw=False) | {"owner": 7}
+    with pytest.raises(ProtocolError) as error:
+        decode(msgpack.packb(bad, use_bin_type=True))
+    assert error.value.code == ErrorCode.MALFORMED
+
+
 def _frame(**body):
     return msgpack.packb({"v": PROTOCOL_VERSION, **body}, use_bin_type=True)
 
