@@ -104,15 +104,17 @@ def quantiles(values: torch.Tensor) -> dict:
     }
 
 
-def runs_flagged(ours: torch.Tensor, theirs: torch.Tensor, tolerance, run: int) -> tuple[int, int]:
-    """(runs flagged, runs) over consecutive runs of `run` tokens of each window."""
+def runs_flagged(ours: torch.Tensor, theirs: torch.Tensor, tolerance, run: int, mses: list | None = None):
+    """(runs flagged, runs) over consecutive runs of `run` tokens of each window; each run's mean
+    square error goes to `mses`."""
     flagged = total = 0
     for w in range(ours.shape[0]):
         for first in range(0, ours.shape[1] - run + 1, run):
             total += 1
-            flagged += not compare(
-                ours[w, first : first + run], theirs[w, first : first + run], tolerance
-            ).agree
+            result = compare(ours[w, first : first + run], theirs[w, first : first + run], tolerance)
+            flagged += not result.agree
+            if mses is not None:
+                mses.append(result.mean_square_error)
     return flagged, total
 
 
@@ -153,7 +155,7 @@ def main() -> None:
     for name in args.formats:
         dtype, quant = FORMATS[name]
         began, tolerance = time.perf_counter(), TOLERANCES[name]
-        honest_errors, honest_topk, attacks = [], [], {}
+        honest_errors, honest_topk, honest_mses, attacks = [], [], [], {}
         flagged = total = 0
         for start, end in SPANS:
             stack = BlockStack.load(spec, start, end, dtype, torch.device("cpu"), quant=quant)
@@ -165,15 +167,15 @@ def main() -> None:
                 int8_servers[start, end] = server
             honest_errors.append(token_errors(server, witness))
             honest_topk.append(topk_agreement(server, witness))
-            f, t = runs_flagged(server, witness, tolerance, args.run)
+            f, t = runs_flagged(server, witness, tolerance, args.run, honest_mses)
             flagged, total = flagged + f, total + t
             rms = server.pow(2).mean(dim=-1, keepdim=True).sqrt()
             cases = {"noise_1pct": server + 0.01 * rms * torch.randn_like(server)}
             for kind in ("skip_layer", "finetune"):
                 cases[kind] = server_outputs(perturbed(stack, kind), inputs[start, end], args.prompt)
             for kind, bad in cases.items():
-                a = attacks.setdefault(kind, {"runs_flagged": 0, "runs": 0, "errors": []})
-                f, t = runs_flagged(bad, witness, tolerance, args.run)
+                a = attacks.setdefault(kind, {"runs_flagged": 0, "runs": 0, "errors": [], "mses": []})
+                f, t = runs_flagged(bad, witness, tolerance, args.run, a["mses"])
                 a["runs_flagged"] += f
                 a["runs"] += t
                 a["errors"].append(token_errors(bad, witness))
@@ -185,12 +187,14 @@ def main() -> None:
             "honest_mean_square_error": float(torch.cat([e.flatten() for e in honest_errors]).pow(2).mean()),
             "honest_topk_agreement_min": float(torch.cat([e.flatten() for e in honest_topk]).min()),
             "honest_topk_agreement_mean": float(torch.cat([e.flatten() for e in honest_topk]).mean()),
+            "honest_run_mse_max": max(honest_mses),
             "honest_runs_flagged": flagged,
             "runs": total,
             "tolerance": tolerance.__dict__,
             "attacks": {
                 kind: {
                     "token_error_p50": float(torch.cat([e.flatten() for e in a["errors"]]).median()),
+                    "run_mse_min": min(a["mses"]),
                     "runs_flagged": a["runs_flagged"],
                     "runs": a["runs"],
                 }

@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from hexswarm.swarm.commitments import HALF_BYTES, tensor_digest
 from hexswarm.swarm.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     SESSION_PROTOCOL,
@@ -44,6 +45,11 @@ class PeerError(RuntimeError):
 
 
 _nonces = itertools.count(1)
+
+
+class CommitmentMismatch(PeerError):
+    """A pushed hop computed on an input other than the previous hop's output the client got:
+    the previous peer sent the two different bytes, or this one says so falsely."""
 
 
 class KvTransferError(RuntimeError):
@@ -157,7 +163,24 @@ class PeerConnection:
             raise self._error(ErrorCode.BAD_TENSOR, "returned hidden states with NaN or inf")
         if result.kv_error:
             raise KvTransferError(f"{self.peer_name}: {result.kv_error}")
+        self._check_digest(result.digest, hidden, out)
         return out, result.push_error
+
+    def _check_digest(self, digest: bytes, hidden: torch.Tensor, out: torch.Tensor) -> None:
+        """The step's commitment must name the input the client has for it and the output it got:
+        a pushed hop that computed on anything else was sent something else by the previous peer
+        (or says so falsely); either way the client stops building on that link."""
+        if not digest:
+            return  # an older peer: nothing to check
+        if digest[:HALF_BYTES] != tensor_digest(hidden):
+            raise CommitmentMismatch(
+                self.peer_name,
+                ErrorCode.BAD_STATE,
+                "computed on an input other than the previous hop's output the client got",
+                peer_id=self.peer_id,
+            )
+        if digest[HALF_BYTES:] != tensor_digest(out):
+            raise self._error(ErrorCode.BAD_STATE, "its commitment does not match the output it returned")
 
     async def close_session(self, session_id: str) -> None:
         await self.request(Close(session_id), Closed)

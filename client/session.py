@@ -11,8 +11,10 @@ the client, which reads them in order: they are the next hop's input, which the 
 keeps. When a push fails, that hop reports it with its output and the client sends the step
 to the next hop itself (relay), and does so for the rest of the session. A hop whose session
 was opened next to another peer (the one after a repaired span) is relayed too. With
-`push=False`, or while verification is on (a witness must check a hop's output before the
-next hop builds on it), every hop is relayed: the client sends the step to each hop itself.
+`push=False`, every hop is relayed: the client sends the step to each hop itself. Each hop's
+result commits to the input it computed on (swarm/commitments.py), so a pushed hop that got
+something other than what the previous hop sent the client fails over like a failed hop; the
+client's copies are what verification (client/verify.py) checks, pushed or not.
 
 Exact failover: the session keeps what each hop has been sent (client.history). When a hop's
 peer dies, stalls past its deadline, refuses or answers garbage, the session bans it,
@@ -35,7 +37,13 @@ import torch
 from hexswarm.client.disaggregation import Roles, kv_sources, kv_targets, split_by_role
 from hexswarm.client.failover import Failover, Hops, LiveHop
 from hexswarm.client.history import InputHistory
-from hexswarm.client.remote import CLOSE_TIMEOUT_S, KvTransferError, PeerError, close_sessions
+from hexswarm.client.remote import (
+    CLOSE_TIMEOUT_S,
+    CommitmentMismatch,
+    KvTransferError,
+    PeerError,
+    close_sessions,
+)
 from hexswarm.client.retry import BanList, RetryPolicy, rate_limit_wait
 from hexswarm.client.swarm_client import SwarmClient, uncovered_blocks
 from hexswarm.client.verify import RollbackNeeded, VerificationError
@@ -78,6 +86,9 @@ class InferenceSession:
         self.cancel: threading.Event | None = None
         self.push = push
         self.relayed: set[str] = set()  # session ids of hops a push into failed: the client feeds them
+        # peers whose pushes were not what they returned to the client (swarm/commitments.py):
+        # the client feeds the hop after each of them itself
+        self.no_push_from: set[str] = set()
         # hop steps the client sent / that peers pushed; pushes that failed (then relayed)
         self.hop_steps: Counter[str] = Counter(sent=0, pushed=0, push_failed=0)
         # A disaggregated session (client/disaggregation.py): its decode chain, opened and
@@ -239,7 +250,12 @@ class InferenceSession:
             hop = self.hops[j]
             inputs[hop.start] = hidden
             try:
-                output, push_error = await self.peers.result(hop, hidden, pushes=j + 1 < end)
+                try:
+                    output, push_error = await self.peers.result(hop, hidden, pushes=j + 1 < end)
+                except CommitmentMismatch:
+                    if j > i:  # it was pushed: the pusher's link is not trusted any more
+                        self.no_push_from.add(self.hops[j - 1].hop.peer_id)
+                    raise
                 if self.verifier is not None:  # a VerificationError fails this hop over like any other
                     await self.verifier.after_hop(
                         hop.conn, hop.start, hop.end, self.position, hidden, output, hop.quant
@@ -259,11 +275,12 @@ class InferenceSession:
         """One past the last hop that hop i's step reaches by pushes: each next hop must take
         pushes from the one before it (its session says so) and not have failed to."""
         end = i + 1
-        if not self.push or self.verifier is not None:
+        if not self.push:
             return end
         while end < len(self.hops):
             hop = self.hops[end]
-            if hop.session_id in self.relayed or hop.upstream != self.hops[end - 1].hop.peer_id:
+            previous = self.hops[end - 1].hop.peer_id
+            if hop.session_id in self.relayed or hop.upstream != previous or previous in self.no_push_from:
                 break
             end += 1
         return end
@@ -276,7 +293,8 @@ class InferenceSession:
         bad = self.hops[failed]
         bad.conn.close()
         event = self.peers.new_failover(bad.hop.peer_id, bad.start, bad.end, error)
-        self.peers.failed(bad.hop.peer_id, bad.start, bad.end, event.error)
+        if not isinstance(error, CommitmentMismatch):  # its input came from a peer that equivocated
+            self.peers.failed(bad.hop.peer_id, bad.start, bad.end, event.error)
         start = self.history.replay_start(bad.start)
         first = next(j for j, h in enumerate(self.hops) if h.start == start)
         past = self.history.inputs(start)

@@ -15,7 +15,9 @@ benchmarks only):
   --debug-push MODE        steps pushed by another peer (peer/push.py) are "refuse"d (a
                            PUSH_ACK with an error) or "drop"ped (no answer at all), so the
                            pushing peer reports a failed push and the client relays instead;
-                           "refuse" refuses a prefill peer's keys and values (KV_PUSH) too
+                           "refuse" refuses a prefill peer's keys and values (KV_PUSH) too;
+                           "equivocate" takes pushes, but pushes the next peer an output other
+                           than the one it returns to the client (client/remote.py catches it)
 
 The server asks it about each validated step (`PeerServer._step`, before the step is queued
 for the compute thread, batched or not); nothing else of the peer knows about it.
@@ -45,7 +47,7 @@ class FaultPlan:
     seed: int = 0
     on_signal: bool = False
     kind: str = "error"  # "error" or "nan"
-    push: str = ""  # "refuse" or "drop" pushed steps; "" takes them
+    push: str = ""  # "refuse" or "drop" pushed steps, or "equivocate" on its own; "" is honest
 
     @property
     def active(self) -> bool:
@@ -103,9 +105,18 @@ class FaultInjector:
     def drops_pushes(self) -> bool:
         return self.plan.push == "drop"
 
+    @property
+    def equivocates(self) -> bool:
+        return self.plan.push == "equivocate"
+
+    @staticmethod
+    def other_output(hidden: torch.Tensor) -> torch.Tensor:
+        """What an equivocating peer pushes instead of `hidden`: close to it, but not it."""
+        return hidden + 0.01 * hidden.std() * torch.randn_like(hidden)
+
     def check_push(self) -> None:
         """Called first on each pushed step: refuses it (or marks it for dropping) on purpose."""
-        if self.plan.push:
+        if self.plan.push in ("refuse", "drop"):
             raise ProtocolError(ErrorCode.BUSY, f"debug: this peer {self.plan.push}s pushed steps")
 
     @staticmethod

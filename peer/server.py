@@ -29,6 +29,7 @@ from hexswarm.peer.faults import FaultInjector
 from hexswarm.peer.hop_stats import HopStats
 from hexswarm.peer.push import PushLinks
 from hexswarm.peer.scheduler import BatchPolicy, Job, StepScheduler
+from hexswarm.swarm.commitments import step_digest
 from hexswarm.swarm.protocol import (
     Close,
     Error,
@@ -207,6 +208,7 @@ class PeerServer:
         result: StepResult = await asyncio.wrap_future(job.future)
         if poison:
             result = self.faults.poison(result)
+        result = replace(result, digest=step_digest(message.hidden, result.hidden))
         if session.kv_to:
             result = replace(result, kv_error=await self._send_kv(session))
         if message.chain and not result.kv_error:
@@ -220,7 +222,10 @@ class PeerServer:
         if self.pusher is None:
             return "this peer does not push"
         head, rest = message.chain[0], message.chain[1:]
-        step = Step(head.session_id, message.position, result.hidden, rest, message.ack_ms, owner)
+        hidden = result.hidden
+        if self.faults is not None and self.faults.equivocates:
+            hidden = self.faults.other_output(hidden)
+        step = Step(head.session_id, message.position, hidden, rest, message.ack_ms, owner)
         return await self.pusher.push(head.peer_id, step, message.ack_ms / 1000)
 
     async def _send_kv(self, session) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 import msgpack
 import torch
 
+from hexswarm.swarm.commitments import DIGEST_BYTES
 from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError, field, optional_field, require_map
 from hexswarm.swarm.wire_tensors import decode_tensor, encode_tensor
 
@@ -121,6 +122,7 @@ class StepResult:
     hidden: torch.Tensor
     push_error: str = ""  # the step had a chain and the push to its first hop failed: why
     kv_error: str = ""  # a prefill session's keys and values did not all reach their decode peers: why
+    digest: bytes = b""  # H(input) || H(output), 16 bytes (swarm/commitments.py); b"" from older peers
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,8 @@ def encode(message: Message) -> bytes:
                 body["push_error"] = message.push_error
             if message.kv_error:
                 body["kv_error"] = message.kv_error
+            if message.digest:
+                body["digest"] = message.digest
         case KvPush():
             body.update(
                 t=MsgType.KV_PUSH,
@@ -349,7 +353,12 @@ def _next_hop(item: Any) -> NextHop:
 def _decode_step_result(f: dict) -> StepResult:
     error = optional_field(f, "push_error", str, "")[:2000]
     kv_error = optional_field(f, "kv_error", str, "")[:2000]
-    return StepResult(_session(f), decode_tensor(f.get("hidden")), error, kv_error)
+    digest = optional_field(f, "digest", bytes, b"")
+    if digest and len(digest) != DIGEST_BYTES:
+        raise ProtocolError(
+            ErrorCode.MALFORMED, f"a step's digest has {DIGEST_BYTES} bytes, got {len(digest)}"
+        )
+    return StepResult(_session(f), decode_tensor(f.get("hidden")), error, kv_error, digest)
 
 
 def _decode_push_ack(f: dict) -> PushAck:
