@@ -278,9 +278,11 @@ class Hops:
         upstream: str,
         kv_from: list[tuple[str, ...]] | None = None,
         kv_to: list[tuple[KvTarget, ...]] | None = None,
+        prompt_length: int = 0,
     ) -> list[LiveHop]:
         """Opens a session on each hop of `route`; with `kv_from` / `kv_to` (one entry per hop),
-        decode sessions that take a prompt's keys and values, or prefill sessions that send them."""
+        decode sessions that take a prompt's keys and values (of `prompt_length` tokens), or
+        prefill sessions that send them."""
         opened: list[LiveHop] = []
         try:
             for index, hop in enumerate(route.hops):
@@ -303,6 +305,7 @@ class Hops:
                     upstream,
                     kv_from=kv_from[index] if kv_from else (),
                     kv_to=kv_to[index] if kv_to else (),
+                    prompt_length=prompt_length if kv_from else 0,
                 )
         except BaseException:
             for live in opened:

@@ -269,7 +269,7 @@ class DistributedMixin:
             share = self._threads.verify if self._threads.verify is not None else self.verify
             session.verifier = Verifier(session, share, self.verify_stats) if share > 0 else None
             session.cancel = self._threads.cancel
-            self.session = session.open()
+            self.session = session.open(prompt_tokens=new_tokens)
             self.last_route = self.session.describe_route()
         self.session.cancel = self._threads.cancel  # this call's, on a session kept across calls too
         return self.session

@@ -132,13 +132,24 @@ class PeerConnection:
         upstream: str = "",
         kv_from: tuple[str, ...] = (),
         kv_to: tuple[KvTarget, ...] = (),
+        prompt_length: int = 0,
     ) -> None:
         """Opens a session; `upstream` is the peer allowed to push steps into it (peer/push.py);
-        `kv_from` the prefill peers whose keys and values it takes, `kv_to` where a prefill
-        session sends its own (swarm/protocol.py)."""
+        `kv_from` the prefill peers whose keys and values it takes (of `prompt_length` tokens),
+        `kv_to` where a prefill session sends its own (swarm/protocol.py)."""
         dtype_name = DTYPE_NAMES[dtype]
         message = Open(
-            session_id, model_id, start, end, max_length, batch_size, dtype_name, upstream, kv_from, kv_to
+            session_id,
+            model_id,
+            start,
+            end,
+            max_length,
+            batch_size,
+            dtype_name,
+            upstream,
+            kv_from,
+            kv_to,
+            prompt_length,
         )
         await self.request(message, Opened)
 

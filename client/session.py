@@ -116,7 +116,9 @@ class InferenceSession:
     def retries_used(self) -> int:
         return self.peers.budget.used
 
-    def open(self) -> InferenceSession:
+    def open(self, prompt_tokens: int = 0) -> InferenceSession:
+        """Opens the route; `prompt_tokens`, the first step's tokens, is what a disaggregated
+        decode chain is told its pushed keys and values must hold (0: not said)."""
         records = self.swarm.wait_for_coverage(
             self.spec.model_id, self.spec.num_blocks, self.coverage_timeout
         )
@@ -126,7 +128,7 @@ class InferenceSession:
         try:
             roles = split_by_role(long_enough, self.spec.num_blocks)
             if roles is not None:
-                run_sync(self._open_disaggregated(roles), self._timeout(), self.cancel)
+                run_sync(self._open_disaggregated(roles, prompt_tokens), self._timeout(), self.cancel)
             if not self.hops:
                 self.hops, _, _ = run_sync(
                     self.peers.replace(0, self.spec.num_blocks, None), self._timeout(), self.cancel
@@ -155,7 +157,7 @@ class InferenceSession:
         self.position += hidden.shape[1]
         return output
 
-    async def _open_disaggregated(self, roles: Roles) -> None:
+    async def _open_disaggregated(self, roles: Roles, prompt_tokens: int = 0) -> None:
         """Opens the decode chain (its sessions take keys and values from the prefill peers),
         then the prefill chain (its sessions send theirs); on any failure, nothing stays open
         and the caller opens a colocated chain."""
@@ -164,7 +166,7 @@ class InferenceSession:
             prefill = await asyncio.to_thread(self.peers.route_among, roles.prefill)
             decode = await asyncio.to_thread(self.peers.route_among, roles.decode)  # no peer is in both
             sources = [kv_sources(h.start, h.end, prefill) for h in decode.hops]
-            decode_hops = await self.peers.open_hops(decode, "", kv_from=sources)
+            decode_hops = await self.peers.open_hops(decode, "", kv_from=sources, prompt_length=prompt_tokens)
             targets = [kv_targets(h.start, h.end, decode_hops) for h in prefill.hops]
             self.hops = await self.peers.open_hops(prefill, "", kv_to=targets)
             self.decode_hops = decode_hops

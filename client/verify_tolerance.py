@@ -36,11 +36,13 @@ class Tolerance:
 
 
 # By the coarsest format of the two computations (client/verify.py picks it); see the module doc.
+# Measured honest worst token / run mean square error (SmolLM2, 1,536 tokens a format): float32
+# 8.1e-6 / 4.8e-13 mean; float16 5.3e-3 / 1.4e-6 mean; bfloat16 0.054 / 2.3e-4; int8 0.092 / 4.1e-4.
 TOLERANCES = {
-    "float32": Tolerance(1e-3, 1e-6, 0.9),
+    "float32": Tolerance(1e-3, 1e-6, 0.9),  # room for TF32-like kernels on another device
     "float16": Tolerance(2e-2, 1e-5, 0.75),
-    "bfloat16": Tolerance(6e-2, 1e-4, 0.6),
-    "int8": Tolerance(6e-2, 1e-4, 0.6),
+    "bfloat16": Tolerance(0.25, 2e-3, 0.6),
+    "int8": Tolerance(0.25, 2e-3, 0.6),
 }
 # Coarsest last: what two formats are compared at.
 COARSENESS = ("float32", "float16", "bfloat16", "int8")

@@ -34,6 +34,9 @@ from hexswarm.swarm.wire_tensors import NUMPY_DTYPES, WIRE_DTYPES
 # A step of at least this many tokens (batch x new tokens) is a prefill: compute-bound, so it runs
 # on `prefill_threads` where a small model decodes on one thread (peer/devices.default_cpu_threads).
 PREFILL_TOKENS = 32
+# Keys and values a prefill peer pushes are refused beyond this magnitude: attention keys and
+# values of real models stay within hundreds (SmolLM2's within 30), so larger values are poison.
+MAX_KV_ABS = 1e4
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +97,7 @@ class Session:
     kv_from: tuple[str, ...] = ()
     kv_to: tuple[KvTarget, ...] = ()
     kv_imported: dict[int, int] = field(default_factory=dict)  # global layer -> tokens imported
+    prompt_length: int = 0  # a decode session: the prompt tokens its OPEN said the keys and values hold
     owner: str = ""  # the remote peer id that opened it
 
     @property
@@ -149,6 +153,7 @@ class PeerCore:
             upstream=request.upstream,
             kv_from=request.kv_from,
             kv_to=request.kv_to,
+            prompt_length=request.prompt_length,
             owner=owner,
         )
         logger.debug("session %s opened for [%d:%d)", request.session_id, request.start, request.end)
@@ -194,10 +199,16 @@ class PeerCore:
 
     def _check_kv_roles(self, r: Open) -> None:
         """A session that sends or takes keys and values: only where this peer can move them."""
+        if r.prompt_length and not (r.kv_from and 1 <= r.prompt_length <= r.max_length):
+            raise ProtocolError(
+                ErrorCode.BAD_STATE,
+                f"prompt_length {r.prompt_length} is for a decode session, in 1..max_length {r.max_length}",
+            )
         if not (r.kv_from or r.kv_to):
             return
         if r.kv_from and r.kv_to:
             raise ProtocolError(ErrorCode.BAD_STATE, "a session either sends keys and values or takes them")
+
         if not getattr(self.blocks, "moves_kv", False):
             raise ProtocolError(
                 ErrorCode.BAD_STATE,
@@ -365,12 +376,22 @@ class PeerCore:
                 ErrorCode.TOO_LONG,
                 f"keys and values of {tokens} tokens exceed the session's reserved {session.max_length}",
             )
+        if session.prompt_length and tokens != session.prompt_length:
+            raise ProtocolError(
+                ErrorCode.BAD_TENSOR,
+                f"keys and values of {tokens} tokens pushed, the client's prompt has {session.prompt_length}",
+            )
         if any(n != tokens for n in session.kv_imported.values()):
             raise ProtocolError(
                 ErrorCode.BAD_TENSOR, f"layers of one prompt must have one length, got {tokens}"
             )
         if not (_all_finite(keys) and _all_finite(values)):
             raise ProtocolError(ErrorCode.BAD_TENSOR, "keys or values contain NaN or inf")
+        largest = max(float(keys.abs().max()), float(values.abs().max()))
+        if largest > MAX_KV_ABS:
+            raise ProtocolError(
+                ErrorCode.BAD_TENSOR, f"keys or values reach {largest:.3g}, over the bound {MAX_KV_ABS:g}"
+            )
         return tokens
 
     def kv_bytes_per_layer(self, session: Session) -> int:

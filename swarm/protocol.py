@@ -75,6 +75,7 @@ class Open:
     upstream: str = ""  # the one peer id whose pushed STEPs this session accepts ("" = none)
     kv_from: tuple[str, ...] = ()  # a decode session: the prefill peers whose KV_PUSHes it takes
     kv_to: tuple[KvTarget, ...] = ()  # a prefill session: where its layers' keys and values go
+    prompt_length: int = 0  # a decode session: the prompt tokens its keys and values must hold (0: not said)
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,8 @@ def encode(message: Message) -> bytes:
                 body["kv_from"] = list(message.kv_from)
             if message.kv_to:
                 body["kv_to"] = [[k.peer_id, k.session_id, k.start, k.end] for k in message.kv_to]
+            if message.prompt_length:
+                body["prompt_length"] = message.prompt_length
         case Opened() | Closed() | Close():
             kind = {Opened: MsgType.OPENED, Closed: MsgType.CLOSED, Close: MsgType.CLOSE}[type(message)]
             body.update(t=kind, session=message.session_id)
@@ -281,6 +284,7 @@ def _decode_open(f: dict) -> Open:
         upstream=optional_field(f, "upstream", str, "")[:_MAX_PEER_ID],
         kv_from=tuple(_peer_id(p) for p in _bounded_list(f, "kv_from")),
         kv_to=tuple(_kv_target(item) for item in _bounded_list(f, "kv_to")),
+        prompt_length=optional_field(f, "prompt_length", int, 0),
     )
 
 

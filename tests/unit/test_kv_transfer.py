@@ -86,6 +86,7 @@ def kv(spec, tokens: int = 5, batch: int = 1, dtype=torch.float32, fill: float =
         (dict(batch=2), ErrorCode.BAD_TENSOR),
         (dict(dtype=torch.float16), ErrorCode.BAD_TENSOR),
         (dict(fill=float("nan")), ErrorCode.BAD_TENSOR),
+        (dict(fill=3e4), ErrorCode.BAD_TENSOR),  # finite, but no real model's keys are that large
     ],
 )
 def test_a_bad_kv_push_is_refused_with_a_typed_error_and_changes_nothing(spec, receiver, change, code):
@@ -136,3 +137,15 @@ def test_malformed_kv_fields_of_an_open_are_refused(body):
     with pytest.raises(ProtocolError) as error:
         decode(msgpack.packb(frame))
     assert error.value.code == ErrorCode.MALFORMED
+
+
+def test_a_push_of_another_length_than_the_clients_prompt_is_refused(spec):
+    core = make_core(spec)
+    opened(core, "dec", kv_from=(PREFILL_PEER,), prompt_length=7)
+    with pytest.raises(ProtocolError) as error:  # a short cache: the prompt's end left out
+        core.import_kv(KvPush("dec", 0, kv(spec, tokens=5), kv(spec, tokens=5)), PREFILL_PEER)
+    assert error.value.code == ErrorCode.BAD_TENSOR and "the client's prompt has 7" in error.value.message
+    core.import_kv(KvPush("dec", 0, kv(spec, tokens=7), kv(spec, tokens=7)), PREFILL_PEER)
+    assert core.sessions["dec"].kv_imported == {0: 7}
+    with pytest.raises(ProtocolError):  # a prompt length is a decode session's, within its length
+        opened(core, "other", prompt_length=7)
