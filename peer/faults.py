@@ -17,7 +17,9 @@ benchmarks only):
                            pushing peer reports a failed push and the client relays instead;
                            "refuse" refuses a prefill peer's keys and values (KV_PUSH) too;
                            "equivocate" takes pushes, but pushes the next peer an output other
-                           than the one it returns to the client (client/remote.py catches it)
+                           than the one it returns to the client (client/remote.py catches it);
+                           "poison-kv" pushes a decode peer its prompt's keys and values one
+                           token short (the decode peer's checks refuse them)
 
 The server asks it about each validated step (`PeerServer._step`, before the step is queued
 for the compute thread, batched or not); nothing else of the peer knows about it.
@@ -104,6 +106,15 @@ class FaultInjector:
     @property
     def drops_pushes(self) -> bool:
         return self.plan.push == "drop"
+
+    @property
+    def poisons_kv(self) -> bool:
+        return self.plan.push == "poison-kv"
+
+    @staticmethod
+    def poisoned_kv(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a poisoning prefill peer pushes: the prompt's last token left out."""
+        return keys[..., :-1, :].contiguous(), values[..., :-1, :].contiguous()
 
     @property
     def equivocates(self) -> bool:

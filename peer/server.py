@@ -239,6 +239,8 @@ class PeerServer:
             for first in range(target.start, target.end, per_push):
                 layers = range(first, min(first + per_push, target.end))
                 keys, values = self.core.export_kv(session, layers)
+                if self.faults is not None and self.faults.poisons_kv:
+                    keys, values = self.faults.poisoned_kv(keys, values)
                 push = KvPush(target.session_id, first, keys, values, session.owner)
                 why = await self.pusher.push(target.peer_id, push, KV_PUSH_TIMEOUT_S)
                 if why:
