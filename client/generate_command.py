@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from hexswarm.client import DistributedModelForCausalLM, FailoverError, MissingBlocksError
+    from hexswarm.client.verify import VerificationError
     from hexswarm.swarm.model_spec import ModelSpecError
 
     try:
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             input_ids = _chat_ids(tokenizer, messages)
             _generate(model, tokenizer, "chat", args.chat, input_ids, args)
         return 0
-    except (MissingBlocksError, FailoverError) as e:  # the swarm cannot serve this: one line, not a traceback
+    except (MissingBlocksError, FailoverError, VerificationError) as e:  # one line, not a traceback
         print(f"hexswarm generate: {e}", file=sys.stderr)
         return 1
     finally:
@@ -86,6 +87,8 @@ def _generate(model, tokenizer, kind: str, text: str, input_ids, args) -> None:
     print(f"output: {tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True)!r}")
     print(f"chain: {model.last_route}")
     print(f"{new_tokens} tokens in {elapsed:.2f} s: {new_tokens / elapsed:.1f} tokens/s", flush=True)
+    if model.verify:
+        print(f"verified: {model.verify_stats.describe()}", flush=True)
 
 
 def _chat_ids(tokenizer, messages: list[dict]):

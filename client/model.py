@@ -33,6 +33,7 @@ from hexswarm.routing.chains.swarm_view import Router
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS, check_quant
 from hexswarm.swarm import architectures
 from hexswarm.swarm.checkpoint import load_tensors
+from hexswarm.swarm.cli_args import PUBLIC_VERIFY_RATE
 from hexswarm.swarm.dht import NO_PUBLIC_PEERS, public_initial_peers
 from hexswarm.swarm.model_spec import ModelSpec, config_for_blocks, load_model_spec
 from hexswarm.swarm.terminal_text import printable
@@ -307,7 +308,7 @@ class DistributedModelForCausalLM:
         coverage_timeout: float = DEFAULT_COVERAGE_TIMEOUT_S,
         retry: RetryPolicy | None = None,
         host_maddrs: Sequence[str] | None = None,
-        verify: float = 0.0,
+        verify: float | None = None,
         push: bool = True,
         threads: int | None = None,
         quant: str | Sequence[str] = (DEFAULT_QUANT,),
@@ -326,8 +327,10 @@ class DistributedModelForCausalLM:
         to have an online peer, then fails with an error naming the blocks still missing.
         `retry` sets failover (client.retry.RetryPolicy): retries and seconds per generate()
         call, backoff, bans, step deadlines, and the bound on the hop inputs kept for replay.
-        `verify` in [0, 1] is the share of hop steps a second peer recomputes (client/verify.py);
-        `generate(..., verify=p)` overrides it for one call.
+        `verify` in [0, 1]: at that share of hop steps, a second peer recomputes the span's steps
+        not checked yet, and a non-streaming generate() checks the rest before it returns
+        (client/verify.py); default 0.05 with `public=True`, else 0. `generate(..., verify=p)`
+        overrides it for one call.
         `generate(..., cancel=event)` (a threading.Event): once another thread sets it, the call
         stops within 0.1 s, even mid-step or mid-failover, raising client.worker.Cancelled, and
         closes its session on every peer (the API server sets it when its client leaves).
@@ -359,9 +362,11 @@ class DistributedModelForCausalLM:
             from hexswarm.routing.chains.routers import make_router
 
             router = make_router(routing, preference)
-        swarm = SwarmClient.connect(peers, host_maddrs, accepted)
+        if verify is None:
+            verify = PUBLIC_VERIFY_RATE if public else 0.0
         if not 0.0 <= verify <= 1.0:
             raise ValueError(f"verify must be in [0, 1], got {verify}")
+        swarm = SwarmClient.connect(peers, host_maddrs, accepted)
         model._init_swarm(spec, swarm, router, coverage_timeout, retry or RetryPolicy(), dtype)
         model.verify, model.verify_stats, model.push = verify, VerifyStats(), push
         model.threads = threads if threads is not None else (1 if openmp_spins() else None)

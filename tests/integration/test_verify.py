@@ -112,6 +112,18 @@ def test_corrupting_peer_is_caught_banned_and_reported(verify_swarm, reference):
         local.stop(bad)
 
 
+def test_the_generate_command_verifies_and_says_how_much(verify_swarm):
+    local, model_dir = verify_swarm
+    result = subprocess.run(
+        [sys.executable, "-m", "hexswarm", "generate", str(model_dir), "--initial-peers", *local.initial_peers,
+         "--verify", "1", "--max-new-tokens", "4"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("verified:")]
+    assert "4 hop steps, 4 sampled, 4 compared" in line and "0 liar(s)" in line, line  # one hop
+
+
 def _start_liar(local, model_dir, lie: str, name: str = "liar"):
     return local.start_peer(model_dir, "0:2", name, *FAST, "--debug-corrupt-outputs", lie)
 
