@@ -10,10 +10,19 @@ import time
 
 import torch
 
-from hexswarm.swarm.commitments import HALF_BYTES, tensor_digest
+from hexswarm.swarm.commitments import (
+    CommitmentLog,
+    SessionId,
+    Signed,
+    tensor_digest,
+    verify_signature,
+)
+from hexswarm.swarm.identity import peer_id_from_owner_marker
 from hexswarm.swarm.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     SESSION_PROTOCOL,
+    Attest,
+    Attested,
     Close,
     Closed,
     Error,
@@ -72,6 +81,9 @@ class PeerConnection:
         self.peer_id, self.peer_name = peer_id, peer_name
         self.reader, self.writer = reader, writer
         self.timeout = timeout
+        self.own_id = ""  # this client's peer id: whose sessions the peer's statements are about
+        self.owner_marker = b""  # the peer's public key, from OPENED ("": it signs nothing)
+        self.logs: dict[str, CommitmentLog] = {}  # session id -> its steps' commitments
 
     @classmethod
     async def connect(cls, p2p, peer_id, peer_name: str, timeout: float = 30.0) -> PeerConnection:
@@ -82,7 +94,9 @@ class PeerConnection:
         except Exception as e:
             message = f"cannot open a stream: {type(e).__name__}: {e}"
             raise PeerError(peer_name, None, message, peer_id=peer_id.to_base58()) from None
-        return cls(peer_id.to_base58(), peer_name, reader, writer, timeout)
+        conn = cls(peer_id.to_base58(), peer_name, reader, writer, timeout)
+        conn.own_id = p2p.peer_id.to_base58()
+        return conn
 
     def _error(self, code: ErrorCode | None, message: str) -> PeerError:
         return PeerError(self.peer_name, code, message, peer_id=self.peer_id)
@@ -151,7 +165,20 @@ class PeerConnection:
             kv_to,
             prompt_length,
         )
-        await self.request(message, Opened)
+        opened = await self.request(message, Opened)
+        if opened.owner_marker:
+            self._take_key(opened.owner_marker)
+        self.logs[session_id] = CommitmentLog(SessionId(model_id, self.own_id, session_id, start, end))
+
+    def _take_key(self, owner_marker: bytes) -> None:
+        """The public key the peer says it signs with must be the one its peer id is made of."""
+        try:
+            signer = peer_id_from_owner_marker(owner_marker).to_base58()
+        except Exception:
+            signer = ""
+        if signer != self.peer_id:
+            raise self._error(ErrorCode.MALFORMED, "sent a public key that is not its identity's")
+        self.owner_marker = owner_marker
 
     async def step(self, session_id: str, position: int, hidden: torch.Tensor) -> torch.Tensor:
         await self.send(Step(session_id, position, hidden))
@@ -174,24 +201,45 @@ class PeerConnection:
             raise self._error(ErrorCode.BAD_TENSOR, "returned hidden states with NaN or inf")
         if result.kv_error:
             raise KvTransferError(f"{self.peer_name}: {result.kv_error}")
-        self._check_digest(result.digest, hidden, out)
+        self._commit(session_id, result, hidden, out)
         return out, result.push_error
 
-    def _check_digest(self, digest: bytes, hidden: torch.Tensor, out: torch.Tensor) -> None:
-        """The step's commitment must name the input the client has for it and the output it got:
-        a pushed hop that computed on anything else was sent something else by the previous peer
-        (or says so falsely); either way the client stops building on that link."""
-        if not digest:
-            return  # an older peer: nothing to check
-        if digest[:HALF_BYTES] != tensor_digest(hidden):
+    def _commit(self, session_id: str, result: StepResult, hidden: torch.Tensor, out: torch.Tensor) -> None:
+        """Checks the step's commitment: it must name the input the client has for it (a pushed
+        hop that computed on anything else was sent something else by the previous peer, or says
+        so falsely; either way the client stops building on that link), and a signed statement
+        must sign the session's steps as the client saw them."""
+        input_digest = tensor_digest(hidden)
+        if result.digest and result.digest != input_digest:
             raise CommitmentMismatch(
                 self.peer_name,
                 ErrorCode.BAD_STATE,
                 "computed on an input other than the previous hop's output the client got",
                 peer_id=self.peer_id,
             )
-        if digest[HALF_BYTES:] != tensor_digest(out):
-            raise self._error(ErrorCode.BAD_STATE, "its commitment does not match the output it returned")
+        log = self.logs.get(session_id)
+        if log is None:
+            return
+        log.add(hidden.shape[1], input_digest, tensor_digest(out))
+        if result.signature:
+            self._take_signature(log, log.position, result.signature)
+
+    def _take_signature(self, log: CommitmentLog, position: int, signature: bytes) -> Signed:
+        if position != log.position or not verify_signature(
+            self.owner_marker, log.session, position, log.chain, signature
+        ):
+            raise self._error(ErrorCode.BAD_STATE, "signed commitments other than the steps the client saw")
+        signed = Signed(position, log.chain, signature)
+        log.signed.append(signed)
+        return signed
+
+    async def attest(self, session_id: str) -> Signed:
+        """The peer's signed statement of the session's steps so far (PeerError if it will not)."""
+        attested = await self.request(Attest(session_id), Attested)
+        log = self.logs.get(session_id)
+        if log is None or not self.owner_marker:
+            raise self._error(ErrorCode.BAD_STATE, "this peer signs no commitments")
+        return self._take_signature(log, attested.position, attested.signature)
 
     async def close_session(self, session_id: str) -> None:
         await self.request(Close(session_id), Closed)

@@ -260,7 +260,7 @@ class InferenceSession:
                     raise
                 if self.verifier is not None:  # a VerificationError fails this hop over like any other
                     await self.verifier.after_hop(
-                        hop.conn, hop.start, hop.end, self.position, hidden, output, hop.quant
+                        hop.conn, hop.start, hop.end, self.position, hidden, output, hop.quant, hop.session_id
                     )
             except PeerError as e:
                 raise _HopFailed(j, e) from None

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 from hivemind.utils import get_dht_time
 
+from hexswarm.client.evidence import Evidence, save_evidence
 from hexswarm.client.remote import (
     CLOSE_TIMEOUT_S,
     PeerConnection,
@@ -129,6 +130,8 @@ class _Served:
     position: int
     peer_id: str
     output: torch.Tensor  # (batch, new tokens, hidden)
+    conn: PeerConnection | None = None  # where its commitments are (client/remote.py)
+    session_id: str = ""
 
 
 @dataclass
@@ -175,6 +178,7 @@ class Verifier:
         self.shadows: dict[tuple[str, int, int], _Shadow] = {}
         self.witness_of: dict[tuple[int, int], str] = {}  # span -> the peer whose shadow checks it
         self.served: dict[tuple[int, int], list[_Served]] = {}
+        self.witness_steps: dict[str, _Served] = {}  # witness -> its last shadow step (for evidence)
         self.quants: dict[tuple[int, int], str] = {}
         self._records: tuple[float, list[PeerRecord]] = (-RECORDS_TTL_S, [])
 
@@ -187,6 +191,7 @@ class Verifier:
         hidden_in: torch.Tensor,
         output: torch.Tensor,
         quant: str = DEFAULT_QUANT,
+        session_id: str = "",
     ) -> None:
         """Called by the session after each hop step, before the step's inputs join the session's
         history: keeps the output and maybe checks the span's run so far. `quant` is the serving
@@ -194,7 +199,7 @@ class Verifier:
         computes the model quantized, which is not a lie)."""
         self.stats.steps += 1
         served = self.served.setdefault((start, end), [])
-        served.append(_Served(position, conn.peer_id, output))
+        served.append(_Served(position, conn.peer_id, output, conn, session_id))
         self.quants[start, end] = quant
         run_tokens = position + output.shape[1] - served[0].position
         if self.rng.random() >= self.share and run_tokens < MAX_RUN_TOKENS:
@@ -278,7 +283,7 @@ class Verifier:
         self.stats.compared += len(run.served)
         self.stats.liars += 1
         if sides_with_servers:
-            served = _Served(run.first, witness.peer_id, theirs)
+            served = self.witness_steps.get(witness.peer_id) or _Served(run.first, witness.peer_id, theirs)
             await self._convict(served, run, verdict, third, first)
             self._forget_witness(run, witness.peer_id)
             return
@@ -304,8 +309,9 @@ class Verifier:
         return run.served[0]
 
     async def _convict(self, bad: _Served, run: _Run, verdict, third: PeerRecord, first: Comparison) -> None:
-        offset = bad.position - run.first
+        offset = max(0, bad.position - run.first)
         good = verdict[:, offset : offset + bad.output.shape[1]]
+        evidence = await self._evidence(bad, run)
         report = Report(
             reporter="",
             reported=bad.peer_id,
@@ -320,6 +326,7 @@ class Verifier:
             max_abs_diff=float((bad.output.float() - good.float()).abs().max()),
             tie_breaker=third.peer_id,
             time=get_dht_time(),
+            evidence=evidence.digest() if evidence is not None else "",
         )
         self._ban(bad.peer_id)
         reason = f"wrong output for blocks [{run.start}:{run.end}) ({first.describe()})"
@@ -333,6 +340,40 @@ class Verifier:
             bad.position,
             third.name,
         )
+
+    async def _evidence(self, bad: _Served, run: _Run) -> Evidence | None:
+        """The liar's signed commitments and the inputs, saved where `hexswarm recheck` reads
+        them; None if it signs nothing (an older peer) or will not sign now."""
+        log = bad.conn.logs.get(bad.session_id) if bad.conn is not None else None
+        end = bad.position + bad.output.shape[1]
+        step = next((i for i, r in enumerate(log.records) if r.position == end), None) if log else None
+        if step is None or not bad.conn.owner_marker:
+            return None
+        try:
+            signed = log.signed_after(end) or await bad.conn.attest(bad.session_id)
+        except PeerError as e:
+            logger.info("peer %s signs no statement of its wrong output: %s", bad.conn.peer_name, e)
+            return None
+        records = tuple(r for r in log.records if r.position <= signed.position)
+        evidence = Evidence(
+            log.session,
+            bad.peer_id,
+            bad.conn.owner_marker,
+            records,
+            signed,
+            step,
+            run.inputs[:, :end].contiguous(),
+            bad.output,
+            self._format([bad.peer_id]),
+        )
+        try:
+            evidence.check()
+        except ValueError as e:  # ours must hold together; if not, say so rather than publish it
+            logger.warning("evidence against %s does not hold together: %s", bad.conn.peer_name, e)
+            return None
+        path = await asyncio.to_thread(save_evidence, evidence)
+        logger.warning("evidence saved to %s (hexswarm recheck re-checks it)", path)
+        return evidence
 
     def _pick(self, records: list[PeerRecord], avoid: list[str]) -> PeerRecord:
         """A random one of `records`, from an IP group none of the `avoid` peers announce where
@@ -361,6 +402,9 @@ class Verifier:
             chunk = run.inputs[:, shadow.position :]  # the inputs it has not seen, in one step
             result = await shadow.conn.step(shadow.session_id, shadow.position, chunk)
             first = run.first - shadow.position
+            self.witness_steps[witness.peer_id] = _Served(
+                shadow.position, witness.peer_id, result, shadow.conn, shadow.session_id
+            )
             shadow.position = run.inputs.shape[1]
             if fresh:
                 await close_sessions([(shadow.conn, shadow.session_id)])
@@ -390,12 +434,15 @@ class Verifier:
         return _Shadow(conn, shadow_id, witness.peer_id)
 
     def _compare(self, ours: torch.Tensor, theirs: torch.Tensor, peers: list[str]) -> Comparison:
-        """`ours` against `theirs` at the tolerance of the coarsest format involved: the wire
-        dtype and each peer's compute dtype (int8 layers count as int8)."""
+        """`ours` against `theirs` at the tolerance of the coarsest format involved."""
+        return compare(ours, theirs, TOLERANCES[self._format(peers)])
+
+    def _format(self, peers: list[str]) -> str:
+        """The coarsest of the wire dtype and each peer's compute dtype (int8 layers count as int8)."""
         formats = [DTYPE_NAMES.get(self.session.dtype, "float32")]
         for record in filter(None, map(self._record, peers)):
             formats.append(record.dtype if record.quant == DEFAULT_QUANT else "int8")
-        return compare(ours, theirs, TOLERANCES[coarsest(formats)])
+        return coarsest(formats)
 
     def _record(self, peer_id: str) -> PeerRecord | None:
         return next((r for r in self._records[1] if r.peer_id == peer_id), None)

@@ -98,6 +98,8 @@ class Session:
     kv_to: tuple[KvTarget, ...] = ()
     kv_imported: dict[int, int] = field(default_factory=dict)  # global layer -> tokens imported
     prompt_length: int = 0  # a decode session: the prompt tokens its OPEN said the keys and values hold
+    chain: bytes = b""  # the running hash of its steps' commitments (swarm/commitments.py)
+    steps: int = 0  # steps committed
     owner: str = ""  # the remote peer id that opened it
 
     @property

@@ -301,7 +301,9 @@ def add_debug_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug-seed", type=int, default=0, help=hidden)
     parser.add_argument("--debug-fault-on-signal", action="store_true", help=hidden)
     parser.add_argument("--debug-fault", choices=["error", "nan"], default="error", help=hidden)
-    parser.add_argument("--debug-push", choices=["refuse", "drop", "equivocate", "poison-kv"], default="", help=hidden)
+    parser.add_argument(
+        "--debug-push", choices=["refuse", "drop", "equivocate", "poison-kv"], default="", help=hidden
+    )
     # compute wrong outputs on purpose (peer/debug.py LIES), so tests can check the client's verification
     parser.add_argument(
         "--debug-corrupt-outputs", nargs="?", const="noise5", default="", choices=LIES, help=hidden

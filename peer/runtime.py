@@ -349,6 +349,7 @@ class _Peer:
         self.server = PeerServer(
             self.core, c.max_frame_bytes, c.max_streams, c.batch, Admission(c.admission), c.handshake_timeout
         )
+        self.server.signer = self.identity  # signs the sessions' commitments (swarm/commitments.py)
         if c.faults is not None:
             self.server.faults = FaultInjector(self.core, c.faults)
             self.server.faults.install_signals(self.loop)

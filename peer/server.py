@@ -29,8 +29,10 @@ from hexswarm.peer.faults import FaultInjector
 from hexswarm.peer.hop_stats import HopStats
 from hexswarm.peer.push import PushLinks
 from hexswarm.peer.scheduler import BatchPolicy, Job, StepScheduler
-from hexswarm.swarm.commitments import step_digest
+from hexswarm.swarm.commitments import SIGN_EVERY, SessionId, next_chain, statement, tensor_digest
 from hexswarm.swarm.protocol import (
+    Attest,
+    Attested,
     Close,
     Error,
     ErrorCode,
@@ -87,6 +89,8 @@ class PeerServer:
         self.pusher: PushLinks | None = None  # links to next peers (set once the p2p handle is up)
         self.clients: dict[str, asyncio.StreamWriter] = {}  # session id -> the stream that opened it
         self.tasks: set[asyncio.Task] = set()  # pushed steps being computed
+        # The peer's identity (swarm/identity.py): signs its sessions' commitments; None signs nothing.
+        self.signer = None
 
     def close(self) -> None:
         for task in self.tasks:
@@ -208,13 +212,29 @@ class PeerServer:
         result: StepResult = await asyncio.wrap_future(job.future)
         if poison:
             result = self.faults.poison(result)
-        result = replace(result, digest=step_digest(message.hidden, result.hidden))
+        result = self._commit(session, message.hidden, result)
         if session.kv_to:
             result = replace(result, kv_error=await self._send_kv(session))
         if message.chain and not result.kv_error:
             result = replace(result, push_error=await self._forward(result, message, session.owner))
         await self._send(writer, result)
         self._note(job, arrived, queued, time.perf_counter())
+
+    def _commit(self, session, hidden, result: StepResult) -> StepResult:
+        """Folds the step into the session's commitments; signs them every SIGN_EVERY steps."""
+        input_digest = tensor_digest(hidden)
+        session.chain = next_chain(
+            session.chain, session.position, input_digest, tensor_digest(result.hidden)
+        )
+        session.steps += 1
+        signature = self._sign(session) if session.steps % SIGN_EVERY == 0 else b""
+        return replace(result, digest=input_digest, signature=signature)
+
+    def _sign(self, session) -> bytes:
+        if self.signer is None:
+            return b""
+        about = SessionId(self.core.model_id, session.owner, session.session_id, session.start, session.end)
+        return self.signer.private_key.sign(statement(about, session.position, session.chain))
 
     async def _forward(self, result: StepResult, message: Step, owner: str) -> str:
         """Pushes this hop's output to the next hop of the chain (a session of the same client,
@@ -332,11 +352,19 @@ class PeerServer:
                     remote, self.core.sessions, needed, limits.cache_tokens, limits.session_cache_tokens or 0
                 )
                 opened = self.core.open(message, remote)
+                if self.signer is not None:
+                    opened = replace(opened, owner_marker=self.signer.owner_marker)
                 key = session_key(remote, message.session_id)
                 self.admission.opened(remote, key)
                 owned.add(message.session_id)
                 self.clients[key] = writer
                 return opened
+            case Attest():
+                self._check_owned(message.session_id, owned)
+                session = self.core.get(message.session_id, remote)
+                if self.signer is None or session.busy:
+                    raise ProtocolError(ErrorCode.BAD_STATE, "this peer signs no commitments now")
+                return Attested(message.session_id, session.position, self._sign(session))
             case Close():
                 self._check_owned(message.session_id, owned)
                 owned.discard(message.session_id)

@@ -1,32 +1,124 @@
-"""A hop step's commitment: 16 bytes that bind what a peer computed on to what it returned.
+"""What a peer commits to for each step of a session, and signs in batches.
 
-Every STEP_RESULT carries `digest = H(input) || H(output)`, each H an 8-byte BLAKE2b of the
-tensor's dtype, shape and bytes as they crossed the wire. The client holds its own copy of
-each hop's input (the previous hop's output, which every hop sends it) and of its output, so
-it checks both halves on every step (client/remote.py). That is what lets peers push to each
+Per step, 8 bytes on the wire: every STEP_RESULT carries `digest = H(input)`, an 8-byte BLAKE2b
+of the hidden states the peer computed on (dtype, shape and bytes, as they crossed the wire).
+The client holds its own copy of each hop's input (the previous hop's output, which every hop
+sends it) and checks it on every step (client/remote.py). That is what lets peers push to each
 other while the client verifies (client/verify.py): a peer that sends the client one output
 and the next peer another is seen at once, because the next peer's digest names the input it
-really got. 16 bytes a step is 16 bytes a token on a decode step, and less on a prefill.
+really got.
+
+Signed in batches: both sides fold each step into a running hash of the session,
+
+    chain = H16(chain | position after the step | H(input) | H(output))
+
+and every SIGN_EVERY steps (and whenever the client asks, with ATTEST) the peer signs the
+*statement* (model, client, session, blocks, position, chain) with its identity key: one RSA
+signature per 64 steps. A signed chain binds the peer to every input and output of the
+session up to that position, so a wrong output it returned becomes evidence that anyone with
+the inputs can re-check by recomputing (swarm/evidence.py). On decode steps that is 8 bytes a
+token and a hop, plus 256 / 64 = 4 for the signatures.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
 
+import msgpack
 import torch
 
-HALF_BYTES = 8
-DIGEST_BYTES = 2 * HALF_BYTES
+DIGEST_BYTES = 8
+CHAIN_BYTES = 16
+SIGN_EVERY = 64  # steps of a session between two signed statements
+STATEMENT_KIND = "hexswarm/commitment/1"
+MAX_SIGNATURE_BYTES = 1024
 
 
 def tensor_digest(tensor: torch.Tensor) -> bytes:
     flat = tensor.detach().to("cpu").contiguous()
-    digest = hashlib.blake2b(f"{flat.dtype}{tuple(flat.shape)}".encode(), digest_size=HALF_BYTES)
+    digest = hashlib.blake2b(f"{flat.dtype}{tuple(flat.shape)}".encode(), digest_size=DIGEST_BYTES)
     if flat.numel():
         digest.update(flat.view(torch.uint8).numpy().data)
     return digest.digest()
 
 
-def step_digest(hidden_in: torch.Tensor, output: torch.Tensor) -> bytes:
-    """The commitment of a step that computed `output` from `hidden_in`."""
-    return tensor_digest(hidden_in) + tensor_digest(output)
+def next_chain(chain: bytes, position: int, input_digest: bytes, output_digest: bytes) -> bytes:
+    """The session's running hash after a step that ended at `position`."""
+    step = chain + position.to_bytes(8, "big") + input_digest + output_digest
+    return hashlib.blake2b(step, digest_size=CHAIN_BYTES).digest()
+
+
+@dataclass(frozen=True)
+class SessionId:
+    """Whose session, on which blocks: what a signed statement is about."""
+
+    model_id: str
+    owner: str  # the client's peer id (base58), which opened the session
+    session_id: str
+    start: int
+    end: int
+
+
+def statement(session: SessionId, position: int, chain: bytes) -> bytes:
+    """The bytes a peer signs: it computed this session's steps up to `position` as `chain` says."""
+    body = [STATEMENT_KIND, session.model_id, session.owner, session.session_id, session.start, session.end]
+    return msgpack.packb([*body, position, chain], use_bin_type=True)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    position: int  # the session's position after the step
+    input_digest: bytes
+    output_digest: bytes
+
+
+@dataclass(frozen=True)
+class Signed:
+    position: int
+    chain: bytes
+    signature: bytes
+
+
+@dataclass
+class CommitmentLog:
+    """One session's steps as the client saw them, and the statements the peer signed."""
+
+    session: SessionId
+    records: list[StepRecord] = field(default_factory=list)
+    chains: list[bytes] = field(default_factory=list)  # the chain after each record
+    signed: list[Signed] = field(default_factory=list)
+
+    @property
+    def position(self) -> int:
+        return self.records[-1].position if self.records else 0
+
+    @property
+    def chain(self) -> bytes:
+        return self.chains[-1] if self.chains else b""
+
+    def add(self, tokens: int, input_digest: bytes, output_digest: bytes) -> None:
+        record = StepRecord(self.position + tokens, input_digest, output_digest)
+        self.chains.append(next_chain(self.chain, record.position, input_digest, output_digest))
+        self.records.append(record)
+
+    def signed_after(self, position: int) -> Signed | None:
+        """The first signed statement that covers the step ending at `position`."""
+        return next((s for s in self.signed if s.position >= position), None)
+
+
+def verify_signature(
+    owner_marker: bytes, session: SessionId, position: int, chain: bytes, signature: bytes
+) -> bool:
+    """Whether the key in `owner_marker` signed that statement."""
+    from hivemind.dht.crypto import RSASignatureValidator
+    from hivemind.utils.crypto import RSAPublicKey
+
+    match = RSASignatureValidator._PUBLIC_KEY_RE.fullmatch(owner_marker)
+    if match is None or not signature or len(signature) > MAX_SIGNATURE_BYTES:
+        return False
+    try:
+        key = RSAPublicKey.from_bytes(match.group(1))
+        return bool(key.verify(statement(session, position, chain), signature))
+    except Exception:  # a malformed key or signature verifies nothing
+        return False

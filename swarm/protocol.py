@@ -36,7 +36,7 @@ from typing import Any
 import msgpack
 import torch
 
-from hexswarm.swarm.commitments import DIGEST_BYTES
+from hexswarm.swarm.commitments import DIGEST_BYTES, MAX_SIGNATURE_BYTES
 from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError, field, optional_field, require_map
 from hexswarm.swarm.wire_tensors import decode_tensor, encode_tensor
 
@@ -58,6 +58,8 @@ class MsgType(enum.IntEnum):
     ERROR = 9  # peer -> client
     PUSH_ACK = 10  # peer -> peer: a pushed STEP (or KV_PUSH) was accepted (code 0) or refused
     KV_PUSH = 11  # prefill peer -> decode peer: consecutive layers' keys and values of a prompt
+    ATTEST = 12  # client -> peer: sign the session's commitments up to now (swarm/commitments.py)
+    ATTESTED = 13
 
 
 # ---------------------------------------------------------------- messages
@@ -91,6 +93,7 @@ class KvTarget:
 @dataclass(frozen=True)
 class Opened:
     session_id: str
+    owner_marker: bytes = b""  # the peer's public key, which signs its commitments ("" if it does not)
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,8 @@ class StepResult:
     hidden: torch.Tensor
     push_error: str = ""  # the step had a chain and the push to its first hop failed: why
     kv_error: str = ""  # a prefill session's keys and values did not all reach their decode peers: why
-    digest: bytes = b""  # H(input) || H(output), 16 bytes (swarm/commitments.py); b"" from older peers
+    digest: bytes = b""  # H(input), 8 bytes (swarm/commitments.py); b"" from older peers
+    signature: bytes = b""  # every SIGN_EVERY steps: the signed statement of the session so far
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,18 @@ class KvPush:
     keys: torch.Tensor  # (layers, batch, kv_heads, tokens, head_dim), in the compute dtype
     values: torch.Tensor
     owner: str = ""  # the client (peer id) that opened the decode session
+
+
+@dataclass(frozen=True)
+class Attest:
+    session_id: str
+
+
+@dataclass(frozen=True)
+class Attested:
+    session_id: str
+    position: int  # the signed statement covers the session's steps up to here
+    signature: bytes
 
 
 @dataclass(frozen=True)
@@ -170,7 +186,21 @@ class Error:
     message: str
 
 
-Message = Open | Opened | Step | StepResult | Close | Closed | Ping | Pong | Error | PushAck | KvPush
+Message = (
+    Open
+    | Opened
+    | Step
+    | StepResult
+    | Close
+    | Closed
+    | Ping
+    | Pong
+    | Error
+    | PushAck
+    | KvPush
+    | Attest
+    | Attested
+)
 
 MAX_CHAIN = 64  # hops a pushed step may still travel
 MAX_ACK_MS = 60_000
@@ -202,9 +232,23 @@ def encode(message: Message) -> bytes:
                 body["kv_to"] = [[k.peer_id, k.session_id, k.start, k.end] for k in message.kv_to]
             if message.prompt_length:
                 body["prompt_length"] = message.prompt_length
-        case Opened() | Closed() | Close():
-            kind = {Opened: MsgType.OPENED, Closed: MsgType.CLOSED, Close: MsgType.CLOSE}[type(message)]
-            body.update(t=kind, session=message.session_id)
+        case Opened() | Closed() | Close() | Attest():
+            kinds = {
+                Opened: MsgType.OPENED,
+                Closed: MsgType.CLOSED,
+                Close: MsgType.CLOSE,
+                Attest: MsgType.ATTEST,
+            }
+            body.update(t=kinds[type(message)], session=message.session_id)
+            if isinstance(message, Opened) and message.owner_marker:
+                body["owner"] = message.owner_marker
+        case Attested():
+            body.update(
+                t=MsgType.ATTESTED,
+                session=message.session_id,
+                position=message.position,
+                signature=message.signature,
+            )
         case Step():
             body.update(
                 t=MsgType.STEP,
@@ -228,6 +272,8 @@ def encode(message: Message) -> bytes:
                 body["kv_error"] = message.kv_error
             if message.digest:
                 body["digest"] = message.digest
+            if message.signature:
+                body["signature"] = message.signature
         case KvPush():
             body.update(
                 t=MsgType.KV_PUSH,
@@ -358,11 +404,32 @@ def _decode_step_result(f: dict) -> StepResult:
     error = optional_field(f, "push_error", str, "")[:2000]
     kv_error = optional_field(f, "kv_error", str, "")[:2000]
     digest = optional_field(f, "digest", bytes, b"")
+    signature = _signature(optional_field(f, "signature", bytes, b""))
     if digest and len(digest) != DIGEST_BYTES:
         raise ProtocolError(
             ErrorCode.MALFORMED, f"a step's digest has {DIGEST_BYTES} bytes, got {len(digest)}"
         )
-    return StepResult(_session(f), decode_tensor(f.get("hidden")), error, kv_error, digest)
+    return StepResult(_session(f), decode_tensor(f.get("hidden")), error, kv_error, digest, signature)
+
+
+def _signature(signature: bytes) -> bytes:
+    if len(signature) > MAX_SIGNATURE_BYTES:
+        raise ProtocolError(ErrorCode.MALFORMED, f"a signature has at most {MAX_SIGNATURE_BYTES} bytes")
+    return signature
+
+
+def _decode_opened(f: dict) -> Opened:
+    marker = optional_field(f, "owner", bytes, b"")
+    if len(marker) > MAX_SIGNATURE_BYTES:
+        raise ProtocolError(ErrorCode.MALFORMED, f"a public key has at most {MAX_SIGNATURE_BYTES} bytes")
+    return Opened(_session(f), marker)
+
+
+def _decode_attested(f: dict) -> Attested:
+    position = field(f, "position", int)
+    if position < 0:
+        raise ProtocolError(ErrorCode.MALFORMED, "a position is never negative")
+    return Attested(_session(f), position, _signature(field(f, "signature", bytes)))
 
 
 def _decode_push_ack(f: dict) -> PushAck:
@@ -380,7 +447,7 @@ def _decode_error(f: dict) -> Error:
 
 _DECODERS = {
     MsgType.OPEN: _decode_open,
-    MsgType.OPENED: lambda f: Opened(_session(f)),
+    MsgType.OPENED: _decode_opened,
     MsgType.STEP: _decode_step,
     MsgType.STEP_RESULT: _decode_step_result,
     MsgType.CLOSE: lambda f: Close(_session(f)),
@@ -390,6 +457,8 @@ _DECODERS = {
     MsgType.ERROR: _decode_error,
     MsgType.PUSH_ACK: _decode_push_ack,
     MsgType.KV_PUSH: _decode_kv_push,
+    MsgType.ATTEST: lambda f: Attest(_session(f)),
+    MsgType.ATTESTED: _decode_attested,
 }
 
 

@@ -65,6 +65,9 @@ class Report:
     max_abs_diff: float
     tie_breaker: str = ""  # a third peer that agreed with the witness ("" if none was asked)
     time: float = 0.0  # DHT time of the report
+    # sha256 of the reporter's evidence file (client/evidence.py: the peer's signed commitments
+    # and the inputs, which `hexswarm recheck` re-checks); "" if the peer signed nothing
+    evidence: str = ""
     schema: int = REPORT_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
@@ -85,7 +88,7 @@ class Report:
         return report
 
     def check(self) -> None:
-        for name in ("reporter", "reported", "model_id", "witness", "tie_breaker"):
+        for name in ("reporter", "reported", "model_id", "witness", "tie_breaker", "evidence"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"report field {name} is not a string")
         for name in ("start", "end", "position"):

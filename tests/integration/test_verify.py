@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import hexswarm.client.verify as verify_module
+from hexswarm.client.evidence import evidence_dir
 from hexswarm.client.verify import VerificationError
 from hexswarm.swarm.launcher import LocalSwarm
 from hexswarm.swarm.records import read_peer_records
@@ -99,6 +100,15 @@ def test_corrupting_peer_is_caught_banned_and_reported(verify_swarm, reference):
         reports = read_reports(model.swarm.dht, model.spec.model_id)
         against = [r for r in reports if r.reported in model.swarm.distrusted]
         assert against and against[0].tie_breaker, reports  # a third peer confirmed it
+        evidence = evidence_dir() / f"{against[0].evidence}.msgpack"
+        assert against[0].evidence and evidence.exists(), against[0]
+        recheck = subprocess.run(
+            [sys.executable, "-m", "hexswarm", "recheck", str(model_dir), str(evidence), "--ban"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert recheck.returncode == 0 and "PROVEN" in recheck.stdout, recheck.stdout + recheck.stderr
         status = subprocess.run(
             [sys.executable, "-m", "hexswarm.swarm.cli", "status", "--initial-peers", *local.initial_peers],
             capture_output=True,
