@@ -38,7 +38,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "run a coordinator that plans a model's swarm online",
     ),
     "monitor": ("hexswarm.client.monitor", "serve a live web page of the swarm's peers and block coverage"),
-    "recheck": ("hexswarm.client.recheck_command", "re-check evidence of a peer's lie by recomputing it here"),
+    "recheck": (
+        "hexswarm.client.recheck_command",
+        "re-check evidence of a peer's lie by recomputing it here",
+    ),
 }
 
 
