@@ -9,7 +9,8 @@ One JSON line per attack:
 - `detected`: the liar was banned by the client's own check (a witness and a third peer
   agree); for the poisoned cache, the decode peer refused it and the request was served
   colocated;
-- `tokens_to_detect`: tokens generated until then (median over `--repeats` runs of the attack);
+- `tokens_to_detect`: tokens of the generations the liar served in, until it was caught
+  (median over `--repeats` runs of the attack);
 - `false_positives`: honest peers banned; `exact_after_rollback`: every generation equals
   the local model's;
 - `honest_steps_compared`: from the honest line (`attack` "none"), hop steps compared with
@@ -17,7 +18,10 @@ One JSON line per attack:
 - `overhead_compute`: (time with verification - time without) / time without, for the same
   generations on the honest swarm (on this 2-core machine every peer and the client share
   the cores, so time is compute);
-- `commit_bytes_per_token`: the step commitments' bytes per generated token and hop.
+- `commit_bytes_per_token`: the commitments' bytes per decode token and hop: the 8-byte input
+  digest of every step, plus one 256-byte RSA signature per 64 steps;
+- `evidence_proven`: `hexswarm recheck` on the evidence file the client saved proved the lie
+  by recomputing it here (null where there is no signed output to prove: the poisoned cache).
 
 Run: python benchmarks/verify.py [--rate 0.05] [--new-tokens 32] [--honest-tokens 2500]
 """
@@ -38,11 +42,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
 from hexswarm.swarm.builtin_models import DEFAULT_MODEL
-from hexswarm.swarm.commitments import DIGEST_BYTES
+from hexswarm.swarm.commitments import DIGEST_BYTES, SIGN_EVERY
 from hexswarm.swarm.launcher import LocalSwarm
 
 TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "two_cities_chapters.txt"
 FAST = ("--announce-period", "2")
+COMMIT_BYTES = DIGEST_BYTES + 256 / SIGN_EVERY
 ATTACKS = {  # name -> (layers, run-peer flags of the liar)
     "noise_1pct": ("15:30", ("--debug-corrupt-outputs", "noise")),
     "skip_layer": ("15:30", ("--debug-corrupt-outputs", "skip-layer")),
@@ -86,13 +91,16 @@ def client(swarm, rate: float):
 
 
 def run_prompts(model, prompt_list, expected, new_tokens: int, stop=None) -> dict:
-    """Generates from each prompt (stopping early once `stop()`); tokens and exactness."""
+    """Generates from each prompt (stopping early once `stop()`); the tokens of generations the
+    liar served in (its name in the route, or caught in that one) and exactness."""
     tokens, exact = 0, True
     for prompt, want in zip(prompt_list, expected, strict=True):
         out = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False)
-        tokens += new_tokens
+        done = stop is not None and stop()
+        if done or "liar" in (model.last_route or ""):
+            tokens += new_tokens
         exact = exact and bool(torch.equal(out, want))
-        if stop is not None and stop():
+        if done:
             break
     return {"tokens": tokens, "exact": exact}
 
@@ -127,7 +135,7 @@ def honest_line(swarm, prompt_list, expected, args) -> dict:
         "overhead_compute": round((checked - base) / base, 3),
         "seconds_without": round(base, 2),
         "seconds_with": round(checked, 2),
-        "commit_bytes_per_token": DIGEST_BYTES,  # one 16-byte commitment per decode step and hop
+        "commit_bytes_per_token": COMMIT_BYTES,
     }
 
 
@@ -148,7 +156,8 @@ def attack_line(swarm, attack: str, prompt_list, expected, args, names: dict) ->
         "false_positives": sum(r["honest_banned"] for r in runs),
         "exact_after_rollback": all(r["exact"] for r in runs),
         "rollbacks": sum(r["rollbacks"] for r in runs),
-        "commit_bytes_per_token": DIGEST_BYTES,
+        "commit_bytes_per_token": COMMIT_BYTES,
+        "evidence_proven": all(r["proven"] for r in runs) if attack != "poisoned_prefill" else None,
     }
 
 
@@ -174,7 +183,9 @@ def one_attack_run(swarm, attack: str, prompt_list, expected, args) -> dict:
 
         result = run_prompts(model, prompt_list, expected, args.new_tokens, stop=caught)
         banned_now = {p for p in model.swarm.distrusted if p in names}
+        proven = caught() and attack != "poisoned_prefill" and evidence_proven(liars)
         return {
+            "proven": proven,
             "detected": caught(),
             "tokens": result["tokens"],
             "exact": result["exact"],
@@ -192,6 +203,22 @@ def one_attack_run(swarm, attack: str, prompt_list, expected, args) -> dict:
             import hexswarm.client.verify as verify
 
             failover.random_session_id = verify.random_session_id = remote.random_session_id
+
+
+def evidence_proven(liars: set[str]) -> bool:
+    """`hexswarm recheck` proves the newest evidence file against one of `liars`."""
+    import subprocess
+    import sys
+
+    from hexswarm.client.evidence import Evidence, evidence_dir
+
+    files = sorted(evidence_dir().glob("*.msgpack"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in files:
+        if Evidence.from_bytes(path.read_bytes()).peer_id in liars:
+            command = [sys.executable, "-m", "hexswarm", "recheck", DEFAULT_MODEL, str(path)]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+            return done.returncode == 0 and "PROVEN" in done.stdout
+    return False
 
 
 def squat(swarm, model) -> list:
