@@ -168,7 +168,10 @@ class PeerConnection:
         opened = await self.request(message, Opened)
         if opened.owner_marker:
             self._take_key(opened.owner_marker)
-        self.logs[session_id] = CommitmentLog(SessionId(model_id, self.own_id, session_id, start, end))
+        if kv_from and not prompt_length:
+            return  # it starts where its pushed prompt ends, which the client did not say
+        about = SessionId(model_id, self.own_id, session_id, start, end)
+        self.logs[session_id] = CommitmentLog(about, first=prompt_length if kv_from else 0)
 
     def _take_key(self, owner_marker: bytes) -> None:
         """The public key the peer says it signs with must be the one its peer id is made of."""

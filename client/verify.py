@@ -70,6 +70,7 @@ NO_WITNESS = "no other peer serves the blocks in that format"
 NOT_KEPT = "the hop's earlier inputs are not kept"
 WITNESS_FAILED = "the witness failed"
 DISPUTED = "server and witness disagree and no third opinion settled it"
+PUSHED_CACHE = "wrong after a prefill peer's pushed keys and values: the decode peer or the prefill peer"
 
 
 class VerificationError(PeerError):
@@ -280,14 +281,23 @@ class Verifier:
         if sides_with_servers == sides_with_witness:  # agrees with both, or with neither
             self.stats.uncompared[DISPUTED] += len(run.served)
             return
-        self.stats.compared += len(run.served)
-        self.stats.liars += 1
         if sides_with_servers:
             served = self.witness_steps.get(witness.peer_id) or _Served(run.first, witness.peer_id, theirs)
             await self._convict(served, run, verdict, third, first)
             self._forget_witness(run, witness.peer_id)
             return
         bad = self._first_wrong(run, verdict)
+        log = bad.conn.logs.get(bad.session_id) if bad.conn is not None else None
+        if log is not None and log.first > 0:  # its cache came from a prefill peer's push
+            self.stats.uncompared[PUSHED_CACHE] += len(run.served)
+            logger.warning(
+                "blocks [%d:%d): %s's outputs are wrong, but its prompt's keys and values came from a "
+                "prefill peer; blaming nobody",
+                run.start,
+                run.end,
+                self.session.peers.name(bad.peer_id),
+            )
+            return
         await self._convict(bad, run, verdict, third, first)
         name = self.session.peers.name(bad.peer_id)
         raise VerificationError(
@@ -309,6 +319,8 @@ class Verifier:
         return run.served[0]
 
     async def _convict(self, bad: _Served, run: _Run, verdict, third: PeerRecord, first: Comparison) -> None:
+        self.stats.compared += len(run.served)  # settled: the third peer sided with one of the two
+        self.stats.liars += 1
         offset = max(0, bad.position - run.first)
         good = verdict[:, offset : offset + bad.output.shape[1]]
         evidence = await self._evidence(bad, run)

@@ -85,13 +85,16 @@ class CommitmentLog:
     """One session's steps as the client saw them, and the statements the peer signed."""
 
     session: SessionId
+    # where its steps begin: a decode session starts after its prompt, whose keys and values a
+    # prefill peer pushed (its commitments cover only what it computed)
+    first: int = 0
     records: list[StepRecord] = field(default_factory=list)
     chains: list[bytes] = field(default_factory=list)  # the chain after each record
     signed: list[Signed] = field(default_factory=list)
 
     @property
     def position(self) -> int:
-        return self.records[-1].position if self.records else 0
+        return self.records[-1].position if self.records else self.first
 
     @property
     def chain(self) -> bytes:
