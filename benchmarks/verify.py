@@ -210,7 +210,7 @@ def evidence_proven(liars: set[str]) -> bool:
     import subprocess
     import sys
 
-    from hexswarm.client.evidence import Evidence, evidence_dir
+    from hexswarm.swarm.evidence import Evidence, evidence_dir
 
     files = sorted(evidence_dir().glob("*.msgpack"), key=lambda p: p.stat().st_mtime, reverse=True)
     for path in files:

@@ -1,4 +1,4 @@
-"""Calibrates verification's tolerance (client/verify_tolerance.py) on SmolLM2-135M-Instruct.
+"""Calibrates verification's tolerance (swarm/verify_tolerance.py) on SmolLM2-135M-Instruct.
 
 For each weight format and compute dtype (float32, bfloat16, float16, int8 with bfloat16
 matmuls), two honest computations of each span (blocks 0:15 and 15:30) are compared, token by
@@ -33,10 +33,10 @@ from pathlib import Path
 
 import torch
 
-from hexswarm.client.verify_tolerance import TOLERANCES, compare, token_errors, topk_agreement
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.swarm.builtin_models import DEFAULT_MODEL
 from hexswarm.swarm.model_spec import load_model_spec
+from hexswarm.swarm.verify_tolerance import TOLERANCES, compare, token_errors, topk_agreement
 
 TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "two_cities_chapters.txt"
 SPANS = ((0, 15), (15, 30))

@@ -6,7 +6,7 @@ group where there is one) runs a *shadow session* of its own for that hop. The s
 caught up by replaying the hop's earlier inputs, which the session keeps anyway for failover
 (client/history.py), in one chunk together with the checked step's input. The two outputs are
 compared token by token, each relative to its own size, within the tolerance calibrated on
-SmolLM2 for the coarsest format involved (client/verify_tolerance.py).
+SmolLM2 for the coarsest format involved (swarm/verify_tolerance.py).
 
 Evidence, not accusations. When the server and the witness disagree, one witness's word is not
 enough: a third peer (of the same format, preferably from a third IP group) recomputes the
@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 import torch
 from hivemind.utils import get_dht_time
 
-from hexswarm.client.evidence import Evidence, save_evidence
 from hexswarm.client.remote import (
     CLOSE_TIMEOUT_S,
     PeerConnection,
@@ -47,14 +46,15 @@ from hexswarm.client.remote import (
     close_sessions,
     random_session_id,
 )
-from hexswarm.client.verify_tolerance import TOLERANCES, Comparison, coarsest, compare
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.bans import add_ban, new_ban
+from hexswarm.swarm.evidence import Evidence, save_evidence
 from hexswarm.swarm.identity import peer_id_from_owner_marker
 from hexswarm.swarm.maddrs import ip_group, tcp_addr
 from hexswarm.swarm.records import PeerRecord
 from hexswarm.swarm.reports import REPORT_TTL_S, Report, publish_report, tensor_hash
+from hexswarm.swarm.verify_tolerance import TOLERANCES, Comparison, coarsest, compare
 from hexswarm.swarm.wire_tensors import DTYPE_NAMES
 
 logger = logging.getLogger(__name__)

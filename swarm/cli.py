@@ -39,7 +39,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "monitor": ("hexswarm.client.monitor", "serve a live web page of the swarm's peers and block coverage"),
     "recheck": (
-        "hexswarm.client.recheck_command",
+        "hexswarm.peer.recheck_command",
         "re-check evidence of a peer's lie by recomputing it here",
     ),
 }

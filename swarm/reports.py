@@ -65,7 +65,7 @@ class Report:
     max_abs_diff: float
     tie_breaker: str = ""  # a third peer that agreed with the witness ("" if none was asked)
     time: float = 0.0  # DHT time of the report
-    # sha256 of the reporter's evidence file (client/evidence.py: the peer's signed commitments
+    # sha256 of the reporter's evidence file (swarm/evidence.py: the peer's signed commitments
     # and the inputs, which `hexswarm recheck` re-checks); "" if the peer signed nothing
     evidence: str = ""
     schema: int = REPORT_SCHEMA_VERSION

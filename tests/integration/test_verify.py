@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import hexswarm.client.verify as verify_module
-from hexswarm.client.evidence import evidence_dir
 from hexswarm.client.verify import VerificationError
+from hexswarm.swarm.evidence import evidence_dir
 from hexswarm.swarm.launcher import LocalSwarm
 from hexswarm.swarm.records import read_peer_records
 from hexswarm.swarm.reports import read_reports

@@ -1,4 +1,4 @@
-"""Signed commitments (swarm/commitments.py) and evidence anyone can re-check (client/evidence.py):
+"""Signed commitments (swarm/commitments.py) and evidence anyone can re-check (swarm/evidence.py):
 a real PeerServer signs its sessions' steps, and a wrong output it signed is proven by
 recomputing it; a tampered file proves nothing."""
 
@@ -9,7 +9,6 @@ import dataclasses
 import pytest
 import torch
 
-from hexswarm.client.evidence import Evidence, recheck
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore, PeerLimits
 from hexswarm.peer.server import PeerServer
@@ -21,6 +20,7 @@ from hexswarm.swarm.commitments import (
     tensor_digest,
     verify_signature,
 )
+from hexswarm.swarm.evidence import Evidence, recheck
 from hexswarm.swarm.identity import load_or_create_identity
 from hexswarm.swarm.model_spec import load_model_spec
 from hexswarm.swarm.protocol import Attest, Attested, Open, Opened, Step, StepResult

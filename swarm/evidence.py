@@ -11,12 +11,12 @@ holds covers the wrong step yet (ATTEST; swarm/commitments.py), and keeps:
 `check` makes sure it holds together: the key is the peer id's, the signature signs the chain
 of the listed steps, the inputs hash to what the peer committed to, and so does the output.
 Then `recheck` recomputes the blocks on those inputs in one prefill-shaped pass: if the
-signed output is off by more than the format's tolerance (client/verify_tolerance.py), the
+signed output is off by more than the format's tolerance (swarm/verify_tolerance.py), the
 peer is proven to have signed a wrong output. A report cannot frame an honest peer, since only
 its key can sign its commitments; and re-checking costs one prefill of at most
 MAX_EVIDENCE_TOKENS tokens of the span, whoever sends it.
 
-`hexswarm recheck MODEL FILE [--ban]` (client/recheck_command.py) runs it on a saved file.
+`hexswarm recheck MODEL FILE [--ban]` (peer/recheck_command.py) runs it on a saved file.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from typing import Any
 import msgpack
 import torch
 
-from hexswarm.client.verify_tolerance import TOLERANCES, Comparison, compare
 from hexswarm.swarm.commitments import (
     SessionId,
     Signed,
@@ -39,6 +38,7 @@ from hexswarm.swarm.commitments import (
     verify_signature,
 )
 from hexswarm.swarm.identity import peer_id_from_owner_marker
+from hexswarm.swarm.verify_tolerance import TOLERANCES, Comparison, compare
 from hexswarm.swarm.wire_tensors import decode_tensor, encode_tensor
 
 EVIDENCE_VERSION = 1

@@ -1,6 +1,6 @@
 """`hexswarm recheck MODEL FILE [--ban]`: re-checks evidence of a lie by recomputing it here.
 
-FILE is an evidence file (client/evidence.py) that a client saved when its verification proved
+FILE is an evidence file (swarm/evidence.py) that a client saved when its verification proved
 a peer wrong (in the cache folder's evidence/). The command checks that it holds together (the
 peer's signature over its commitments, the inputs and output they name), recomputes the
 blocks on those inputs with this machine's copy of MODEL, in one pass, and compares. Exit 0
@@ -31,9 +31,9 @@ def run(args: argparse.Namespace) -> int:
     cli_args.check_model(args.model)
     import torch
 
-    from hexswarm.client.evidence import Evidence, recheck
     from hexswarm.peer.blocks import BlockStack
     from hexswarm.swarm.bans import add_ban, new_ban
+    from hexswarm.swarm.evidence import Evidence, recheck
     from hexswarm.swarm.model_spec import load_model_spec
 
     spec = load_model_spec(args.model)
