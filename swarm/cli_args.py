@@ -162,7 +162,8 @@ def add_client_verify(parser: argparse.ArgumentParser) -> None:
         type=verify_rate,
         default=None,
         metavar="RATE",
-        help="share of each hop's steps a second peer recomputes to catch wrong outputs "
+        help="check what peers compute: at this share of hop steps, a second peer recomputes the "
+        "steps not checked yet, and the rest before a generation returns "
         f"(default: {PUBLIC_VERIFY_RATE} with --public, else 0; docs/reliability.md)",
     )
 
