@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from hexswarm.peer.blocks import BlockStack
+from hexswarm.peer.debug import tamper
 from hexswarm.swarm.builtin_models import DEFAULT_MODEL
 from hexswarm.swarm.model_spec import load_model_spec
 from hexswarm.swarm.verify_tolerance import TOLERANCES, compare, token_errors, topk_agreement
@@ -119,23 +120,9 @@ def runs_flagged(ours: torch.Tensor, theirs: torch.Tensor, tolerance, run: int, 
 
 
 def perturbed(stack: BlockStack, kind: str) -> BlockStack:
+    """A copy of `stack` that lies as a --debug-corrupt-outputs peer does (peer/debug.py)."""
     bad = copy.deepcopy(stack)
-    middle = len(bad.layers) // 2
-    if kind == "skip_layer":
-
-        class Skip(torch.nn.Module):
-            def forward(self, hidden, **kwargs):
-                return hidden
-
-        bad.layers[middle] = Skip()
-    elif kind == "finetune":
-        generator = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for param in bad.layers[middle].parameters():
-                if param.is_floating_point() and param.ndim == 2:
-                    rms = param.float().pow(2).mean().sqrt()
-                    noise = torch.randn(param.shape, generator=generator) * 0.01 * rms
-                    param.add_(noise.to(param.dtype))
+    tamper(bad, kind.replace("_", "-"))
     return bad
 
 

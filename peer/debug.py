@@ -22,7 +22,7 @@ class CorruptOutputs:
         self._blocks, self._mode = blocks, mode
         self._rng = random.Random(seed)
         if mode in ("skip-layer", "finetune"):
-            _tamper(blocks, mode)
+            tamper(blocks, mode)
 
     def __getattr__(self, name: str):
         return getattr(self._blocks, name)
@@ -42,7 +42,7 @@ class CorruptOutputs:
         return output
 
 
-def _tamper(blocks, mode: str) -> None:
+def tamper(blocks, mode: str) -> None:
     """Changes the middle block of a BlockStack's range in place: skipped, or its weights perturbed."""
     middle = len(blocks.layers) // 2
     if mode == "skip-layer":

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import msgpack
 import torch
 
+from hexswarm.swarm.wire_tensors import hash_tensor
+
 DIGEST_BYTES = 8
 CHAIN_BYTES = 16
 SIGN_EVERY = 64  # steps of a session between two signed statements
@@ -36,11 +38,7 @@ MAX_SIGNATURE_BYTES = 1024
 
 
 def tensor_digest(tensor: torch.Tensor) -> bytes:
-    flat = tensor.detach().to("cpu").contiguous()
-    digest = hashlib.blake2b(f"{flat.dtype}{tuple(flat.shape)}".encode(), digest_size=DIGEST_BYTES)
-    if flat.numel():
-        digest.update(flat.view(torch.uint8).numpy().data)
-    return digest.digest()
+    return hash_tensor(tensor, hashlib.blake2b(digest_size=DIGEST_BYTES)).digest()
 
 
 def next_chain(chain: bytes, position: int, input_digest: bytes, output_digest: bytes) -> bytes:

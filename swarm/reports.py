@@ -25,6 +25,7 @@ import torch
 
 from hexswarm.swarm.dht_read import get_latest
 from hexswarm.swarm.records import parse_signed_entries, unpack_map
+from hexswarm.swarm.wire_tensors import hash_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +42,7 @@ def reports_key(model_id: str) -> str:
 
 def tensor_hash(tensor: torch.Tensor) -> str:
     """sha256 of a tensor's dtype, shape and bytes: what a report names as evidence."""
-    flat = tensor.detach().to("cpu").contiguous()
-    digest = hashlib.sha256(f"{flat.dtype}{tuple(flat.shape)}".encode())
-    if flat.numel():
-        digest.update(flat.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+    return hash_tensor(tensor, hashlib.sha256()).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -58,3 +58,13 @@ def decode_tensor(obj: Any) -> torch.Tensor:
         return torch.from_numpy(np.frombuffer(data, dtype=NUMPY_DTYPES[dtype]).reshape(shape).copy())
     raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     return raw.view(dtype).reshape(shape)
+
+
+def hash_tensor(tensor: torch.Tensor, digest):
+    """Feeds a tensor's dtype, shape and bytes to `digest` (a hashlib object) and returns it:
+    what reports (sha256) and step commitments (8-byte BLAKE2b) name a tensor by."""
+    flat = tensor.detach().to("cpu").contiguous()
+    digest.update(f"{flat.dtype}{tuple(flat.shape)}".encode())
+    if flat.numel():
+        digest.update(flat.view(torch.uint8).numpy().data)
+    return digest

@@ -143,6 +143,17 @@ def _banned(model, names: dict[str, str]) -> set[str]:
     return {names[p] for p in model.swarm.distrusted if p in names}
 
 
+def _generate_until_a_liar_is_caught(model, reference, tries: int) -> None:
+    """Greedy generations of one prompt, each equal to the local model's, until the client has
+    caught a liar (or `tries` ran)."""
+    input_ids = torch.tensor([[7, 8, 9, 10]])
+    expected = reference.generate(input_ids, max_new_tokens=8, do_sample=False)
+    for _ in range(tries):
+        assert torch.equal(model.generate(input_ids, max_new_tokens=8, do_sample=False), expected)
+        if model.verify_stats.liars:
+            return
+
+
 def _names(model) -> dict[str, str]:
     return {r.peer_id: r.name for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
 
@@ -178,12 +189,7 @@ def test_a_lying_witness_gets_no_honest_server_blamed(verify_swarm, reference):
     model = _client(local, model_dir, verify=1.0)
     try:
         names = _names(model)
-        input_ids = torch.tensor([[7, 8, 9, 10]])
-        expected = reference.generate(input_ids, max_new_tokens=8, do_sample=False)
-        for _ in range(10):
-            assert torch.equal(model.generate(input_ids, max_new_tokens=8, do_sample=False), expected)
-            if model.verify_stats.liars:
-                break
+        _generate_until_a_liar_is_caught(model, reference, tries=10)
         assert _banned(model, names) == {"liar"}, model.verify_stats.describe()
     finally:
         model.shutdown()
@@ -218,12 +224,7 @@ def test_squatting_the_clients_session_ids_does_not_stop_the_check(verify_swarm,
                 squats.append(conn)
 
         run_sync(squat(), timeout=60)
-        input_ids = torch.tensor([[7, 8, 9, 10]])
-        expected = reference.generate(input_ids, max_new_tokens=8, do_sample=False)
-        for _ in range(6):
-            assert torch.equal(model.generate(input_ids, max_new_tokens=8, do_sample=False), expected)
-            if model.verify_stats.liars:
-                break
+        _generate_until_a_liar_is_caught(model, reference, tries=6)
         assert _banned(model, names) == {"liar"}, model.verify_stats.describe()
     finally:
         for conn in squats:
