@@ -37,6 +37,20 @@ WATCHDOG_PERIOD_S = 0.5  # how often the child checks that its owner is alive
 CHILD_GRACE_S = 1.0  # p2pd gets this long after SIGTERM before SIGKILL
 
 
+class _DaemonClosingNoise(logging.Filter):
+    """Drops p2pd's "error accepting connection: ... use of closed network connection": its
+    accept loop says it at ERROR when p2pd closes its own control socket on a clean stop."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("error accepting connection" in message and "use of closed network connection" in message)
+
+
+# hivemind relays p2pd's log lines through this logger, in whichever process owns the daemon
+# (the forked DHT child inherits the filter)
+logging.getLogger("hivemind.p2p.p2p_daemon").addFilter(_DaemonClosingNoise())
+
+
 class OwnedDHT(hivemind.DHT):
     """A hivemind.DHT whose process (and its p2pd) exits when its owner process dies."""
 

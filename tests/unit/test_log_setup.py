@@ -92,3 +92,26 @@ def test_run_peer_and_the_client_take_the_flags():
         [sys.executable, "-m", "hexswarm", "generate", "--help"], capture_output=True, text=True, timeout=120
     ).stdout
     assert "--quiet" in help_text and "--log-level" in help_text and "--verbose" in help_text
+
+
+def test_p2pd_closing_its_own_socket_is_not_logged_as_an_error(caplog):
+    """p2pd's accept loop reports its own clean stop at ERROR; hexswarm's logs stay quiet about it."""
+    import hivemind.p2p.p2p_daemon as p2p_daemon
+
+    import hexswarm.swarm.dht_process  # noqa: F401 (installs the filter)
+
+    line = (
+        '{"level":"error","ts":"2026-11-28T02:00:00.000Z","logger":"p2pd","caller":"go-libp2p-daemon/daemon.go:198",'
+        '"msg":"error accepting connection","error":"accept unix /tmp/x.sock: use of closed network connection"}'
+    )
+    other = line.replace("error accepting connection", "something else broke")
+    with caplog.at_level(logging.DEBUG, logger="hivemind.p2p.p2p_daemon"):
+        p2p_daemon.logger.addHandler(caplog.handler)  # hivemind's loggers do not propagate to the root
+        try:
+            p2p_daemon.P2P._log_p2pd_message(line)
+            p2p_daemon.P2P._log_p2pd_message(other)
+        finally:
+            p2p_daemon.logger.removeHandler(caplog.handler)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("error accepting connection" in m for m in messages)
+    assert any("something else broke" in m for m in messages)
