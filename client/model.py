@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,11 +25,13 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from hexswarm.client.evidence_sync import EVIDENCE_ROUND_S, EvidenceSync
 from hexswarm.client.failover import Failover
 from hexswarm.client.retry import BanList, RetryPolicy
 from hexswarm.client.session import InferenceSession
 from hexswarm.client.swarm_client import SwarmClient
 from hexswarm.client.verify import RollbackNeeded, Verifier, VerifyStats
+from hexswarm.client.worker import run_sync
 from hexswarm.routing.chains.swarm_view import Router
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS, check_quant
 from hexswarm.swarm import architectures
@@ -83,6 +86,7 @@ class DistributedMixin:
         atexit.register(self.shutdown)
         self.coverage_timeout, self.retry, self.wire_dtype = coverage_timeout, retry, wire_dtype
         self.bans = BanList(retry)  # peers this client avoids, across its sessions and threads
+        self.evidence = EvidenceSync(swarm, spec)  # re-checks evidence of lies that peers announce
         self._threads = _ThreadSessions()
 
     @property
@@ -147,6 +151,8 @@ class DistributedMixin:
             )
         self._threads.verify = kwargs.pop("verify", None)
         self._threads.cancel = kwargs.pop("cancel", None)
+        if (self.verify if self._threads.verify is None else self._threads.verify) > 0:
+            self._evidence_round_due()
         try:
             for rollbacks in itertools.count():
                 try:
@@ -161,6 +167,18 @@ class DistributedMixin:
                     inputs, kwargs = self._rolled_back(e.position, inputs, kwargs)
         finally:
             self._threads.verify = self._threads.cancel = self._threads.tokens = None
+
+    def recheck_evidence(self, timeout: float = 600.0) -> dict[str, str]:
+        """Re-checks, now, the evidence of lies that peers announce for this model (client/
+        evidence_sync.py): liar peer id -> this client's verdict ("proven" bans it). A client
+        that verifies does this in the background every EVIDENCE_ROUND_S."""
+        self.evidence.last_round = time.monotonic()
+        return run_sync(self.evidence.round(), timeout)
+
+    def _evidence_round_due(self) -> None:
+        if time.monotonic() - self.evidence.last_round >= EVIDENCE_ROUND_S:
+            self.evidence.last_round = time.monotonic()
+            self.swarm.spawn(self.evidence.round_logged())
 
     def _generate_checked(self, inputs, args, kwargs):
         """One generation in one session; with verification on and no streamer, every step the

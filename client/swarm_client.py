@@ -7,6 +7,7 @@ It turns signed DHT records plus the client's own measured round trips into a pl
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from hivemind.p2p import PeerID
 
 from hexswarm.client.peer_views import peer_view
 from hexswarm.client.remote import PeerConnection, PeerError
-from hexswarm.client.worker import run_sync
+from hexswarm.client.worker import event_loop, run_sync
 from hexswarm.routing.chains.swarm_view import SwarmView
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.bans import load_bans
@@ -84,6 +85,7 @@ MISMATCH_GRACE_S = 5.0
 # A DHT read near the coverage deadline still gets this long: a swarm that answers in time is not
 # read as empty just because the caller's clock has almost run out.
 MIN_READ_TIMEOUT_S = 1.0
+BACKGROUND_DRAIN_S = 20.0
 
 
 @dataclass
@@ -103,6 +105,7 @@ class SwarmClient:
     quants: tuple[str, ...] = (DEFAULT_QUANT,)
     _last_snapshot: tuple | None = None
     dialer: Dialer | None = None  # dials peers at their records' addresses (relay circuits)
+    background: set = field(default_factory=set)  # work that outlives a call (sharing evidence)
 
     def __post_init__(self) -> None:
         if self.dialer is None:
@@ -125,7 +128,18 @@ class SwarmClient:
         p2p = run_sync(dht.replicate_p2p(), timeout=30)
         return cls(dht=dht, p2p=p2p, quants=tuple(quants))
 
+    def spawn(self, coro) -> None:
+        """Runs `coro` on the client loop in the background (from any thread); `shutdown` gives
+        what is still running BACKGROUND_DRAIN_S to end."""
+        future = asyncio.run_coroutine_threadsafe(coro, event_loop())
+        self.background.add(future)
+        future.add_done_callback(self.background.discard)
+
     def shutdown(self) -> None:
+        if self.background:
+            concurrent.futures.wait(list(self.background), BACKGROUND_DRAIN_S)
+            for future in list(self.background):
+                future.cancel()
         try:
             run_sync(self.p2p.shutdown(), timeout=10)
         except Exception as e:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 from hivemind.utils import get_dht_time
 
+from hexswarm.client.evidence_sync import record_format, record_groups, share_evidence
 from hexswarm.client.remote import (
     CLOSE_TIMEOUT_S,
     PeerConnection,
@@ -51,7 +52,6 @@ from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.bans import add_ban, new_ban
 from hexswarm.swarm.evidence import Evidence, save_evidence
 from hexswarm.swarm.identity import peer_id_from_owner_marker
-from hexswarm.swarm.maddrs import ip_group, tcp_addr
 from hexswarm.swarm.records import PeerRecord
 from hexswarm.swarm.reports import REPORT_TTL_S, Report, publish_report, tensor_hash
 from hexswarm.swarm.verify_tolerance import TOLERANCES, Comparison, coarsest, compare
@@ -344,6 +344,8 @@ class Verifier:
         reason = f"wrong output for blocks [{run.start}:{run.end}) ({first.describe()})"
         add_ban(new_ban(bad.peer_id, self.spec.model_id, run.start, run.end, reason))
         await self._publish(report)
+        if evidence is not None:  # peers that serve the blocks re-check it and pass it on
+            self.swarm.spawn(share_evidence(self.swarm, evidence, self._records[1], self.rng))
         logger.warning(
             "peer %s returned a wrong output for blocks [%d:%d) at token %d (%s agrees); banned and reported",
             self.session.peers.name(bad.peer_id),
@@ -395,9 +397,7 @@ class Verifier:
         return self.rng.choice(apart or records)
 
     def _groups(self, peer_id: str) -> set[str]:
-        record = self._record(peer_id)
-        addrs = [tcp_addr(a) for a in (record.addrs if record else ())]
-        return {ip_group(a.ip) for a in addrs if a is not None}
+        return record_groups(self._record(peer_id))
 
     async def _recompute(self, witness: PeerRecord, run: _Run, fresh: bool = False) -> torch.Tensor | None:
         """The witness's outputs for the run's tokens, its shadow session caught up on the
@@ -452,8 +452,7 @@ class Verifier:
     def _format(self, peers: list[str]) -> str:
         """The coarsest of the wire dtype and each peer's compute dtype (int8 layers count as int8)."""
         formats = [DTYPE_NAMES.get(self.session.dtype, "float32")]
-        for record in filter(None, map(self._record, peers)):
-            formats.append(record.dtype if record.quant == DEFAULT_QUANT else "int8")
+        formats += [record_format(r) for r in filter(None, map(self._record, peers))]
         return coarsest(formats)
 
     def _record(self, peer_id: str) -> PeerRecord | None:

@@ -16,6 +16,7 @@ import signal
 import socket
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import Blocks, PeerCore, PeerLimits
 from hexswarm.peer.debug import CorruptOutputs, tampered_encoder
 from hexswarm.peer.devices import describe
+from hexswarm.peer.evidence_service import EvidenceService
 from hexswarm.peer.faults import FaultInjector, FaultPlan
 from hexswarm.peer.link_probe import LinkProbe
 from hexswarm.peer.plan_follower import PlanFollower, join_range
@@ -38,6 +40,7 @@ from hexswarm.peer.server import PeerServer
 from hexswarm.peer.throughput import measure_or_load
 from hexswarm.peer.tp_group import TPGroup, TPGroupError
 from hexswarm.peer.tp_rebalance import rebalance
+from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm import log_setup
 from hexswarm.swarm.announce_relay import AnnounceRelay
 from hexswarm.swarm.coordinator.records import Trust, dht_get
@@ -45,11 +48,12 @@ from hexswarm.swarm.dht import start_dht
 from hexswarm.swarm.dht_process import shutdown_dht
 from hexswarm.swarm.dht_signing import ANNOUNCE_PROTOCOL
 from hexswarm.swarm.dialing import Dialer
+from hexswarm.swarm.evidence_wire import EVIDENCE_PROTOCOL
 from hexswarm.swarm.identity import load_or_create_identity
 from hexswarm.swarm.model_spec import ModelSpec
 from hexswarm.swarm.port_relay import RELAY_PROTOCOL, RelayLimits, RelayService
 from hexswarm.swarm.protocol import SESSION_PROTOCOL, ProtocolError
-from hexswarm.swarm.reachability import DIALBACK_PROTOCOL, serve_helpers
+from hexswarm.swarm.reachability import DIALBACK_PROTOCOL, ip_group_of, serve_helpers
 from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
 from hexswarm.swarm.wire_tensors import DTYPE_NAMES
 
@@ -221,6 +225,7 @@ class _Peer:
         self.role = "both" if config.role == "auto" else config.role  # announced; auto: the plan's
         self.p2p = None
         self.server: PeerServer | None = None
+        self.evidence: EvidenceService | None = None  # re-checks evidence of lies sent to this peer
         self.start, self.end, self.tp = config.start, config.end, config.tp
         self.next_range: tuple[int, int] | None = None  # loading it to move there
         self.mover = RangeMover(self)
@@ -358,6 +363,7 @@ class _Peer:
         # Pushes go only to peers that announce this model (a client writes the chain).
         self.server.pusher = PushLinks(self._open_link, members=SwarmMembers(self._member_ids))
         await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, self._handle_stream)
+        await self._serve_evidence()
         # edge peers (peer/edge/) may announce through any full peer, as through a bootstrap
         relay = AnnounceRelay(self.dht, self.identity)
         await self.p2p.add_binary_stream_handler(ANNOUNCE_PROTOCOL, relay.handle_stream)
@@ -375,6 +381,22 @@ class _Peer:
         if self.group is not None and self.group.repartitioner is not None:
             self.rebalancer = asyncio.create_task(rebalance(self, stop), name="rebalance")
         return True
+
+    async def _serve_evidence(self) -> None:
+        """Re-checks evidence of lies sent to it and hands out what it proved (peer/evidence_service.py);
+        streams from the peers it banned are refused."""
+        c = self.config
+        own_format = "int8" if c.quant != DEFAULT_QUANT else DTYPE_NAMES.get(c.dtype, "float32")
+        self.evidence = EvidenceService(
+            self.core,
+            self.server.scheduler,
+            self.dht,
+            self.identity,
+            own_format,
+            partial(ip_group_of, self.p2p),
+        )
+        self.server.banned = self.evidence.banned
+        await self.p2p.add_binary_stream_handler(EVIDENCE_PROTOCOL, self.evidence.handle_stream)
 
     async def _measure_degrees(self) -> None:
         """`--tp auto` peers announce what they measured at each degree (`tp_speeds`): the full

@@ -91,6 +91,7 @@ class PeerServer:
         self.tasks: set[asyncio.Task] = set()  # pushed steps being computed
         # The peer's identity (swarm/identity.py): signs its sessions' commitments; None signs nothing.
         self.signer = None
+        self.banned: set[str] = set()  # peers proven to lie (peer/evidence_service.py): refused
 
     def close(self) -> None:
         for task in self.tasks:
@@ -103,6 +104,8 @@ class PeerServer:
         remote_id = str(getattr(stream_info, "peer_id", "?"))
         remote = remote_id[-8:]
         try:
+            if remote_id in self.banned:
+                raise ProtocolError(ErrorCode.BANNED, "this peer proved you signed a wrong output")
             self.admission.enter_stream(remote_id)
         except ProtocolError as e:
             await self._send(writer, Error(e.code, e.message))

@@ -38,7 +38,7 @@ from hexswarm.swarm.commitments import (
     verify_signature,
 )
 from hexswarm.swarm.identity import peer_id_from_owner_marker
-from hexswarm.swarm.verify_tolerance import TOLERANCES, Comparison, compare
+from hexswarm.swarm.verify_tolerance import TOLERANCES, Comparison, coarsest, compare
 from hexswarm.swarm.wire_tensors import decode_tensor, encode_tensor
 
 EVIDENCE_VERSION = 1
@@ -157,11 +157,17 @@ def _typed(values: Any, kinds: tuple[type, ...]) -> list:
     return values
 
 
-def recheck(evidence: Evidence, outputs: torch.Tensor) -> Comparison:
-    """`outputs`: the blocks recomputed on `evidence.inputs` (one pass over every token). The
-    comparison disagrees when the signed output is wrong."""
+def recheck(evidence: Evidence, outputs: torch.Tensor, recomputed_in: str | None = None) -> Comparison:
+    """`outputs`: the blocks recomputed on `evidence.inputs` (one pass over every token), in the
+    format `recomputed_in` (the evidence's own if None). The comparison disagrees when the
+    signed output is wrong, at the tolerance of the coarser of the two formats."""
     ours = outputs[:, evidence.first : evidence.records[evidence.step].position]
-    return compare(evidence.output, ours, TOLERANCES[evidence.format])
+    if ours.shape != evidence.output.shape:
+        raise ValueError(
+            f"recomputed {tuple(ours.shape)}, the signed output is {tuple(evidence.output.shape)}"
+        )
+    fmt = coarsest([evidence.format, recomputed_in or evidence.format])
+    return compare(evidence.output, ours.to(evidence.output.dtype), TOLERANCES[fmt])
 
 
 def evidence_dir() -> Path:
@@ -170,10 +176,16 @@ def evidence_dir() -> Path:
     return bans_path().parent / "evidence"
 
 
-def save_evidence(evidence: Evidence) -> Path:
+def save_evidence(evidence: Evidence, keep: int | None = None) -> Path:
+    """Saves `evidence` in the cache folder; with `keep`, only the newest `keep` files stay
+    (a peer saves what strangers prove to it, and must not fill its disk with it)."""
     from hexswarm.swarm.cache_files import write_atomically
 
     path = evidence_dir() / f"{evidence.digest()}.msgpack"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, evidence.to_bytes())
+    if keep is not None:
+        files = sorted(path.parent.glob("*.msgpack"), key=lambda f: f.stat().st_mtime, reverse=True)
+        for old in files[keep:]:
+            old.unlink(missing_ok=True)
     return path

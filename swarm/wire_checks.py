@@ -28,6 +28,7 @@ class ErrorCode(enum.IntEnum):
     # 20+: admission limits per remote (peer/admission.py)
     RATE_LIMITED = 20  # over the steps per second of a session; retry a little later
     REMOTE_LIMIT = 21  # this remote already holds its share of the peer's streams or sessions
+    BANNED = 22  # this peer re-checked evidence that the remote signed a wrong output
 
 
 class ProtocolError(Exception):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -15,7 +16,9 @@ import torch
 
 import hexswarm.client.verify as verify_module
 from hexswarm.client.verify import VerificationError
+from hexswarm.swarm.bans import load_bans
 from hexswarm.swarm.evidence import evidence_dir
+from hexswarm.swarm.evidence_wire import read_holdings
 from hexswarm.swarm.launcher import LocalSwarm
 from hexswarm.swarm.records import read_peer_records
 from hexswarm.swarm.reports import read_reports
@@ -185,12 +188,13 @@ def test_a_lying_witness_gets_no_honest_server_blamed(verify_swarm, reference):
     """The liar lies on everything: when it witnesses an honest server, the third peer sides
     with the server and the witness is the one banned."""
     local, model_dir = verify_swarm
-    bad = _start_liar(local, model_dir, "noise")
+    bad = _start_liar(local, model_dir, "noise", "liar-witness")  # a new identity: not banned yet
     model = _client(local, model_dir, verify=1.0)
     try:
         names = _names(model)
         _generate_until_a_liar_is_caught(model, reference, tries=10)
-        assert _banned(model, names) == {"liar"}, model.verify_stats.describe()
+        assert _banned(model, names) == {"liar-witness"}, model.verify_stats.describe()
+        assert model.verify_stats.liars == 1
     finally:
         model.shutdown()
         local.stop(bad)
@@ -205,7 +209,7 @@ def test_squatting_the_clients_session_ids_does_not_stop_the_check(verify_swarm,
     from hexswarm.client.worker import run_sync
 
     local, model_dir = verify_swarm
-    bad = _start_liar(local, model_dir, "noise")
+    bad = _start_liar(local, model_dir, "noise", "liar-squatted")
     known = [f"known-{i}" for i in range(40)]
     ids = iter(known)
     monkeypatch.setattr(failover, "random_session_id", lambda: next(ids))
@@ -225,13 +229,59 @@ def test_squatting_the_clients_session_ids_does_not_stop_the_check(verify_swarm,
 
         run_sync(squat(), timeout=60)
         _generate_until_a_liar_is_caught(model, reference, tries=6)
-        assert _banned(model, names) == {"liar"}, model.verify_stats.describe()
+        assert _banned(model, names) == {"liar-squatted"}, model.verify_stats.describe()
+        assert model.verify_stats.liars == 1
     finally:
         for conn in squats:
             conn.close()
         model.shutdown()
         attacker.shutdown()
         local.stop(bad)
+
+
+def test_a_proven_liar_is_banned_everywhere(verify_swarm, reference, monkeypatch, tmp_path):
+    """Evidence travels. The client that catches the liar shares the evidence with peers that
+    serve its blocks; each re-checks it by recomputing, bans the liar (refusing its streams) and
+    announces that it holds the evidence. A client on another machine (its own cache folder, no
+    bans) fetches it, has two other peers recompute it, and bans the liar on that alone."""
+    local, model_dir = verify_swarm
+    bad = _start_liar(local, model_dir, "noise", "liar-everywhere")
+    third = local.start_peer(model_dir, "0:2", "honest-c", *FAST)  # the other machine's 2nd opinion
+    model = _client(local, model_dir, verify=1.0)
+    try:
+        names = _names(model)
+        liar = next(peer_id for peer_id, name in names.items() if name == "liar-everywhere")
+        _generate_until_a_liar_is_caught(model, reference, tries=10)
+        assert _banned(model, names) == {"liar-everywhere"}, model.verify_stats.describe()
+        holders = _wait_for_holders(model, liar, timeout=120)
+        assert holders and liar not in holders, holders
+        monkeypatch.setenv("HEXSWARM_CACHE_DIR", str(tmp_path))  # another machine
+        other = _client(local, model_dir, verify=1.0)
+        try:
+            assert liar not in other.swarm.distrusted
+            assert other.recheck_evidence() == {liar: "proven"}
+            assert liar in other.swarm.distrusted and liar in load_bans()
+            assert other.recheck_evidence() == {}  # judged once
+        finally:
+            other.shutdown()
+        holder_names = {names.get(h) for h in holders}
+        holder_logs = [p.log() for p in local.processes if p.name in holder_names]
+        assert any("proven to have signed a wrong output" in log for log in holder_logs)
+    finally:
+        model.shutdown()
+        local.stop(bad)
+        local.stop(third)
+
+
+def _wait_for_holders(model, liar: str, timeout: float) -> set[str]:
+    """The peers that announce they proved `liar` wrong, once any does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        holders = {h.holder for h in read_holdings(model.swarm.dht, model.spec.model_id) if h.liar == liar}
+        if holders:
+            return holders
+        time.sleep(1)
+    return set()
 
 
 def test_with_no_third_opinion_nobody_is_blamed(make_model, tmp_path_factory):
