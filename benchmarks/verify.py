@@ -21,7 +21,12 @@ One JSON line per attack:
 - `commit_bytes_per_token`: the commitments' bytes per decode token and hop: the 8-byte input
   digest of every step, plus one 256-byte RSA signature per 64 steps;
 - `evidence_proven`: `hexswarm recheck` on the evidence file the client saved proved the lie
-  by recomputing it here (null where there is no signed output to prove: the poisoned cache).
+  by recomputing it here (null where there is no signed output to prove: the poisoned cache);
+- `peers_holding_evidence`: peers that re-checked the evidence the client shared and announce
+  they hold it (median); `banned_on_another_machine`: a client with another cache folder (no
+  bans) re-checked the announced evidence with two witnesses and banned the liar.
+
+Every run starts a liar of a fresh identity, so no earlier run's ban names it.
 
 Run: python benchmarks/verify.py [--rate 0.05] [--new-tokens 32] [--honest-tokens 2500]
 """
@@ -140,14 +145,9 @@ def honest_line(swarm, prompt_list, expected, args) -> dict:
 
 
 def attack_line(swarm, attack: str, prompt_list, expected, args, names: dict) -> dict:
-    layers, flags = ATTACKS[attack]
-    liar = swarm.start_peer(DEFAULT_MODEL, layers, "liar", *FAST, *flags, timeout=300)
-    try:
-        time.sleep(4)  # its record reaches the DHT
-        runs = [one_attack_run(swarm, attack, prompt_list, expected, args) for _ in range(args.repeats)]
-    finally:
-        swarm.stop(liar)
+    runs = [one_attack_run(swarm, attack, prompt_list, expected, args, i) for i in range(args.repeats)]
     detected = [r for r in runs if r["detected"]]
+    signed = attack != "poisoned_prefill"
     return {
         "attack": attack,
         "rate": args.rate,
@@ -157,11 +157,24 @@ def attack_line(swarm, attack: str, prompt_list, expected, args, names: dict) ->
         "exact_after_rollback": all(r["exact"] for r in runs),
         "rollbacks": sum(r["rollbacks"] for r in runs),
         "commit_bytes_per_token": COMMIT_BYTES,
-        "evidence_proven": all(r["proven"] for r in runs) if attack != "poisoned_prefill" else None,
+        "evidence_proven": all(r["proven"] for r in runs) if signed else None,
+        "peers_holding_evidence": statistics.median(r["holders"] for r in runs) if signed else None,
+        "banned_on_another_machine": all(r["elsewhere"] for r in runs) if signed else None,
     }
 
 
-def one_attack_run(swarm, attack: str, prompt_list, expected, args) -> dict:
+def one_attack_run(swarm, attack: str, prompt_list, expected, args, repeat: int) -> dict:
+    """One liar of a fresh identity (none of this machine's bans names it) until it is caught."""
+    layers, flags = ATTACKS[attack]
+    liar = swarm.start_peer(DEFAULT_MODEL, layers, f"liar-{attack}-{repeat}", *FAST, *flags, timeout=300)
+    try:
+        time.sleep(4)  # its record reaches the DHT
+        return caught_run(swarm, attack, prompt_list, expected, args)
+    finally:
+        swarm.stop(liar)
+
+
+def caught_run(swarm, attack: str, prompt_list, expected, args) -> dict:
     from hexswarm.swarm.records import read_peer_records
 
     model = client(swarm, 1.0 if attack == "lying_witness" else args.rate)
@@ -171,7 +184,9 @@ def one_attack_run(swarm, attack: str, prompt_list, expected, args) -> dict:
     squats = squat(swarm, model) if attack == "squatting" else []
     try:
         names = {r.peer_id: r.name for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
-        liars = {p for p, n in names.items() if n == "liar"}
+        liars = {p for p, n in names.items() if n.startswith("liar")}
+        if not liars or liars & model.swarm.distrusted:
+            raise RuntimeError(f"the liar is missing or banned before the run: {names}")
         if attack == "poisoned_prefill":
 
             def caught():
@@ -184,8 +199,11 @@ def one_attack_run(swarm, attack: str, prompt_list, expected, args) -> dict:
         result = run_prompts(model, prompt_list, expected, args.new_tokens, stop=caught)
         banned_now = {p for p in model.swarm.distrusted if p in names}
         proven = caught() and attack != "poisoned_prefill" and evidence_proven(liars)
+        holders, elsewhere = evidence_travel(swarm, model, liars) if proven else (0, False)
         return {
             "proven": proven,
+            "holders": holders,
+            "elsewhere": elsewhere,
             "detected": caught(),
             "tokens": result["tokens"],
             "exact": result["exact"],
@@ -219,6 +237,29 @@ def evidence_proven(liars: set[str]) -> bool:
             done = subprocess.run(command, capture_output=True, text=True, timeout=300)
             return done.returncode == 0 and "PROVEN" in done.stdout
     return False
+
+
+def evidence_travel(swarm, model, liars: set[str], timeout: float = 90.0) -> tuple[int, bool]:
+    """(peers announcing they proved the liar wrong, whether a client with another cache folder,
+    one of another machine, re-checks that and bans the liar)."""
+    from hexswarm.swarm.evidence_wire import read_holdings
+
+    deadline, holders = time.monotonic() + timeout, set()
+    while time.monotonic() < deadline and len(holders) < 2:
+        holders = {h.holder for h in read_holdings(model.swarm.dht, model.spec.model_id) if h.liar in liars}
+        time.sleep(1)
+    own = os.environ["HEXSWARM_CACHE_DIR"]
+    with tempfile.TemporaryDirectory(prefix="hexswarm-other-machine-") as other_cache:
+        os.environ["HEXSWARM_CACHE_DIR"] = other_cache
+        try:
+            other = client(swarm, 0.05)
+            try:
+                verdicts = other.recheck_evidence()
+            finally:
+                other.shutdown()
+        finally:
+            os.environ["HEXSWARM_CACHE_DIR"] = own
+    return len(holders), any(verdicts.get(liar) == "proven" for liar in liars)
 
 
 def squat(swarm, model) -> list:

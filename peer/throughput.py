@@ -52,13 +52,7 @@ def measure_or_load(blocks: Blocks, prefill_threads: int | None = None) -> Throu
     """Returns cached figures for this block shape/dtype/device and tensor-parallel degree,
     measuring them if absent. A group is measured through all its ranks, collectives included.
     `prefill_threads`: the torch threads the peer runs prefill steps on (peer/core.py)."""
-    c = blocks.config  # on a tensor-parallel group: one rank's share of a layer
-    threads = torch.get_num_threads()
-    key = (
-        f"{blocks.spec.model_type}-h{c.hidden_size}-i{c.intermediate_size}-a{c.num_attention_heads}"
-        f"-kv{c.num_key_value_heads}-{blocks.dtype}-{blocks.device}-t{threads}-p{prefill_threads or threads}"
-        f"-tp{blocks.tp}-b{DECODE_BATCH if _batches(blocks) else 1}"
-    )
+    key = cache_key(blocks, prefill_threads)
     path = cache_path()
     try:
         cached = json.loads(path.read_text())
@@ -78,6 +72,20 @@ def measure_or_load(blocks: Blocks, prefill_threads: int | None = None) -> Throu
     except OSError as e:
         logger.warning("could not cache throughput in %s: %s", path, e)
     return figures
+
+
+def cache_key(blocks: Blocks, prefill_threads: int | None = None) -> str:
+    """Everything the figures depend on: the layer's shape, dtype, weight format (an int8 peer
+    runs several times faster than a float32 one on this CPU), device, threads, tensor-parallel
+    degree, batching, and the torch version that runs it."""
+    c = blocks.config  # on a tensor-parallel group: one rank's share of a layer
+    threads = torch.get_num_threads()
+    return (
+        f"{blocks.spec.model_type}-h{c.hidden_size}-i{c.intermediate_size}-a{c.num_attention_heads}"
+        f"-kv{c.num_key_value_heads}-{blocks.dtype}-q{getattr(blocks, 'quant', 'none')}-{blocks.device}"
+        f"-t{threads}-p{prefill_threads or threads}-tp{blocks.tp}-b{DECODE_BATCH if _batches(blocks) else 1}"
+        f"-torch{torch.__version__}"
+    )
 
 
 def measure(blocks: Blocks, prefill_threads: int | None = None) -> Throughput:

@@ -167,3 +167,12 @@ def test_announced_decode_capacity_counts_batching(stack, tmp_path, monkeypatch)
     # by how much is a benchmark's business (benchmarks/concurrency.py), not a test's.
     assert figures.decode_batch_tokens_per_s > 0
     assert measure_or_load(stack) == figures  # cached
+
+
+def test_measured_speeds_are_cached_per_weight_format(stack, make_model):
+    """An int8 peer's figures must never be announced by a float32 peer of the same shape."""
+    from hexswarm.peer.throughput import cache_key
+
+    int8 = BlockStack.load(stack.spec, 0, 2, torch.float32, CPU, quant="int8")
+    assert cache_key(int8) != cache_key(stack)
+    assert "-qint8-" in cache_key(int8) and "-qnone-" in cache_key(stack)
