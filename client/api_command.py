@@ -27,8 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-concurrent",
         type=cli_args.positive_int,
-        default=16,
-        help="generations running at once, each with its own swarm session",
+        default=8,
+        help="generations running at once, each with its own swarm session (default 8: what a peer "
+        "lets one remote hold; the API is one remote to every peer)",
     )
     parser.add_argument(
         "--max-queue",

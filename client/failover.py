@@ -29,13 +29,20 @@ import torch
 
 from hexswarm.client.deadline import PeerSpeed, step_deadline_s, transfer_s
 from hexswarm.client.remote import PeerConnection, PeerError, random_session_id
-from hexswarm.client.retry import Attempt, BanList, RetryBudget, RetryPolicy, backoff_delay
+from hexswarm.client.retry import (
+    BACK_PRESSURE,
+    Attempt,
+    BanList,
+    RetryBudget,
+    RetryPolicy,
+    backoff_delay,
+)
 from hexswarm.client.swarm_client import PING_TIMEOUT_S, MissingBlocksError, SwarmClient
 from hexswarm.routing.chains.span import route_span
 from hexswarm.routing.chains.swarm_view import Hop, NoRouteError, Route, Router, RouteRequest
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.model_spec import ModelSpec
-from hexswarm.swarm.protocol import MAX_ACK_MS, KvTarget, NextHop, Step
+from hexswarm.swarm.protocol import MAX_ACK_MS, ErrorCode, KvTarget, NextHop, Step
 from hexswarm.swarm.records import PeerRecord
 
 logger = logging.getLogger(__name__)
@@ -157,10 +164,24 @@ class Hops:
 
     # -- failures ----------------------------------------------------------------------------
 
-    def failed(self, peer_id: str | None, start: int, end: int, error: str) -> None:
-        """Bans the peer (if any) and spends one attempt; raises FailoverError when the budget is gone."""
+    def failed(
+        self, peer_id: str | None, start: int, end: int, error: str, code: ErrorCode | None = None
+    ) -> None:
+        """Bans the peer (if any) and spends one attempt; raises FailoverError when the budget is
+        gone. A peer that refused with back-pressure (`code` BUSY or REMOTE_LIMIT: it is full) is
+        only routed around for a while: no ban, no failure counted against it."""
         name = self.name(peer_id) if peer_id else "(none)"
-        if peer_id is not None:
+        if peer_id is not None and code in BACK_PRESSURE:
+            self.bans.avoid(peer_id, self.policy.busy_avoid_s)
+            logger.info(
+                "peer %s is full for blocks [%d:%d) (%s); routing around it for %.0f s",
+                name,
+                start,
+                end,
+                error,
+                self.policy.busy_avoid_s,
+            )
+        elif peer_id is not None:
             self.failed_here.add(peer_id)
             ban_s = self.bans.ban(peer_id)
             self.swarm.forget(peer_id)
@@ -204,7 +225,7 @@ class Hops:
                 for hop in hops:
                     hop.conn.close()
                 span = next(((h.start, h.end) for h in hops if h.hop.peer_id == e.peer_id), (start, end))
-                self.failed(e.peer_id, *span, _short(e))
+                self.failed(e.peer_id, *span, _short(e), e.code)
             except BaseException:  # cancelled mid-replay: the new hops are nobody's yet
                 for hop in hops:
                     hop.conn.close()

@@ -9,6 +9,9 @@
 - A peer that answers RATE_LIMITED is not failing: it asks the session to slow down
   (peer/admission.py). The client waits what the peer named (clamped) and sends the same step
   again, up to `rate_limit_wait_s` per step; past that, the peer counts as failed.
+- A peer that answers BUSY or REMOTE_LIMIT is full, for everyone or for this client: that is
+  back-pressure, not a fault. The client routes around it for `busy_avoid_s` without counting
+  a failure against it (its next real ban does not grow), and tries it again after.
 - Each `generate()` call (one session) may spend at most `max_retries` failed attempts and
   `retry_budget_s` seconds on failovers; then it raises `FailoverError`, which lists every
   attempt (peer, blocks, error).
@@ -52,6 +55,8 @@ class RetryPolicy:
     min_link_bytes_per_s: float = 1e6
     # A peer's RATE_LIMITED asks for a wait, not a failover: this much waiting per step at most.
     rate_limit_wait_s: float = 5.0
+    # A peer that is full (BUSY, REMOTE_LIMIT) is routed around this long, with no ban.
+    busy_avoid_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_retries < 0 or self.retry_budget_s <= 0:
@@ -64,8 +69,8 @@ class RetryPolicy:
             raise ValueError("push_ack_timeout_s must be in [0.001, 60]")
         if not self.min_link_bytes_per_s > 0:
             raise ValueError("min_link_bytes_per_s must be > 0")
-        if self.rate_limit_wait_s < 0:
-            raise ValueError("rate_limit_wait_s must be >= 0")
+        if self.rate_limit_wait_s < 0 or self.busy_avoid_s < 0:
+            raise ValueError("rate_limit_wait_s and busy_avoid_s must be >= 0")
 
 
 def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> float:
@@ -79,6 +84,9 @@ def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> floa
 _RETRY_IN = re.compile(r"retry in (\d{1,7}(?:\.\d{1,3})?) ms")
 RATE_LIMIT_DEFAULT_WAIT_S = 0.05  # when the peer's message names no wait
 RATE_LIMIT_MAX_WAIT_S = 1.0  # one wait at most, whatever the peer names
+
+
+BACK_PRESSURE = (ErrorCode.BUSY, ErrorCode.REMOTE_LIMIT)  # "full": route elsewhere, blame nobody
 
 
 def rate_limit_wait(error: PeerError) -> float | None:
@@ -110,6 +118,12 @@ class BanList:
             duration = min(p.ban_max_s, p.ban_base_s * p.ban_factor ** (failures - 1))
             self._until[peer_id] = max(self._until.get(peer_id, 0.0), self.clock() + duration)
             return duration
+
+    def avoid(self, peer_id: str, seconds: float) -> None:
+        """Routes around `peer_id` for `seconds` without counting a failure: it said it is full
+        for this client (back-pressure), which is no fault, so the next real ban does not grow."""
+        with self._lock:
+            self._until[peer_id] = max(self._until.get(peer_id, 0.0), self.clock() + seconds)
 
     def banned(self) -> frozenset[str]:
         """Peers banned right now."""

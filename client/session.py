@@ -296,7 +296,7 @@ class InferenceSession:
         bad.conn.close()
         event = self.peers.new_failover(bad.hop.peer_id, bad.start, bad.end, error)
         if not isinstance(error, CommitmentMismatch):  # its input came from a peer that equivocated
-            self.peers.failed(bad.hop.peer_id, bad.start, bad.end, event.error)
+            self.peers.failed(bad.hop.peer_id, bad.start, bad.end, event.error, error.code)
         start = self.history.replay_start(bad.start)
         first = next(j for j, h in enumerate(self.hops) if h.start == start)
         past = self.history.inputs(start)

@@ -167,3 +167,33 @@ def test_a_session_over_the_rate_is_paced_not_failed_over(limited):
         assert time.monotonic() - began >= 1.5  # paced by the peer, not let through
     finally:
         model.shutdown()
+
+
+def test_a_peer_full_for_this_client_is_routed_around_not_banned(limited):
+    """Five generations at once from one client: the limited peer holds 3 sessions per remote,
+    so at least two go to the other peer, by routing or after a REMOTE_LIMIT refusal. A refusal
+    is back-pressure: nothing is banned, every output is exact."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import AutoModelForCausalLM
+
+    from hexswarm.client import DistributedModelForCausalLM
+
+    local, model_dir = limited
+    roomy = local.start_peer(model_dir, "0:2", "roomy", "--throughput", "10", "--decode-ms", "20")
+    reference = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=local.initial_peers)
+    try:
+        input_ids = torch.tensor([[3, 14, 15, 92, 65]])
+        expected = reference.generate(input_ids, max_new_tokens=30, do_sample=False)
+
+        def generate(_):
+            return model.generate(input_ids, max_new_tokens=30, do_sample=False)
+
+        with ThreadPoolExecutor(5) as pool:
+            outputs = list(pool.map(generate, range(5)))
+        assert all(torch.equal(out, expected) for out in outputs)
+        assert not model.bans._failures, model.bans._failures  # full is no failure
+    finally:
+        model.shutdown()
+        local.stop(roomy)

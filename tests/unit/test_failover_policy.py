@@ -169,3 +169,15 @@ def test_the_named_wait_is_clamped():
 def test_other_errors_are_no_wait():
     for code in (ErrorCode.BUSY, ErrorCode.PEER_FAILED, None):
         assert rate_limit_wait(_refusal(code, "retry in 3 ms")) is None
+
+
+def test_a_full_peer_is_avoided_a_while_without_counting_a_failure():
+    """BUSY or REMOTE_LIMIT is back-pressure: routed around, but its next real ban stays the first."""
+    clock = Clock()
+    policy = RetryPolicy(ban_base_s=10, ban_factor=2)
+    bans = BanList(policy, clock)
+    bans.avoid("full", 5)
+    assert bans.banned() == {"full"}
+    clock.now += 5.1
+    assert bans.banned() == frozenset()
+    assert bans.ban("full") == 10  # not 20: being full was no failure
