@@ -10,11 +10,12 @@ Re-checking: from time to time (each EVIDENCE_ROUND_S while it verifies, and at 
 reads those announcements for its model. For a few announced liars that are online and not
 banned here yet, it fetches the evidence from the announcing peer, checks that it holds
 together (the liar's signature over its commitments, the inputs and output they name), and has
-the inputs recomputed by a witness that serves the blocks: neither the liar nor the holder, and
-from another IP group than the holder where there is one. If the witness agrees with the signed
-output, nothing is proven. If it disagrees, a third peer from yet another group must disagree
-too before this client bans the liar: the same two-opinion rule as its own verification, so
-a holder and a witness who collude cannot frame an honest peer. Work is bounded: at most
+the inputs recomputed by a peer that serves the blocks, not the liar, preferably not the holder
+and from another IP group than the holder. If that peer agrees with the signed output, nothing
+is proven. If it disagrees, a second peer (from yet another group where there is one; the
+holder, recomputing like any witness, comes last) must disagree too before this client bans
+the liar: the same two-opinion rule as its own verification. The holder's announcement counts
+for nothing; only recomputations do. Work is bounded: at most
 MAX_PER_ROUND re-checks a round, each digest judged once.
 """
 
@@ -200,12 +201,22 @@ class EvidenceSync:
             return None
 
     async def _recheck(self, evidence: Evidence, holding: Holding, records: list[PeerRecord]) -> str:
-        able = able_to_recompute(records, evidence, {evidence.peer_id, holding.holder})[:MAX_WITNESSES]
-        holder = next((r for r in records if r.peer_id == holding.holder), None)
+        able = able_to_recompute(records, evidence, {evidence.peer_id, holding.holder})[: MAX_WITNESSES - 1]
+        holder = next(
+            iter(
+                able_to_recompute(
+                    [r for r in records if r.peer_id == holding.holder], evidence, {evidence.peer_id}
+                )
+            ),
+            None,
+        )
         taken, against = record_groups(holder), 0
-        while able:
-            record = apart_from(able, taken, self.rng)[0]  # another IP group than the holder's, the first's
-            able.remove(record)
+        while able or holder is not None:
+            if able:  # another peer than the holder, from another IP group where there is one
+                record = apart_from(able, taken, self.rng)[0]
+                able.remove(record)
+            else:  # the holder last: it recomputes like any witness, its announcement proves nothing
+                record, holder = holder, None
             outputs = await self._recompute(record, evidence)
             if outputs is None:
                 continue
