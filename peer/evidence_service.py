@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hexswarm.peer.core import PeerCore, session_key
 from hexswarm.swarm.bans import add_ban, load_bans, new_ban
@@ -37,6 +37,7 @@ from hexswarm.swarm.evidence_wire import (
     publish_holding,
 )
 from hexswarm.swarm.protocol import Open, Step, read_payload
+from hexswarm.swarm.rates import KeyedRate
 from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError
 from hexswarm.swarm.wire_tensors import DTYPE_NAMES
 
@@ -59,23 +60,6 @@ class EvidenceLimits:
     max_waiting: int = 2  # re-checks queued behind the running one; more are refused BUSY
 
 
-@dataclass
-class _Rate:
-    """Token buckets per key (remote or IP group), `per_minute` each, bursts of up to 2 minutes' worth."""
-
-    per_minute: float
-    buckets: OrderedDict = field(default_factory=OrderedDict)
-
-    def take(self, key: str, now: float) -> bool:
-        burst = max(1.0, 2 * self.per_minute)
-        tokens, last = self.buckets.pop(key, (burst, now))
-        tokens = min(burst, tokens + (now - last) * self.per_minute / 60)
-        self.buckets[key] = (tokens - 1 if tokens >= 1 else tokens, now)
-        while len(self.buckets) > 4096:  # forget the longest-idle keys
-            self.buckets.popitem(last=False)
-        return tokens >= 1
-
-
 class EvidenceService:
     """Serves EVIDENCE_PROTOCOL on a peer: SUBMIT (re-check) and GET (hand out what it proved)."""
 
@@ -84,9 +68,9 @@ class EvidenceService:
         self.own_format = own_format  # the format this peer computes in (a dtype name, or "int8")
         self.group_of = group_of  # async: remote peer id -> its IP group
         self.limits = limits or EvidenceLimits()
-        self.submits = _Rate(self.limits.submits_per_minute_per_remote)
-        self.group_submits = _Rate(self.limits.submits_per_minute_per_group)
-        self.gets = _Rate(self.limits.gets_per_minute_per_remote)
+        self.submits = KeyedRate(self.limits.submits_per_minute_per_remote)
+        self.group_submits = KeyedRate(self.limits.submits_per_minute_per_group)
+        self.gets = KeyedRate(self.limits.gets_per_minute_per_remote)
         self.verdicts: OrderedDict[str, tuple[str, str]] = OrderedDict()  # digest -> (verdict, detail)
         self.kept: OrderedDict[str, bytes] = OrderedDict()  # digest -> proven evidence
         self.banned: set[str] = set(load_bans())

@@ -365,7 +365,7 @@ class _Peer:
         await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, self._handle_stream)
         await self._serve_evidence()
         # edge peers (peer/edge/) may announce through any full peer, as through a bootstrap
-        relay = AnnounceRelay(self.dht, self.identity)
+        relay = AnnounceRelay(self.dht, self.identity, partial(ip_group_of, self.p2p))
         await self.p2p.add_binary_stream_handler(ANNOUNCE_PROTOCOL, relay.handle_stream)
         if self.reach.mode == "direct":  # peers behind NAT ask reachable ones for dial-backs and slots
             self.relay = await serve_helpers(self.p2p, c.relay_limits)

@@ -26,6 +26,7 @@ from hexswarm.swarm.dht_signing import (
 )
 from hexswarm.swarm.identity import peer_id_from_owner_marker
 from hexswarm.swarm.protocol import read_payload
+from hexswarm.swarm.rates import KeyedRate
 from hexswarm.swarm.records import MODELS_KEY, ModelEntry, PeerRecord, model_key, read_peer_records
 from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError
 
@@ -33,49 +34,83 @@ logger = logging.getLogger(__name__)
 
 MAX_TTL_S = 600.0  # a relayed record expires within this; an edge peer re-announces every period
 MAX_CONCURRENT = 8  # requests being checked and stored at once; more are refused, not queued
+MAX_READING_PER_GROUP = 4  # requests of one IP group being read at once (one per remote)
+REQUESTS_PER_MINUTE = 12  # per remote: an edge peer announces once a period (60 s by default)
 REQUEST_TIMEOUT_S = 10.0  # to read a request, and to store it
 STORE_TIMEOUT_S = 10.0
 MEMBERS_TIMEOUT_S = 5.0  # reading the model's records for the reply's member list
+MEMBERS_TTL_S = 2.0  # a member list read is reused this long (one DHT read, however many ask)
 
 
 class AnnounceRelay:
-    """Checks and stores signed records that edge peers send on ANNOUNCE_PROTOCOL."""
+    """Checks and stores signed records that edge peers send on ANNOUNCE_PROTOCOL.
 
-    def __init__(self, dht, identity):
+    Each remote sends its own records only, one request at a time, at most REQUESTS_PER_MINUTE;
+    an IP group reads at most MAX_READING_PER_GROUP requests at once, and a request takes one of
+    the MAX_CONCURRENT slots only once it is read: a remote that trickles its bytes holds up
+    itself, not every edge peer's announcements."""
+
+    def __init__(self, dht, identity, group_of=None):
         from hivemind.dht.crypto import RSASignatureValidator
 
         self.dht = dht
         self.validator = RSASignatureValidator(identity.private_key)
+        self.group_of = group_of  # async: remote peer id -> its IP group (None: each remote its own)
         self.busy = 0
+        self.reading: dict[str, str] = {}  # remote -> its IP group, while its request is read
+        self.rate = KeyedRate(REQUESTS_PER_MINUTE)
+        self._members: dict[str, tuple[float, tuple[str, ...]]] = {}  # model key -> (read at, ids)
 
     async def handle_stream(
         self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """One request, one reply, then the stream closes."""
+        sender = stream_info.peer_id.to_base58()
         try:
+            payload = await self._read(sender, reader)
             if self.busy >= MAX_CONCURRENT:
                 raise ProtocolError(ErrorCode.BUSY, f"{MAX_CONCURRENT} announcements are being relayed")
             self.busy += 1
             try:
-                payload = await asyncio.wait_for(read_payload(reader, MAX_ANNOUNCE_BYTES), REQUEST_TIMEOUT_S)
                 entries = decode_announce(payload)
-                stored = await self.relay(entries)
+                stored = await self.relay(entries, sender)
                 members = await self.members(entries)
             finally:
                 self.busy -= 1
             writer.write(encode_reply(stored, members=members))
         except ProtocolError as e:
-            logger.info("refused an announcement from ...%s: %s", str(stream_info.peer_id)[-8:], e)
+            logger.info("refused an announcement from ...%s: %s", sender[-8:], e)
             writer.write(encode_reply(0, str(e)))
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
             writer.close()
 
-    async def relay(self, entries: list[SignedEntry]) -> int:
-        """Checks every entry first (all or none are stored); returns how many nodes took them."""
+    async def _read(self, sender: str, reader: asyncio.StreamReader) -> bytes:
+        """The request's bytes, within the sender's and its IP group's shares."""
+        if sender in self.reading:
+            raise ProtocolError(ErrorCode.BUSY, "one announcement at a time per remote")
+        if not self.rate.take(sender, time.monotonic()):
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED, f"at most {REQUESTS_PER_MINUTE} announcements a minute"
+            )
+        group = await self.group_of(sender) if self.group_of is not None else sender
+        if sum(g == group for g in self.reading.values()) >= MAX_READING_PER_GROUP:
+            raise ProtocolError(ErrorCode.BUSY, f"{MAX_READING_PER_GROUP} announcements from {group} already")
+        self.reading[sender] = group
+        try:
+            return await asyncio.wait_for(read_payload(reader, MAX_ANNOUNCE_BYTES), REQUEST_TIMEOUT_S)
+        finally:
+            del self.reading[sender]
+
+    async def relay(self, entries: list[SignedEntry], sender: str | None = None) -> int:
+        """Checks every entry first (all or none are stored), and that `sender` (the remote, if
+        known) is the owner of each; returns how many nodes took them."""
         for entry in entries:
             self.check(entry)
+            owner = peer_id_from_owner_marker(entry.subkey).to_base58()
+            if sender is not None and owner != sender:
+                raise ProtocolError(ErrorCode.MALFORMED, f"...{sender[-8:]} may relay only its own records")
         stored = 0
         for entry in entries:
             future = self.dht.run_coroutine(
@@ -91,9 +126,13 @@ class AnnounceRelay:
         keys = [e.key for e in entries if e.key.startswith(MODELS_KEY + "/")]
         if not keys:
             return ()
-        model_id = keys[0][len(MODELS_KEY) + 1 :]
-        records = await asyncio.to_thread(read_peer_records, self.dht, model_id, MEMBERS_TIMEOUT_S)
-        return tuple(r.peer_id for r in records)
+        read_at, members = self._members.get(keys[0], (float("-inf"), ()))
+        if time.monotonic() - read_at > MEMBERS_TTL_S:
+            model_id = keys[0][len(MODELS_KEY) + 1 :]
+            records = await asyncio.to_thread(read_peer_records, self.dht, model_id, MEMBERS_TIMEOUT_S)
+            members = tuple(r.peer_id for r in records)
+            self._members = {keys[0]: (time.monotonic(), members)}  # one model's: bounded
+        return members
 
     def check(self, entry: SignedEntry) -> None:
         """What makes a relayed entry acceptable; ProtocolError says what is wrong."""

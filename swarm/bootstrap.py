@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import threading
+from functools import partial
 
 from hexswarm.swarm import cli_args
 from hexswarm.swarm.cli_args import add_relay_limits, relay_limits
@@ -92,10 +93,11 @@ def serve_in_thread(dht, identity, limits) -> threading.Event:
 async def _serve(dht, identity, limits, stop: threading.Event) -> None:
     from hexswarm.swarm.announce_relay import AnnounceRelay
     from hexswarm.swarm.dht_signing import ANNOUNCE_PROTOCOL
-    from hexswarm.swarm.reachability import serve_helpers
+    from hexswarm.swarm.reachability import ip_group_of, serve_helpers
 
     p2p = await dht.replicate_p2p()
-    await p2p.add_binary_stream_handler(ANNOUNCE_PROTOCOL, AnnounceRelay(dht, identity).handle_stream)
+    relay = AnnounceRelay(dht, identity, partial(ip_group_of, p2p))
+    await p2p.add_binary_stream_handler(ANNOUNCE_PROTOCOL, relay.handle_stream)
     relay = await serve_helpers(p2p, limits)
     logger.info("serving edge peers' announcements, dial-backs%s", " and relay slots" if relay else "")
     while not stop.is_set():

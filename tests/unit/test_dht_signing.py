@@ -96,3 +96,70 @@ def test_the_relay_checks_key_expiration_and_record(identity):
             relay.check(bad)
     with pytest.raises(ProtocolError, match="no hexswarm record"):
         relay.check(entry(dht_key=MODELS_KEY + "/m", value=b"junk"))
+
+
+class _Remote:
+    """What a stream handler is told of its remote: its peer id."""
+
+    def __init__(self, peer_id: str):
+        self.peer_id = type("PeerId", (), {"to_base58": lambda _self: peer_id})()
+
+
+class _Writer:
+    def __init__(self):
+        self.data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def close(self) -> None:
+        pass
+
+
+def _reply(writer: _Writer) -> tuple[int, str, tuple[str, ...]]:
+    return dht_signing.decode_reply(writer.data[4:])
+
+
+@pytest.mark.asyncio
+async def test_the_relay_takes_only_a_senders_own_records_one_at_a_time_at_a_bounded_rate(identity):
+    import asyncio
+    import time
+
+    from hexswarm.swarm import announce_relay
+    from hexswarm.swarm.announce_relay import AnnounceRelay
+    from hexswarm.swarm.records import MODELS_KEY, ModelEntry
+
+    relay = AnnounceRelay(None, identity)
+    expiration = time.time() + 30
+    value = dht_signing.signed_value(
+        identity.private_key._private_key,
+        MODELS_KEY,
+        identity.owner_marker,
+        ModelEntry("m", 4).to_bytes(),
+        expiration,
+    )
+    request = dht_signing.encode_announce(
+        [dht_signing.SignedEntry(MODELS_KEY, identity.owner_marker, value, expiration)]
+    )
+
+    async def ask(sender: str, data: bytes | None = request) -> tuple[int, str, tuple[str, ...]]:
+        reader, writer = asyncio.StreamReader(), _Writer()
+        if data is not None:
+            reader.feed_data(data)
+        await relay.handle_stream(_Remote(sender), reader, writer)
+        return _reply(writer)
+
+    stored, why, _ = await ask("QmSomeoneElse")  # a valid record, but not the sender's own
+    assert stored == 0 and "only its own records" in why
+
+    trickling = asyncio.create_task(ask("QmTrickler", data=b""))  # holds its read open
+    await asyncio.sleep(0.05)
+    _, why, _ = await ask("QmTrickler")
+    assert "one announcement at a time" in why
+    assert relay.busy == 0  # a request being read holds no relaying slot
+    trickling.cancel()
+
+    reasons = [
+        (await ask(f"QmFlood{i // 100}"))[1] for i in range(announce_relay.REQUESTS_PER_MINUTE * 2 + 1)
+    ]
+    assert "announcements a minute" in reasons[-1] and not any("a minute" in r for r in reasons[:-1])

@@ -1,0 +1,28 @@
+"""Rates per key (a remote peer id, an IP group) for what strangers may ask of a node."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+MAX_KEYS = 4096  # keys remembered; the longest idle are forgotten first
+
+
+@dataclass
+class KeyedRate:
+    """A token bucket per key: `per_minute` requests a minute each, bursts of up to two
+    minutes' worth (at least one request)."""
+
+    per_minute: float
+    buckets: OrderedDict = field(default_factory=OrderedDict)  # key -> (tokens, last refill)
+
+    def take(self, key: str, now: float) -> bool:
+        """Whether `key` may make one more request at `now` (it is counted if so)."""
+        burst = max(1.0, 2 * self.per_minute)
+        tokens, last = self.buckets.pop(key, (burst, now))
+        tokens = min(burst, tokens + (now - last) * self.per_minute / 60)
+        allowed = tokens >= 1
+        self.buckets[key] = (tokens - 1 if allowed else tokens, now)
+        while len(self.buckets) > MAX_KEYS:
+            self.buckets.popitem(last=False)
+        return allowed
