@@ -101,6 +101,7 @@ def peer_config(args: argparse.Namespace):
         announce_period=args.announce_period,
         drain_timeout=args.drain_timeout,
         max_frame_bytes=int(args.max_frame_mb * (1 << 20)),
+        max_buffered_bytes=int(args.max_buffered_mb * (1 << 20)),
         handshake_timeout=args.handshake_timeout,
         throughput=args.throughput,
         decode_ms=args.decode_ms,

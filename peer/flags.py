@@ -235,6 +235,13 @@ def _limits(g) -> None:
     g.add_argument(
         "--max-frame-mb", type=cli_args.positive_float, default=64.0, help="largest frame accepted (MiB)"
     )
+    g.add_argument(
+        "--max-buffered-mb",
+        type=cli_args.positive_float,
+        default=1024.0,
+        help="frames held at once over all streams (MiB); a frame that would go over is refused "
+        "BUSY from its length prefix, before it is read",
+    )
 
 
 def _announcing(g) -> None:

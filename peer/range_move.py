@@ -21,7 +21,6 @@ import asyncio
 import logging
 import time
 
-from hexswarm.peer.admission import Admission
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore
 from hexswarm.peer.plan_follower import old_range_covered
@@ -77,7 +76,7 @@ class RangeMover:
         await self._wait_until_covered(old, new)
         old_core, old_server = peer.core, peer.server
         peer.core = PeerCore(blocks, c.spec.model_id, c.limits, c.prefill_threads)
-        peer.server = PeerServer(peer.core, c.max_frame_bytes, c.max_streams, c.batch, Admission(c.admission))
+        peer.server = peer.new_server(peer.core)
         peer.server.pusher = old_server.pusher  # links to next peers outlive the move
         peer.start, peer.end, peer.tp, peer.next_range = start, end, tp, None
         if speed is not None:

@@ -88,6 +88,7 @@ class PeerConfig:
     announce_period: float = 15.0
     drain_timeout: float = 30.0
     max_frame_bytes: int = 64 << 20
+    max_buffered_bytes: int = 1 << 30  # frames held at once over all streams
     handshake_timeout: float = 30.0  # seconds a stream may stay open without a session (peer/server.py)
     max_streams: int = 64
     throughput: float | None = None  # announce this instead of the measured prefill tokens/s per block
@@ -351,10 +352,7 @@ class _Peer:
             )
             blocks = CorruptOutputs(blocks, c.debug_corrupt_outputs)
         self.core = PeerCore(blocks, c.spec.model_id, c.limits, c.prefill_threads)
-        self.server = PeerServer(
-            self.core, c.max_frame_bytes, c.max_streams, c.batch, Admission(c.admission), c.handshake_timeout
-        )
-        self.server.signer = self.identity  # signs the sessions' commitments (swarm/commitments.py)
+        self.server = self.new_server(self.core)
         if c.faults is not None:
             self.server.faults = FaultInjector(self.core, c.faults)
             self.server.faults.install_signals(self.loop)
@@ -381,6 +379,25 @@ class _Peer:
         if self.group is not None and self.group.repartitioner is not None:
             self.rebalancer = asyncio.create_task(rebalance(self, stop), name="rebalance")
         return True
+
+    def new_server(self, core: PeerCore) -> PeerServer:
+        """The stream server over `core` (at start, and after a range move): the peer's limits,
+        its identity signing the sessions' commitments (swarm/commitments.py), the bans it proved."""
+        c = self.config
+        server = PeerServer(
+            core,
+            c.max_frame_bytes,
+            c.max_streams,
+            c.batch,
+            Admission(c.admission),
+            c.handshake_timeout,
+            c.max_buffered_bytes,
+        )
+        server.signer = self.identity
+        if self.evidence is not None:  # re-checks run on the new blocks from now on
+            self.evidence.core, self.evidence.scheduler = core, server.scheduler
+            server.banned = self.evidence.banned
+        return server
 
     async def _serve_evidence(self) -> None:
         """Re-checks evidence of lies sent to it and hands out what it proved (peer/evidence_service.py);

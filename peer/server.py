@@ -36,7 +36,7 @@ from hexswarm.swarm.protocol import (
     Close,
     Error,
     ErrorCode,
-    FrameTooLarge,
+    FrameBudget,
     KvPush,
     Message,
     Open,
@@ -74,11 +74,14 @@ class PeerServer:
         policy: BatchPolicy | None = None,
         admission: Admission | None = None,
         handshake_timeout: float = HANDSHAKE_TIMEOUT_S,
+        max_buffered_bytes: int | None = None,
     ):
         self.core = core
         self.handshake_timeout = handshake_timeout
         self.admission = admission or Admission(AdmissionLimits())
         self.max_frame_bytes = max_frame_bytes
+        # frames held at once over all streams; over it, a frame is refused from its length prefix
+        self.frames = FrameBudget(max(max_frame_bytes, max_buffered_bytes or 16 * max_frame_bytes))
         self.max_streams = max_streams
         self.open_streams = 0
         # Streams that have opened no session yet, oldest first: the first to go when slots run out.
@@ -166,33 +169,40 @@ class PeerServer:
             )
             try:
                 payload = await asyncio.wait_for(
-                    read_payload(reader, min(limit, self.max_frame_bytes)), timeout
+                    read_payload(reader, min(limit, self.max_frame_bytes), self.frames), timeout
                 )
             except TimeoutError:
                 return
-            except FrameTooLarge as e:
+            except ProtocolError as e:  # over the frame size or the peer's frame budget
                 await self._send(writer, Error(e.code, e.message))
-                return  # the oversized payload is still in the stream: it cannot be resynchronized
-            arrived = time.perf_counter()
+                return  # the refused payload is still in the stream: it cannot be resynchronized
             try:
-                message = decode(payload)
-                if isinstance(message, Step) and message.ack_ms and message.session_id not in owned:
-                    # Only a push that was taken earns a link the long timeout, not a stranger's.
-                    is_link = await self._pushed(message, remote, writer, arrived) or is_link
-                    continue
-                if isinstance(message, Step):
-                    await self._step(message, owned, writer, arrived, remote)
-                    continue
-                if isinstance(message, KvPush):
-                    is_link = await self._kv_pushed(message, remote, writer) or is_link
-                    continue
-                reply = await self._dispatch(message, owned, remote, writer)
-            except ProtocolError as e:
-                reply = Error(e.code, e.message)
-            except Exception as e:
-                logger.exception("internal error on a frame")
-                reply = Error(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")
-            await self._send(writer, reply)
+                is_link = await self._handle_frame(payload, owned, writer, remote) or is_link
+            finally:
+                self.frames.release(len(payload))
+
+    async def _handle_frame(self, payload: bytes, owned: set[str], writer, remote: str) -> bool:
+        """One frame of a stream: decoded, checked and answered (or taken as a push); whether
+        it made the stream a push link."""
+        arrived = time.perf_counter()
+        try:
+            message = decode(payload)
+            if isinstance(message, Step) and message.ack_ms and message.session_id not in owned:
+                # Only a push that was taken earns a link the long timeout, not a stranger's.
+                return await self._pushed(message, remote, writer, arrived)
+            if isinstance(message, Step):
+                await self._step(message, owned, writer, arrived, remote)
+                return False
+            if isinstance(message, KvPush):
+                return await self._kv_pushed(message, remote, writer)
+            reply = await self._dispatch(message, owned, remote, writer)
+        except ProtocolError as e:
+            reply = Error(e.code, e.message)
+        except Exception as e:
+            logger.exception("internal error on a frame")
+            reply = Error(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")
+        await self._send(writer, reply)
+        return False
 
     async def _step(self, message: Step, owned: set[str], writer, arrived: float, remote: str) -> None:
         """A client's step: queued for the compute thread; its result (after any push) goes back."""

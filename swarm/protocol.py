@@ -487,13 +487,44 @@ class FrameTooLarge(ProtocolError):
         super().__init__(ErrorCode.FRAME_TOO_LARGE, f"frame of {size} bytes is over the limit of {limit}")
 
 
-async def read_payload(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
-    """Reads one frame's payload. The size check happens before the payload is read, so an
-    announced huge frame costs no memory. Raises asyncio.IncompleteReadError on EOF."""
+class FrameBudget:
+    """Bytes of frames a node may hold at once over all its streams: a frame is counted from
+    before it is read until its reader releases it, and one that would go over is refused
+    (BUSY) from its length prefix, before any of it is read."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit, self.used = limit_bytes, 0
+
+    def take(self, size: int) -> None:
+        if self.used + size > self.limit:
+            raise ProtocolError(
+                ErrorCode.BUSY,
+                f"the peer is holding {self.used >> 20} MiB of frames (its budget is {self.limit >> 20} MiB); "
+                f"a frame of {size >> 20} MiB must wait",
+            )
+        self.used += size
+
+    def release(self, size: int) -> None:
+        self.used -= size
+
+
+async def read_payload(
+    reader: asyncio.StreamReader, max_bytes: int, budget: FrameBudget | None = None
+) -> bytes:
+    """Reads one frame's payload. The size checks (against `max_bytes` and what is left of
+    `budget`, which the caller then releases by len(payload)) happen before the payload is
+    read, so an announced huge frame costs no memory. Raises asyncio.IncompleteReadError on EOF."""
     (size,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
     if size > max_bytes:
         raise FrameTooLarge(size, max_bytes)
-    return await reader.readexactly(size)
+    if budget is None:
+        return await reader.readexactly(size)
+    budget.take(size)
+    try:
+        return await reader.readexactly(size)
+    except BaseException:
+        budget.release(size)
+        raise
 
 
 async def read_frame(reader: asyncio.StreamReader, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Message:
