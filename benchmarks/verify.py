@@ -152,6 +152,8 @@ def attack_line(swarm, attack: str, prompt_list, expected, args, names: dict) ->
         "attack": attack,
         "rate": args.rate,
         "detected": len(detected) == len(runs),
+        "runs_detected": f"{len(detected)}/{len(runs)}",
+        "tokens_liar_served": [r["tokens"] for r in runs],  # per run (0: never routed through it)
         "tokens_to_detect": statistics.median(r["tokens"] for r in detected) if detected else None,
         "false_positives": sum(r["honest_banned"] for r in runs),
         "exact_after_rollback": all(r["exact"] for r in runs),

@@ -14,7 +14,12 @@ Four limits, each refusal a typed error frame:
 
 The remote's identity is its libp2p peer id, which the transport authenticates, so a remote
 cannot pose as another; it can make new identities, which is why the global limits
-(peer/core.py: sessions, cache; peer/server.py: streams) still apply on top of these.
+(peer/core.py: sessions, cache; peer/server.py: streams) still apply on top of these, and why
+streams, sessions and cache are also capped per IP group (a /24 or /48, from the address the
+remote's connection comes from: swarm/maddrs.py): identities cost nothing, addresses do. A
+group may hold `group_factor` times what one remote may (2 by default: a household with two
+machines is served whole). Remotes on this machine's loopback have no group: a swarm on one
+machine is one operator's.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class AdmissionLimits:
     burst_s: float = 2.0  # a session may run ahead of the rate by this many seconds' steps
     extra_streams_per_remote: int = 4  # streams beyond one per session (pings, a stream being set up)
     cache_share_per_remote: float = 0.5  # of the peer's KV cache, over one remote's sessions (0: no limit)
+    group_factor: float = 2.0  # an IP group may hold this many times one remote's share (0: no group caps)
 
     @property
     def streams_per_remote(self) -> int:
@@ -55,18 +61,30 @@ class Admission:
         self.streams: Counter[str] = Counter()  # remote -> open streams
         self.owners: dict[str, str] = {}  # session id -> remote that opened it
         self.buckets: dict[str, _Bucket] = {}  # session id -> its step budget
+        self.groups: dict[str, str] = {}  # remote -> its IP group, while it holds a stream
 
-    def enter_stream(self, remote: str) -> None:
-        """Counts a new stream of `remote`; raises REMOTE_LIMIT if it holds too many."""
+    def enter_stream(self, remote: str, group: str | None = None) -> None:
+        """Counts a new stream of `remote` (of IP `group`, None on loopback); raises
+        REMOTE_LIMIT if it, or its group, holds too many."""
         cap = self.limits.streams_per_remote
         if cap and self.streams[remote] >= cap:
             raise ProtocolError(ErrorCode.REMOTE_LIMIT, f"one remote may hold {cap} streams to this peer")
+        group_cap = self._group_cap(cap)
+        if group is not None and group_cap:
+            held = sum(n for r, n in self.streams.items() if self.groups.get(r) == group)
+            if held >= group_cap:
+                raise ProtocolError(
+                    ErrorCode.REMOTE_LIMIT, f"the IP group {group} may hold {group_cap} streams to this peer"
+                )
+        if group is not None:
+            self.groups[remote] = group
         self.streams[remote] += 1
 
     def leave_stream(self, remote: str) -> None:
         self.streams[remote] -= 1
         if self.streams[remote] <= 0:
             del self.streams[remote]
+            self.groups.pop(remote, None)
 
     def check_open(
         self,
@@ -81,13 +99,40 @@ class Admission:
         share is never less than what one session may reserve (`session_tokens`): a peer whose
         cache holds one or two sessions (`run-peer --max-sessions 1`) still serves a whole one."""
         self._forget_closed(open_sessions)
-        cap = self.limits.sessions_per_remote
         held = [session for session, owner in self.owners.items() if owner == remote]
+        self._check_share("one remote", held, open_sessions, needed_tokens, cache_tokens, session_tokens, 1.0)
+        group = self.groups.get(remote)
+        if group is not None and self.limits.group_factor:
+            held = [s for s, owner in self.owners.items() if self.groups.get(owner) == group]
+            factor = self.limits.group_factor
+            self._check_share(
+                f"the IP group {group}",
+                held,
+                open_sessions,
+                needed_tokens,
+                cache_tokens,
+                session_tokens,
+                factor,
+            )
+
+    def _check_share(
+        self,
+        who: str,
+        held: list[str],
+        open_sessions,
+        needed_tokens: int,
+        cache_tokens: int,
+        session_tokens: int,
+        factor: float,
+    ) -> None:
+        """REMOTE_LIMIT if `who`, holding sessions `held`, is at `factor` times a remote's
+        session cap, or would go over that many shares of the cache."""
+        cap = int(factor * self.limits.sessions_per_remote)
         if cap and len(held) >= cap:
             raise ProtocolError(
-                ErrorCode.REMOTE_LIMIT, f"one remote may hold {cap} sessions on this peer; close one first"
+                ErrorCode.REMOTE_LIMIT, f"{who} may hold {cap} sessions on this peer; close one first"
             )
-        share = int(self.limits.cache_share_per_remote * cache_tokens)
+        share = int(min(1.0, factor * self.limits.cache_share_per_remote) * cache_tokens)
         if not share:
             return
         share = max(share, session_tokens)
@@ -95,9 +140,12 @@ class Admission:
         if reserved + needed_tokens > share:
             raise ProtocolError(
                 ErrorCode.REMOTE_LIMIT,
-                f"one remote may reserve {share} cache tokens on this peer; it holds {reserved}, "
+                f"{who} may reserve {share} cache tokens on this peer; it holds {reserved}, "
                 f"asks {needed_tokens} more",
             )
+
+    def _group_cap(self, per_remote: int) -> int:
+        return int(self.limits.group_factor * per_remote)
 
     def opened(self, remote: str, session_id: str) -> None:
         self.owners[session_id] = remote

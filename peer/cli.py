@@ -121,6 +121,7 @@ def peer_config(args: argparse.Namespace):
             sessions_per_remote=args.max_sessions_per_peer,
             steps_per_second=args.max_steps_per_second,
             cache_share_per_remote=args.cache_share_per_peer,
+            group_factor=args.ip_group_share,
         ),
         debug_corrupt_outputs=args.debug_corrupt_outputs,
         debug_record=dict(map(parse_record_override, args.debug_record)),

@@ -215,6 +215,13 @@ def _limits(g) -> None:
         help="open sessions one remote peer id may hold here (0: no limit)",
     )
     g.add_argument(
+        "--ip-group-share",
+        type=cli_args.non_negative_float,
+        default=2.0,
+        help="what one IP group (a /24 or /48) may hold here, in remotes' shares of streams, sessions "
+        "and cache: many identities on one address share it (loopback has no group; 0: no group limits)",
+    )
+    g.add_argument(
         "--max-steps-per-second",
         type=cli_args.non_negative_float,
         default=100.0,

@@ -53,7 +53,7 @@ from hexswarm.swarm.identity import load_or_create_identity
 from hexswarm.swarm.model_spec import ModelSpec
 from hexswarm.swarm.port_relay import RELAY_PROTOCOL, RelayLimits, RelayService
 from hexswarm.swarm.protocol import SESSION_PROTOCOL, ProtocolError
-from hexswarm.swarm.reachability import DIALBACK_PROTOCOL, ip_group_of, serve_helpers
+from hexswarm.swarm.reachability import DIALBACK_PROTOCOL, admission_group_of, ip_group_of, serve_helpers
 from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
 from hexswarm.swarm.wire_tensors import DTYPE_NAMES
 
@@ -357,6 +357,7 @@ class _Peer:
             self.server.faults = FaultInjector(self.core, c.faults)
             self.server.faults.install_signals(self.loop)
         self.p2p = await self.dht.replicate_p2p()
+        self.server.group_of = partial(admission_group_of, self.p2p)  # limits per IP group too
         self.dialer = Dialer(self.p2p)
         # Pushes go only to peers that announce this model (a client writes the chain).
         self.server.pusher = PushLinks(self._open_link, members=SwarmMembers(self._member_ids))
@@ -394,6 +395,7 @@ class _Peer:
             c.max_buffered_bytes,
         )
         server.signer = self.identity
+        server.group_of = partial(admission_group_of, self.p2p) if self.p2p is not None else None
         if self.evidence is not None:  # re-checks run on the new blocks from now on
             self.evidence.core, self.evidence.scheduler = core, server.scheduler
             server.banned = self.evidence.banned

@@ -95,6 +95,7 @@ class PeerServer:
         # The peer's identity (swarm/identity.py): signs its sessions' commitments; None signs nothing.
         self.signer = None
         self.banned: set[str] = set()  # peers proven to lie (peer/evidence_service.py): refused
+        self.group_of = None  # async: remote peer id -> its IP group, None on loopback (set by the runtime)
 
     def close(self) -> None:
         for task in self.tasks:
@@ -109,7 +110,8 @@ class PeerServer:
         try:
             if remote_id in self.banned:
                 raise ProtocolError(ErrorCode.BANNED, "this peer proved you signed a wrong output")
-            self.admission.enter_stream(remote_id)
+            group = await self.group_of(remote_id) if self.group_of is not None else None
+            self.admission.enter_stream(remote_id, group)
         except ProtocolError as e:
             await self._send(writer, Error(e.code, e.message))
             writer.close()

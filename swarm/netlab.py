@@ -5,10 +5,13 @@ lives in namespaces this module creates, named with one random prefix, so nothin
 host's own interfaces, and `close()` removes every namespace (their interfaces, routes and
 iptables rules go with them).
 
-    internet namespace: a bridge, 10.77.0.0/24
+    internet namespace: a bridge, 10.77.0.0/16
       ├── public host namespace "pub": 10.77.0.2 (a bootstrap, a client, a public peer)
-      └── router namespace of home i: WAN 10.77.0.(10+i), MASQUERADE, only replies come in
+      └── router namespace of home i: WAN 10.77.(10+i).1, MASQUERADE, only replies come in
             └── host namespace of home i: 192.168.(100+i).2, default route via its router
+
+Each home's WAN address is in a /24 of its own, as on the internet: limits per IP group
+(peer/admission.py) see one group per home, and another for the public host.
 
 A home's host can dial the internet; nobody outside can dial into a home. The addresses are
 private ranges on purpose: reachability must be decided by dial-backs, never by address class.
@@ -105,7 +108,7 @@ class NetLab:
         self._run(self.internet_ns, "ip link add br0 type bridge")
         self._run(self.internet_ns, "ip link set br0 up")
         self._add_ns(self.public_ns)
-        self._plug_into_internet(self.public_ns, "pub", f"{PUBLIC_HOST_IP}/24")
+        self._plug_into_internet(self.public_ns, "pub", f"{PUBLIC_HOST_IP}/16")
         for i in range(1, self.homes + 1):
             self.home_list.append(self._build_home(i))
 
@@ -158,10 +161,10 @@ class NetLab:
 
     def _build_home(self, i: int) -> Home:
         router, host = f"{self.prefix}-r{i}", f"{self.prefix}-h{i}"
-        wan_ip, lan = f"{INTERNET_PREFIX}.{10 + i}", f"192.168.{100 + i}"
+        wan_ip, lan = f"10.77.{10 + i}.1", f"192.168.{100 + i}"
         self._add_ns(router)
         self._add_ns(host)
-        self._plug_into_internet(router, f"r{i}", f"{wan_ip}/24")
+        self._plug_into_internet(router, f"r{i}", f"{wan_ip}/16")
         self._run(None, f"ip link add {self.prefix}l{i} type veth peer name {self.prefix}L{i}")
         self._run(None, f"ip link set {self.prefix}l{i} netns {router} name lan0")
         self._run(None, f"ip link set {self.prefix}L{i} netns {host} name eth0")

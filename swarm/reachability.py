@@ -271,6 +271,18 @@ async def ip_group_of(p2p, peer_id: str) -> str:
     return peer_id
 
 
+async def admission_group_of(p2p, peer_id: str) -> str | None:
+    """The IP group a connected remote counts under for a peer's limits (peer/admission.py);
+    None when it connects over loopback (a swarm on one machine is one operator's)."""
+    for info in await p2p.list_peers():
+        if info.peer_id.to_base58() == peer_id:
+            ips = sorted(a.ip for a in (tcp_addr(str(m)) for m in info.addrs) if a is not None)
+            if ips and all(ipaddress.ip_address(ip).is_loopback for ip in ips):
+                return None
+            return ip_group(ips[0]) if ips else peer_id
+    return peer_id
+
+
 async def serve_helpers(p2p, limits):
     """What a reachable node serves peers behind NAT on `p2p`: dial-backs and, with `limits`,
     relay slots (swarm/port_relay.py). Returns the relay (None without `limits`), for close."""

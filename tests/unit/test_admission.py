@@ -77,3 +77,40 @@ def test_a_remote_may_always_reserve_one_whole_session():
     admission = Admission(AdmissionLimits(cache_share_per_remote=0.5))
     admission.check_open("alice", {}, 2048, cache_tokens=2048, session_tokens=2048)
     assert _code(admission.check_open, "alice", {}, 2048, 2048) == ErrorCode.REMOTE_LIMIT  # no floor
+
+
+def test_identities_of_one_ip_group_share_twice_one_remotes_streams():
+    admission = Admission(AdmissionLimits(sessions_per_remote=1, extra_streams_per_remote=1))  # 2 a remote
+    for sybil in ("s1", "s1", "s2", "s2"):
+        admission.enter_stream(sybil, "10.0.1.0/24")
+    assert _code(admission.enter_stream, "s3", "10.0.1.0/24") == ErrorCode.REMOTE_LIMIT
+    admission.enter_stream("s3", "10.0.2.0/24")  # another network is not affected
+    admission.enter_stream("local", None)  # nor loopback, which has no group
+    admission.leave_stream("s1")
+    admission.enter_stream("s3", "10.0.1.0/24")
+
+
+def test_identities_of_one_ip_group_share_twice_one_remotes_sessions_and_cache():
+    class Session:
+        reserved_tokens = 1000
+
+    admission = Admission(AdmissionLimits(sessions_per_remote=2, cache_share_per_remote=0.25))
+    open_sessions = {}
+    for i, sybil in enumerate(("s1", "s2", "s3", "s4", "s5")):
+        admission.enter_stream(sybil, "10.0.1.0/24")
+        if i == 4:  # 4 sessions a group: 2 x 2 a remote
+            assert _code(admission.check_open, sybil, open_sessions, 100, 10_000) == ErrorCode.REMOTE_LIMIT
+            break
+        admission.check_open(sybil, open_sessions, 100, 10_000)
+        admission.opened(sybil, f"{sybil}/x")
+        open_sessions[f"{sybil}/x"] = Session()
+    # the cache: one remote may reserve 25% = 2,500 of 10,000 tokens, a group 2 x 25% = 5,000
+    admission.enter_stream("t", "10.0.3.0/24")
+    assert (
+        _code(admission.check_open, "t", open_sessions, 2600, 10_000) == ErrorCode.REMOTE_LIMIT
+    )  # one remote
+    del open_sessions["s1/x"]
+    admission.check_open("s5", open_sessions, 100, 10_000)
+    admission.enter_stream("u", "10.0.1.0/24")
+    with pytest.raises(ProtocolError, match="IP group 10.0.1.0/24 may reserve"):
+        admission.check_open("u", open_sessions, 2400, 10_000)  # 3,000 held + 2,400 > 5,000
