@@ -20,6 +20,11 @@ over the lower p99 of the two, after an unmeasured 5 s warm-up of the new swarm.
 8. push_stranger: steps whose chain names a peer id outside the swarm
 9. terminal_escapes: a peer named with ANSI escapes; `hexswarm status` must print none raw
 10. impostor: a peer of the checkpoint with one weight changed (another model id)
+11. speed_fair, speed_liar: a peer of all blocks announcing what the honest ones do, then one
+    announcing 100x that (clients route it by what they observe: client/observed.py);
+    `traffic_share_fair` and `traffic_share_liar` are the shares of requests routed through each
+12. api_flood also reports `honest_wait_s`: the p99 time to a 200 of an honest API user during
+    the flood (the flood comes from another address, 127.0.0.2; the API queues fairly by address)
 
 (Issue items 8 demo signals, 10 dht.get deadlines and 12's cache are covered by their tests.)
 Per phase: requests started and completed, outputs equal to local transformers' generate(),
@@ -68,6 +73,8 @@ HOSTILE_PEER_FLAGS = (*HONEST_FLAGS, "--drain-timeout", "5")
 API_LIMITS = {"--max-concurrent": 1, "--max-queue": 3, "--max-body-bytes": 64 << 10}
 PROMPTS = 16  # distinct prompts, their expected outputs computed once
 GOAL_P99_RATIO = 1.5
+GOAL_HONEST_WAIT_S = 2.0  # p99 wait of an honest API user during the flood
+GOAL_SHARE_RATIO = 1.2  # traffic_share_liar <= this x traffic_share_fair
 WARM_UP_S = 5.0
 HOP_STEPS = re.compile(r"hop cost over (\d+) steps")
 ROUTE_NAME = re.compile(r"(?:^| -> )(.+?)\[\d+:\d+\)")
@@ -414,6 +421,7 @@ class HonestApiUser(threading.Thread):
             "completion": {"asked": len(first), "served": len(served), "statuses": dict(self.statuses),
                            "first_answer_ms_max": round(max(first), 1) if first else None,
                            "to_200_s_median": round(float(np.median(served)), 2) if served else None,
+                           "to_200_s_p99": round(float(np.percentile(served, 99)), 2) if served else None,
                            "to_200_s_max": round(max(served), 2) if served else None},
         }  # fmt: skip
 
@@ -438,6 +446,16 @@ def api_flood(bench: Bench):
     bench.local.stop(proc)
 
 
+@contextlib.contextmanager
+def announced_speed(bench: Bench, name: str, *flags: str):
+    """A peer of all blocks, computing as fast as the honest peers; `flags` set what it announces."""
+    peer = bench.start_hostile_peer(bench.model, f"0:{bench.spec.num_blocks}", name, *flags)
+    try:
+        yield {"victim": name}
+    finally:
+        bench.local.stop(peer)
+
+
 ATTACKS = {
     "bad_record": bad_record,
     "stolen_lease": stolen_lease,
@@ -452,6 +470,11 @@ ATTACKS = {
     "push_stranger": lambda bench: actor(bench, "stranger"),
     "terminal_escapes": terminal_escapes,
     "impostor": impostor,
+    # the same peer announcing honestly (what its real speed earns), then 100x faster
+    "speed_fair": lambda bench: announced_speed(bench, "twin"),
+    "speed_liar": lambda bench: announced_speed(
+        bench, "boaster", "--throughput", "10000", "--decode-ms", "0.01"
+    ),
 }
 
 
@@ -507,9 +530,33 @@ def run_all(args: argparse.Namespace, workdir: Path) -> dict:
         complete = figures["completed"] == figures["requests"] == figures["exact"]
         if not complete or figures["p99_ratio"] is None or figures["p99_ratio"] > GOAL_P99_RATIO:
             missed.append(phase)
+    result.update(speed_shares(result))
+    flood = result.get("api_flood", {}).get("evidence", {}).get("honest_api", {}).get("completion", {})
+    if flood:
+        result["honest_wait_s"] = flood.get("to_200_s_p99")
+        if result["honest_wait_s"] is None or result["honest_wait_s"] > GOAL_HONEST_WAIT_S:
+            missed.append("api_flood_fairness")
+    if "traffic_share_liar" in result and result["traffic_share_liar"] > GOAL_SHARE_RATIO * max(
+        result["traffic_share_fair"], 1e-9
+    ):
+        missed.append("speed_liar_share")
     result["goal"] = {"p99_ratio_max": GOAL_P99_RATIO, "missed": missed}
     result["wall_s"] = round(time.monotonic() - began, 1)
     return result
+
+
+def speed_shares(result: dict) -> dict:
+    """The share of completed requests routed through the peer announcing 100x its speed, and
+    through its twin of the same real speed announcing honestly (the share its speed earns)."""
+    shares = {}
+    for phase, name, key in (
+        ("speed_fair", "twin", "traffic_share_fair"),
+        ("speed_liar", "boaster", "traffic_share_liar"),
+    ):
+        figures = result.get(phase)
+        if figures and figures["completed"]:
+            shares[key] = round(figures["routes_via"].get(name, 0) / figures["completed"], 3)
+    return shares if len(shares) == 2 else {}
 
 
 def main() -> None:

@@ -272,26 +272,29 @@ async def hog(swarms, targets, spec, args, stop: threading.Event) -> dict:
 
 
 def flood(args, stop: threading.Event) -> dict:
-    import urllib.error
-    import urllib.request
+    """10x the API's places from one client address (--source-ip: another address than the
+    honest user's, as a flooder on the internet has)."""
+    import http.client
+    from urllib.parse import urlsplit
 
     statuses: Counter = Counter()
     workers = 10 * args.api_capacity
+    url = urlsplit(args.api)
 
     def post(body: dict) -> str:
-        request = urllib.request.Request(
-            f"{args.api}/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {args.api_key}"},
+        connection = http.client.HTTPConnection(
+            url.hostname, url.port, timeout=120, source_address=(args.source_ip, 0)
         )
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {args.api_key}"}
         try:
-            with urllib.request.urlopen(request, timeout=120) as answer:
-                answer.read()
-                return str(answer.status)
-        except urllib.error.HTTPError as refused:
-            return str(refused.code)
+            connection.request("POST", f"{url.path}/completions", json.dumps(body).encode(), headers)
+            answer = connection.getresponse()
+            answer.read()
+            return str(answer.status)
         except OSError as e:  # a 413 may reset the connection while the body is still going out
             return type(e).__name__
+        finally:
+            connection.close()
 
     def worker(i: int) -> None:
         oversized = i % 10 == 0  # one worker in ten sends bodies over the server's limit
@@ -413,6 +416,7 @@ def main() -> None:
     parser.add_argument("--api-capacity", type=int, default=4, help="flood: running + queued places")
     parser.add_argument("--body-limit", type=int, default=1 << 20, help="flood: the API's body limit")
     parser.add_argument("--served-name", default="", help="flood: the API's model name")
+    parser.add_argument("--source-ip", default="127.0.0.2", help="flood: the address it floods from")
     args = parser.parse_args()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -13,6 +13,11 @@ queued: it is tokenized and checked, then waits in arrival order for a slot, for
 never starts. A run slot is held until the generation's thread has ended, not merely until its
 client left: the step in flight and the session's close still use that thread.
 
+Queued requests are served fairly across clients (the address a request comes from): run
+slots go round-robin over the clients that have requests waiting, oldest first within each, so
+a client that floods the queue waits behind itself, not in front of everyone; and one client
+holds at most a quarter of the places (`max_places_per_client`), so it cannot fill the queue.
+
 Everything here runs on the event loop; a generation thread hands its slot back through
 `loop.call_soon_threadsafe(ticket.done)`.
 """
@@ -22,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from hexswarm.client.api_schema import ApiError
@@ -35,12 +40,17 @@ HOLD_TIME_SMOOTHING = 0.2  # weight of the newest hold time in the moving averag
 class AdmissionLimits:
     """How many requests generate at once, how many may wait, and for how long."""
 
-    max_running: int = 16  # generations at once, each in its own thread with its own swarm session
+    max_running: int = 8  # generations at once, each in its own thread with its own swarm session
     # Four waiting per running slot: enough to ride out a burst, small enough that a queued
     # request still starts within a few generations' time rather than after minutes.
     max_queued: int = 64
     # A queued request's longest wait for a run slot; past it the answer is 503 with Retry-After.
     queue_timeout_s: float = 120.0
+
+    @property
+    def max_places_per_client(self) -> int:
+        """Places one client may hold: a quarter of all, at least one run slot's worth."""
+        return max(1, (self.max_running + self.max_queued) // 4)
 
     def __post_init__(self) -> None:
         if self.max_running < 1:
@@ -59,16 +69,19 @@ class Admission:
         self.places = 0  # requests admitted and not done: queued + running
         self.running = 0  # run slots held
         self.mean_hold_s = 0.0  # how long a run slot is held, smoothed; 0 until one is given back
-        self._waiters: deque[asyncio.Future] = deque()  # queued requests' wake-ups, oldest first
+        # client -> its queued requests' wake-ups, oldest first; clients in turn order
+        self._waiters: OrderedDict[str, deque[asyncio.Future]] = OrderedDict()
+        self.places_of: dict[str, int] = {}  # client -> places it holds
 
     @property
     def queued(self) -> int:
         return self.places - self.running
 
-    def admit(self) -> Ticket:
-        """A place for one request; ApiError 429 with Retry-After, at once, when none is left."""
+    def admit(self, client: str = "") -> Ticket:
+        """A place for one request of `client`; ApiError 429 with Retry-After, at once, when
+        none is left, or when this client holds its share of them."""
+        retry = self.retry_after_s()
         if self.places >= self.limits.max_running + self.limits.max_queued:
-            retry = self.retry_after_s()
             raise ApiError(
                 429,
                 f"the API is at capacity ({self.running} generating, {self.queued} queued); "
@@ -77,8 +90,18 @@ class Admission:
                 code="queue_full",
                 headers={"Retry-After": str(retry)},
             )
+        share = self.limits.max_places_per_client
+        if client and self.places_of.get(client, 0) >= share:  # "": origin unknown (in-process callers)
+            raise ApiError(
+                429,
+                f"you have {share} requests generating or queued, your share of this API; retry after {retry} s",
+                "rate_limit_exceeded",
+                code="client_queue_full",
+                headers={"Retry-After": str(retry)},
+            )
         self.places += 1
-        return Ticket(self)
+        self.places_of[client] = self.places_of.get(client, 0) + 1
+        return Ticket(self, client)
 
     def retry_after_s(self) -> int:
         """Seconds until a place is likely free: a run slot's mean hold time over the slots
@@ -86,13 +109,13 @@ class Admission:
         expected = self.mean_hold_s / self.limits.max_running
         return min(MAX_RETRY_AFTER_S, max(1, math.ceil(expected)))
 
-    async def _take_slot(self) -> None:
-        """Waits (up to queue_timeout_s, TimeoutError after) for a run slot, in arrival order."""
+    async def _take_slot(self, client: str = "") -> None:
+        """Waits (up to queue_timeout_s, TimeoutError after) for a run slot, in turn among clients."""
         if self.running < self.limits.max_running and not self._waiters:
             self.running += 1
             return
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._waiters.setdefault(client, deque()).append(waiter)
         try:
             async with asyncio.timeout(self.limits.queue_timeout_s):
                 await waiter
@@ -101,20 +124,30 @@ class Admission:
                 self._hand_on()  # a slot was handed over just as this request gave up: pass it on
             else:
                 waiter.cancel()
-                if waiter in self._waiters:  # _hand_on may have dropped it already, as cancelled
-                    self._waiters.remove(waiter)
+                queue = self._waiters.get(client)
+                if queue is not None and waiter in queue:  # _hand_on may have dropped it, as cancelled
+                    queue.remove(waiter)
+                    if not queue:
+                        del self._waiters[client]
             raise
 
-    def _leave(self, held_slot_s: float | None) -> None:
+    def _leave(self, client: str, held_slot_s: float | None) -> None:
         self.places -= 1
+        self.places_of[client] -= 1
+        if not self.places_of[client]:
+            del self.places_of[client]
         if held_slot_s is not None:
             self.mean_hold_s += HOLD_TIME_SMOOTHING * (held_slot_s - self.mean_hold_s)
             self._hand_on()
 
     def _hand_on(self) -> None:
-        """A run slot was given back: to the oldest queued request, else to the pool."""
+        """A run slot was given back: to the oldest queued request of the client whose turn it
+        is (that client then goes to the back of the turn order), else to the pool."""
         while self._waiters:
-            waiter = self._waiters.popleft()
+            client, queue = self._waiters.popitem(last=False)
+            waiter = queue.popleft()
+            if queue:
+                self._waiters[client] = queue  # its next request waits for its next turn
             if not waiter.done():
                 waiter.set_result(None)  # the slot moves over; `running` does not change
                 return
@@ -124,8 +157,8 @@ class Admission:
 class Ticket:
     """One admitted request's place, and later its run slot."""
 
-    def __init__(self, admission: Admission):
-        self._admission = admission
+    def __init__(self, admission: Admission, client: str = ""):
+        self._admission, self.client = admission, client
         self._slot_since: float | None = None  # monotonic time the run slot was taken
         self._done = False
 
@@ -136,7 +169,7 @@ class Ticket:
     async def wait_turn(self) -> None:
         """Waits in the queue for a run slot; ApiError 503 with Retry-After after queue_timeout_s."""
         try:
-            await self._admission._take_slot()
+            await self._admission._take_slot(self.client)
         except TimeoutError:
             retry = self._admission.retry_after_s()
             waited = self._admission.limits.queue_timeout_s
@@ -155,4 +188,4 @@ class Ticket:
             return
         self._done = True
         held = None if self._slot_since is None else time.monotonic() - self._slot_since
-        self._admission._leave(held)
+        self._admission._leave(self.client, held)

@@ -122,7 +122,8 @@ class ApiService:
 
     async def answer(self, request: Request, body: CompletionRequest | ChatRequest, chat: bool):
         """The answer to one request (see `_serve`); a bare 499 if its client left first."""
-        ticket = self.admission.admit()  # 429 at once when every place is taken
+        # 429 at once when every place is taken, or this client (its address) holds its share
+        ticket = self.admission.admit(request.client.host if request.client else "")
         return await unless_client_leaves(request, self._serve(ticket, body, chat))
 
     async def _serve(self, ticket: Ticket, body: CompletionRequest | ChatRequest, chat: bool):

@@ -7,20 +7,28 @@ sessions as if it ran them one at a time.
 
 from __future__ import annotations
 
+from hexswarm.client.observed import ObservedSpeeds
 from hexswarm.routing.chains.swarm_view import PeerView
 from hexswarm.swarm.records import PeerRecord
 
 
-def peer_view(record: PeerRecord) -> PeerView:
-    """The routing view of one (already validated) record."""
+def peer_view(record: PeerRecord, observed: ObservedSpeeds | None = None) -> PeerView:
+    """The routing view of one (already validated) record. With `observed`, a peer announcing
+    itself over twice as fast as the client measured it is seen at the measured speed, its
+    throughputs scaled down alike (client/observed.py)."""
+    decode_ms, scale = record.decode_ms_per_block, 1.0
+    if observed is not None:
+        decode_ms = observed.effective_ms_per_block(record.peer_id, record.decode_ms_per_block, record.name)
+        if decode_ms > record.decode_ms_per_block:
+            scale = record.decode_ms_per_block / decode_ms
     return PeerView(
         peer_id=record.peer_id,
         start=record.start,
         end=record.end,
-        throughput=record.throughput,
-        decode_ms_per_block=record.decode_ms_per_block,
+        throughput=record.throughput * scale,
+        decode_ms_per_block=decode_ms,
         cache_tokens_left=record.cache_tokens_left,
         open_sessions=record.open_sessions,
         decode_batch_size=record.decode_batch_size,
-        decode_batch_tokens_per_s=record.decode_batch_tokens_per_s,
+        decode_batch_tokens_per_s=record.decode_batch_tokens_per_s * scale,
     )

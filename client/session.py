@@ -243,10 +243,12 @@ class InferenceSession:
         each hop's output in order. Returns the last output read and the next hop to send to."""
         end = self._segment_end(i)
         inputs[self.hops[i].start] = hidden
+        sent = time.perf_counter()
         try:
             await self.peers.send(self.hops[i], hidden, self.position, self.hops[i + 1 : end])
         except PeerError as e:
             raise _HopFailed(i, e) from None
+        clock = _HopClock(self.swarm, sent, decode=tuple(hidden.shape[:2]) == (1, 1))
         self.hop_steps.update(sent=1, pushed=end - i - 1)  # corrected below if a push fails
         for j in range(i, end):
             hop = self.hops[j]
@@ -258,10 +260,13 @@ class InferenceSession:
                     if j > i:  # it was pushed: the pusher's link is not trusted any more
                         self.no_push_from.add(self.hops[j - 1].hop.peer_id)
                     raise
+                clock.answered(hop, first=j == i)
                 if self.verifier is not None:  # a VerificationError fails this hop over like any other
+                    checking = time.perf_counter()
                     await self.verifier.after_hop(
                         hop.conn, hop.start, hop.end, self.position, hidden, output, hop.quant, hop.session_id
                     )
+                    clock.worked_since(checking)
             except PeerError as e:
                 raise _HopFailed(j, e) from None
             hidden = output
@@ -396,3 +401,27 @@ def longest_sequence(records: list, num_blocks: int) -> int:
         for block in range(max(0, r.start), min(r.end, num_blocks)):
             best[block] = max(best[block], r.max_length)
     return min(best, default=0)
+
+
+WORK_UNTIMED_S = 0.001  # client work between two answers past which the next one is not timed
+
+
+class _HopClock:
+    """Times each hop of one segment's decode step as the client sees it (client/observed.py):
+    the first hop from the send to its answer less the round trip, each pushed hop from the
+    previous answer to its own. After the client worked in between (a verification check), the
+    next answer may have waited in its stream, so it is not timed."""
+
+    def __init__(self, swarm, sent: float, decode: bool):
+        self.swarm, self.last, self.decode = swarm, sent, decode
+
+    def answered(self, hop, first: bool) -> None:
+        now = time.perf_counter()
+        if self.decode and self.last is not None:
+            rtt_ms = self.swarm.rtt_ms.get(hop.hop.peer_id, (0.0, 0.0))[0] if first else 0.0
+            self.swarm.observed.add(hop.hop.peer_id, 1000 * (now - self.last) - rtt_ms, hop.end - hop.start)
+        self.last = now
+
+    def worked_since(self, began: float) -> None:
+        if time.perf_counter() - began > WORK_UNTIMED_S:
+            self.last = None

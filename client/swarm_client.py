@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from hivemind.p2p import PeerID
 
+from hexswarm.client.observed import ObservedSpeeds
 from hexswarm.client.peer_views import peer_view
 from hexswarm.client.remote import PeerConnection, PeerError
 from hexswarm.client.worker import event_loop, run_sync
@@ -106,6 +107,7 @@ class SwarmClient:
     _last_snapshot: tuple | None = None
     dialer: Dialer | None = None  # dials peers at their records' addresses (relay circuits)
     background: set = field(default_factory=set)  # work that outlives a call (sharing evidence)
+    observed: ObservedSpeeds = field(default_factory=ObservedSpeeds)  # decode times it measured itself
 
     def __post_init__(self) -> None:
         if self.dialer is None:
@@ -206,7 +208,7 @@ class SwarmClient:
     ) -> SwarmView:
         """A SwarmView of `records`, with fresh round trips (peers that do not answer are left out)."""
         rtts = self.round_trips(records, ping_timeout)
-        peers = tuple(peer_view(r) for r in records if r.peer_id in rtts)
+        peers = tuple(peer_view(r, self.observed) for r in records if r.peer_id in rtts)
         # Routers cache their work per version: bump it only when what they see has changed.
         snapshot = (peers, tuple(sorted(rtts.items())), num_blocks)
         if snapshot != self._last_snapshot:

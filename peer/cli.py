@@ -124,6 +124,7 @@ def peer_config(args: argparse.Namespace):
             group_factor=args.ip_group_share,
         ),
         debug_corrupt_outputs=args.debug_corrupt_outputs,
+        debug_slow_ms=args.debug_slow_ms,
         debug_record=dict(map(parse_record_override, args.debug_record)),
         prefill_threads=prefill_threads,
     )

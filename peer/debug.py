@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import msgpack
 import torch
@@ -40,6 +41,26 @@ class CorruptOutputs:
             rms = output.float().pow(2).mean(dim=-1, keepdim=True).sqrt()
             return output + (0.01 * rms * torch.randn_like(output, dtype=torch.float32)).to(output.dtype)
         return output
+
+
+class SlowBlocks:
+    """Wraps a peer's Blocks so that every forward takes `ms` longer (run-peer --debug-slow-ms),
+    on the compute thread: a peer slower than it announces, which clients must see through
+    (client/observed.py)."""
+
+    def __init__(self, blocks, ms: float):
+        self._blocks, self._s = blocks, ms / 1000
+
+    def __getattr__(self, name: str):
+        return getattr(self._blocks, name)
+
+    def __call__(self, hidden: torch.Tensor, cache, position: int, start: int, end: int) -> torch.Tensor:
+        time.sleep(self._s)
+        return self._blocks(hidden, cache, position, start, end)
+
+    def forward_batch(self, hiddens, caches, positions, start: int, end: int) -> list[torch.Tensor]:
+        time.sleep(self._s)
+        return self._blocks.forward_batch(hiddens, caches, positions, start, end)
 
 
 def tamper(blocks, mode: str) -> None:

@@ -322,6 +322,8 @@ def add_debug_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--debug-corrupt-outputs", nargs="?", const="noise5", default="", choices=LIES, help=hidden
     )
+    # compute every forward this much slower (peer/debug.py SlowBlocks): a peer slower than it announces
+    parser.add_argument("--debug-slow-ms", type=cli_args.non_negative_float, default=0.0, help=hidden)
     # benchmarks/hepti.py: RANK:FACTOR[@SECONDS], that rank computes FACTOR times slower (from then on)
     parser.add_argument("--debug-slowdown", action="append", default=[], help=hidden)
     # announce FIELD=JSON over the honest record (peer/debug.py), so tests can check its readers

@@ -26,7 +26,7 @@ from hexswarm.peer.admission import Admission, AdmissionLimits
 from hexswarm.peer.announcer import Announcer
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import Blocks, PeerCore, PeerLimits
-from hexswarm.peer.debug import CorruptOutputs, tampered_encoder
+from hexswarm.peer.debug import CorruptOutputs, SlowBlocks, tampered_encoder
 from hexswarm.peer.devices import describe
 from hexswarm.peer.evidence_service import EvidenceService
 from hexswarm.peer.faults import FaultInjector, FaultPlan
@@ -111,6 +111,7 @@ class PeerConfig:
     faults: FaultPlan | None = None  # debug fault injection (peer.faults); None in production
     admission: AdmissionLimits = AdmissionLimits()  # per-remote and per-session limits
     debug_corrupt_outputs: str = ""  # tests only: a way to compute wrong outputs (peer/debug.py LIES)
+    debug_slow_ms: float = 0.0  # tests only: every forward this much slower than measured
     coordinator_trust: Trust = None  # whose plans an auto peer follows (swarm/coordinator/records.py)
     debug_record: dict = field(default_factory=dict)  # tests only: fields announced over the honest ones
     # torch threads for steps of many tokens (prefill) when decode runs on fewer (peer/devices.py)
@@ -351,6 +352,8 @@ class _Peer:
                 c.debug_corrupt_outputs,
             )
             blocks = CorruptOutputs(blocks, c.debug_corrupt_outputs)
+        if c.debug_slow_ms:
+            blocks = SlowBlocks(blocks, c.debug_slow_ms)
         self.core = PeerCore(blocks, c.spec.model_id, c.limits, c.prefill_threads)
         self.server = self.new_server(self.core)
         if c.faults is not None:

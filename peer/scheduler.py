@@ -12,6 +12,13 @@ Every validated step becomes a `Job` on one queue, served by one compute thread:
   at most one chunk next to the decode batch, so a long prompt delays the other sessions'
   tokens by one chunk's time instead of the whole prompt's (SARATHI, Agrawal et al. 2023).
 
+- **Fair shares of prefill compute.** The chunk each round runs goes to the *account* (the
+  session's IP group, else its remote: `account_of`) that has been served the fewest prompt
+  tokens, so a remote sending back-to-back long prompts gets one chunk in turn with every other
+  account that has a prompt waiting, not one per prompt it queued. An account that had
+  nothing queued starts level with the least-served account waiting (start-time fair
+  queueing), so idle time banks no credit and a fresh identity jumps no queue.
+
 With `batching=False` jobs run one at a time in arrival order (the baseline of
 benchmarks/concurrency.py); prefills are still chunked when a chunk size is set.
 """
@@ -31,6 +38,8 @@ from hexswarm.peer.core import PeerCore, Session
 from hexswarm.swarm.protocol import ErrorCode, ProtocolError, StepResult
 
 logger = logging.getLogger(__name__)
+
+MAX_ACCOUNTS = 4096  # accounts remembered by the fair shares
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,8 @@ class StepScheduler:
         self.cond = threading.Condition()
         self.stopped = False
         self.batch_sizes = collections.Counter()  # decode batch rows -> how many batches ran
+        self.served: dict[str, int] = {}  # account -> prompt tokens computed (fair shares)
+        self.account_of = lambda session: session.owner  # the server counts IP groups instead
         self.thread = threading.Thread(target=self._loop, name="compute", daemon=True)
         self.thread.start()
 
@@ -89,6 +100,8 @@ class StepScheduler:
         with self.cond:
             if self.stopped:
                 raise RuntimeError("the compute thread is stopped")
+            if not job.is_decode:
+                self._level(self.account_of(session))
             self.queue.append(job)
             self.cond.notify()
         return job
@@ -128,11 +141,28 @@ class StepScheduler:
                     rows += job.rows
                 else:
                     rest.append(job)
-            prefill = next((job for job in rest if not job.is_decode), None)
+            prefill = self._fairest_prefill(rest)
             if prefill is not None:
                 rest.remove(prefill)
             self.queue = rest
             return decodes, prefill
+
+    def _fairest_prefill(self, jobs) -> Job | None:
+        """The oldest prefill of the least-served account (called holding the lock)."""
+        prefills = [job for job in jobs if not job.is_decode]
+        if not prefills:
+            return None
+        return min(prefills, key=lambda job: self.served.get(self.account_of(job.session), 0))
+
+    def _level(self, account: str) -> None:
+        """An account with no prompt waiting starts level with the least-served one waiting."""
+        waiting = {self.account_of(job.session) for job in self.queue if not job.is_decode}
+        if account in waiting:
+            return
+        floor = min((self.served.get(a, 0) for a in waiting), default=0)
+        self.served[account] = max(self.served.get(account, 0), floor)
+        if len(self.served) > MAX_ACCOUNTS:  # forget the accounts with nothing waiting
+            self.served = {a: n for a, n in self.served.items() if a in waiting or a == account}
 
     def _wait_for_batch(self) -> None:
         """Lets more decode steps join while the window lasts (called holding the lock)."""
@@ -192,6 +222,9 @@ class StepScheduler:
             job.future.set_exception(e)
             return
         job.done_tokens += part.shape[1]
+        with self.cond:
+            account = self.account_of(job.session)
+            self.served[account] = self.served.get(account, 0) + part.shape[0] * part.shape[1]
         if last:
             job.compute_ended = time.perf_counter()
             output = torch.cat(job.outputs, dim=1) if len(job.outputs) > 1 else job.outputs[0]

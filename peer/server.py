@@ -87,6 +87,8 @@ class PeerServer:
         # Streams that have opened no session yet, oldest first: the first to go when slots run out.
         self.waiting: dict[asyncio.StreamWriter, None] = {}
         self.scheduler = StepScheduler(core, policy or BatchPolicy())
+        # prompt compute is shared fairly by IP group (identities cost nothing), else by remote
+        self.scheduler.account_of = lambda session: self.admission.groups.get(session.owner) or session.owner
         self.hop_stats = HopStats()
         self.faults: FaultInjector | None = None  # debug fault injection (peer/faults.py); tests only
         self.pusher: PushLinks | None = None  # links to next peers (set once the p2p handle is up)

@@ -134,3 +134,38 @@ def test_retry_after_follows_how_long_slots_are_held(monkeypatch):
 def test_limits_out_of_range_are_refused(limits):
     with pytest.raises(ValueError):
         AdmissionLimits(**limits)
+
+
+def test_run_slots_go_round_robin_over_clients_so_a_flood_waits_behind_itself():
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_running=1, max_queued=12))
+        first = admission.admit("flooder")
+        await first.wait_turn()
+        order = []
+
+        async def queued(client: str, name: str):
+            ticket = admission.admit(client)
+            await ticket.wait_turn()
+            order.append(name)
+            ticket.done()
+
+        tasks = [asyncio.create_task(queued("flooder", f"f{i}")) for i in range(3)]
+        await settle()
+        tasks.append(asyncio.create_task(queued("honest", "h")))  # arrives last
+        await settle()
+        first.done()
+        await asyncio.gather(*tasks)
+        assert order == ["f0", "h", "f1", "f2"]  # the honest request waits one turn, not three
+
+    run(scenario())
+
+
+def test_one_client_holds_at_most_a_quarter_of_the_places():
+    admission = Admission(AdmissionLimits(max_running=2, max_queued=6))  # 8 places, 2 a client
+    admission.admit("flooder")
+    admission.admit("flooder")
+    with pytest.raises(ApiError) as refused:
+        admission.admit("flooder")
+    assert refused.value.status == 429 and refused.value.code == "client_queue_full"
+    assert "Retry-After" in refused.value.headers
+    admission.admit("honest")  # another client still gets a place

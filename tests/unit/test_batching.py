@@ -176,3 +176,26 @@ def test_measured_speeds_are_cached_per_weight_format(stack, make_model):
     int8 = BlockStack.load(stack.spec, 0, 2, torch.float32, CPU, quant="int8")
     assert cache_key(int8) != cache_key(stack)
     assert "-qint8-" in cache_key(int8) and "-qnone-" in cache_key(stack)
+
+
+def test_prompt_compute_is_shared_fairly_between_remotes_not_prompts(stack):
+    """One remote queues three 40-token prompts, another one after them: chunks alternate
+    between the two remotes, so the second one's prompt is done before the first one's last two."""
+    core = _core(stack)
+    scheduler = StepScheduler(core, BatchPolicy(batch_window_ms=0.0, prefill_chunk_tokens=8))
+    finished = []
+    try:
+        for owner, sid in (("QmHog", "h0"), ("QmHog", "h1"), ("QmHog", "h2"), ("QmFair", "f0")):
+            core.open(Open(sid, core.model_id, 0, 6, 64, 1, "float32"), owner)
+        with scheduler.cond:  # all four queued before the compute thread looks
+            jobs = []
+            for owner, sid in (("QmHog", "h0"), ("QmHog", "h1"), ("QmHog", "h2"), ("QmFair", "f0")):
+                job = scheduler.submit(*core.begin_step(Step(sid, 0, torch.randn(1, 40, HIDDEN)), owner))
+                job.future.add_done_callback(lambda _, sid=sid: finished.append(sid))
+                jobs.append(job)
+        for job in jobs:
+            job.future.result(timeout=60)
+    finally:
+        scheduler.stop()
+    assert finished.index("f0") < 2, finished  # before the hog's second prompt is done
+    assert scheduler.served == {"QmHog": 120, "QmFair": 40}

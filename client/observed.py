@@ -1,0 +1,76 @@
+"""What a client sees each peer take per block on decode steps: its own clock, not the peer's word.
+
+A peer's record announces its speed (peer/throughput.py), and a signature proves only who
+announced it. So the client times every decode step it routes (client/session.py): a hop it
+sends to takes from the send to its answer, less the round trip it measured to that peer; a
+hop that got the step pushed takes from the previous hop's answer to its own (its link from the
+previous peer included: routing through it costs that too), less HOP_OVERHEAD_MS for what no
+announced compute time includes. Per block, the median of the last WINDOW samples is the
+peer's observed figure (robust to a stall or a GC pause).
+
+A peer whose announced decode time is more than TRUST_FACTOR times faster than observed is
+routed by what was observed (`effective_ms_per_block`), its announced throughputs scaled down
+alike, and logged once; within that factor its own figures stand (client timing includes the
+client's and the network's overhead, which the announced compute time does not).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+WINDOW = 32  # samples kept per peer
+MIN_SAMPLES = 8  # before an observation overrides an announcement
+TRUST_FACTOR = 2.0  # announced up to this many times faster than observed is believed
+MAX_SAMPLE_MS = 60_000.0  # per block; anything longer is a stall, not a speed
+# Taken off every hop's time before it is divided by its blocks: the frames' encoding, the two
+# event loops and a local link cost a few ms a hop that no announcement of compute includes.
+HOP_OVERHEAD_MS = 5.0
+
+
+@dataclass
+class ObservedSpeeds:
+    """Decode ms per block this client observed, per peer (thread-safe enough: one writer loop)."""
+
+    samples: dict[str, deque] = field(default_factory=dict)
+    flagged: set[str] = field(default_factory=set)  # peers routed by observation (logged once each)
+
+    def add(self, peer_id: str, elapsed_ms: float, blocks: int) -> None:
+        """One decode step of `blocks` blocks that took `elapsed_ms` as the client saw it."""
+        if blocks <= 0 or not 0.0 <= elapsed_ms / blocks <= MAX_SAMPLE_MS:
+            return
+        per_block = max(0.0, elapsed_ms - HOP_OVERHEAD_MS) / blocks
+        self.samples.setdefault(peer_id, deque(maxlen=WINDOW)).append(per_block)
+
+    def ms_per_block(self, peer_id: str) -> float | None:
+        """The observed decode ms per block (median), once there are MIN_SAMPLES samples."""
+        window = self.samples.get(peer_id)
+        if window is None or len(window) < MIN_SAMPLES:
+            return None
+        return statistics.median(window)
+
+    def effective_ms_per_block(self, peer_id: str, announced: float, name: str = "") -> float:
+        """What routing should assume: the announcement, unless it is over TRUST_FACTOR times
+        faster than what was observed."""
+        observed = self.ms_per_block(peer_id)
+        if observed is None or observed <= TRUST_FACTOR * announced:
+            return announced
+        if peer_id not in self.flagged:
+            self.flagged.add(peer_id)
+            logger.info(
+                "peer %s announces %.3g ms per block, this client observes %.3g: routing it by what is observed",
+                name or peer_id[-8:],
+                announced,
+                observed,
+            )
+        return _two_digits(observed)
+
+
+def _two_digits(x: float) -> float:
+    """Rounded to two significant digits: routers cache by what they see, which should not
+    change with every sample's noise."""
+    return float(f"{x:.2g}")

@@ -1,0 +1,53 @@
+"""A peer that announces itself 100x faster than it computes (client/observed.py): the client
+times its decode steps, routes it by what it observed from the next generation on, and the
+honest peer's announcement stands. Real run-peer processes and a real client on 127.0.0.1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.records import read_peer_records
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PROMPT = torch.tensor([[5, 6, 7, 8]])
+NEW_TOKENS = 12  # 11 decode steps: more than MIN_SAMPLES
+
+
+def test_a_peer_slower_than_it_announces_is_routed_by_what_is_observed(make_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from hexswarm.client import DistributedModelForCausalLM
+
+    model_dir = make_model(arch="llama", layers=2, seed=52)
+    expected = AutoModelForCausalLM.from_pretrained(model_dir).generate(
+        PROMPT, max_new_tokens=NEW_TOKENS, do_sample=False
+    )
+    with LocalSwarm(tmp_path) as local:
+        local.start_bootstrap()
+        local.start_peer(model_dir, "0:2", "steady", "--throughput", "200", "--decode-ms", "5", wait=False)
+        local.start_peer(
+            model_dir, "0:2", "boaster", "--throughput", "20000", "--decode-ms", "0.05",
+            "--debug-slow-ms", "60", wait=False,
+        )  # fmt: skip
+        for proc in local.processes[1:]:
+            local.wait_for_log(proc, "online:", timeout=120)
+        model = DistributedModelForCausalLM.from_pretrained(
+            model_dir, initial_peers=local.initial_peers, routing="min_latency"
+        )
+        try:
+            names = {r.peer_id: r.name for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
+            routes = []
+            for _ in range(3):
+                out = model.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=False)
+                assert torch.equal(out, expected)
+                routes.append(model.last_route)
+            assert routes[0].startswith("boaster"), routes  # believed at first: nothing observed yet
+            assert all(route.startswith("steady") for route in routes[1:]), routes
+            assert {names[p] for p in model.swarm.observed.flagged} == {"boaster"}
+            boaster = next(p for p, n in names.items() if n == "boaster")
+            assert model.swarm.observed.ms_per_block(boaster) >= 20  # 60 ms a step over 2 blocks, less 5
+        finally:
+            model.shutdown()
