@@ -138,7 +138,7 @@ def test_limits_out_of_range_are_refused(limits):
 
 def test_run_slots_go_round_robin_over_clients_so_a_flood_waits_behind_itself():
     async def scenario():
-        admission = Admission(AdmissionLimits(max_running=1, max_queued=12))
+        admission = Admission(AdmissionLimits(max_running=1, max_queued=15))  # 4 places a client
         first = admission.admit("flooder")
         await first.wait_turn()
         order = []
