@@ -16,7 +16,8 @@ client left: the step in flight and the session's close still use that thread.
 Queued requests are served fairly across clients (the address a request comes from): run
 slots go round-robin over the clients that have requests waiting, oldest first within each, so
 a client that floods the queue waits behind itself, not in front of everyone; and one client
-holds at most a quarter of the places (`max_places_per_client`), so it cannot fill the queue.
+holds at most a quarter of the places (`max_places_per_client`; at least the run slots and one
+more), so it cannot fill the queue.
 
 Everything here runs on the event loop; a generation thread hands its slot back through
 `loop.call_soon_threadsafe(ticket.done)`.
@@ -49,8 +50,9 @@ class AdmissionLimits:
 
     @property
     def max_places_per_client(self) -> int:
-        """Places one client may hold: a quarter of all, at least one run slot's worth."""
-        return max(1, (self.max_running + self.max_queued) // 4)
+        """Places one client may hold: a quarter of all, and at least every run slot and one
+        queued place (so a small API, as in `--max-concurrent 1 --max-queue 1`, still queues)."""
+        return max((self.max_running + self.max_queued) // 4, self.max_running + 1)
 
     def __post_init__(self) -> None:
         if self.max_running < 1:

@@ -161,9 +161,9 @@ def test_run_slots_go_round_robin_over_clients_so_a_flood_waits_behind_itself():
 
 
 def test_one_client_holds_at_most_a_quarter_of_the_places():
-    admission = Admission(AdmissionLimits(max_running=2, max_queued=6))  # 8 places, 2 a client
-    admission.admit("flooder")
-    admission.admit("flooder")
+    admission = Admission(AdmissionLimits(max_running=2, max_queued=10))  # 12 places, 3 a client
+    for _ in range(3):
+        admission.admit("flooder")
     with pytest.raises(ApiError) as refused:
         admission.admit("flooder")
     assert refused.value.status == 429 and refused.value.code == "client_queue_full"
