@@ -59,6 +59,7 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the tests package (bad_record, api_flood)
 
 from concurrency import hop_cost  # noqa: E402  (the honest peers' per-step cost, from their logs)
 
