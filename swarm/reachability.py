@@ -261,26 +261,29 @@ async def ask_many(p2p, helpers: Sequence[str], addrs: Sequence[str]) -> list[Di
     return list(await asyncio.gather(*(ask(p2p, helper, addrs) for helper in helpers)))
 
 
-async def ip_group_of(p2p, peer_id: str) -> str:
-    """The IP group a connected peer's connections come from (its id if none is known)."""
+async def _connection_ips(p2p, peer_id: str) -> list[str]:
+    """The IPs a connected peer's connections come from, sorted; none if it is not connected."""
     for info in await p2p.list_peers():
         if info.peer_id.to_base58() == peer_id:
             ips = sorted(a.ip for a in (tcp_addr(str(m)) for m in info.addrs) if a is not None)
             if ips:
-                return ip_group(ips[0])
-    return peer_id
+                return ips
+    return []
+
+
+async def ip_group_of(p2p, peer_id: str) -> str:
+    """The IP group a connected peer's connections come from (its id if none is known)."""
+    ips = await _connection_ips(p2p, peer_id)
+    return ip_group(ips[0]) if ips else peer_id
 
 
 async def admission_group_of(p2p, peer_id: str) -> str | None:
     """The IP group a connected remote counts under for a peer's limits (peer/admission.py);
     None when it connects over loopback (a swarm on one machine is one operator's)."""
-    for info in await p2p.list_peers():
-        if info.peer_id.to_base58() == peer_id:
-            ips = sorted(a.ip for a in (tcp_addr(str(m)) for m in info.addrs) if a is not None)
-            if ips and all(ipaddress.ip_address(ip).is_loopback for ip in ips):
-                return None
-            return ip_group(ips[0]) if ips else peer_id
-    return peer_id
+    ips = await _connection_ips(p2p, peer_id)
+    if ips and all(ipaddress.ip_address(ip).is_loopback for ip in ips):
+        return None
+    return ip_group(ips[0]) if ips else peer_id
 
 
 async def serve_helpers(p2p, limits):
