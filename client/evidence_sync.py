@@ -29,6 +29,7 @@ from collections.abc import Iterable
 
 import torch
 
+from hexswarm.client.group_cap import record_groups
 from hexswarm.client.remote import PeerError, close_sessions, random_session_id
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.bans import add_ban, new_ban
@@ -41,7 +42,6 @@ from hexswarm.swarm.evidence_wire import (
     call,
     read_holdings,
 )
-from hexswarm.swarm.maddrs import ip_group, tcp_addr
 from hexswarm.swarm.records import PeerRecord
 
 logger = logging.getLogger(__name__)
@@ -55,12 +55,6 @@ MAX_WITNESSES = 4  # peers asked to recompute one piece of evidence, at most
 EVIDENCE_ROUND_S = 300.0
 DISPUTED = "disputed"  # the witness disagreed with the signed output, and no third peer agreed
 UNCHECKED = "unchecked"  # no evidence could be fetched, or no witness could recompute it
-
-
-def record_groups(record: PeerRecord | None) -> set[str]:
-    """The IP groups a record's addresses are in (peers behind one address may be one operator)."""
-    addrs = [tcp_addr(a) for a in (record.addrs if record else ())]
-    return {ip_group(a.ip) for a in addrs if a is not None}
 
 
 def record_format(record: PeerRecord) -> str:

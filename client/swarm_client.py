@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hivemind.p2p import PeerID
 
+from hexswarm.client.group_cap import RECORDS_PER_GROUP, cap_per_group
 from hexswarm.client.observed import ObservedSpeeds
 from hexswarm.client.peer_views import peer_view
 from hexswarm.client.remote import PeerConnection, PeerError
@@ -108,6 +110,9 @@ class SwarmClient:
     dialer: Dialer | None = None  # dials peers at their records' addresses (relay circuits)
     background: set = field(default_factory=set)  # work that outlives a call (sharing evidence)
     observed: ObservedSpeeds = field(default_factory=ObservedSpeeds)  # decode times it measured itself
+    # a router sees at most this many records of one IP group per block (client/group_cap.py)
+    records_per_group: int = RECORDS_PER_GROUP
+    seed: bytes = field(default_factory=lambda: secrets.token_bytes(16))  # which of a group it sees
 
     def __post_init__(self) -> None:
         if self.dialer is None:
@@ -207,6 +212,7 @@ class SwarmClient:
         ping_timeout: float = PING_TIMEOUT_S,
     ) -> SwarmView:
         """A SwarmView of `records`, with fresh round trips (peers that do not answer are left out)."""
+        records = cap_per_group(records, self.records_per_group, self.seed)
         rtts = self.round_trips(records, ping_timeout)
         peers = tuple(peer_view(r, self.observed) for r in records if r.peer_id in rtts)
         # Routers cache their work per version: bump it only when what they see has changed.

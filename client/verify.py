@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 import torch
 from hivemind.utils import get_dht_time
 
-from hexswarm.client.evidence_sync import record_format, record_groups, share_evidence
+from hexswarm.client.evidence_sync import record_format, share_evidence
+from hexswarm.client.group_cap import record_groups
 from hexswarm.client.remote import (
     CLOSE_TIMEOUT_S,
     PeerConnection,

@@ -59,6 +59,17 @@ def test_identities_from_one_home_share_one_allowance(make_model, tmp_path):
             "--max-sessions", "16", "--max-sessions-per-peer", str(SESSIONS_PER_REMOTE),
             launcher=public, timeout=120,
         )  # fmt: skip
+        local.start_peer(
+            model_dir,
+            "0:2",
+            "twin",
+            "--host-maddrs",
+            ANY,
+            "--announce-period",
+            "2",
+            launcher=public,
+            timeout=120,
+        )  # another identity on the target's machine
         sybils, streams = [], []
         try:
             with netlab.inside(net.home(1).host_ns):
@@ -78,6 +89,8 @@ def test_identities_from_one_home_share_one_allowance(make_model, tmp_path):
                 r.code == ErrorCode.REMOTE_LIMIT and "IP group" in r.message for r in refused
             )
 
+            _a_router_sees_one_record_of_the_machine(sybils[0], model_dir)
+
             with netlab.inside(net.home(2).host_ns):  # another home: its own allowance
                 client = DistributedModelForCausalLM.from_pretrained(
                     model_dir, initial_peers=local.initial_peers, coverage_timeout=60
@@ -90,6 +103,20 @@ def test_identities_from_one_home_share_one_allowance(make_model, tmp_path):
         finally:
             for sybil in sybils:
                 sybil.shutdown()
+
+
+def _a_router_sees_one_record_of_the_machine(swarm: SwarmClient, model_dir) -> None:
+    """Both peers run on the public host: one IP group, so a client capped at one record per
+    group per block (client/group_cap.py) routes through one of them, and pings only it."""
+    from hexswarm.swarm.model_spec import load_model_spec
+
+    spec = load_model_spec(model_dir)
+    records = swarm.online_records(spec.model_id, spec.num_blocks)
+    assert {r.name for r in records} == {"target", "twin"}
+    assert len(swarm.view(records, spec.num_blocks, spec.hidden_size).peers) == 2  # the default cap is 4
+    swarm.records_per_group, swarm.rtt_ms = 1, {}
+    assert len(swarm.view(records, spec.num_blocks, spec.hidden_size).peers) == 1
+    assert len(swarm.rtt_ms) == 1
 
 
 def _target(swarm: SwarmClient, model_dir):
