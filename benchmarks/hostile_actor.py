@@ -16,6 +16,9 @@ saw (one JSON object) to --out. Attacks:
             one the peer closes; how many it held, how long.
 - hog:      one legitimate session after another on the first target, each a prefill of
             --max-length tokens, back to back; PING round trips to that peer meanwhile.
+- sybil:    from --identities identities, --streams prefill loops as hog's on every target at
+            once: one machine posing as many (run from one home of swarm/netlab.py, so that
+            every identity is in one IP group).
 - flood:    10x the API's capacity in concurrent completion requests, and oversized bodies.
 - stranger: its own client (push on) whose steps name a stranger's peer id as the next hop;
             counts what reaches the stranger (should be nothing) and whether outputs stay exact.
@@ -88,9 +91,8 @@ async def until(stop: threading.Event, seconds: float) -> bool:
 
 
 async def connect(swarm: SwarmClient, record, timeout: float = 30.0) -> PeerConnection:
-    from hivemind.p2p import PeerID
 
-    return await PeerConnection.connect(swarm.p2p, PeerID.from_base58(record.peer_id), record.name, timeout)
+    return await swarm.open_connection(record.peer_id, record.name, timeout)
 
 
 # --- hoard: sessions that reserve the KV cache -------------------------------------------------
@@ -229,6 +231,51 @@ async def slots(swarms, targets, spec, args, stop: threading.Event) -> dict:
 # --- hog: long prefills back to back ------------------------------------------------------------
 
 
+async def prefill_loop(work, victim, spec, args, stop, prefill_s: list, refused: Counter) -> None:
+    """One legitimate session after another on `victim` over `work`, each a prefill of
+    --max-length tokens, until `stop`; a refused one waits half a second."""
+    while not stop.is_set():
+        session = f"hog-{next(_ids)}"
+        began = time.perf_counter()
+        try:
+            await work.open(
+                session, spec.model_id, victim.start, victim.end, args.max_length, 1, torch.float32
+            )
+            await work.step(session, 0, torch.randn(1, args.max_length, spec.hidden_size))
+            await work.close_session(session)
+        except (PeerError, OSError, asyncio.IncompleteReadError) as e:
+            refused[code_name(e) if isinstance(e, PeerError) else type(e).__name__] += 1
+            await until(stop, 0.5)
+            continue
+        prefill_s.append(time.perf_counter() - began)
+
+
+async def sybil(swarms, targets, spec, args, stop: threading.Event) -> dict:
+    """Every identity runs --streams prefill loops on every target at once (one machine posing
+    as many: the peers' IP-group limits and fair shares are what stand in its way)."""
+    prefill_s, refused, loops = [], Counter(), []
+    for swarm, victim in itertools.product(swarms, targets):
+        for _ in range(args.streams):
+            try:
+                work = await connect(swarm, victim, timeout=600)
+            except Exception as e:  # a peer that will not take another stream from us
+                refused[f"connect: {type(e).__name__}"] += 1
+                continue
+            loops.append((work, prefill_loop(work, victim, spec, args, stop, prefill_s, refused)))
+    print("attacking", flush=True)
+    await asyncio.gather(*(loop for _, loop in loops))
+    for work, _ in loops:
+        work.close()
+    return {
+        "identities": len(swarms),
+        "loops": len(loops),
+        "prefill_tokens": args.max_length,
+        "prefills": len(prefill_s),
+        "prefill_s_median": round(statistics.median(prefill_s), 3) if prefill_s else None,
+        "refused": dict(refused),
+    }
+
+
 async def hog(swarms, targets, spec, args, stop: threading.Event) -> dict:
     swarm, victim = swarms[0], targets[0]
     pinger = await connect(swarm, victim)
@@ -237,25 +284,9 @@ async def hog(swarms, targets, spec, args, stop: threading.Event) -> dict:
     idle = [await pinger.ping() for _ in range(50)]
     work = await connect(swarm, victim, timeout=600)
     prefill_s, refused = [], Counter()
-
-    async def prefills() -> None:
-        while not stop.is_set():
-            session = f"hog-{next(_ids)}"
-            began = time.perf_counter()
-            try:
-                await work.open(
-                    session, spec.model_id, victim.start, victim.end, args.max_length, 1, torch.float32
-                )
-                await work.step(session, 0, torch.randn(1, args.max_length, spec.hidden_size))
-                await work.close_session(session)
-            except PeerError as e:
-                refused[code_name(e)] += 1
-                await until(stop, 0.5)
-                continue
-            prefill_s.append(time.perf_counter() - began)
-
     print("attacking", flush=True)
-    during = await ping_while(pinger, asyncio.ensure_future(prefills()), HOG_PING_EVERY_S)
+    prefills = asyncio.ensure_future(prefill_loop(work, victim, spec, args, stop, prefill_s, refused))
+    during = await ping_while(pinger, prefills, HOG_PING_EVERY_S)
     work.close()
     pinger.close()
     return {
@@ -386,20 +417,41 @@ def stranger(args, stop: threading.Event) -> dict:
         node.close()
 
 
-SWARM_ATTACKS = {"hoard": hoard, "slots": slots, "hog": hog}  # async, over a SwarmClient of its own
+SWARM_ATTACKS = {
+    "hoard": hoard,
+    "slots": slots,
+    "hog": hog,
+    "sybil": sybil,
+}  # async, over a SwarmClient of its own
 OTHER_ATTACKS = {"probe": probe, "flood": flood, "stranger": stranger}
+
+
+async def bare_identity(initial_peers: list[str]) -> SwarmClient:
+    """A SwarmClient with a p2p identity of its own and no DHT node: a p2p daemon is all it takes
+    to pose as another machine (and all one machine should spend on each of twenty)."""
+    from hivemind.p2p import P2P
+
+    p2p = await P2P.create(initial_peers=initial_peers, host_maddrs=[], no_listen=True, nat_port_map=False)
+    return SwarmClient(dht=None, p2p=p2p)
 
 
 def run_swarm_attack(args, stop: threading.Event) -> dict:
     spec = load_model_spec(args.model)
-    swarms = [SwarmClient.connect(args.initial_peers) for _ in range(args.identities)]
+    swarms = [SwarmClient.connect(args.initial_peers)]
+    for _ in range(args.identities - 1):
+        swarms.append(run_sync(bare_identity(args.initial_peers), timeout=60))
     try:
         records = {r.name: r for r in read_peer_records(swarms[0].dht, spec.model_id)}
         targets = [records[name] for name in args.targets]
+        for swarm in swarms:  # dialed at their records' addresses (relay circuits, namespaces)
+            swarm.dialer.learn(list(records.values()))
         return run_sync(SWARM_ATTACKS[args.attack](swarms, targets, spec, args, stop))
     finally:
         for swarm in swarms:
-            swarm.shutdown()
+            if swarm.dht is None:
+                run_sync(swarm.p2p.shutdown(), timeout=10)
+            else:
+                swarm.shutdown()
 
 
 def main() -> None:
@@ -410,8 +462,13 @@ def main() -> None:
     parser.add_argument("--targets", nargs="+", default=[], help="honest peers' names")
     parser.add_argument("--out", required=True, help="where to write the evidence (JSON)")
     parser.add_argument("--max-length", type=int, default=2048, help="hoard, hog: tokens per session")
-    parser.add_argument("--streams", type=int, default=64, help="slots: streams to try to hold per peer")
-    parser.add_argument("--identities", type=int, default=1, help="slots: p2p identities to hold them from")
+    parser.add_argument(
+        "--streams",
+        type=int,
+        default=64,
+        help="slots: streams to try to hold per peer; sybil: prefill loops per identity and peer",
+    )
+    parser.add_argument("--identities", type=int, default=1, help="slots, sybil: p2p identities")
     parser.add_argument("--api", help="flood: the API's base URL (…/v1)")
     parser.add_argument("--api-key", default="")
     parser.add_argument("--api-capacity", type=int, default=4, help="flood: running + queued places")

@@ -18,7 +18,8 @@ cannot pose as another; it can make new identities, which is why the global limi
 streams, sessions and cache are also capped per IP group (a /24 or /48, from the address the
 remote's connection comes from: swarm/maddrs.py): identities cost nothing, addresses do. A
 group may hold `group_factor` times what one remote may (2 by default: a household with two
-machines is served whole). Remotes on this machine's loopback have no group: a swarm on one
+machines is served whole), but never more than `group_max_share` (half) of the peer's sessions,
+streams or cache: one machine posing as many leaves the other half to everyone else. Remotes on this machine's loopback have no group: a swarm on one
 machine is one operator's.
 """
 
@@ -41,6 +42,7 @@ class AdmissionLimits:
     extra_streams_per_remote: int = 4  # streams beyond one per session (pings, a stream being set up)
     cache_share_per_remote: float = 0.5  # of the peer's KV cache, over one remote's sessions (0: no limit)
     group_factor: float = 2.0  # an IP group may hold this many times one remote's share (0: no group caps)
+    group_max_share: float = 0.5  # ... and at most this share of the peer's sessions, streams, cache
 
     @property
     def streams_per_remote(self) -> int:
@@ -63,13 +65,14 @@ class Admission:
         self.buckets: dict[str, _Bucket] = {}  # session id -> its step budget
         self.groups: dict[str, str] = {}  # remote -> its IP group, while it holds a stream
 
-    def enter_stream(self, remote: str, group: str | None = None) -> None:
-        """Counts a new stream of `remote` (of IP `group`, None on loopback); raises
-        REMOTE_LIMIT if it, or its group, holds too many."""
+    def enter_stream(self, remote: str, group: str | None = None, peer_streams: int = 0) -> None:
+        """Counts a new stream of `remote` (of IP `group`, None on loopback) on a peer of
+        `peer_streams` stream slots (0: unknown); raises REMOTE_LIMIT if it, or its group,
+        holds too many."""
         cap = self.limits.streams_per_remote
         if cap and self.streams[remote] >= cap:
             raise ProtocolError(ErrorCode.REMOTE_LIMIT, f"one remote may hold {cap} streams to this peer")
-        group_cap = self._group_cap(cap)
+        group_cap = self._group_cap(cap, peer_streams)
         if group is not None and group_cap:
             held = sum(n for r, n in self.streams.items() if self.groups.get(r) == group)
             if held >= group_cap:
@@ -93,18 +96,25 @@ class Admission:
         needed_tokens: int = 0,
         cache_tokens: int = 0,
         session_tokens: int = 0,
+        peer_sessions: int = 0,
     ) -> None:
-        """Raises REMOTE_LIMIT if `remote` already holds its share of the sessions still open, or
+        """Raises REMOTE_LIMIT if `remote` already holds its share of the sessions still open
+        (on a peer of `peer_sessions` session slots; 0: unknown), or
         if a new session of `needed_tokens` would take it over its share of `cache_tokens`. The
         share is never less than what one session may reserve (`session_tokens`): a peer whose
         cache holds one or two sessions (`run-peer --max-sessions 1`) still serves a whole one."""
         self._forget_closed(open_sessions)
         held = [session for session, owner in self.owners.items() if owner == remote]
-        self._check_share("one remote", held, open_sessions, needed_tokens, cache_tokens, session_tokens, 1.0)
+        cap = self.limits.sessions_per_remote
+        share = self.limits.cache_share_per_remote
+        self._check_share(
+            "one remote", held, open_sessions, needed_tokens, cache_tokens, session_tokens, cap, share
+        )
         group = self.groups.get(remote)
         if group is not None and self.limits.group_factor:
             held = [s for s, owner in self.owners.items() if self.groups.get(owner) == group]
-            factor = self.limits.group_factor
+            share = min(self.limits.group_factor * share, self.limits.group_max_share)
+            cap = self._group_cap(cap, peer_sessions)
             self._check_share(
                 f"the IP group {group}",
                 held,
@@ -112,7 +122,8 @@ class Admission:
                 needed_tokens,
                 cache_tokens,
                 session_tokens,
-                factor,
+                cap,
+                share,
             )
 
     def _check_share(
@@ -123,16 +134,16 @@ class Admission:
         needed_tokens: int,
         cache_tokens: int,
         session_tokens: int,
-        factor: float,
+        cap: int,
+        cache_share: float,
     ) -> None:
-        """REMOTE_LIMIT if `who`, holding sessions `held`, is at `factor` times a remote's
-        session cap, or would go over that many shares of the cache."""
-        cap = int(factor * self.limits.sessions_per_remote)
+        """REMOTE_LIMIT if `who`, holding sessions `held`, is at its session `cap` (0: none), or
+        would go over `cache_share` of the cache."""
         if cap and len(held) >= cap:
             raise ProtocolError(
                 ErrorCode.REMOTE_LIMIT, f"{who} may hold {cap} sessions on this peer; close one first"
             )
-        share = int(min(1.0, factor * self.limits.cache_share_per_remote) * cache_tokens)
+        share = int(min(1.0, cache_share) * cache_tokens)
         if not share:
             return
         share = max(share, session_tokens)
@@ -144,8 +155,14 @@ class Admission:
                 f"asks {needed_tokens} more",
             )
 
-    def _group_cap(self, per_remote: int) -> int:
-        return int(self.limits.group_factor * per_remote)
+    def _group_cap(self, per_remote: int, peer_total: int) -> int:
+        """What one IP group may hold: group_factor remotes' worth, at most group_max_share of
+        the peer's `peer_total` (when known), and at least one."""
+        cap = int(self.limits.group_factor * per_remote)
+        if peer_total > 0:
+            ceiling = max(1, int(self.limits.group_max_share * peer_total))
+            cap = min(cap, ceiling) if cap else ceiling
+        return cap
 
     def opened(self, remote: str, session_id: str) -> None:
         self.owners[session_id] = remote

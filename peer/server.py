@@ -113,7 +113,7 @@ class PeerServer:
             if remote_id in self.banned:
                 raise ProtocolError(ErrorCode.BANNED, "this peer proved you signed a wrong output")
             group = await self.group_of(remote_id) if self.group_of is not None else None
-            self.admission.enter_stream(remote_id, group)
+            self.admission.enter_stream(remote_id, group, self.max_streams)
         except ProtocolError as e:
             await self._send(writer, Error(e.code, e.message))
             writer.close()
@@ -366,7 +366,12 @@ class PeerServer:
                 )  # a malformed OPEN is told so before any share is counted
                 needed, limits = message.batch_size * message.max_length, self.core.limits
                 self.admission.check_open(
-                    remote, self.core.sessions, needed, limits.cache_tokens, limits.session_cache_tokens or 0
+                    remote,
+                    self.core.sessions,
+                    needed,
+                    limits.cache_tokens,
+                    limits.session_cache_tokens or 0,
+                    limits.max_sessions,
                 )
                 opened = self.core.open(message, remote)
                 if self.signer is not None:

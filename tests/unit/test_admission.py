@@ -114,3 +114,29 @@ def test_identities_of_one_ip_group_share_twice_one_remotes_sessions_and_cache()
     admission.enter_stream("u", "10.0.1.0/24")
     with pytest.raises(ProtocolError, match="IP group 10.0.1.0/24 may reserve"):
         admission.check_open("u", open_sessions, 2400, 10_000)  # 3,000 held + 2,400 > 5,000
+
+
+def test_one_ip_group_never_holds_over_half_of_a_peer():
+    # 8 sessions a remote, 16 a group by the factor: but the peer has 16 slots, and a machine
+    # posing as many must leave half of them (and of the streams) to everyone else
+    admission = Admission(AdmissionLimits(sessions_per_remote=8))
+    for i in range(10):
+        admission.enter_stream(f"sybil-{i}", "10.0.1.0/24", peer_streams=64)
+    open_sessions = set()
+    for i in range(8):
+        admission.check_open(f"sybil-{i}", open_sessions, peer_sessions=16)
+        admission.opened(f"sybil-{i}", f"s{i}")
+        open_sessions.add(f"s{i}")
+    with pytest.raises(ProtocolError, match="IP group 10.0.1.0/24 may hold 8 sessions"):
+        admission.check_open("sybil-9", open_sessions, peer_sessions=16)
+    for i in range(10, 24):  # streams: 2 x 12 a remote = 24, under half of 64 slots
+        admission.enter_stream(f"sybil-{i}", "10.0.1.0/24", peer_streams=64)
+    with pytest.raises(ProtocolError, match="may hold 24 streams"):
+        admission.enter_stream("sybil-24", "10.0.1.0/24", peer_streams=64)
+    few = Admission(AdmissionLimits(sessions_per_remote=8))
+    for i in range(8):  # a peer of 16 stream slots: half of them
+        few.enter_stream(f"sybil-{i}", "10.0.1.0/24", peer_streams=16)
+    with pytest.raises(ProtocolError, match="may hold 8 streams"):
+        few.enter_stream("sybil-8", "10.0.1.0/24", peer_streams=16)
+    admission.enter_stream("honest", "10.0.2.0/24", peer_streams=64)
+    admission.check_open("honest", open_sessions, peer_sessions=16)

@@ -1,0 +1,96 @@
+"""The `sybil_one_group` phase of benchmarks/hostile.py: 20 identities from one IP group.
+
+IP groups need real addresses, so this phase builds its own networks (swarm/netlab.py, as root):
+a bootstrap and two honest peers of every block on the "internet", the honest clients in home 2,
+and the attacker in home 1, all of whose identities leave through one MASQUERADE router and so
+share one /24. It measures the honest load alone, then with the attacker: each identity runs
+prefill loops of --max-length tokens on both peers at once (benchmarks/hostile_actor.py sybil).
+Its p99 ratio is over its own attacker-free run, on the same networks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+
+import torch
+
+from hexswarm.swarm import netlab
+from hexswarm.swarm.launcher import LocalSwarm
+
+ANY = "/ip4/0.0.0.0/tcp/0"
+IDENTITIES = 20
+LOOPS_PER_PEER = 2  # prefill loops per identity and peer (each on a stream of its own)
+
+
+def run_sybil_phase(bench, honest_load, summarize, actor_path: str) -> dict:
+    """{"baseline": ..., "attack": ..., "p99_ratio": ...}, or {"skipped": why} without namespaces."""
+    why_not = netlab.available()
+    if why_not:
+        return {"skipped": f"needs network namespaces: {why_not}"}
+    torch.zeros(1).share_memory_()  # torch's shared-memory manager, before entering a namespace
+    began = time.monotonic()
+    with (
+        netlab.NetLab(homes=2) as net,
+        LocalSwarm(bench.workdir / "sybil-logs", env=bench.local.env) as local,
+    ):
+        public = net.exec_prefix(net.public_ns)
+        local.start_bootstrap(
+            60, launcher=public, host_maddrs=ANY, address_prefix=f"/ip4/{netlab.PUBLIC_HOST_IP}/"
+        )
+        layers = f"0:{bench.spec.num_blocks}"
+        for name in ("g0", "g1"):
+            local.start_peer(
+                bench.model, layers, name, "--host-maddrs", ANY, "--announce-period", "2",
+                launcher=public, timeout=300,
+            )  # fmt: skip
+        with _honest_model(bench, net, local) as model:
+            honest_load(bench, model, 5.0)  # warm-up, not measured
+            baseline = summarize(honest_load(bench, model, bench.args.seconds))
+            with _attacker(bench, net, local, actor_path) as evidence:
+                attack = summarize(honest_load(bench, model, bench.args.seconds))
+    attack["evidence"] = evidence
+    ratio = attack["p99_ms"] / baseline["p99_ms"] if attack["p99_ms"] and baseline["p99_ms"] else None
+    return {
+        "identities": IDENTITIES,
+        "baseline": baseline,
+        "attack": attack,
+        "p99_ratio": round(ratio, 2) if ratio else None,
+        "phase_s": round(time.monotonic() - began, 1),
+    }
+
+
+@contextlib.contextmanager
+def _honest_model(bench, net, local):
+    from hexswarm.client import DistributedModelForCausalLM
+
+    with netlab.inside(net.home(2).host_ns):
+        model = DistributedModelForCausalLM.from_pretrained(
+            bench.model, initial_peers=local.initial_peers, coverage_timeout=60
+        )
+    try:
+        yield model
+    finally:
+        model.shutdown()
+
+
+@contextlib.contextmanager
+def _attacker(bench, net, local, actor_path: str):
+    import json
+
+    out = bench.workdir / "actor-sybil.json"
+    args = [*net.exec_prefix(net.home(1).host_ns), sys.executable, actor_path, "sybil"]
+    args += ["--initial-peers", *local.initial_peers, "--model", str(bench.model), "--targets", "g0", "g1"]
+    args += ["--identities", str(IDENTITIES), "--streams", str(LOOPS_PER_PEER)]
+    args += ["--max-length", str(bench.args.max_length), "--out", str(out)]
+    proc = local.start_command("actor-sybil", args, ready="attacking", timeout=600)
+    evidence: dict = {}
+    try:
+        yield evidence
+    finally:
+        local.stop(proc)
+    try:
+        evidence.update(json.loads(out.read_text()))
+    except (OSError, ValueError):
+        evidence["actor_failed"] = proc.log()[-1500:]
