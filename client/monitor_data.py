@@ -16,6 +16,7 @@ import dataclasses
 import time
 from typing import Any
 
+from hexswarm.swarm import speed_reports
 from hexswarm.swarm.coordinator.records import Coordination, Trust, read_coordination_sync
 from hexswarm.swarm.records import (
     PeerRecord,
@@ -42,6 +43,16 @@ def peer_entry(record: PeerRecord, rtt_ms: float | None) -> dict[str, Any]:
     entry["device_info"] = entry.pop("devices")  # one map per TP rank (type, name, memory, cores)
     entry["devices"] = device_labels(record)
     entry["rtt_ms"] = rtt_ms
+    return entry
+
+
+def observed_entry(entry: dict, record: PeerRecord, observed: dict[str, speed_reports.Observed]) -> dict:
+    """`entry` with what clients observed of the peer's decode speed, and whether it announces
+    itself over TRUST_FACTOR times faster (then planners use the observed figure)."""
+    figure = observed.get(record.peer_id)
+    entry["observed_ms_per_block"] = figure.ms_per_block if figure else None
+    entry["observed_reporters"] = figure.reporters if figure else 0
+    entry["over_announced"] = speed_reports.over_announced(record, observed) is not None
     return entry
 
 
@@ -77,7 +88,9 @@ def model_entry(
     records: list[PeerRecord],
     rtts: dict[str, float],
     coordination: Coordination | None = None,
+    observed: dict[str, speed_reports.Observed] | None = None,
 ) -> dict:
+    """One model's JSON; `observed`: what clients observed of its peers (swarm/speed_reports.py)."""
     coverage = online_peers_per_block(records, num_blocks)
     peers = sorted(records, key=lambda r: (r.start, r.end, r.name))
     return {
@@ -85,7 +98,7 @@ def model_entry(
         "num_blocks": num_blocks,
         "coverage": coverage,
         "missing": [b for b, n in enumerate(coverage) if n == 0],
-        "peers": [peer_entry(r, rtts.get(r.peer_id)) for r in peers],
+        "peers": [observed_entry(peer_entry(r, rtts.get(r.peer_id)), r, observed or {}) for r in peers],
         "open_sessions": sum(r.open_sessions for r in records),  # a leaving peer still serves its own
         "estimated_tokens_per_s": estimated_decode_tokens_per_s(records, num_blocks),
         **plan_data(coordination or Coordination(None, None, 0), records),
@@ -101,7 +114,8 @@ def collect(swarm, only: dict[str, int] | None = None, trust: Trust = None) -> d
         records = [r for r in read_peer_records(swarm.dht, model_id) if r.end <= num_blocks]
         rtts = swarm.round_trips([r for r in records if r.state != PeerState.JOINING])
         coordination = read_coordination_sync(swarm.dht, model_id, trust=trust)
-        models.append(model_entry(model_id, num_blocks, records, rtts, coordination))
+        observed = speed_reports.combine(speed_reports.read(swarm.dht, model_id))
+        models.append(model_entry(model_id, num_blocks, records, rtts, coordination, observed))
     rates = [m["estimated_tokens_per_s"] for m in models if m["estimated_tokens_per_s"] is not None]
     return {
         "time": time.time(),

@@ -53,6 +53,11 @@ class ObservedSpeeds:
             return None
         return statistics.median(window)
 
+    def figures(self) -> dict[str, tuple[float, int]]:
+        """peer id -> (observed ms per block, samples) for every peer with enough samples: what
+        this client shares with the swarm's planners (swarm/speed_reports.py)."""
+        return {p: (statistics.median(w), len(w)) for p, w in self.samples.items() if len(w) >= MIN_SAMPLES}
+
     def effective_ms_per_block(self, peer_id: str, announced: float, name: str = "") -> float:
         """What routing should assume: the announcement, unless it is over TRUST_FACTOR times
         faster than what was observed."""

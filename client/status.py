@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     watched = None if args.model is None else dict([cli_args.model_identity(args.model)])
 
     from hexswarm.client.monitor_data import model_entry
+    from hexswarm.swarm import speed_reports
     from hexswarm.swarm.builtin_models import builtin_names
     from hexswarm.swarm.coordinator.records import read_coordination_sync, trust_from
     from hexswarm.swarm.dht import start_dht
@@ -77,14 +78,16 @@ def run(args: argparse.Namespace) -> int:
             records = read_peer_records(dht, model_id, args.timeout)
             coordination = read_coordination_sync(dht, model_id, args.timeout, trust)
             reports = read_reports(dht, model_id, args.timeout)
+            observed = speed_reports.combine(speed_reports.read(dht, model_id, args.timeout))
             if args.json:
                 report.append(
-                    model_entry(model_id, num_blocks, records, {}, coordination)
+                    model_entry(model_id, num_blocks, records, {}, coordination, observed)
                 )  # the monitor's shape
                 report[-1]["reports"] = [asdict(r) for r in reports]
                 complete &= all(report[-1]["coverage"])
             else:
                 complete &= print_model(model_id, num_blocks, records, aliases.get(model_id))
+                print_over_announcers(records, observed)
                 print_plan(coordination, records)
                 print_reports(reports, {r.peer_id: r.name for r in records})
         if args.json:
@@ -117,6 +120,20 @@ def print_model(model_id: str, num_blocks: int, records: list[PeerRecord], alias
     if missing:
         print(f"  MISSING: blocks {missing} have no online peer")
     return not missing
+
+
+def print_over_announcers(records: list[PeerRecord], observed: dict) -> None:
+    """One line per peer announcing itself over twice as fast as clients observe it."""
+    from hexswarm.swarm.speed_reports import over_announced
+
+    for r in records:
+        figure = over_announced(r, observed)
+        if figure is not None:
+            print(
+                f"  OVER-ANNOUNCES: {printable(r.name, 16)} ({short_id(r.peer_id)}) announces "
+                f"{r.decode_ms_per_block:.3g} ms/blk, {figure.reporters} clients observe "
+                f"{figure.ms_per_block:.3g}: planned and routed by what is observed"
+            )
 
 
 def print_reports(reports: list[Report], names: dict[str, str]) -> None:

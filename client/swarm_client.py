@@ -14,7 +14,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.p2p import PeerID
+from hivemind.utils import get_dht_time
 
 from hexswarm.client.group_cap import RECORDS_PER_GROUP, cap_per_group
 from hexswarm.client.observed import ObservedSpeeds
@@ -23,6 +25,7 @@ from hexswarm.client.remote import PeerConnection, PeerError
 from hexswarm.client.worker import event_loop, run_sync
 from hexswarm.routing.chains.swarm_view import SwarmView
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
+from hexswarm.swarm import speed_reports
 from hexswarm.swarm.bans import load_bans
 from hexswarm.swarm.dht import start_dht
 from hexswarm.swarm.dht_process import shutdown_dht
@@ -39,6 +42,8 @@ from hexswarm.swarm.records import (
 from hexswarm.swarm.terminal_text import printable
 
 logger = logging.getLogger(__name__)
+
+OBSERVED_PUBLISH_TIMEOUT_S = 5.0  # at shutdown: what it observed is stored, or given up on
 
 RTT_TTL_S = 60.0  # how long a measured round trip is trusted
 MIN_OPEN_TIMEOUT_S = 0.5  # a stream open always gets this long, even after a slow dial
@@ -110,6 +115,8 @@ class SwarmClient:
     dialer: Dialer | None = None  # dials peers at their records' addresses (relay circuits)
     background: set = field(default_factory=set)  # work that outlives a call (sharing evidence)
     observed: ObservedSpeeds = field(default_factory=ObservedSpeeds)  # decode times it measured itself
+    observed_shared_at: float = float("-inf")  # monotonic time it last published them
+    observed_model: str = ""  # the model they were observed on
     # a router sees at most this many records of one IP group per block (client/group_cap.py)
     records_per_group: int = RECORDS_PER_GROUP
     seed: bytes = field(default_factory=lambda: secrets.token_bytes(16))  # which of a group it sees
@@ -143,6 +150,12 @@ class SwarmClient:
         future.add_done_callback(self.background.discard)
 
     def shutdown(self) -> None:
+        future = self._publish_observed()  # what this client saw outlives it
+        if future is not None:
+            try:
+                future.result(OBSERVED_PUBLISH_TIMEOUT_S)
+            except Exception as e:
+                logger.debug("publishing observed speeds at shutdown: %s", type(e).__name__)
         if self.background:
             concurrent.futures.wait(list(self.background), BACKGROUND_DRAIN_S)
             for future in list(self.background):
@@ -212,6 +225,7 @@ class SwarmClient:
         ping_timeout: float = PING_TIMEOUT_S,
     ) -> SwarmView:
         """A SwarmView of `records`, with fresh round trips (peers that do not answer are left out)."""
+        self._share_observed(records)
         records = cap_per_group(records, self.records_per_group, self.seed)
         rtts = self.round_trips(records, ping_timeout)
         peers = tuple(peer_view(r, self.observed) for r in records if r.peer_id in rtts)
@@ -227,6 +241,26 @@ class SwarmClient:
             hidden_size=hidden_size,
             version=self.view_version,
         )
+
+    def _share_observed(self, records: list[PeerRecord]) -> None:
+        """Every PUBLISH_EVERY_S, once it has figures, this client publishes what it observed of
+        peers' decode speeds, signed, for the coordinator and `status` (swarm/speed_reports.py);
+        and once more as it shuts down."""
+        if records:
+            self.observed_model = records[0].model_id
+        now = time.monotonic()
+        if now - self.observed_shared_at >= speed_reports.PUBLISH_EVERY_S:
+            future = self._publish_observed()
+            if future is not None:
+                self.observed_shared_at = now
+                self.spawn(_logged(future, "publishing observed speeds"))
+
+    def _publish_observed(self):
+        figures = self.observed.figures()
+        if not figures or not self.observed_model or self.dht is None:
+            return None
+        marker = RSASignatureValidator().local_public_key  # the key this process's DHT node signs with
+        return speed_reports.publish(self.dht, marker, self.observed_model, figures, get_dht_time())
 
     def round_trips(self, records: list[PeerRecord], timeout: float = PING_TIMEOUT_S) -> dict[str, float]:
         """peer id -> round trip in ms (a PING, re-measured after RTT_TTL_S); silent peers are left out."""
@@ -269,6 +303,14 @@ class SwarmClient:
     def forget(self, peer_id: str) -> None:
         """Drops what the client measured of a peer that failed, so it is re-measured."""
         self.rtt_ms.pop(peer_id, None)
+
+
+async def _logged(future, what: str) -> None:
+    """Awaits background work (a concurrent future) whose failure is worth a debug line, not an error."""
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(future), 10)
+    except Exception as e:
+        logger.debug("%s failed: %s", what, type(e).__name__)
 
 
 def uncovered_blocks(records: list[PeerRecord], num_blocks: int) -> list[int]:

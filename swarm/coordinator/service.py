@@ -19,6 +19,7 @@ from hexswarm.routing.scheduler.genetic import SearchConfig
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 from hexswarm.routing.scheduler.plan import Plan
 from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
+from hexswarm.swarm import speed_reports
 from hexswarm.swarm.coordinator.lease import LeaseKeeper
 from hexswarm.swarm.coordinator.moves import Placement, diff
 from hexswarm.swarm.coordinator.planner import Planned, compute_disaggregated_plan, compute_plan
@@ -35,6 +36,7 @@ from hexswarm.swarm.coordinator.records import (
 from hexswarm.swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, beats
 from hexswarm.swarm.identity import Identity
 from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
+from hexswarm.swarm.terminal_text import printable
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,7 @@ class Coordinator:
         self.published: PlanRecord | None = None  # our newest plan
         self.scheduler_plan: Plan | None = None  # its scheduler plan, to warm-start the next search
         self.replan_seconds: deque[float] = deque(maxlen=100)  # recent search times, for logs
+        self.flagged: dict[str, speed_reports.Observed] = {}  # over-announcers, as last logged
 
     async def run(self, stop: asyncio.Event) -> None:
         """Renews the lease and plans, in two loops: a long search must never delay a renewal."""
@@ -116,7 +119,26 @@ class Coordinator:
         value = await dht_get(self.dht, model_key(self.config.model_id))
         records = peer_records_from(value, self.config.model_id)
         # Peers that have not measured themselves yet (throughput 0) are planned once they have.
-        return [r for r in records if r.state != PeerState.LEAVING and r.throughput > 0]
+        live = [r for r in records if r.state != PeerState.LEAVING and r.throughput > 0]
+        return await self._as_observed(live)
+
+    async def _as_observed(self, records: list[PeerRecord]) -> list[PeerRecord]:
+        """`records`, each peer that announces itself over twice as fast as clients observe it
+        slowed to what they observe (swarm/speed_reports.py), logged once per peer and figure."""
+        entries = await asyncio.to_thread(speed_reports.read, self.dht, self.config.model_id)
+        observed = speed_reports.combine(entries)
+        for record in records:
+            figure = speed_reports.over_announced(record, observed)
+            if figure is not None and self.flagged.get(record.peer_id) != figure:
+                self.flagged[record.peer_id] = figure
+                logger.warning(
+                    "peer %s announces %.3g ms per block, %d clients observe %.3g: planning it by what they observe",
+                    printable(record.name) or record.peer_id[-8:],
+                    record.decode_ms_per_block,
+                    figure.reporters,
+                    figure.ms_per_block,
+                )
+        return speed_reports.as_observed(records, observed)
 
     async def _replan(self, records: list[PeerRecord], reason: str) -> None:
         c = self.config

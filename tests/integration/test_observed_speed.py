@@ -1,14 +1,21 @@
 """A peer that announces itself 100x faster than it computes (client/observed.py): the client
 times its decode steps, routes it by what it observed from the next generation on, and the
-honest peer's announcement stands. Real run-peer processes and a real client on 127.0.0.1."""
+honest peer's announcement stands. Three clients, each with a key of its own, publish what they
+observed, and `hexswarm status` flags the boaster (swarm/speed_reports.py). Real run-peer
+processes and real clients on 127.0.0.1."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from hexswarm.swarm.launcher import LocalSwarm
 from hexswarm.swarm.records import read_peer_records
+from tests.integration.test_status_escapes import run_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -50,4 +57,39 @@ def test_a_peer_slower_than_it_announces_is_routed_by_what_is_observed(make_mode
             boaster = next(p for p, n in names.items() if n == "boaster")
             assert model.swarm.observed.ms_per_block(boaster) >= 20  # 60 ms a step over 2 blocks, less 5
         finally:
-            model.shutdown()
+            model.shutdown()  # it publishes what it observed (swarm/speed_reports.py)
+        _two_more_clients_observe_it(model_dir, local.initial_peers)
+        status = run_status(local.initial_peers)
+        text = status.stdout.decode()
+        assert "OVER-ANNOUNCES: boaster" in text and "3 clients observe" in text, text
+        assert "OVER-ANNOUNCES: steady" not in text
+        as_json = json.loads(run_status(local.initial_peers, "--json").stdout)
+        peers = {p["name"]: p for p in as_json["models"][0]["peers"]}
+        assert peers["boaster"]["over_announced"] and peers["boaster"]["observed_reporters"] == 3
+        assert not peers["steady"]["over_announced"]
+
+
+CLIENT = """
+import sys, torch
+from hexswarm.client import DistributedModelForCausalLM
+model = DistributedModelForCausalLM.from_pretrained(sys.argv[1], initial_peers=sys.argv[2:], routing="min_latency")
+try:
+    model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=12, do_sample=False)
+    assert model.last_route.startswith("boaster"), model.last_route  # believed: it observed nothing yet
+finally:
+    model.shutdown()
+"""
+
+
+def _two_more_clients_observe_it(model_dir, initial_peers: list[str]) -> None:
+    """Two client processes of keys of their own route their one generation through the
+    boaster, then publish what they observed as they shut down."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CLIENT, str(model_dir), *initial_peers], stderr=subprocess.PIPE
+        )
+        for _ in range(2)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err.decode()[-2000:]
