@@ -484,7 +484,7 @@ ATTACKS = {
 
 # Phases with swarms of their own (their p99 ratio is over their own attacker-free run)
 OWN_SWARM = {
-    "sybil_one_group": lambda bench: run_sybil_phase(bench, honest_load, summarize, ACTOR),
+    "sybil_one_group": lambda bench: run_sybil_phase(bench, honest_load, summarize, ACTOR, hop_cost),
 }
 
 

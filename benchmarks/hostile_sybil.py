@@ -24,7 +24,7 @@ IDENTITIES = 20
 LOOPS_PER_PEER = 2  # prefill loops per identity and peer (each on a stream of its own)
 
 
-def run_sybil_phase(bench, honest_load, summarize, actor_path: str) -> dict:
+def run_sybil_phase(bench, honest_load, summarize, actor_path: str, hop_cost) -> dict:
     """{"baseline": ..., "attack": ..., "p99_ratio": ...}, or {"skipped": why} without namespaces."""
     why_not = netlab.available()
     if why_not:
@@ -40,16 +40,22 @@ def run_sybil_phase(bench, honest_load, summarize, actor_path: str) -> dict:
             60, launcher=public, host_maddrs=ANY, address_prefix=f"/ip4/{netlab.PUBLIC_HOST_IP}/"
         )
         layers = f"0:{bench.spec.num_blocks}"
-        for name in ("g0", "g1"):
+        peers = [
             local.start_peer(
                 bench.model, layers, name, "--host-maddrs", ANY, "--announce-period", "2",
                 launcher=public, timeout=300,
-            )  # fmt: skip
+            )
+            for name in ("g0", "g1")
+        ]  # fmt: skip
         with _honest_model(bench, net, local) as model:
             honest_load(bench, model, 5.0)  # warm-up, not measured
+            marks = [len(p.log()) for p in peers]
             baseline = summarize(honest_load(bench, model, bench.args.seconds))
+            baseline["hop_ms"] = hop_cost(peers, marks)
             with _attacker(bench, net, local, actor_path) as evidence:
+                marks = [len(p.log()) for p in peers]
                 attack = summarize(honest_load(bench, model, bench.args.seconds))
+                attack["hop_ms"] = hop_cost(peers, marks)
     attack["evidence"] = evidence
     ratio = attack["p99_ms"] / baseline["p99_ms"] if attack["p99_ms"] and baseline["p99_ms"] else None
     return {

@@ -12,10 +12,13 @@ Every validated step becomes a `Job` on one queue, served by one compute thread:
   at most one chunk next to the decode batch, so a long prompt delays the other sessions'
   tokens by one chunk's time instead of the whole prompt's (SARATHI, Agrawal et al. 2023).
 
-- **Fair shares of prefill compute.** The chunk each round runs goes to the *account* (the
-  session's IP group, else its remote: `account_of`) that has been served the fewest prompt
-  tokens, so a remote sending back-to-back long prompts gets one chunk in turn with every other
-  account that has a prompt waiting, not one per prompt it queued. An account that had
+- **Fair shares of compute, in tokens.** Each account (the session's IP group, else its
+  remote: `account_of`) is counted the tokens computed for it, prompt and decode alike. The
+  chunk each round runs goes to the account served the fewest tokens, and when more decode
+  rows wait than one batch holds, the least-served accounts' rows go first. So a remote
+  sending back-to-back long prompts gets one chunk in turn with every other account that has
+  a prompt waiting, not one per prompt it queued, and a remote with many sessions cannot fill
+  a decode batch before others' rows. An account that had
   nothing queued starts level with the least-served account waiting (start-time fair
   queueing), so idle time banks no credit and a fresh identity jumps no queue.
 
@@ -133,19 +136,23 @@ class StepScheduler:
                 job = self.queue.popleft()
                 return ([job], None) if job.is_decode else ([], job)
             self._wait_for_batch()
-            decodes, rest, rows = [], collections.deque(), 0
-            for job in self.queue:
-                fits = rows + job.rows <= self.policy.max_batch_tokens or not decodes  # one always runs
-                if job.is_decode and fits:
+            decodes, rows = [], 0
+            for job in self._least_served_first(j for j in self.queue if j.is_decode):
+                if rows + job.rows <= self.policy.max_batch_tokens or not decodes:  # one always runs
                     decodes.append(job)
                     rows += job.rows
-                else:
-                    rest.append(job)
+            chosen = {id(job) for job in decodes}
+            rest = collections.deque(job for job in self.queue if id(job) not in chosen)
             prefill = self._fairest_prefill(rest)
             if prefill is not None:
                 rest.remove(prefill)
             self.queue = rest
             return decodes, prefill
+
+    def _least_served_first(self, jobs) -> list[Job]:
+        """`jobs` by their account's tokens served, oldest first within one (a stable sort):
+        when more decode rows wait than a batch holds, the accounts served least go first."""
+        return sorted(jobs, key=lambda job: self.served.get(self.account_of(job.session), 0))
 
     def _fairest_prefill(self, jobs) -> Job | None:
         """The oldest prefill of the least-served account (called holding the lock)."""
@@ -153,6 +160,10 @@ class StepScheduler:
         if not prefills:
             return None
         return min(prefills, key=lambda job: self.served.get(self.account_of(job.session), 0))
+
+    def _count(self, account: str, tokens: int) -> None:
+        """Tokens computed for `account` (called holding the lock)."""
+        self.served[account] = self.served.get(account, 0) + tokens
 
     def _level(self, account: str) -> None:
         """An account with no prompt waiting starts level with the least-served one waiting."""
@@ -200,6 +211,9 @@ class StepScheduler:
                 job.future.set_exception(e)
             return
         self.batch_sizes[sum(job.rows for job in live)] += 1
+        with self.cond:
+            for job in live:
+                self._count(self.account_of(job.session), job.rows)
         ended = time.perf_counter()
         for job, result in zip(live, results, strict=True):
             job.compute_ended = ended
@@ -223,8 +237,7 @@ class StepScheduler:
             return
         job.done_tokens += part.shape[1]
         with self.cond:
-            account = self.account_of(job.session)
-            self.served[account] = self.served.get(account, 0) + part.shape[0] * part.shape[1]
+            self._count(self.account_of(job.session), part.shape[0] * part.shape[1])
         if last:
             job.compute_ended = time.perf_counter()
             output = torch.cat(job.outputs, dim=1) if len(job.outputs) > 1 else job.outputs[0]

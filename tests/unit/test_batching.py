@@ -198,4 +198,30 @@ def test_prompt_compute_is_shared_fairly_between_remotes_not_prompts(stack):
     finally:
         scheduler.stop()
     assert finished.index("f0") < 2, finished  # before the hog's second prompt is done
-    assert scheduler.served == {"QmHog": 120, "QmFair": 40}
+    assert scheduler.served == {"QmHog": 120, "QmFair": 40}  # prompt tokens (no decode ran)
+
+
+def test_decode_rows_over_one_batch_go_to_the_least_served_remote_first(stack):
+    """A remote with four decode steps waiting and another with one, two rows a batch: the
+    other remote's row runs in the first batch, not after the first remote's four."""
+    core = _core(stack)
+    scheduler = StepScheduler(core, BatchPolicy(batch_window_ms=0.0, max_batch_tokens=2))
+    batches = []
+    run = core.run_decode_batch
+    core.run_decode_batch = lambda steps: batches.append([s.owner for s, _ in steps]) or run(steps)
+    try:
+        sessions = [("QmMany", f"m{i}") for i in range(4)] + [("QmOne", "o0")]
+        for owner, sid in sessions:
+            core.open(Open(sid, core.model_id, 0, 6, 64, 1, "float32"), owner)
+        scheduler.served["QmMany"] = 10  # served before: its rows wait behind the other's
+        with scheduler.cond:  # all five queued before the compute thread looks
+            jobs = [
+                scheduler.submit(*core.begin_step(Step(sid, 0, torch.randn(1, 1, HIDDEN)), owner))
+                for owner, sid in sessions
+            ]
+        for job in jobs:
+            job.future.result(timeout=60)
+    finally:
+        scheduler.stop()
+    assert "QmOne" in batches[0], batches
+    assert scheduler.served == {"QmMany": 14, "QmOne": 1}
