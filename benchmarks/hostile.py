@@ -16,7 +16,8 @@ over the lower p99 of the two, after an unmeasured 5 s warm-up of the new swarm.
 5. stream_slots: streams that only PING (honest peers run --handshake-timeout 5, not 30);
    stream_slots_sybil: the same from 6 identities (one may hold 12 of a peer's 64 slots)
 6. compute_hog: --max-length-token prefills back to back on h0
-7. api_flood: 10x the API's capacity (--max-concurrent 1, --max-queue 3) and oversized bodies
+7. api_flood: 10x the API's capacity (--max-concurrent 8, the default, --max-queue 8) and
+   oversized bodies
 8. push_stranger: steps whose chain names a peer id outside the swarm
 9. terminal_escapes: a peer named with ANSI escapes; `hexswarm status` must print none raw
 10. impostor: a peer of the checkpoint with one weight changed (another model id)
@@ -74,7 +75,7 @@ from hexswarm.swarm.records import read_peer_records  # noqa: E402
 ACTOR = str(Path(__file__).resolve().parent / "hostile_actor.py")
 HONEST_FLAGS = tuple("--announce-period 2 --handshake-timeout 5 --throughput 100 --decode-ms 1".split())
 HOSTILE_PEER_FLAGS = (*HONEST_FLAGS, "--drain-timeout", "5")
-API_LIMITS = {"--max-concurrent": 1, "--max-queue": 3, "--max-body-bytes": 64 << 10}
+API_LIMITS = {"--max-concurrent": 8, "--max-queue": 8, "--max-body-bytes": 64 << 10}
 PROMPTS = 16  # distinct prompts, their expected outputs computed once
 GOAL_P99_RATIO = 1.5
 GOAL_HONEST_WAIT_S = 2.0  # p99 wait of an honest API user during the flood

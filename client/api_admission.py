@@ -17,7 +17,10 @@ Queued requests are served fairly across clients (the address a request comes fr
 slots go round-robin over the clients that have requests waiting, oldest first within each, so
 a client that floods the queue waits behind itself, not in front of everyone; and one client
 holds at most a quarter of the places (`max_places_per_client`; at least the run slots and one
-more), so it cannot fill the queue.
+more), so it cannot fill the queue. One run slot in eight (`reserved_slots`) is kept for
+clients that hold none: no client runs more than `max_running - reserved_slots` generations at
+once, so a newcomer during a flood starts at once instead of waiting for one of the flood's
+generations to end (an API of under 8 slots reserves none: a lone user keeps all of them).
 
 Everything here runs on the event loop; a generation thread hands its slot back through
 `loop.call_soon_threadsafe(ticket.done)`.
@@ -49,6 +52,15 @@ class AdmissionLimits:
     queue_timeout_s: float = 120.0
 
     @property
+    def reserved_slots(self) -> int:
+        """Run slots no one client may take: kept for clients running nothing (module docstring)."""
+        return self.max_running // 8
+
+    @property
+    def max_running_per_client(self) -> int:
+        return self.max_running - self.reserved_slots
+
+    @property
     def max_places_per_client(self) -> int:
         """Places one client may hold: a quarter of all, and at least every run slot and one
         queued place (so a small API, as in `--max-concurrent 1 --max-queue 1`, still queues)."""
@@ -74,6 +86,7 @@ class Admission:
         # client -> its queued requests' wake-ups, oldest first; clients in turn order
         self._waiters: OrderedDict[str, deque[asyncio.Future]] = OrderedDict()
         self.places_of: dict[str, int] = {}  # client -> places it holds
+        self.running_of: dict[str, int] = {}  # client -> run slots it holds
 
     @property
     def queued(self) -> int:
@@ -113,8 +126,10 @@ class Admission:
 
     async def _take_slot(self, client: str = "") -> None:
         """Waits (up to queue_timeout_s, TimeoutError after) for a run slot, in turn among clients."""
-        if self.running < self.limits.max_running and not self._waiters:
+        waiting = any(self._may_run(c) for c in self._waiters)  # others that could take a slot
+        if self.running < self.limits.max_running and not waiting and self._may_run(client):
             self.running += 1
+            self._count_slot(client, 1)
             return
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(client, deque()).append(waiter)
@@ -123,6 +138,7 @@ class Admission:
                 await waiter
         except BaseException:
             if waiter.done() and not waiter.cancelled():
+                self._count_slot(client, -1)
                 self._hand_on()  # a slot was handed over just as this request gave up: pass it on
             else:
                 waiter.cancel()
@@ -140,19 +156,35 @@ class Admission:
             del self.places_of[client]
         if held_slot_s is not None:
             self.mean_hold_s += HOLD_TIME_SMOOTHING * (held_slot_s - self.mean_hold_s)
+            self._count_slot(client, -1)
             self._hand_on()
 
+    def _may_run(self, client: str) -> bool:
+        return self.running_of.get(client, 0) < self.limits.max_running_per_client
+
+    def _count_slot(self, client: str, change: int) -> None:
+        self.running_of[client] = self.running_of.get(client, 0) + change
+        if not self.running_of[client]:
+            del self.running_of[client]
+
     def _hand_on(self) -> None:
-        """A run slot was given back: to the oldest queued request of the client whose turn it
-        is (that client then goes to the back of the turn order), else to the pool."""
-        while self._waiters:
-            client, queue = self._waiters.popitem(last=False)
+        """A run slot was given back: to the oldest queued request of the first client in turn
+        order that may run another (that client then goes to the back of the turn order), else
+        to the pool."""
+        for client in list(self._waiters):
+            if not self._may_run(client):
+                continue
+            queue = self._waiters.pop(client)
+            while queue and queue[0].done():  # cancelled meanwhile
+                queue.popleft()
+            if not queue:
+                continue
             waiter = queue.popleft()
             if queue:
                 self._waiters[client] = queue  # its next request waits for its next turn
-            if not waiter.done():
-                waiter.set_result(None)  # the slot moves over; `running` does not change
-                return
+            waiter.set_result(None)  # the slot moves over; `running` does not change
+            self._count_slot(client, 1)
+            return
         self.running -= 1
 
 

@@ -283,6 +283,7 @@ def batch_policy(args: argparse.Namespace):
         batch_window_ms=args.batch_window_ms,
         max_batch_tokens=args.max_batch_sequences,
         prefill_chunk_tokens=args.prefill_chunk_tokens,
+        interleave_ratio=args.interleave_ratio,
     )
 
 

@@ -303,6 +303,13 @@ def _batching(g) -> None:
         default=256,
         help="run prompts this many tokens at a time, between other sessions' decode steps (0: whole)",
     )
+    g.add_argument(
+        "--interleave-ratio",
+        type=cli_args.non_negative_float,
+        default=1.0,
+        help="while other sessions decode, size prompt chunks to take about this many times a "
+        "decode batch's time (at least 16 tokens; 0: always --prefill-chunk-tokens)",
+    )
     # every step on its own, in arrival order: the baseline of benchmarks/concurrency.py
     g.add_argument("--no-batching", action="store_true", help=argparse.SUPPRESS)
 

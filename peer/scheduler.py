@@ -11,6 +11,11 @@ Every validated step becomes a `Job` on one queue, served by one compute thread:
 - **Chunked prefill.** A prompt runs `prefill_chunk_tokens` at a time, and each round runs
   at most one chunk next to the decode batch, so a long prompt delays the other sessions'
   tokens by one chunk's time instead of the whole prompt's (SARATHI, Agrawal et al. 2023).
+  While other sessions are decoding (a decode batch ran within DECODE_ACTIVE_S), a chunk is
+  sized to take about as long as a decode batch (`interleave_ratio` x its measured time, at
+  least MIN_CHUNK_TOKENS): SARATHI's token budget per iteration, set from measured times, so
+  that back-to-back long prompts (from one remote or from twenty identities) cost each decoding
+  session about one decode step's wait per token, not one full chunk's.
 
 - **Fair shares of compute, in tokens.** Each account (the session's IP group, else its
   remote: `account_of`) is counted the tokens computed for it, prompt and decode alike. The
@@ -43,6 +48,9 @@ from hexswarm.swarm.protocol import ErrorCode, ProtocolError, StepResult
 logger = logging.getLogger(__name__)
 
 MAX_ACCOUNTS = 4096  # accounts remembered by the fair shares
+DECODE_ACTIVE_S = 0.5  # a decode batch this recent means sessions are decoding: chunks shrink
+MIN_CHUNK_TOKENS = 16  # a chunk no smaller than this (each forward has its own fixed cost)
+EMA = 0.2  # weight of the newest measurement in the running step times
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class BatchPolicy:
     batch_window_ms: float = 2.0  # longest wait for more decode steps after the first one
     max_batch_tokens: int = 64  # rows of one decode batch (one token each)
     prefill_chunk_tokens: int = 256  # 0: prefills run whole
+    interleave_ratio: float = 1.0  # while sessions decode, a chunk takes ~this x a decode batch (0: off)
 
 
 @dataclass
@@ -88,6 +97,9 @@ class StepScheduler:
         self.batch_sizes = collections.Counter()  # decode batch rows -> how many batches ran
         self.served: dict[str, int] = {}  # account -> prompt tokens computed (fair shares)
         self.account_of = lambda session: session.owner  # the server counts IP groups instead
+        self.decode_ms = 0.0  # running mean of a decode batch's compute
+        self.chunk_ms_per_token = 0.0  # running mean of a prefill chunk's compute per token
+        self.last_decode_at = float("-inf")  # perf_counter when the last decode batch ended
         self.thread = threading.Thread(target=self._loop, name="compute", daemon=True)
         self.thread.start()
 
@@ -215,6 +227,8 @@ class StepScheduler:
             for job in live:
                 self._count(self.account_of(job.session), job.rows)
         ended = time.perf_counter()
+        self.decode_ms = _mean(self.decode_ms, 1000 * (ended - began))
+        self.last_decode_at = ended
         for job, result in zip(live, results, strict=True):
             job.compute_ended = ended
             job.future.set_result(result)
@@ -223,11 +237,12 @@ class StepScheduler:
         """Runs the next chunk of a prefill and queues the rest again."""
         if not self._still_open(job):
             return
-        chunk = self.policy.prefill_chunk_tokens or job.hidden.shape[1]
-        part = job.hidden[:, job.done_tokens : job.done_tokens + chunk]
+        part = job.hidden[:, job.done_tokens : job.done_tokens + self._chunk_tokens(job)]
+        began = time.perf_counter()
         if job.done_tokens == 0:
-            job.compute_started = time.perf_counter()
+            job.compute_started = began
         last = job.done_tokens + part.shape[1] >= job.hidden.shape[1]
+        tokens = part.shape[0] * part.shape[1]
         try:
             job.outputs.append(self.core.run_chunk(job.session, part, last=last))
         except Exception as e:
@@ -235,9 +250,12 @@ class StepScheduler:
             self.core.end_step(job.session)
             job.future.set_exception(e)
             return
+        self.chunk_ms_per_token = _mean(
+            self.chunk_ms_per_token, 1000 * (time.perf_counter() - began) / tokens
+        )
         job.done_tokens += part.shape[1]
         with self.cond:
-            self._count(self.account_of(job.session), part.shape[0] * part.shape[1])
+            self._count(self.account_of(job.session), tokens)
         if last:
             job.compute_ended = time.perf_counter()
             output = torch.cat(job.outputs, dim=1) if len(job.outputs) > 1 else job.outputs[0]
@@ -245,6 +263,16 @@ class StepScheduler:
         else:  # behind the jobs queued meanwhile: several prefills take turns
             with self.cond:
                 self.queue.append(job)
+
+    def _chunk_tokens(self, job: Job) -> int:
+        """The next chunk's tokens: the policy's chunk, or while sessions are decoding, as many as
+        take `interleave_ratio` x a decode batch's time (module docstring)."""
+        chunk = self.policy.prefill_chunk_tokens or job.hidden.shape[1]
+        decoding = time.perf_counter() - self.last_decode_at < DECODE_ACTIVE_S
+        if not (decoding and self.policy.interleave_ratio and self.chunk_ms_per_token > 0):
+            return chunk
+        budget = self.policy.interleave_ratio * self.decode_ms / self.chunk_ms_per_token / job.rows
+        return max(MIN_CHUNK_TOKENS, min(chunk, int(budget)))
 
     def _still_open(self, job: Job) -> bool:
         if self.core.sessions.get(job.session.key) is job.session:
@@ -254,3 +282,8 @@ class StepScheduler:
             ProtocolError(ErrorCode.UNKNOWN_SESSION, f"session {job.session.session_id} was closed")
         )
         return False
+
+
+def _mean(running: float, sample: float) -> float:
+    """An exponential running mean that starts at its first sample."""
+    return sample if running <= 0 else (1 - EMA) * running + EMA * sample

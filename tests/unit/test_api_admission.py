@@ -169,3 +169,27 @@ def test_one_client_holds_at_most_a_quarter_of_the_places():
     assert refused.value.status == 429 and refused.value.code == "client_queue_full"
     assert "Retry-After" in refused.value.headers
     admission.admit("honest")  # another client still gets a place
+
+
+def test_one_slot_in_eight_is_kept_for_a_client_running_nothing():
+    async def scenario():
+        admission = Admission(AdmissionLimits(max_running=8, max_queued=64))
+        flood = [admission.admit("flooder") for _ in range(9)]
+        waits = [asyncio.create_task(t.wait_turn()) for t in flood]
+        await settle()
+        assert sum(t.has_slot for t in flood) == 7 and admission.running == 7  # one slot kept
+        honest = admission.admit("honest")
+        await asyncio.wait_for(honest.wait_turn(), 1)  # at once, not after a flood generation
+        assert admission.running == 8
+        honest.done()  # its slot goes back to the pool, not to the flooder at its cap
+        await settle()
+        assert admission.running == 7 and sum(t.has_slot for t in flood) == 7
+        flood[0].done()  # one of the flooder's own slots frees: its queued request takes it
+        await settle()
+        assert sum(t.has_slot for t in flood[1:]) == 7
+        for t in flood:
+            t.done()
+        await asyncio.gather(*waits)
+
+    run(scenario())
+    assert AdmissionLimits(max_running=4).max_running_per_client == 4  # under 8 slots: none kept

@@ -5,6 +5,7 @@ whatever the mix of lengths, positions and batch sizes.
 """
 
 import threading
+import time
 
 import pytest
 import torch
@@ -225,3 +226,26 @@ def test_decode_rows_over_one_batch_go_to_the_least_served_remote_first(stack):
         scheduler.stop()
     assert "QmOne" in batches[0], batches
     assert scheduler.served == {"QmMany": 14, "QmOne": 1}
+
+
+def test_chunks_shrink_to_about_a_decode_batchs_time_while_sessions_decode(stack):
+    """A 256-token chunk of a prompt that takes 1 ms a token would hold a decoding session 256 ms;
+    while decode batches of 40 ms run, chunks take 40 tokens (never under 16), and the policy's
+    chunk again once nobody has decoded for DECODE_ACTIVE_S."""
+    from types import SimpleNamespace
+
+    from hexswarm.peer import scheduler as sched
+
+    scheduler = StepScheduler(_core(stack), BatchPolicy(prefill_chunk_tokens=256))
+    try:
+        job = SimpleNamespace(rows=1, hidden=torch.zeros(1, 2048, HIDDEN))
+        scheduler.chunk_ms_per_token = 1.0
+        assert scheduler._chunk_tokens(job) == 256  # nobody decoding
+        scheduler.decode_ms, scheduler.last_decode_at = 40.0, time.perf_counter()
+        assert scheduler._chunk_tokens(job) == 40
+        scheduler.decode_ms = 4.0
+        assert scheduler._chunk_tokens(job) == sched.MIN_CHUNK_TOKENS
+        scheduler.last_decode_at -= sched.DECODE_ACTIVE_S
+        assert scheduler._chunk_tokens(job) == 256
+    finally:
+        scheduler.stop()
