@@ -310,7 +310,7 @@ def flood(args, stop: threading.Event) -> dict:
     from urllib.parse import urlsplit
 
     statuses: Counter = Counter()
-    workers = 10 * args.api_capacity
+    workers = args.workers or 10 * args.api_capacity
     url = urlsplit(args.api)
 
     def post(body: dict) -> str:
@@ -329,7 +329,8 @@ def flood(args, stop: threading.Event) -> dict:
             connection.close()
 
     def worker(i: int) -> None:
-        oversized = i % 10 == 0  # one worker in ten sends bodies over the server's limit
+        # one worker in --oversized-every sends bodies over the server's limit
+        oversized = bool(args.oversized_every) and i % args.oversized_every == 0
         prompt = "x" * (2 * args.body_limit) if oversized else "A swarm of volunteers"
         while not stop.is_set():
             status = post({"model": args.served_name, "prompt": prompt, "max_tokens": 32, "ignore_eos": True})
@@ -474,6 +475,12 @@ def main() -> None:
     parser.add_argument("--api-capacity", type=int, default=4, help="flood: running + queued places")
     parser.add_argument("--body-limit", type=int, default=1 << 20, help="flood: the API's body limit")
     parser.add_argument("--served-name", default="", help="flood: the API's model name")
+    parser.add_argument(
+        "--workers", type=int, default=0, help="flood: concurrent requests (0: 10x --api-capacity)"
+    )
+    parser.add_argument(
+        "--oversized-every", type=int, default=10, help="flood: one worker in N sends too much (0: none)"
+    )
     parser.add_argument("--source-ip", default="127.0.0.2", help="flood: the address it floods from")
     args = parser.parse_args()
     stop = threading.Event()

@@ -28,8 +28,8 @@ def test_a_peer_announcing_over_twice_its_observed_speed_is_routed_by_observatio
         peer_id="liar", decode_ms_per_block=0.25, throughput=1e6, decode_batch_tokens_per_s=8e6
     )
     view = peer_view(liar, observed)
-    assert view.decode_ms_per_block == 25.0
-    assert view.throughput == 1e6 * 0.25 / 25.0 and view.decode_batch_tokens_per_s == 8e6 * 0.01
+    assert view.decode_ms_per_block == 50.0  # 25 observed, twice that for the lie
+    assert view.throughput == 1e6 * 0.25 / 50.0 and view.decode_batch_tokens_per_s == 8e6 * 0.005
     assert observed.flagged == {"liar"}
     honest = make_record(peer_id="honest", decode_ms_per_block=1.0, throughput=1000.0)
     assert peer_view(honest, observed) == peer_view(honest)  # within 2x: its own figures stand
