@@ -33,6 +33,7 @@ MIN_SAMPLES = 8  # before an observation overrides an announcement
 TRUST_FACTOR = 2.0  # announced up to this many times faster than observed is believed
 LIAR_PENALTY = 2.0  # a peer caught announcing beyond that is routed this many times slower than observed
 MAX_SAMPLE_MS = 60_000.0  # per block; anything longer is a stall, not a speed
+REROUTE_CHANGE = 0.25  # a routed figure changes only when what is observed moves by more
 # Taken off every hop's time before it is divided by its blocks: the frames' encoding, the two
 # event loops and a local link cost a few ms a hop that no announcement of compute includes.
 HOP_OVERHEAD_MS = 5.0
@@ -44,6 +45,7 @@ class ObservedSpeeds:
 
     samples: dict[str, deque] = field(default_factory=dict)
     flagged: set[str] = field(default_factory=set)  # peers routed by observation (logged once each)
+    routed: dict[str, float] = field(default_factory=dict)  # the figure routing uses for each of them
 
     def add(self, peer_id: str, elapsed_ms: float, blocks: int) -> None:
         """One decode step of `blocks` blocks that took `elapsed_ms` as the client saw it."""
@@ -69,6 +71,7 @@ class ObservedSpeeds:
         faster than what was observed (then LIAR_PENALTY x the observed figure)."""
         observed = self.ms_per_block(peer_id)
         if observed is None or observed <= TRUST_FACTOR * announced:
+            self.routed.pop(peer_id, None)
             return announced
         if peer_id not in self.flagged:
             self.flagged.add(peer_id)
@@ -79,7 +82,17 @@ class ObservedSpeeds:
                 observed,
                 LIAR_PENALTY,
             )
-        return _two_digits(LIAR_PENALTY * observed)
+        return self._steady(peer_id, _two_digits(LIAR_PENALTY * observed))
+
+    def _steady(self, peer_id: str, figure: float) -> float:
+        """`figure`, unless the one routing used last is within REROUTE_CHANGE of it: every new
+        figure is a new view, which starts the routers' caches and their count of this client's
+        own picks afresh (routing/chains/tradeoff.py), and a median's jitter is not news."""
+        last = self.routed.get(peer_id)
+        if last is not None and abs(figure - last) <= REROUTE_CHANGE * last:
+            return last
+        self.routed[peer_id] = figure
+        return figure
 
 
 def _two_digits(x: float) -> float:

@@ -34,3 +34,16 @@ def test_a_peer_announcing_over_twice_its_observed_speed_is_routed_by_observatio
     honest = make_record(peer_id="honest", decode_ms_per_block=1.0, throughput=1000.0)
     assert peer_view(honest, observed) == peer_view(honest)  # within 2x: its own figures stand
     assert peer_view(make_record(peer_id="unseen"), observed) == peer_view(make_record(peer_id="unseen"))
+
+
+def test_a_routed_figure_moves_only_when_what_is_observed_moves_by_a_quarter():
+    observed = ObservedSpeeds()
+    for _ in range(MIN_SAMPLES):
+        observed.add("liar", HOP_OVERHEAD_MS + 10.0, blocks=1)
+    assert observed.effective_ms_per_block("liar", 0.01) == 20.0
+    for ms in (11.0, 11.0, 11.0, 11.0, 11.0):  # the median moves 10%: the view stays as it was
+        observed.add("liar", HOP_OVERHEAD_MS + ms, blocks=1)
+    assert observed.effective_ms_per_block("liar", 0.01) == 20.0
+    for _ in range(MIN_SAMPLES * 2):
+        observed.add("liar", HOP_OVERHEAD_MS + 30.0, blocks=1)
+    assert observed.effective_ms_per_block("liar", 0.01) == 60.0
