@@ -23,8 +23,9 @@ over the lower p99 of the two, after an unmeasured 5 s warm-up of the new swarm.
 8. push_stranger: steps whose chain names a peer id outside the swarm
 9. terminal_escapes: a peer named with ANSI escapes; `hexswarm status` must print none raw
 10. impostor: a peer of the checkpoint with one weight changed (another model id)
-11. speed_fair, speed_liar: a peer of all blocks announcing what the honest ones do, then one
-    announcing 100x that (clients route it by what they observe: client/observed.py);
+11. speed_fair, speed_liar: a peer of all blocks announcing the speed it measures of itself,
+    then one announcing 100x that (speed_fair runs first by default; clients route the liar by
+    what they observe: client/observed.py);
     `traffic_share_fair` and `traffic_share_liar` are the shares of requests routed through each
 12. sybil_one_group (benchmarks/hostile_sybil.py, as root): 20 identities from one IP group run
     long prefills on two peers of a swarm of its own in network namespaces
@@ -100,6 +101,9 @@ class Bench:
     prompts: list[torch.Tensor] = field(default_factory=list)
     expected: list[torch.Tensor] = field(default_factory=list)
     peers: dict[str, Managed] = field(default_factory=dict)
+    # (throughput, decode ms per block) a peer of all blocks measured of itself: what the twin of
+    # speed_fair announced; HONEST_FLAGS' figures until it has run
+    measured_speed: tuple[float, float] = (100.0, 1.0)
 
     @property
     def initial_peers(self) -> list[str]:
@@ -458,11 +462,27 @@ def api_flood(bench: Bench, *load: str):
 
 
 @contextlib.contextmanager
-def announced_speed(bench: Bench, name: str, *flags: str):
-    """A peer of all blocks, computing as fast as the honest peers; `flags` set what it announces."""
-    peer = bench.start_hostile_peer(bench.model, f"0:{bench.spec.num_blocks}", name, *flags)
+def announced_speed(bench: Bench, name: str, boast: float):
+    """A peer of all blocks announcing `boast` times the speed it measures of itself (1: the
+    honest twin, whose share of the traffic is what its real speed earns). Not HONEST_FLAGS'
+    fixed figures: those are slower than this machine computes, and a fair share must be of
+    the real speed, which is what clients observe of a liar."""
+    flags = ("--announce-period", "2", "--handshake-timeout", "5", "--drain-timeout", "5")
+    if boast != 1:
+        throughput, decode_ms = bench.measured_speed
+        flags += ("--throughput", f"{throughput * boast:g}", "--decode-ms", f"{decode_ms / boast:g}")
+    peer = bench.local.start_peer(bench.model, f"0:{bench.spec.num_blocks}", name, *flags, timeout=300)
+    evidence = {"victim": name}
     try:
-        yield {"victim": name}
+        with dht_node(bench, "reader") as (dht, _):
+            (record,) = [r for r in read_peer_records(dht, bench.spec.model_id) if r.name == name]
+        evidence["announced"] = {
+            "throughput": record.throughput,
+            "decode_ms_per_block": record.decode_ms_per_block,
+        }
+        if boast == 1:
+            bench.measured_speed = (record.throughput, record.decode_ms_per_block)
+        yield evidence
     finally:
         bench.local.stop(peer)
 
@@ -484,10 +504,8 @@ ATTACKS = {
     "terminal_escapes": terminal_escapes,
     "impostor": impostor,
     # the same peer announcing honestly (what its real speed earns), then 100x faster
-    "speed_fair": lambda bench: announced_speed(bench, "twin"),
-    "speed_liar": lambda bench: announced_speed(
-        bench, "boaster", "--throughput", "10000", "--decode-ms", "0.01"
-    ),
+    "speed_fair": lambda bench: announced_speed(bench, "twin", 1),
+    "speed_liar": lambda bench: announced_speed(bench, "boaster", 100),
 }
 
 
