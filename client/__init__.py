@@ -23,6 +23,7 @@ _EXPORTS = {
     "ModelMismatchError": "hexswarm.client.swarm_client",
     "FormatMismatchError": "hexswarm.client.swarm_client",
     "NoChainError": "hexswarm.client.failover",
+    "InitialPeersError": "hexswarm.swarm.dht",
 }
 
 __all__ = list(_EXPORTS)

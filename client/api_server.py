@@ -170,10 +170,16 @@ class ApiService:
         if not ids:
             raise bad_request("the prompt is empty", "prompt")
         max_tokens = _max_tokens(body, chat, self.config)
+        if self.context is not None and len(ids) >= self.context:
+            raise bad_request(
+                f"the prompt is {len(ids):,} tokens, and the model's context is {self.context:,}: "
+                f"shorten the prompt to at most {self.context - 1:,} tokens",
+                "messages" if chat else "prompt",
+            )
         if self.context is not None and len(ids) + max_tokens > self.context:
             raise bad_request(
-                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's context "
-                f"of {self.context}",
+                f"prompt ({len(ids):,} tokens) + max_tokens ({max_tokens:,}) exceeds the model's context "
+                f"of {self.context:,}: ask for at most {self.context - len(ids):,} tokens",
                 "max_tokens",
             )
         return ids, max_tokens, stop
@@ -274,11 +280,30 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0] if error.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        refused = bad_request(f"{where or 'body'}: {first.get('msg', 'invalid request')}", where)
+        refused = _validation_error(request, error.errors())
         _log_refusal(request, refused)
         return JSONResponse(refused.body(), status_code=refused.status)
+
+
+def _validation_error(request: Request, errors) -> ApiError:
+    """A 400 in words for FastAPI's validation errors: a body that is not JSON, or not sent as
+    JSON, is said so (not as pydantic's dump of it), else the first field at fault."""
+    first = errors[0] if errors else {}
+    content_type = request.headers.get("content-type", "")
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return bad_request(f"the body is not valid JSON{f' ({detail})' if detail else ''}", None)
+    if (
+        "json" not in content_type.lower()
+        and first.get("loc", ())[:1] == ("body",)
+        and len(first.get("loc", ())) <= 1
+    ):
+        shown = content_type or "none"
+        return bad_request(
+            f"send the body as JSON, with Content-Type: application/json (it came as {shown})", None
+        )
+    where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+    return bad_request(f"{where or 'body'}: {first.get('msg', 'invalid request')}", where)
 
 
 def _log_refusal(request: Request, error: ApiError) -> None:

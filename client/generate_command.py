@@ -28,6 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-new-tokens", type=cli_args.positive_int, default=32, help="tokens to generate for each"
     )
     parser.add_argument("--sample", action="store_true", help="sample (seed 0) instead of greedy decoding")
+    parser.add_argument(
+        "--coverage-timeout",
+        type=cli_args.positive_float,
+        default=60.0,
+        help="seconds to wait for every block to be served (a line says what is missing after 2 s)",
+    )
     cli_args.add_client_quant(parser)
     cli_args.add_client_verify(parser)
 
@@ -47,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
             initial_peers=args.initial_peers,
             quant=args.quant,
             verify=cli_args.client_verify(args),
+            coverage_timeout=args.coverage_timeout,
         )
     except ModelSpecError as e:
         raise cli_args.UsageError(str(e)) from None

@@ -58,13 +58,20 @@ def create_app(watcher: SwarmWatcher) -> FastAPI:
     from fastapi import FastAPI
     from fastapi.responses import HTMLResponse, JSONResponse
 
+    from hexswarm.client.monitor_render import render_models, render_updated
+
     app = FastAPI(title="hexswarm monitor")
     page = resources.files(__package__).joinpath("monitor_page.html").read_text(encoding="utf-8")
 
     # no return annotations: FastAPI would resolve them in this module's globals, which lack these names
     @app.get("/", response_class=HTMLResponse)
     async def index():
-        return page
+        snapshot = watcher.latest  # the page as it stands now; its script takes over from here
+        return page.replace(
+            '<div id="models"></div>', f'<div id="models">{render_models(snapshot)}</div>'
+        ).replace(
+            '<div id="updated">connecting…</div>', f'<div id="updated">{render_updated(snapshot)}</div>'
+        )
 
     @app.get("/api/swarm")
     async def snapshot():

@@ -102,23 +102,23 @@ def print_model(model_id: str, num_blocks: int, records: list[PeerRecord], alias
     True if every block has an online peer."""
     print(f"model {printable(model_id, MODEL_ID_LIMIT)}{f' ({alias})' if alias else ''}: {num_blocks} blocks")
     print(
-        f"  {'peer id':<14} {'name':<16} {'layers':<9} {'state':<8} {'tp':>9} {'devices':<14} {'tok/s/blk':>9} {'ms/blk':>7} "
+        f"  {'peer id':<14} {'name':<16} {'layers':<9} {'role':<7} {'state':<8} {'tp':>9} {'devices':<14} {'tok/s/blk':>9} {'ms/blk':>7} "
         f"{'sessions':>8} {'cache left':>10}  {'reach':<11} address"
     )
     for r in sorted(records, key=lambda r: (r.start, r.end, r.name)):
         address = describe_address(r)
         print(
-            f"  {short_id(r.peer_id):<14} {printable(r.name, 16):<16} {f'{r.start}:{r.end}':<9} {r.state.value:<8} "
+            f"  {short_id(r.peer_id):<14} {printable(r.name, 16):<16} {f'{r.start}:{r.end}':<9} {r.role:<7} {r.state.value:<8} "
             f"{describe_tp(r):>9} {printable(describe_devices(r), 14):<14} {r.throughput:>9.0f} {r.decode_ms_per_block:>7.2f} {r.open_sessions:>8} {r.cache_tokens_left:>10}  "
             f"{r.reachability or '-':<11} {address}"
         )
-    from hexswarm.swarm.records import online_peers_per_block
+    from hexswarm.swarm.records import block_ranges, online_peers_per_block
 
     online = online_peers_per_block(records, num_blocks)
     missing = [b for b, n in enumerate(online) if n == 0]
     print("  coverage: " + " ".join(str(min(n, 9)) for n in online) + "  (online peers per block)")
     if missing:
-        print(f"  MISSING: blocks {missing} have no online peer")
+        print(f"  MISSING: blocks {block_ranges(missing)} have no online peer")
     return not missing
 
 

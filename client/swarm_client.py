@@ -43,6 +43,7 @@ from hexswarm.swarm.terminal_text import printable
 
 logger = logging.getLogger(__name__)
 
+COVERAGE_NOTICE_S = 2.0  # a wait for coverage longer than this is said in the log
 OBSERVED_PUBLISH_TIMEOUT_S = 5.0  # at shutdown: what it observed is stored, or given up on
 
 RTT_TTL_S = 60.0  # how long a measured round trip is trusted
@@ -191,12 +192,21 @@ class SwarmClient:
             left = timeout - (time.monotonic() - began)
             return min(DHT_READ_TIMEOUT_S, max(left, MIN_READ_TIMEOUT_S))
 
+        told = False
         while True:
             records = self.online_records(model_id, num_blocks, read_timeout())
             missing = uncovered_blocks(records, num_blocks)
             if not missing:
                 return records
             waited = time.monotonic() - began
+            if not told and waited >= COVERAGE_NOTICE_S:  # one line, so a wait is never silent
+                told = True
+                logger.warning(
+                    "no online peer serves blocks %s of %s yet; waiting up to %.0f s for them",
+                    block_ranges(missing),
+                    model_id,
+                    timeout,
+                )
             if waited >= min(MISMATCH_GRACE_S, timeout):
                 self._raise_on_a_mismatch(model_id, num_blocks, missing, waited, read_timeout())
             if time.monotonic() - began >= timeout:

@@ -14,6 +14,7 @@ from hexswarm.swarm.records import MODELS_KEY, ModelEntry, PeerRecord, PeerState
 logger = logging.getLogger(__name__)
 
 STORE_TIMEOUT_S = 10.0
+WARN_AFTER_UNSTORED = 3  # announcements in a row reaching no DHT node before it is a warning
 
 
 class Announcer:
@@ -42,6 +43,7 @@ class Announcer:
         self.ttl = period * ttl_periods
         self.last_expiration = 0.0
         self.encode = encode  # tests swap in a tampering one (peer/debug.py)
+        self.unstored = 0  # announcements in a row that reached no DHT node
 
     async def announce(
         self, state: PeerState, ttl: float | None = None, timeout: float = STORE_TIMEOUT_S
@@ -63,8 +65,17 @@ class Announcer:
         except (TimeoutError, RuntimeError, OSError) as e:  # a dead DHT process must not hang the peer
             logger.warning("announcing %s (%s) failed: %s", record.model_id, state.value, type(e).__name__)
             return
+        self.unstored = 0 if stored else self.unstored + 1
         if not stored:
-            logger.warning("announcing %s (%s) reached no DHT node; will retry", record.model_id, state.value)
+            # Routine while this DHT node reconnects (a range move, a neighbour restarting): a
+            # warning only when it keeps happening.
+            log = logger.warning if self.unstored >= WARN_AFTER_UNSTORED else logger.info
+            log(
+                "announcing %s (%s) reached no DHT node (%d time(s) in a row); will retry",
+                record.model_id,
+                state.value,
+                self.unstored,
+            )
 
     async def _store(self, key: str, value: bytes, expiration: float, subkey: bytes) -> bool:
         future = self.dht.store(key, value, expiration, subkey=subkey, return_future=True)

@@ -24,6 +24,7 @@ from hexswarm.peer.flags import peer_parser
 from hexswarm.swarm import cli_args, log_setup
 from hexswarm.swarm.cli_args import UsageError
 from hexswarm.swarm.coordinator.command import add_coordination_arguments
+from hexswarm.swarm.dht import InitialPeersError
 
 
 def build_parser():
@@ -45,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     layers = "[auto]" if config.auto else f"[{config.start}:{config.end})"
     # the name, when not given, is known once the peer has joined (peer/runtime.py updates it)
     log_setup.setup_logging(args, log_context(args.name, config.spec.model_id, layers))
-    code = asyncio.run(serve(config))
+    try:
+        code = asyncio.run(serve(config))
+    except InitialPeersError as e:
+        code = cli_args.usage_error("run-peer", str(e))
     exit_now(code)
 
 

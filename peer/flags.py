@@ -46,6 +46,7 @@ def _placement(g) -> None:
     g.add_argument(
         "--layers",
         required=True,
+        type=cli_args.layer_range,
         help="blocks to serve, A:B for [A, B) (never moved), or auto: the coordinator's plan "
         "(or, with no coordinator, Petals' rule) chooses and may move them",
     )

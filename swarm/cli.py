@@ -80,9 +80,11 @@ def run_command(name: str, argv: list[str], prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     log_setup.setup_logging(args, parser.prog)
     module = importlib.import_module(SUBCOMMANDS[name][0])  # imported by build_parser already
+    from hexswarm.swarm.dht import InitialPeersError
+
     try:
         return int(module.run(args) or 0)
-    except cli_args.UsageError as e:
+    except (cli_args.UsageError, InitialPeersError) as e:
         return cli_args.usage_error(parser.prog, str(e))
     except KeyboardInterrupt:  # Ctrl-C where the verb sets no handler of its own: no traceback
         return 130

@@ -13,6 +13,7 @@ This module imports nothing heavy: `--help` must not wait for torch or hivemind.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import NoReturn
 
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS
 from hexswarm.swarm import __version__, log_setup
+from hexswarm.swarm.maddrs import initial_peer_problem
 
 MODEL_HELP = (
     "a built-in model name (hexswarm models), a GGUF file or a checkpoint folder (config.json + safetensors)"
@@ -31,10 +33,34 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line (with where to find help), not the usage."""
+    """An ArgumentParser whose usage errors are one line (with where to find help), not the usage,
+    and which names a mistyped flag (with its closest match) before it says what is missing."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        unknown = self._unknown_flag(args)
+        if unknown is not None:
+            self.error(unknown)
+        return super().parse_known_args(args, namespace)
+
+    def _unknown_flag(self, args: list[str]) -> str | None:
+        """What to say of the first --flag this parser does not know (nor abbreviates), if any:
+        argparse would report "arguments are required" first, hiding the typo that caused it."""
+        known = [s for s in self._option_string_actions if s.startswith("--")]
+        for arg in args:
+            if arg == "--":
+                return None
+            if not arg.startswith("--"):
+                continue
+            flag = arg.split("=", 1)[0]
+            if flag in known or any(k.startswith(flag) for k in known):
+                continue
+            close = difflib.get_close_matches(flag, known, n=1)
+            return f"unrecognized argument {flag}" + (f": did you mean {close[0]}?" if close else "")
+        return None
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -99,6 +125,7 @@ def add_initial_peers(parser: argparse.ArgumentParser, required: bool = True) ->
         "--initial-peers",
         nargs="+",
         default=[],
+        type=initial_peer,
         metavar="MADDR",
         help="multiaddrs of swarm members to join through, e.g. what `hexswarm bootstrap` prints",
     )
@@ -109,6 +136,34 @@ def add_initial_peers(parser: argparse.ArgumentParser, required: bool = True) ->
         "(or HEXSWARM_INITIAL_PEERS), with the public defaults (docs/operations.md)",
     )
     parser.set_defaults(public=False)
+
+
+def initial_peer(text: str) -> str:
+    """An --initial-peers value, if it looks like a multiaddr with a peer id (swarm/maddrs.py)."""
+    problem = initial_peer_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def layer_range(text: str) -> str:
+    """--layers A:B or auto, checked for form and order before the model is read (that takes
+    seconds); whether B fits the model is checked once it is."""
+    if text == "auto":
+        return text
+    try:
+        start, end = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must look like A:B (blocks A to B-1) or auto, got {text!r}"
+        ) from None
+    if start < 0:
+        raise argparse.ArgumentTypeError(f"{text}: the first block is 0 or more")
+    if start >= end:
+        raise argparse.ArgumentTypeError(
+            f"{text} is an empty or reversed range: A:B serves blocks A to B-1, e.g. {min(start, end)}:{max(start, end) or 1}"
+        )
+    return text
 
 
 class PublicSwarm(argparse.Action):

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hexswarm.swarm.maddrs import initial_peer_problem
+
 if (
     TYPE_CHECKING
 ):  # hivemind loads when a node starts: `--help` of the commands that join does not wait for it
@@ -51,6 +53,19 @@ def _public_list() -> list[tuple[str, str]]:
     return entries
 
 
+class InitialPeersError(RuntimeError):
+    """The swarm cannot be joined through the initial peers given: one is malformed, or none of
+    them answered. Commands print it as one line and exit 2; the Python client raises it."""
+
+
+def check_initial_peers(initial_peers: Sequence[str]) -> None:
+    """InitialPeersError for the first initial peer that is not a multiaddr with a peer id."""
+    for text in initial_peers:
+        problem = initial_peer_problem(text)
+        if problem:
+            raise InitialPeersError(problem)
+
+
 def start_dht(
     initial_peers: Sequence[str],
     identity: Identity | None,
@@ -66,6 +81,7 @@ def start_dht(
 
     """
     from hivemind.dht.crypto import RSASignatureValidator
+    from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 
     from hexswarm.swarm.dht_process import OwnedDHT
 
@@ -85,8 +101,31 @@ def start_dht(
         kwargs.update(no_listen=True, nat_port_map=False, host_maddrs=[])
     if identity is not None:
         kwargs["identity_path"] = str(identity.identity_path)
+    check_initial_peers(initial_peers)
     with _children_ignore_ctrl_c():
-        return OwnedDHT(**kwargs)
+        try:
+            return OwnedDHT(**kwargs)
+        except P2PDaemonError as e:
+            raise _joining_error(e, initial_peers) from None
+
+
+def _joining_error(error: Exception, initial_peers: Sequence[str]) -> Exception:
+    """What p2pd's failure to start says about the initial peers, in one line (or `error`
+    itself when it is about something else)."""
+    text = str(error)
+    if "failed to connect to bootstrap peers" in text:
+        shown = ", ".join(initial_peers[:3]) + (
+            f" and {len(initial_peers) - 3} more" if len(initial_peers) > 3 else ""
+        )
+        return InitialPeersError(
+            f"none of the initial peers answered ({shown}): is that node running, and can this "
+            f"machine reach its address? (`hexswarm bootstrap` prints the address to give)"
+        )
+    if "failed to parse multiaddr" in text:
+        return InitialPeersError(
+            f"p2pd cannot read an initial peer: {text.split('failed to parse', 1)[1].strip()}"
+        )
+    return error
 
 
 @contextlib.contextmanager

@@ -56,3 +56,17 @@ def ip_group(ip: str) -> str:
     address = ipaddress.ip_address(ip)
     prefix = 24 if address.version == 4 else 48
     return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
+
+
+EXAMPLE_INITIAL_PEER = "/ip4/203.0.113.7/tcp/31337/p2p/QmYourBootstrapsPeerId"
+
+
+def initial_peer_problem(text: str) -> str | None:
+    """Why `text` cannot be an initial peer (None if it can): a multiaddr that starts with "/"
+    and names the peer with /p2p/<id>, as `hexswarm bootstrap` prints it."""
+    parts = text.split("/")
+    if not text.startswith("/") or len(parts) < 3 or "" in parts[1:]:
+        return f"{text!r} is not a multiaddr: an initial peer looks like {EXAMPLE_INITIAL_PEER} (what `hexswarm bootstrap` prints)"
+    if "p2p" not in parts and "ipfs" not in parts:
+        return f"{text!r} names no peer: add /p2p/<its peer id>, as in {EXAMPLE_INITIAL_PEER}"
+    return None

@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
         "edge-peer", "Serve a range of a model's layers over py-libp2p (no hivemind, no p2pd)."
     )
     cli_args.add_model_argument(p, positional=True)
-    p.add_argument("--layers", required=True, help="blocks to serve, A:B for [A, B)")
+    p.add_argument(
+        "--layers", required=True, type=cli_args.layer_range, help="blocks to serve, A:B for [A, B)"
+    )
     cli_args.add_initial_peers(p)
     p.add_argument(
         "--host-maddrs",

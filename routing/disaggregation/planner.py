@@ -35,6 +35,7 @@ from hexswarm.routing.disaggregation.replica import ReplicaPlanner
 from hexswarm.routing.disaggregation.roles import flipped, secondary_partition
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.plan import PlanError
 from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
 
 SWAPS = ("max-flow", "random")
@@ -129,6 +130,30 @@ def plan_disaggregated(
     return DisaggregationResult(
         plan, best, time.perf_counter() - started, starts, ev.evaluations, kept, history
     )
+
+
+def evaluate_disaggregated(
+    cluster: Cluster, model: ModelSpec, workload: Workload, plan: DisaggregatedPlan
+) -> DisaggregatedPlan:
+    """`plan`'s placement (its replicas' devices and roles) scored as the search scores its own:
+    each replica laid out and rated in its role, the KV links rated, the max flow (HexGen-2
+    §3.3 steps iii and iv). PlanError for devices the cluster lacks or a device used twice."""
+    graph = build_graph(cluster, model, whole_machines=False)
+    unit_of = {d: u for u, devices in enumerate(graph.units) for d in devices}
+    index = {device.id: i for i, device in enumerate(cluster.devices)}
+    groups, roles, seen = [], [], set()
+    for n, replica in enumerate(plan.replicas):
+        unknown = sorted(set(replica.device_ids) - set(index))
+        if unknown:
+            raise PlanError(f"replica {n} names devices that are not in the cluster: {', '.join(unknown)}")
+        if seen & set(replica.device_ids):
+            raise PlanError(f"replica {n} uses a device another replica uses")
+        seen |= set(replica.device_ids)
+        groups.append({unit_of[index[d]] for d in replica.device_ids})
+        roles.append(replica.role)
+    planner = ReplicaPlanner(cluster, model, workload, False, None, "latency")
+    placement = Evaluator(graph, planner).evaluate(make_state(groups, roles))
+    return make_disaggregated_plan(cluster, model, planner.workload, placement)
 
 
 def _group_counts(k: int, nodes: int) -> list[int]:

@@ -135,9 +135,15 @@ def _run(args: argparse.Namespace) -> int:
         max_batch=args.max_batch_sequences,
         objective=args.objective,
     )
+    if args.evaluate and _is_disaggregated(args.evaluate):
+        plan = evaluate_disaggregated_file(args.evaluate, cluster, model, workload)
+        print(plan.to_json(indent=2) if args.json else format_disaggregated(plan))
+        return 0
     if args.disaggregated:
         if args.evaluate:
-            raise ValueError("--evaluate scores a colocated plan; it does not combine with --disaggregated")
+            raise ValueError(
+                f"{args.evaluate} is a colocated plan; --disaggregated scores a disaggregated one"
+            )
         plan = _disaggregated(args, cluster, model, workload)
         print(plan.to_json(indent=2) if args.json else format_disaggregated(plan))
         return 0
@@ -303,11 +309,7 @@ def evaluate(path: str, cluster, model, workload):
     from hexswarm.routing.scheduler.serving import evaluate_layouts
     from hexswarm.routing.scheduler.simulator import make_trace
 
-    with open(path, encoding="utf-8") as f:
-        try:
-            raw = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise PlanError(f"{path} is not valid JSON: {exc}") from exc
+    raw = _read_plan_json(path)
     if isinstance(raw, dict):  # what a hand-written plan may leave out
         raw = {"schema_version": SCHEMA_VERSION, "model": model.name, "num_layers": model.num_layers, **raw}
     plan = Plan.from_dict(raw)
@@ -326,6 +328,33 @@ def evaluate(path: str, cluster, model, workload):
     trace = make_trace(model, workload)
     result = evaluate_layouts(cluster, layouts, model, trace, workload)
     return make_plan(cluster, model, workload, layouts, result, trace.deadline_s)
+
+
+def _read_plan_json(path: str):
+    from hexswarm.routing.scheduler.plan import PlanError
+
+    with open(path, encoding="utf-8") as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def _is_disaggregated(path: str) -> bool:
+    """Whether the plan in `path` is one `--disaggregated --json` printed (it has replicas)."""
+    raw = _read_plan_json(path)
+    return isinstance(raw, dict) and "replicas" in raw
+
+
+def evaluate_disaggregated_file(path: str, cluster, model, workload):
+    """A disaggregated plan printed by --json, its placement scored again on this cluster."""
+    from hexswarm.routing.disaggregation.plan_record import DisaggregatedPlan
+    from hexswarm.routing.disaggregation.planner import evaluate_disaggregated
+
+    plan = DisaggregatedPlan.from_dict(_read_plan_json(path))
+    if plan.num_layers != model.num_layers:
+        raise ValueError(f"{path} covers {plan.num_layers} layers; {model.name} has {model.num_layers}")
+    return evaluate_disaggregated(cluster, model, workload, plan)
 
 
 def load_cluster(path: str):
@@ -363,11 +392,17 @@ def load_model(name_or_dir: str):
         ) from None
 
 
+def seconds(x: float) -> str:
+    """Seconds with three significant digits: a small model's plan takes milliseconds, a large
+    one's minutes, and "0.00 s" says nothing."""
+    return f"{x:.3g} s"
+
+
 def format_plan(plan) -> str:
     """A readable table: one line per stage, grouped by pipeline."""
     lines = [f"plan for {plan.model}: {len(plan.pipelines)} pipelines on {len(plan.device_ids)} devices"]
     for i, pipeline in enumerate(plan.pipelines):
-        lines.append(f"pipeline {i}  strategy {pipeline.strategy}  latency {pipeline.latency_s:.2f} s")
+        lines.append(f"pipeline {i}  strategy {pipeline.strategy}  latency {seconds(pipeline.latency_s)}")
         for stage in pipeline.stages:
             span = f"[{stage.start}, {stage.end})"
             quant = "" if stage.quant == DEFAULT_QUANT else f"  {stage.quant}"
@@ -376,14 +411,14 @@ def format_plan(plan) -> str:
     if est is not None and est.objective == "throughput":
         lines.append(
             f"estimate ({est.serving}, max batch {est.max_batch}, no deadline): offered {est.rate:.3g} req/s, "
-            f"more than any placement serves; mean latency {est.mean_latency_s:.2f} s, "
-            f"p99 {est.p99_latency_s:.2f} s under that load, s_in {est.s_in}, s_out {est.s_out}"
+            f"more than any placement serves; mean latency {seconds(est.mean_latency_s)}, "
+            f"p99 {seconds(est.p99_latency_s)} under that load, s_in {est.s_in}, s_out {est.s_out}"
         )
     elif est is not None:
         lines.append(
             f"estimate ({est.serving}, max batch {est.max_batch}): {est.attainment:.1%} of requests within "
-            f"the {est.slo_s:.2f} s SLO at {est.rate:g} req/s (goodput {est.goodput_rps:.2f} req/s, "
-            f"mean latency {est.mean_latency_s:.2f} s, p99 {est.p99_latency_s:.2f} s, s_in {est.s_in}, "
+            f"the {seconds(est.slo_s)} SLO at {est.rate:g} req/s (goodput {est.goodput_rps:.3g} req/s, "
+            f"mean latency {seconds(est.mean_latency_s)}, p99 {seconds(est.p99_latency_s)}, s_in {est.s_in}, "
             f"s_out {est.s_out})"
         )
     if est is not None:

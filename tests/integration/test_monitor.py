@@ -124,6 +124,10 @@ def test_monitor_page_shows_peers_and_coverage_live(swarm, extra_model, tmp_path
         wait_for(lambda: page_state(browser, extra_id)["coverage"] == [1, 1, 1, 1], 30, "the extra model")
         browser.save_screenshot(str(tmp_path / "monitor-before.png"))
 
+        # without a script (curl, a text browser) the page shows the same, rendered on the server
+        served = urllib.request.urlopen(url, timeout=10).read().decode()
+        assert f'data-rendered-model="{extra_id}"' in served and "mon-a" in served and "mon-b" in served
+        assert "every block served" in served and "connecting…" not in served
         snapshot = json.loads(urllib.request.urlopen(f"{url}/api/swarm", timeout=10).read())
         by_id = {m["model_id"]: m for m in snapshot["models"]}
         assert {p["name"] for p in by_id[extra_id]["peers"]} == {"mon-a", "mon-b"}

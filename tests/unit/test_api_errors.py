@@ -108,3 +108,38 @@ def test_a_local_model_is_healthy_and_without_a_key_the_docs_are_served(served):
         assert answer.status == 200 and json.loads(answer.read())["status"] == "ok"
     with urllib.request.urlopen(f"{url}/docs", timeout=10) as answer:
         assert answer.status == 200
+
+
+def _raw_post(url: str, data: bytes, content_type: str | None) -> tuple[int, dict]:
+    headers = {"Content-Type": content_type} if content_type else {}
+    request = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+def test_a_body_that_is_not_json_is_told_so_in_words(served):
+    url = served[0]
+    status, body = _raw_post(f"{url}/v1/completions", b'{"model": "tiny", "prompt": ', "application/json")
+    assert status == 400 and body["error"]["message"].startswith("the body is not valid JSON"), body
+    assert body["error"]["param"] is None
+    status, body = _raw_post(f"{url}/v1/completions", json.dumps(COMPLETION).encode(), "text/plain")
+    assert status == 400, body
+    assert body["error"]["message"] == (
+        "send the body as JSON, with Content-Type: application/json (it came as text/plain)"
+    ), body
+
+
+def test_a_prompt_over_the_context_blames_the_prompt_not_max_tokens(served):
+    url, model, _ = served
+    context = model.config.max_position_embeddings
+    too_long = {**COMPLETION, "prompt": [5] * (context + 5)}
+    status, body = post(f"{url}/v1/completions", too_long)
+    assert status == 400 and body["error"]["param"] == "prompt", body
+    assert f"the prompt is {context + 5:,} tokens" in body["error"]["message"]
+    fits = {**COMPLETION, "prompt": [5] * (context - 2), "max_tokens": 8}
+    status, body = post(f"{url}/v1/completions", fits)
+    assert status == 400 and body["error"]["param"] == "max_tokens", body
+    assert "ask for at most 2 tokens" in body["error"]["message"]

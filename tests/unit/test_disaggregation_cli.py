@@ -48,3 +48,17 @@ def test_evaluate_does_not_combine_with_disaggregated(tmp_path, capsys):
     assert main(plan_argv(tmp_path) + ["--disaggregated", "--evaluate", str(plan)]) == 2
     err = capsys.readouterr().err
     assert "--disaggregated" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_evaluate_scores_a_disaggregated_plan_printed_by_json(tmp_path, capsys):
+    assert main(plan_argv(tmp_path) + ["--disaggregated", "--json"]) == 0
+    printed = capsys.readouterr().out
+    searched = DisaggregatedPlan.from_dict(json.loads(printed))
+    path = tmp_path / "disaggregated.json"
+    path.write_text(printed)
+    assert main(plan_argv(tmp_path) + ["--evaluate", str(path), "--json"]) == 0
+    scored = DisaggregatedPlan.from_dict(json.loads(capsys.readouterr().out))
+    assert [r.role for r in scored.replicas] == [r.role for r in searched.replicas]
+    assert abs(scored.throughput_tok_s - searched.throughput_tok_s) <= 1e-6 * searched.throughput_tok_s
+    assert main(plan_argv(tmp_path) + ["--evaluate", str(path)]) == 0  # and as a table
+    assert "KV routes" in capsys.readouterr().out
