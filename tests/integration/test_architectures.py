@@ -88,7 +88,7 @@ def test_unsupported_architecture_fails_at_start_with_one_line(tmp_path):
             "--layers",
             "0:1",
             "--initial-peers",
-            "/ip4/127.0.0.1/tcp/1",
+            "/ip4/127.0.0.1/tcp/1/p2p/QmUMM67xgzV8V4puwGSHTmS7U3VxVutYhVZPYoexxBz82Q",
         ],
         capture_output=True,
         text=True,

@@ -186,7 +186,7 @@ def test_role_auto_needs_layers_auto(make_model):
 
     result = subprocess.run(
         [sys.executable, "-m", "hexswarm.peer.cli", str(make_model(arch="llama")), "--layers", "0:2",
-         "--role", "auto", "--initial-peers", "/ip4/127.0.0.1/tcp/1"],
+         "--role", "auto", "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmUMM67xgzV8V4puwGSHTmS7U3VxVutYhVZPYoexxBz82Q"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2 and "--role auto needs --layers auto" in result.stderr

@@ -131,7 +131,11 @@ def test_an_unknown_format_is_a_clear_error_before_anything_connects(quant_swarm
     from hexswarm.client import DistributedModelForCausalLM
 
     with pytest.raises(ValueError, match="the formats are none, int8, nf4"):
-        DistributedModelForCausalLM.from_pretrained(quant_swarm[1], initial_peers=["/ip4/x"], quant="fp8")
+        DistributedModelForCausalLM.from_pretrained(
+            quant_swarm[1],
+            initial_peers=["/ip4/127.0.0.1/tcp/1/p2p/QmUMM67xgzV8V4puwGSHTmS7U3VxVutYhVZPYoexxBz82Q"],
+            quant="fp8",
+        )
 
 
 def test_verification_compares_a_peer_only_with_peers_of_its_format(connect):

@@ -547,7 +547,12 @@ def test_coordinator_flags_choose_the_objective(make_model):
     model_dir = make_model()
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    base = ["--initial-peers", "/ip4/127.0.0.1/tcp/1", "--model", str(model_dir)]
+    base = [
+        "--initial-peers",
+        "/ip4/127.0.0.1/tcp/1/p2p/QmUMM67xgzV8V4puwGSHTmS7U3VxVutYhVZPYoexxBz82Q",
+        "--model",
+        str(model_dir),
+    ]
     assert coordinator_config(parser.parse_args(base), str(model_dir)).workload.objective == "slo"
     args = parser.parse_args(base + ["--objective", "throughput"])
     assert not coordinator_config(args, str(model_dir)).workload.has_deadline

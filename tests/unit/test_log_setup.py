@@ -85,7 +85,13 @@ def test_every_hexswarm_command_takes_the_flags(command, capsys):
 
 
 def test_run_peer_and_the_client_take_the_flags():
-    peer = ["m", "--layers", "0:1", "--initial-peers", "/ip4/127.0.0.1/tcp/1"]
+    peer = [
+        "m",
+        "--layers",
+        "0:1",
+        "--initial-peers",
+        "/ip4/127.0.0.1/tcp/1/p2p/QmUMM67xgzV8V4puwGSHTmS7U3VxVutYhVZPYoexxBz82Q",
+    ]
     args = run_peer_parser().parse_args([*peer, "--quiet", "--log-level", "debug"])
     assert args.quiet and args.log_level == "debug"
     help_text = subprocess.run(

@@ -62,7 +62,13 @@ def test_error_rate_fails_some_steps(core):
 def test_flags_are_hidden_and_off_by_default():
     parser = build_parser()
     assert "--debug" not in parser.format_help()
-    base = ["model", "--layers", "0:2", "--initial-peers", "/ip4/127.0.0.1/tcp/1"]
+    base = [
+        "model",
+        "--layers",
+        "0:2",
+        "--initial-peers",
+        "/ip4/127.0.0.1/tcp/1/p2p/QmUMM67xgzV8V4puwGSHTmS7U3VxVutYhVZPYoexxBz82Q",
+    ]
     assert plan_from_args(parser.parse_args(base)) is None
     plan = plan_from_args(parser.parse_args([*base, "--debug-error-rate", "0.1", "--debug-seed", "4"]))
     assert plan == FaultPlan(error_rate=0.1, seed=4)
