@@ -34,8 +34,7 @@ def record_groups(record: PeerRecord | None) -> set[str]:
 
 def routable_groups(record: PeerRecord) -> set[str]:
     """The groups a record counts under for routing: its addresses' groups, loopback left out."""
-    addrs = [tcp_addr(a) for a in record.addrs]
-    return {ip_group(a.ip) for a in addrs if a is not None and not ipaddress.ip_address(a.ip).is_loopback}
+    return {g for g in record_groups(record) if not ipaddress.ip_network(g).is_loopback}
 
 
 def cap_per_group(records: Sequence[PeerRecord], limit: int, seed: bytes) -> list[PeerRecord]:
