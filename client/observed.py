@@ -26,11 +26,12 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from hexswarm.swarm.speed_reports import TRUST_FACTOR  # one rule for routers and planners
+
 logger = logging.getLogger(__name__)
 
 WINDOW = 32  # samples kept per peer
 MIN_SAMPLES = 8  # before an observation overrides an announcement
-TRUST_FACTOR = 2.0  # announced up to this many times faster than observed is believed
 LIAR_PENALTY = 2.0  # a peer caught announcing beyond that is routed this many times slower than observed
 MAX_SAMPLE_MS = 60_000.0  # per block; anything longer is a stall, not a speed
 REROUTE_CHANGE = 0.25  # a routed figure changes only when what is observed moves by more
