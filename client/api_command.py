@@ -67,12 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cli_args.check_model(args.model)  # before torch and transformers load
-    import uvicorn
     from transformers import AutoTokenizer
 
     from hexswarm.client import DistributedModelForCausalLM
     from hexswarm.client.api_admission import AdmissionLimits
     from hexswarm.client.api_server import ApiConfig, create_app
+    from hexswarm.client.http_serve import serve_until_stopped
     from hexswarm.swarm.model_spec import ModelSpecError
 
     try:
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     ready = f"api: serving {name} at http://{args.host}:{args.port}/v1"
     app = create_app(model, tokenizer, config, on_ready=lambda: print(ready, flush=True))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        serve_until_stopped(app, args.host, args.port)
     finally:
         model.shutdown()
     return 0

@@ -92,8 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from hexswarm.client.http_serve import serve_until_stopped
     from hexswarm.client.swarm_client import SwarmClient
     from hexswarm.swarm.coordinator.records import trust_from
 
@@ -105,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     watcher = SwarmWatcher(swarm, args.refresh, models, trust).start()
     print(f"monitor: http://{args.host}:{args.port}/ (JSON at /api/swarm)", flush=True)
     try:
-        uvicorn.run(create_app(watcher), host=args.host, port=args.port, log_level="warning")
+        serve_until_stopped(create_app(watcher), args.host, args.port)
     finally:
         watcher.stop()
         swarm.shutdown()

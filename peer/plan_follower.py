@@ -4,6 +4,9 @@ Each step the peer reads the lease and plans of its model (swarm/coordinator/rec
 
 - a live lease holder with a plan newer than the one followed: take its assignment for this
   peer (plans signed by anyone else, or not newer, are ignored, and logged once);
+- besides, the lease and plans are read every `PLAN_WATCH_S` (1 s), so that a new plan is
+  followed within a second of being published, not an announce period later (hivemind has no
+  subscriptions; this small key is the watch);
 - no live holder: Petals' rule (routing/scheduler/petals_rule.py), checked every
   `rebalance_period` seconds on average (uniform in [0, 2x], as Petals' servers do), so
   that peers that started together do not all move at once; a coordinator that appears later
@@ -18,12 +21,15 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 from hexswarm.routing.scheduler.petals_rule import Span, check_delay, choose_start, should_move
 from hexswarm.swarm.coordinator.records import Coordination, Trust, dht_get, read_coordination, trust_text
 from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
 
 logger = logging.getLogger(__name__)
+
+PLAN_WATCH_S = 1.0  # how often an auto peer reads the coordinator's lease and plans
 
 
 def spans_of(records: Sequence[PeerRecord], exclude: str = "") -> list[Span]:
@@ -58,14 +64,42 @@ def old_range_covered(
     records: Sequence[PeerRecord], me: str, old: tuple[int, int], new: tuple[int, int]
 ) -> bool:
     """Whether every block of `old` is served by another online peer or by `new` (safe to drop)."""
+    return all(new[0] <= block < new[1] or _online_elsewhere(records, me, block) for block in range(*old))
+
+
+def goes_first_in_a_swap(
+    records: Sequence[PeerRecord], me: str, old: tuple[int, int], new: tuple[int, int]
+) -> bool:
+    """Whether this peer should switch to `new` although blocks of `old` have no other peer:
+    every such block is being loaded by a peer that, in turn, waits for `new` to cover its own
+    old blocks (a swap, which make-before-break alone would hold up for --move-wait). The
+    lowest peer id of the cycle goes first; the others follow once it serves `new`."""
+    mine = next((r for r in records if r.peer_id == me), None)
+    if mine is None:
+        return False
+    loaders: dict[str, PeerRecord] = {}
     for block in range(*old):
-        if new[0] <= block < new[1]:
+        if new[0] <= block < new[1] or _online_elsewhere(records, me, block):
             continue
-        if not any(
-            r.peer_id != me and r.state == PeerState.ONLINE and r.start <= block < r.end for r in records
-        ):
+        loader = next((r for r in records if r.peer_id != me and r.next_start <= block < r.next_end), None)
+        if loader is None:
             return False
-    return True
+        loaders[loader.peer_id] = loader
+    if not loaders:
+        return False
+    after_me = [
+        replace(mine, start=new[0], end=new[1], state=PeerState.ONLINE) if r.peer_id == me else r
+        for r in records
+    ]
+    for loader in loaders.values():
+        its_move = loader.peer_id, (loader.start, loader.end), (loader.next_start, loader.next_end)
+        if old_range_covered(records, *its_move) or not old_range_covered(after_me, *its_move):
+            return False  # it does not wait for us: let it switch first
+    return me < min(loaders)
+
+
+def _online_elsewhere(records: Sequence[PeerRecord], me: str, block: int) -> bool:
+    return any(r.peer_id != me and r.state == PeerState.ONLINE and r.start <= block < r.end for r in records)
 
 
 def planned_degree(planned: int, me: PeerRecord) -> int:
@@ -118,6 +152,18 @@ class PlanFollower:
             if target is not None:
                 logger.info("no live coordinator: Petals' rule moves this peer to [%d:%d)", *target)
                 await self.move(*target, None)
+
+    async def follow_newer(self, me: PeerRecord) -> bool:
+        """Follows the lease holder's plan at once if it is newer than the one followed (the
+        peer's plan watch, every PLAN_WATCH_S); True if it did."""
+        coordination = await read_coordination(self.dht, self.model_id, self.trust)
+        plan = coordination.plan
+        if coordination.holder is None or plan is None:
+            return False
+        if plan.coordinator == self.followed_from and plan.version <= self.followed:
+            return False
+        await self._follow(coordination, me)
+        return True
 
     async def _follow(self, coordination: Coordination, me: PeerRecord) -> None:
         plan = coordination.plan

@@ -23,7 +23,7 @@ import time
 
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore
-from hexswarm.peer.plan_follower import old_range_covered
+from hexswarm.peer.plan_follower import goes_first_in_a_swap, old_range_covered
 from hexswarm.peer.server import PeerServer
 from hexswarm.swarm import log_setup
 from hexswarm.swarm.records import PeerState
@@ -102,7 +102,12 @@ class RangeMover:
         peer = self.peer
         me = peer.identity.peer_id.to_base58()
         deadline = time.monotonic() + peer.config.move_wait
-        while not old_range_covered(await peer.read_records(), me, old, new):
+        while not old_range_covered(records := await peer.read_records(), me, old, new):
+            if goes_first_in_a_swap(records, me, old, new):
+                logger.info(
+                    "moving: the peer loading [%d:%d)'s blocks waits for this one; switching first", *old
+                )
+                return
             if time.monotonic() > deadline or peer.stop.is_set():
                 logger.warning(
                     "moving: blocks of [%d:%d) have no other online peer; dropping them anyway", *old

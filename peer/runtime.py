@@ -31,7 +31,7 @@ from hexswarm.peer.devices import describe
 from hexswarm.peer.evidence_service import EvidenceService
 from hexswarm.peer.faults import FaultInjector, FaultPlan
 from hexswarm.peer.link_probe import LinkProbe
-from hexswarm.peer.plan_follower import PlanFollower, join_range
+from hexswarm.peer.plan_follower import PLAN_WATCH_S, PlanFollower, join_range
 from hexswarm.peer.push import PushLinks, SwarmMembers
 from hexswarm.peer.range_move import RangeMover
 from hexswarm.peer.reachability import Reach, Reachability
@@ -484,6 +484,14 @@ class _Peer:
         self.loop.call_soon_threadsafe(fail)
 
     async def run_until(self, stop: asyncio.Event) -> None:
+        watch = asyncio.create_task(self._watch_plans(stop), name="plan watch") if self.follower else None
+        try:
+            await self._every_announce_period(stop)
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+    async def _every_announce_period(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), timeout=self.config.announce_period)
@@ -522,6 +530,21 @@ class _Peer:
                     await self.announcer.announce(PeerState.ONLINE)
         except Exception:  # the swarm's records are remote input: a bad step must not stop serving
             logger.exception("coordination step failed")
+
+    async def _watch_plans(self, stop: asyncio.Event) -> None:
+        """An auto peer follows a newly published plan within PLAN_WATCH_S."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=PLAN_WATCH_S)
+            except TimeoutError:
+                pass
+            if stop.is_set() or self.mover.busy:
+                continue
+            try:
+                if await self.follower.follow_newer(self._record(PeerState.ONLINE)):
+                    await self.announcer.announce(PeerState.ONLINE)  # the plan followed, at once
+            except Exception:  # the plans are remote input: a bad read must not stop serving
+                logger.exception("reading the coordinator's plan failed")
 
     async def _member_ids(self) -> list[str]:
         """The peers announcing this model now: whom pushes may go to (peer/push.py)."""

@@ -54,7 +54,7 @@ import numpy as np
 
 from hexswarm.routing.scheduler.algorithm1 import TP_DEGREES
 from hexswarm.routing.scheduler.cluster import Cluster, Device, Network, build_cluster
-from hexswarm.routing.scheduler.cost_model import stage_memory
+from hexswarm.routing.scheduler.cost_model import max_layers, stage_memory
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 from hexswarm.swarm.records import PeerRecord
 
@@ -113,6 +113,16 @@ def group_memory(record: PeerRecord, model: ModelSpec, workload: Workload) -> fl
     on_gpu = _gpu_memories(record)
     ram = record.devices[0].memory_bytes / 2 if record.devices else 16 * 2**30
     return 0.9 * sum(on_gpu) if on_gpu else ram
+
+
+def capacity_blocks(record: PeerRecord, model: ModelSpec, workload: Workload, tp: int) -> int:
+    """How many blocks the peer can hold at degree `tp`: its `max_blocks`, else what its memory
+    holds with one request's KV cache (HexGen Eq. 7), at most the whole model."""
+    if record.max_blocks > 0:
+        return min(record.max_blocks, model.num_layers)
+    tokens = workload.s_in_max + workload.s_out
+    memory = rank_memory(record, model, workload, tp)
+    return min(model.num_layers, max_layers(model, tp, memory, tokens, 1, block_bytes(record, model)))
 
 
 def rank_memory(record: PeerRecord, model: ModelSpec, workload: Workload, k: int) -> float:

@@ -16,6 +16,9 @@ HexGen's genetic search (§4.3) warm-started from the previous plan, with the sw
   model on its fastest peer alone, `cost_model.swarm_reference_latency`), not HexGen's A100
   unit, which a CPU or consumer-GPU swarm never meets: every plan would score 0 and the search
   could not tell a plan that serves the model from one that does not;
+- spare memory serves blocks a second time: each auto peer's range is widened, within what it
+  holds, toward blocks served once (`redundancy.py`), so one leave uncovers nothing where the
+  swarm can hold the model twice;
 - coverage is a hard constraint, checked before any objective: if the search's placements leave
   a block unserved while Petals' rule would cover the model, Petals' rule is used (with no
   estimate, 0); when nothing covers the model, `Planned.missing` names the blocks and
@@ -41,6 +44,7 @@ from hexswarm.routing.scheduler.replan import replan
 from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
 from hexswarm.swarm.coordinator.cluster_view import (
     build_view,
+    capacity_blocks,
     degree_choices,
     device_ids,
     peer_of,
@@ -48,6 +52,7 @@ from hexswarm.swarm.coordinator.cluster_view import (
     stage_degree,
 )
 from hexswarm.swarm.coordinator.moves import Placement, kind_of, rematch
+from hexswarm.swarm.coordinator.redundancy import widen
 from hexswarm.swarm.records import PeerRecord
 
 
@@ -94,7 +99,7 @@ def compute_plan(
             cluster, model, workload, previous, swarm_config, costs or MoveCosts(), pinned, current
         )
     except NoFeasiblePlanError:
-        return covering(None, auto, fixed, model.num_layers)
+        return with_second_copies(covering(None, auto, fixed, model.num_layers), auto, fixed, model, workload)
     estimate = result.plan.estimate
     serving = {r.peer_id: Placement.of(r) for r in auto}
     searched = Planned(
@@ -103,7 +108,32 @@ def compute_plan(
         estimate.throughput_tok_s if estimate else 0.0,
         result.plan,
     )
-    return covering(searched, auto, fixed, model.num_layers)
+    return with_second_copies(covering(searched, auto, fixed, model.num_layers), auto, fixed, model, workload)
+
+
+def with_second_copies(
+    planned: Planned,
+    auto: Sequence[PeerRecord],
+    fixed: Sequence[PeerRecord],
+    model: ModelSpec,
+    workload: Workload,
+) -> Planned:
+    """`planned` with each auto peer's range widened, within its memory, so that blocks are
+    served twice where the swarm can hold them twice (`redundancy.py`)."""
+    by_id = {r.peer_id: r for r in auto}
+    ranges = {peer: (p.start, p.end) for peer, p in planned.assignments.items()}
+    capacity = {
+        peer: max(capacity_blocks(by_id[peer], model, workload, p.tp), p.end - p.start)
+        for peer, p in planned.assignments.items()
+    }
+    widened = widen(ranges, capacity, [(r.start, r.end) for r in fixed], model.num_layers)
+    assignments = {
+        peer: p._replace(start=widened[peer][0], end=widened[peer][1])
+        for peer, p in planned.assignments.items()
+    }
+    missing = uncovered(assignments, fixed, model.num_layers)
+    short = planned.memory_short_blocks if missing else 0
+    return replace(planned, assignments=assignments, missing=missing, memory_short_blocks=short)
 
 
 def compute_disaggregated_plan(

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hivemind.utils import get_dht_time
 
@@ -35,7 +36,14 @@ from hexswarm.swarm.coordinator.records import (
 )
 from hexswarm.swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, beats
 from hexswarm.swarm.identity import Identity
-from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
+from hexswarm.swarm.records import (
+    PeerRecord,
+    PeerState,
+    block_ranges,
+    model_key,
+    online_peers_per_block,
+    peer_records_from,
+)
 from hexswarm.swarm.terminal_text import printable
 
 logger = logging.getLogger(__name__)
@@ -51,7 +59,8 @@ class CoordinatorConfig:
     )
     policy: ReplanPolicy = field(default_factory=ReplanPolicy)
     lease_ttl: float = 30.0  # seconds a lease claim lives without renewal
-    period: float = 5.0  # seconds between steps (lease renewal, reading records)
+    period: float = 5.0  # seconds between lease renewals (and re-stores of the plan)
+    watch_period: float = 1.0  # seconds between reads of the peer records (a leave is seen this soon)
     trust: Trust = None  # the other candidates it competes with (records.py); None: any
     disaggregated: bool = False  # plan prefill and decode replicas (HexGen-2) instead of HexGen's plan
 
@@ -76,23 +85,25 @@ class Coordinator:
         self.scheduler_plan: Plan | None = None  # its scheduler plan, to warm-start the next search
         self.replan_seconds: deque[float] = deque(maxlen=100)  # recent search times, for logs
         self.flagged: dict[str, speed_reports.Observed] = {}  # over-announcers, as last logged
+        self.lost: tuple[int, ...] = ()  # blocks no live peer serves, as last seen
+        self.stored_at = -math.inf  # when the published plan was last (re-)stored
 
     async def run(self, stop: asyncio.Event) -> None:
         """Renews the lease and plans, in two loops: a long search must never delay a renewal."""
         logger.info("coordinator candidate %s for %s", self.me, self.config.model_id)
         async with asyncio.TaskGroup() as group:
-            group.create_task(self._every(self.lease.step, stop))
-            group.create_task(self._every(self.step, stop))
+            group.create_task(self._every(self.lease.step, stop, self.config.period))
+            group.create_task(self._every(self.step, stop, min(self.config.watch_period, self.config.period)))
         await self.lease.release()  # a clean stop: a standby takes over without waiting for expiry
 
-    async def _every(self, step, stop: asyncio.Event) -> None:
+    async def _every(self, step, stop: asyncio.Event, period: float) -> None:
         while not stop.is_set():
             try:
                 await step()
             except Exception:  # one bad step (a DHT hiccup) must not end the coordinator
                 logger.exception("coordinator step failed")
             try:
-                await asyncio.wait_for(stop.wait(), self.config.period)
+                await asyncio.wait_for(stop.wait(), period)
             except TimeoutError:
                 pass
 
@@ -108,12 +119,26 @@ class Coordinator:
             self.trigger = ReplanTrigger(self.config.policy, now)
             self.trigger.force("took the lease", now)
         self.trigger.observe(_view(records), now)
+        self._replan_at_once_if_blocks_were_lost(records, now)
         reason = self.trigger.due(now)
         if reason is not None:
             await self._replan(records, reason)
             self.trigger.planned(time.monotonic())
-        if self.published is not None and self.lease.holding:
+        if self.published is not None and self.lease.holding and now - self.stored_at >= self.config.period:
             await self._store(self.published)  # refresh its expiration
+            self.stored_at = now
+
+    def _replan_at_once_if_blocks_were_lost(self, records: list[PeerRecord], now: float) -> None:
+        """A leave that takes the last peer of some blocks skips the debounce: clients are
+        waiting for those blocks now (a burst of joins can wait for the quiet)."""
+        if self.published is None or self.published.missing:
+            self.lost = ()
+            return
+        counts = online_peers_per_block(records, self.config.model.num_layers)
+        lost = tuple(block for block, n in enumerate(counts) if n == 0)
+        if set(lost) - set(self.lost):
+            self.trigger.force(f"blocks {block_ranges(list(lost))} lost their last peer", now)
+        self.lost = lost
 
     async def _live_records(self) -> list[PeerRecord]:
         value = await dht_get(self.dht, model_key(self.config.model_id))
@@ -144,7 +169,7 @@ class Coordinator:
         c = self.config
         began = time.perf_counter()
         try:
-            planned = await asyncio.to_thread(self._plan, records)
+            planned = await asyncio.to_thread(self._plan, where_bound(records, self.published))
         except NoFeasiblePlanError as e:
             logger.info("re-plan (%s): nothing to plan: %s", reason, e)
             return
@@ -244,6 +269,22 @@ def plan_record(
         missing=planned.missing,
         memory_short_blocks=planned.memory_short_blocks,
     )
+
+
+def where_bound(records: list[PeerRecord], published: PlanRecord | None) -> list[PeerRecord]:
+    """Each auto peer placed where it is going, which is what a move from here costs: the range
+    it is loading, else the one our newest plan gives it if it has not read that plan yet.
+    Planned from where peers were a second ago, two peers would be sent to swap ranges, and
+    each would wait for the other to serve its old blocks (peer/range_move.py)."""
+    bound = []
+    for r in records:
+        assignment = published.assignment_of(r.peer_id) if published is not None else None
+        if r.auto and r.next_end > r.next_start:
+            r = replace(r, start=r.next_start, end=r.next_end)
+        elif r.auto and assignment is not None and r.plan_version < published.version:
+            r = replace(r, start=assignment.start, end=assignment.end)
+        bound.append(r)
+    return bound
 
 
 def warn_uncovered(model_id: str, planned: Planned) -> None:

@@ -51,13 +51,13 @@ RESTORE_BOUND_S = 90  # record expiry (2.5 s) + debounce (2 s) + search + move
 LEASE_BOUND_S = 6 + 2 * 1 + 20
 
 
-def wait_until(condition, timeout: float, what: str):
+def wait_until(condition, timeout: float, what: str, period: float = 0.5):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
-        time.sleep(0.5)
+        time.sleep(period)
     raise AssertionError(f"not within {timeout} s: {what}")
 
 

@@ -141,4 +141,6 @@ def test_monitor_page_shows_peers_and_coverage_live(swarm, extra_model, tmp_path
         assert (tmp_path / "monitor-after.png").stat().st_size > 10_000
     finally:
         browser.quit()
-        swarm.local.stop(proc)
+        exit_code = swarm.local.stop(proc)  # SIGTERM, as docker stop and systemd send
+    # a clean stop: status 0, no p2pd "use of closed network connection" or other error line
+    assert exit_code == 0 and "ERROR" not in proc.log() and "Traceback" not in proc.log(), proc.log()[-2000:]

@@ -274,7 +274,7 @@ def coordinated(tmp_path_factory):
     from hexswarm.swarm.launcher import LOOPBACK
     from hexswarm.swarm.model_spec import model_identity
 
-    layout = {f"auto{i}": ("auto", ("--max-blocks", "15", "--announce-period", "2")) for i in range(3)}
+    layout = {f"auto{i}": ("auto", ("--max-blocks", "15")) for i in range(3)}  # default flags otherwise
     local = start_swarm(tmp_path_factory, layout)
     try:
         coordinator = [sys.executable, "-m", "hexswarm.swarm.cli", "coordinator", "--initial-peers", *local.initial_peers,
@@ -291,7 +291,7 @@ class TestCoordinatorKeepsTheModelCovered:
     """The swarm a new user ran: three `--layers auto --max-blocks 15` peers of SmolLM2's 30 blocks and a
     coordinator with its default flags; the sole server of a range leaves with SIGTERM."""
 
-    def test_the_swarm_is_covered_again_within_60_s_and_exact(self, coordinated, reference):
+    def test_the_swarm_is_covered_again_within_10_s_and_exact(self, coordinated, reference):
         from hexswarm.swarm.coordinator.records import read_coordination_sync
         from hexswarm.swarm.records import PeerState, online_peers_per_block, read_peer_records
 
@@ -312,11 +312,12 @@ class TestCoordinatorKeepsTheModelCovered:
         local.stop(next(p for p in local.processes if p.name == sole.name))  # SIGTERM: a clean leave
         left = time.monotonic()
         wait_until(lambda: sole.peer_id not in {r.peer_id for r in online()} and all(online_peers_per_block(online(), 30)), 60,
-                 f"blocks {sole.start}:{sole.end} served again after {sole.name} left")  # fmt: skip
-        print(
-            f"blocks {sole.start}:{sole.end} served again {time.monotonic() - left:.1f} s after {sole.name} left"
-        )
-        assert time.monotonic() - left <= 60
+                 f"blocks {sole.start}:{sole.end} served again after {sole.name} left", period=0.2)  # fmt: skip
+        took = time.monotonic() - left
+        print(f"blocks {sole.start}:{sole.end} served again {took:.1f} s after {sole.name} left")
+        # The coordinator sees the leave within 1 s and re-plans at once; the peers read the plan
+        # within 1 s and load 15 blocks (docs/scheduling.md "The coordinator")
+        assert took <= 10
         plan = read_coordination_sync(dht, model_id).plan
         assert plan.missing == () and plan.attainment > 0  # the deadline fits this CPU swarm
         model = client_of(local)

@@ -408,6 +408,15 @@ def test_the_sole_server_of_a_range_leaving_is_covered_again_with_the_default_de
     assert second.attainment > 0 and second.throughput_tok_s > 0  # the deadline fits the swarm
 
 
+def test_where_memory_allows_the_plan_serves_every_block_twice():
+    """Four peers of at most 15 of 30 blocks: one pipeline of short stages would leave every
+    block with one peer; widened within their memory, any one of them may leave."""
+    peers = [record(name, 0, 15, max_blocks=15, throughput=20000.0) for name in "abcd"]
+    planned = compute_plan(peers, SMOL, Workload(), CPU_SEARCH)
+    assert min(served_blocks(planned)) >= 2, planned.assignments
+    assert all(b - a <= 15 for a, b, _ in planned.assignments.values())
+
+
 def test_no_covering_plan_names_the_missing_blocks_and_the_memory_short():
     peers = [record("a", 0, 10, max_blocks=10), record("b", 10, 20, max_blocks=10)]
     planned = compute_plan(peers, SMOL, Workload(), CPU_SEARCH)
@@ -461,6 +470,32 @@ def test_peer_side_rules():
     assert old_range_covered([*others, me], "c", (0, 4), (4, 8))
     assert not old_range_covered([record("a", 0, 2), me], "c", (0, 4), (4, 8))
     assert old_range_covered([record("a", 0, 2), me], "c", (0, 4), (2, 6))
+
+
+def test_two_peers_swapping_ranges_do_not_wait_for_each_other():
+    from hexswarm.peer.plan_follower import goes_first_in_a_swap
+
+    # a moves 15:30 -> 0:15 while b moves 0:15 -> 15:30: each holds the other's new blocks.
+    a = replace(record("a", 15, 30, max_blocks=15), next_start=0, next_end=15)
+    b = replace(record("b", 0, 15, max_blocks=15), next_start=15, next_end=30)
+    assert goes_first_in_a_swap([a, b], "a", (15, 30), (0, 15))
+    assert not goes_first_in_a_swap([a, b], "b", (0, 15), (15, 30))  # it waits for a to switch
+    # a peer that loads our old blocks but does not wait for us is left to finish loading
+    c = replace(record("c", 0, 15, max_blocks=15), next_start=15, next_end=30)
+    assert not goes_first_in_a_swap([a, c, record("d", 0, 15)], "a", (15, 30), (0, 10))
+    assert not goes_first_in_a_swap([a, record("b", 0, 15)], "a", (15, 30), (0, 15))  # nobody loads them
+
+
+def test_the_coordinator_plans_from_where_peers_are_going():
+    from hexswarm.swarm.coordinator.service import where_bound
+
+    moving = replace(record("a", 15, 30), next_start=10, next_end=25)
+    behind = replace(record("b", 15, 30), plan_version=1)
+    fixed = record("f", 0, 2, auto=False)
+    published = plan(2, assignments=(("b", 0, 15), ("f", 5, 6)))
+    bound = {r.peer_id: (r.start, r.end) for r in where_bound([moving, behind, fixed], published)}
+    assert bound == {"a": (10, 25), "b": (0, 15), "f": (0, 2)}
+    assert where_bound([behind], None) == [behind]
 
 
 def test_follower_takes_only_newer_plans_of_the_holder():
