@@ -40,9 +40,12 @@ simulation (`routing/sim/churn_sim.py`). One JSON line: per policy the SLO attai
 per period (5 min) and over the run, split into samples within `--after-leave-s` (60) of a
 leave and the others, moves, ranges loaded; the coordinator's re-plan times
 (wall clock, noisy on a shared machine) p50 / p99; weights loaded (GB, all peers and by
-moving ones); ratios to both forms of Petals' rule.
+moving ones); ratios to both forms of Petals' rule. `timeline`, per policy and sample (every
+`--sample-s`): the minute, the share of that sample's requests that met the SLO and the GPUs in
+complete chains; `gpus_present`: the GPUs in the swarm at each sample (coverage = in chains /
+present). `--save` also writes the line to benchmarks/results/churn.json (charts.py draws it).
 
-    python benchmarks/churn.py [--seed 0] [--gpus 200] [--minutes 60] [--peer-gpus 4]
+    python benchmarks/churn.py [--seed 0] [--gpus 200] [--minutes 60] [--peer-gpus 4] [--save]
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ from hexswarm.routing.scheduler.simulator import make_trace  # noqa: E402
 from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
 from hexswarm.routing.sim.churn_policy import CoordinatorPolicy  # noqa: E402
 from hexswarm.routing.sim.churn_sim import Sampling, run  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_results import save  # noqa: E402
 
 MODEL = preset("Llama-2-70B")
 POLICIES = ("coordinator", "petals", "petals-gpu", "petals-peers", "no-replan")
@@ -123,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--after-leave-s", type=float, default=60.0, help="a sample this soon after a leave")
     parser.add_argument("--sample-s", type=float, default=30.0)
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/churn.json")
     parser.add_argument("--window-s", type=float, default=8.0)
     parser.add_argument(
         "--policies",
@@ -207,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             "replan_cpu_p50_s": _pct(result.replan_cpu_s, 50),
             "replan_cpu_p99_s": _pct(result.replan_cpu_s, 99),
             "serving_gpus_mean": round(float(np.mean(result.serving_gpus)), 1) if result.serving_gpus else 0,
+            "timeline": timeline(result),
             "run_s": round(time.perf_counter() - t0, 1),
         }
     joins = sum(e.kind == "join" for e in churn.events)
@@ -250,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "policies": rows,
     }
+    sample_times = [s[0] for s in result.samples] if rows else []
+    out["gpus_present"] = [sum(len(churn.devices[m]) for m in churn.present(t)) for t in sample_times]
     for baseline in [n for n in rows if n.startswith("petals")]:
         if baseline in rows and rows[baseline]["attainment"] > 0:
             for name in rows:
@@ -257,8 +267,20 @@ def main(argv: list[str] | None = None) -> int:
                     rows[name]["attainment"] / rows[baseline]["attainment"], 3
                 )
     out["wall_s"] = round(time.perf_counter() - started, 1)
+    if args.save:
+        save("churn", out)
     print(json.dumps(out))
     return 0
+
+
+def timeline(result) -> dict:
+    """Per sample: its minute, the share of its requests that met the SLO (None without
+    requests) and the GPUs in complete chains."""
+    return {
+        "minute": [round(s[0] / 60, 2) for s in result.samples],
+        "attainment": [round(s[1] / s[2], 3) if s[2] else None for s in result.samples],
+        "gpus_in_chains": list(result.serving_gpus),
+    }
 
 
 def _pct(values: list[float], q: float) -> float | None:

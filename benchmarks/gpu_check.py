@@ -10,6 +10,8 @@ For each model shape and dtype (float32, bfloat16, float16) on one device:
 - speed, one peer serving every block: prefill tokens/s per block and ms per decode step per
   block at batch 1, decode tokens/s per block with 8 sessions stepping together through the
   scheduler's batching, and the figures the peer itself would announce (peer/throughput.py).
+  The batch-1 session and each batched session decode after the same context (the prefill's
+  512 tokens), so the batched speed-up compares attention over the same number of keys.
 
 Models are random LlamaConfig checkpoints written to a temporary folder at run time: one with
 SmolLM2-135M's shapes, one with Llama-2-7B's layer shapes but 4 layers. Prints one JSON line.
@@ -74,7 +76,6 @@ QUICK_SHAPES = {  # the same code paths at sizes a laptop CPU runs in seconds
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PROMPT_TOKENS = 16  # of the exactness prompt
 BATCH_SESSIONS = 8  # sessions decoding together in the batched measurement
-BATCH_CONTEXT = 32  # tokens each of them has cached first
 STEP_TIMEOUT_S = 120.0
 PREFILL_REPEATS = 3  # sessions timed at batch 1: medians of their prefills and decode steps
 # --sdpa: which attention kernels torch may pick (e.g. to tell whether one of them is slow)
@@ -253,16 +254,17 @@ def time_batch1(peer: Peer, hidden_size: int, prefill_tokens: int, decode_steps:
     return {"prefill_s": statistics.median(prefills), "decode_s": statistics.median(steps)}
 
 
-def time_batched(peer: Peer, hidden_size: int, decode_steps: int) -> dict:
-    """BATCH_SESSIONS sessions each send a decode step, all waiting at once, decode_steps times."""
+def time_batched(peer: Peer, hidden_size: int, context: int, decode_steps: int) -> dict:
+    """BATCH_SESSIONS sessions, each with `context` tokens cached, send a decode step, all
+    waiting at once, decode_steps times."""
     wire = DTYPES[peer.wire]
     names = [f"batch-{i}" for i in range(BATCH_SESSIONS)]
     for name in names:
-        peer.open(name, BATCH_CONTEXT + decode_steps + 1)
-        peer.step(name, 0, torch.randn(1, BATCH_CONTEXT, hidden_size).to(wire))
+        peer.open(name, context + decode_steps + 1)
+        peer.step(name, 0, torch.randn(1, context, hidden_size).to(wire))
     peer.scheduler.batch_sizes.clear()
     rounds = [[torch.randn(1, 1, hidden_size).to(wire) for _ in names] for _ in range(decode_steps)]
-    began, position = time.perf_counter(), BATCH_CONTEXT
+    began, position = time.perf_counter(), context
     for tokens in rounds:
         futures = [peer.submit(name, position, token) for name, token in zip(names, tokens, strict=True)]
         for future in futures:
@@ -284,7 +286,7 @@ def measure_speed(
         blocks, hidden = spec.num_blocks, spec.hidden_size
         time_batch1(peer, hidden, prefill_tokens, 4, "warm-up")  # allocations, kernel choice
         one = time_batch1(peer, hidden, prefill_tokens, decode_steps, "batch1")
-        batched = time_batched(peer, hidden, decode_steps)
+        batched = time_batched(peer, hidden, prefill_tokens, decode_steps)  # batch 1's context
         announced = measure(peer.stack)
     finally:
         peer.stop()
@@ -298,6 +300,7 @@ def measure_speed(
         "decode_ms_per_block": round(1000 * one["decode_s"] / blocks, 4),
         "decode_ms_per_step": round(1000 * one["decode_s"], 3),
         "batched_sessions": BATCH_SESSIONS,
+        "batched_context_tokens": prefill_tokens,  # the same as batch 1's decode context
         "batched_decode_tokens_per_s_per_block": round(batched_tokens_per_s, 1),
         "batched_speedup_vs_batch1": round(batched_tokens_per_s / batch1_tokens_per_s, 2),
         "batched_batch_sizes": batched["batch_sizes"],

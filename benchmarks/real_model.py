@@ -5,8 +5,11 @@ Prints one JSON line. Every swarm figure has its local baseline from the same ru
 - `load_s_peer` / `rss_mb_peer`: a fresh process loading blocks 0:15 as a peer does (BlockStack)
   up to its first answered step, against `load_s_local` / `rss_mb_local`: a fresh process loading
   the whole model with transformers up to its first forward, both from the same cached checkpoint
-  folder (RSS: what that added to the process). `load_s_local_gguf` is transformers reading the
-  GGUF file itself, for reference.
+  folder (RSS: what that added to the process). The peer holds half the blocks, so its totals
+  are about half the whole model's by construction; the ratios compare them per block
+  (`load_ms_per_block_*`, `rss_mb_per_block_*`: the total over the blocks loaded, the whole
+  model's embeddings and LM head counted in its 30 blocks). `load_s_local_gguf` is
+  transformers reading the GGUF file itself, for reference.
 - `ms_per_token` (greedy decode after the first token, 16-token prompt) and `ttft_ms` (a
   256-token prompt) through peers 0:15 and 15:30, against `*_local`.
 - `tok_s_1_client` and `tok_s_4_clients`: aggregate tokens/s of 1 and 4 concurrent generate() calls.
@@ -15,7 +18,8 @@ Prints one JSON line. Every swarm figure has its local baseline from the same ru
   `peers_online_s` say where that time went.
 - `exact`: the swarm's greedy tokens equal the local model's.
 
-Run: python benchmarks/real_model.py [--repeats 3] [--new-tokens 32]
+Run: python benchmarks/real_model.py [--repeats 3] [--new-tokens 32] [--save]
+(--save: also write the line to benchmarks/results/real_model.json)
 """
 
 from __future__ import annotations
@@ -41,7 +45,11 @@ from hexswarm.swarm import gguf_checkpoint
 from hexswarm.swarm.builtin_models import DEFAULT_MODEL
 from hexswarm.swarm.launcher import COLOCATED_ENV, LocalSwarm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_results import save  # noqa: E402
+
 PEERS = {"left": "0:15", "right": "15:30"}
+PEER_BLOCKS = 15  # the load figures' peer serves blocks 0:15
 TEXT = (Path(__file__).resolve().parents[1] / "tests" / "data" / "two_cities.txt").read_text()
 
 
@@ -49,6 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/real_model.json")
     parser.add_argument(
         "--child", choices=("load-peer", "load-local", "load-local-gguf"), help=argparse.SUPPRESS
     )
@@ -64,6 +73,7 @@ def main() -> None:
     gguf_checkpoint.materialize_all(spec.path)  # every weight file, for the local baseline
     result = {"bench": "real_model", "model": spec.model_id, "torch_threads": torch.get_num_threads()}
     result.update(load_figures())
+    result.update(per_block(result, peer_blocks=PEER_BLOCKS, model_blocks=spec.num_blocks))
     local = AutoModelForCausalLM.from_pretrained(spec.path).eval()
     tokenizer = AutoTokenizer.from_pretrained(spec.path)
     ids = tokenizer(TEXT, return_tensors="pt").input_ids
@@ -77,12 +87,14 @@ def main() -> None:
             result.update(start_swarm(swarm))
             result.update(swarm_figures(swarm, short, long, local_out, args))
     result["ratios"] = {
-        "load_s": round(result["load_s_peer"] / result["load_s_local"], 3),
-        "rss_mb": round(result["rss_mb_peer"] / result["rss_mb_local"], 3),
+        "load_per_block": round(result["load_ms_per_block_peer"] / result["load_ms_per_block_local"], 3),
+        "rss_per_block": round(result["rss_mb_per_block_peer"] / result["rss_mb_per_block_local"], 3),
         "ms_per_token": round(result["ms_per_token"] / result["ms_per_token_local"], 3),
         "ttft_ms": round(result["ttft_ms"] / result["ttft_ms_local"], 3),
         "tok_s_4_over_1": round(result["tok_s_4_clients"] / result["tok_s_1_client"], 3),
     }
+    if args.save:
+        save("real_model", result)
     print(json.dumps(result), flush=True)
 
 
@@ -94,6 +106,17 @@ def load_figures() -> dict:
         figures[f"load_s_{key}"] = round(statistics.median(r["load_s"] for r in runs), 3)
         figures[f"rss_mb_{key}"] = round(statistics.median(r["rss_mb"] for r in runs), 1)
     return figures
+
+
+def per_block(figures: dict, peer_blocks: int, model_blocks: int) -> dict:
+    """Load time (ms) and memory (MB) per block loaded: the peer's over its blocks, the whole
+    model's over all of its blocks."""
+    return {
+        "load_ms_per_block_peer": round(1000 * figures["load_s_peer"] / peer_blocks, 2),
+        "load_ms_per_block_local": round(1000 * figures["load_s_local"] / model_blocks, 2),
+        "rss_mb_per_block_peer": round(figures["rss_mb_peer"] / peer_blocks, 2),
+        "rss_mb_per_block_local": round(figures["rss_mb_local"] / model_blocks, 2),
+    }
 
 
 def run_child(child: str) -> dict:
@@ -119,8 +142,8 @@ def measure_load(child: str) -> dict:
     before, began = rss_mb(), time.perf_counter()
     with torch.inference_mode():
         if child == "load-peer":
-            loaded = BlockStack.load(spec, 0, 15, torch.float32, torch.device("cpu"))
-            loaded(torch.zeros(1, 1, spec.hidden_size), loaded.new_cache("s"), 0, 0, 15)
+            loaded = BlockStack.load(spec, 0, PEER_BLOCKS, torch.float32, torch.device("cpu"))
+            loaded(torch.zeros(1, 1, spec.hidden_size), loaded.new_cache("s"), 0, 0, PEER_BLOCKS)
         elif child == "load-local":
             loaded = AutoModelForCausalLM.from_pretrained(spec.path)
             loaded(token, cache=DynamicCache())

@@ -24,12 +24,18 @@ median and worst over seeds of the hypervolume ratio and the median fresh run ti
 and mode, the median and the worst over seeds of p99 latency and tokens/s, and for
 tradeoff its worst ratio to min_latency on the same seed (p99: tradeoff / min_latency,
 tokens/s: min_latency / tradeoff; above 1.02 is a loss of more than 2%).
+
+Each row also holds the fronts themselves (`front_points`: our front's and the sweep's
+[latency ms, throughput] pairs, and the exact min-latency chain's latency). `--save` writes
+every row and the summary to benchmarks/results/router.json (charts.py draws the fronts).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from dataclasses import replace
 
@@ -46,6 +52,9 @@ from hexswarm.routing.chains.swarm_view import RouteRequest, SwarmView
 from hexswarm.routing.chains.tradeoff import TradeoffRouter
 from hexswarm.routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
 from hexswarm.routing.sim.load_sim import LoadSpec, simulate_load, sustainable_rate
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_results import save  # noqa: E402
 
 REQUEST = RouteRequest(prompt_tokens=128, new_tokens=32, batch_size=1)
 LOAD_MODES = (  # (column name, mode, options)
@@ -110,7 +119,16 @@ def fronts(view: SwarmView, seed: int) -> dict:
         "latency_gap_seed_encoding": round(float(seed_front.latency_ms[0]) / best, 4)
         if len(seed_front)
         else None,
+        "front_points": {"ours": points(ours), "sweep": points(sweep), "min_latency_ms": round(best, 2)},
     }
+
+
+def points(front: Front) -> list[list[float]]:
+    """[latency ms, throughput] of each route on the front, by latency."""
+    return [
+        [round(float(a), 2), round(float(b), 4)]
+        for a, b in zip(front.latency_ms, front.throughput, strict=True)
+    ]
 
 
 def load_test(view: SwarmView, requests: int, load: float, seed: int, all_modes: bool = True) -> dict:
@@ -164,6 +182,7 @@ def main() -> None:
     parser.add_argument(
         "--fronts-only", action="store_true", help="skip the load test: only run times and fronts"
     )
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/router.json")
     args = parser.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     nsga_front(candidates(generate_swarm(SwarmSpec(10, seed=seeds[0])), REQUEST))  # warm up imports
@@ -180,8 +199,11 @@ def main() -> None:
             row["load"] = [load_test(view, args.requests, x, seed, all_modes) for x in loads]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    if len(seeds) > 1:
-        print(json.dumps(summary(rows)), flush=True)
+    totals = summary(rows) if len(seeds) > 1 else None
+    if totals:
+        print(json.dumps(totals), flush=True)
+    if args.save:
+        save("router", {"bench": "router", "rows": rows, "summary": totals})
 
 
 def summary(rows: list[dict]) -> dict:

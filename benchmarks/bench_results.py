@@ -1,0 +1,39 @@
+"""Where the benchmarks save their JSON (benchmarks/results/NAME.json) and how repeats are summarized.
+
+A benchmark run with `--save` writes its JSON line here; `python benchmarks/charts.py` draws
+the charts of docs/ from these files, so a rerun of a benchmark and of charts.py redraws them.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def save(name: str, result: dict, folder: Path = RESULTS) -> Path:
+    """Writes `result` as one JSON line to folder/NAME.json; returns the path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(result) + "\n")
+    return path
+
+
+def load(name: str, folder: Path = RESULTS) -> dict | None:
+    """The last saved result of benchmark NAME, or None if it was never saved."""
+    path = folder / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def spread(values: list[float], digits: int = 3) -> dict:
+    """Median, min and max of repeated measurements (and how many), rounded."""
+    if not values:
+        raise ValueError("no values to summarize")
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+        "n": len(values),
+    }
