@@ -1,0 +1,87 @@
+"""How long the commands a new user types take to answer, on a running SmolLM2 swarm.
+
+    python benchmarks/cli_latency.py [--repeats 3]      # ~2 min; one JSON line per command
+
+Starts a bootstrap and two SmolLM2 peers (blocks 0:15 and 15:30) on 127.0.0.1, then runs each
+command as a user would, as a fresh process, `--repeats` times, and prints one JSON line per
+command: `command`, `s` (the median wall time from start to exit), `min_s`, `max_s`, `goal_s`
+(issue 40's goals) and `ok` (whether it exited as expected). A last line sums them up. The
+`generate` line is the whole command with one new token: start, imports, joining the DHT,
+routing, prefill and the token, so it bounds the time to a first token from above (the command
+prints its output only at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hexswarm.swarm.builtin_models import DEFAULT_MODEL
+from hexswarm.swarm.launcher import LocalSwarm
+
+HEXSWARM = (sys.executable, "-m", "hexswarm.swarm.cli")
+RUN_PEER = (sys.executable, "-m", "hexswarm.peer.cli")
+USAGE_ERROR = 2
+
+
+def commands(initial_peers: list[str]) -> list[tuple[str, tuple[str, ...], float, int]]:
+    """(name, argv, goal in seconds, expected exit status) of each command timed."""
+    peers = ("--initial-peers", *initial_peers)
+    return [
+        ("hexswarm --help", (*HEXSWARM, "--help"), 0.3, 0),
+        ("run-peer --help", (*RUN_PEER, "--help"), 0.3, 0),
+        ("run-peer: malformed --layers", (*RUN_PEER, DEFAULT_MODEL, "--layers", "0-10", *peers), 0.5, USAGE_ERROR),
+        ("run-peer: reversed --layers", (*RUN_PEER, DEFAULT_MODEL, "--layers", "25:20", *peers), 0.5, USAGE_ERROR),
+        ("generate: unknown model", (*HEXSWARM, "generate", "no-such-model", *peers), 0.5, USAGE_ERROR),
+        ("generate: mistyped flag", (*HEXSWARM, "generate", DEFAULT_MODEL, "--inital-peers", initial_peers[0]), 0.5, USAGE_ERROR),
+        ("status", (*HEXSWARM, "status", *peers), 2.0, 0),
+        ("generate, 1 token", (*HEXSWARM, "generate", DEFAULT_MODEL, *peers, "--max-new-tokens", "1"), 3.0, 0),
+    ]  # fmt: skip
+
+
+def time_command(argv: tuple[str, ...], expected: int, repeats: int) -> tuple[list[float], bool]:
+    """Wall seconds of each run of `argv`, and whether every run exited with `expected`."""
+    times, ok = [], True
+    for _ in range(repeats):
+        began = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, timeout=300)
+        times.append(time.perf_counter() - began)
+        ok &= done.returncode == expected
+    return times, ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of each command (the median is reported)"
+    )
+    args = parser.parse_args()
+    summary = {"commands": 0, "within_goal": 0, "all_ok": True}
+    with tempfile.TemporaryDirectory() as tmp, LocalSwarm(Path(tmp)) as swarm:
+        swarm.start_bootstrap()
+        procs = [
+            swarm.start_peer(DEFAULT_MODEL, layers, name, wait=False)
+            for name, layers in (("a", "0:15"), ("b", "15:30"))
+        ]
+        for proc in procs:
+            swarm.wait_for_log(proc, "online:", timeout=300)
+        for name, argv, goal, expected in commands(swarm.initial_peers):
+            times, ok = time_command(argv, expected, args.repeats)
+            median = statistics.median(times)
+            line = {"command": name, "s": round(median, 3), "min_s": round(min(times), 3),
+                    "max_s": round(max(times), 3), "goal_s": goal, "ok": ok}  # fmt: skip
+            print(json.dumps(line), flush=True)
+            summary["commands"] += 1
+            summary["within_goal"] += median <= goal
+            summary["all_ok"] &= ok
+    print(json.dumps({"bench": "cli_latency", **summary}))
+
+
+if __name__ == "__main__":
+    main()
