@@ -157,15 +157,10 @@ class PlanFollower:
         """Follows the lease holder's plan at once if it is newer than the one followed (the
         peer's plan watch, every PLAN_WATCH_S); True if it did."""
         coordination = await read_coordination(self.dht, self.model_id, self.trust)
-        plan = coordination.plan
-        if coordination.holder is None or plan is None:
-            return False
-        if plan.coordinator == self.followed_from and plan.version <= self.followed:
-            return False
-        await self._follow(coordination, me)
-        return True
+        return coordination.holder is not None and await self._follow(coordination, me)
 
-    async def _follow(self, coordination: Coordination, me: PeerRecord) -> None:
+    async def _follow(self, coordination: Coordination, me: PeerRecord) -> bool:
+        """Takes the holder's plan if it is newer than the one followed; True if it did."""
         plan = coordination.plan
         # Versions order one coordinator's plans; a new holder's newest plan is followed even
         # if it is numbered lower than its predecessor's (which it cannot have read in time).
@@ -179,17 +174,18 @@ class PlanFollower:
             ):
                 self._ignored.add((plan.coordinator, plan.version))
                 logger.warning("ignoring stale plan v%d: following v%d already", plan.version, self.followed)
-            return
+            return False
         assignment = plan.assignment_of(self.peer_id)
         logger.info("following plan v%d of coordinator %s", plan.version, plan.coordinator[-8:])
         self.followed, self.followed_from = plan.version, plan.coordinator
         if assignment is None:
-            return
+            return True
         if self.take_role is not None:
             self.take_role(assignment.role)
         tp = planned_degree(assignment.tp, me)
         if (assignment.start, assignment.end, tp) != (me.start, me.end, me.tp):
             await self.move(assignment.start, assignment.end, tp)
+        return True
 
     def _log_ignored(self, coordination: Coordination) -> None:
         for plan in coordination.others:

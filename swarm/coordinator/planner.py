@@ -52,7 +52,7 @@ from hexswarm.swarm.coordinator.cluster_view import (
     stage_degree,
 )
 from hexswarm.swarm.coordinator.moves import Placement, kind_of, rematch
-from hexswarm.swarm.coordinator.redundancy import widen
+from hexswarm.swarm.coordinator.redundancy import served_counts, widen
 from hexswarm.swarm.records import PeerRecord
 
 
@@ -188,12 +188,8 @@ def uncovered(
     assignments: dict[str, Placement], fixed: Sequence[PeerRecord], num_blocks: int
 ) -> tuple[int, ...]:
     """Blocks that neither an assignment nor a fixed peer serves."""
-    served = [False] * num_blocks
     spans = [(p.start, p.end) for p in assignments.values()] + [(r.start, r.end) for r in fixed]
-    for start, end in spans:
-        for block in range(max(0, start), min(end, num_blocks)):
-            served[block] = True
-    return tuple(b for b, ok in enumerate(served) if not ok)
+    return tuple(block for block, n in enumerate(served_counts(spans, num_blocks)) if n == 0)
 
 
 def placements(plan: Plan, auto: Sequence[PeerRecord]) -> dict[str, Placement]:

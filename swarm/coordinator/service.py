@@ -87,6 +87,8 @@ class Coordinator:
         self.flagged: dict[str, speed_reports.Observed] = {}  # over-announcers, as last logged
         self.lost: tuple[int, ...] = ()  # blocks no live peer serves, as last seen
         self.stored_at = -math.inf  # when the published plan was last (re-)stored
+        self.observed: dict[str, speed_reports.Observed] = {}  # clients' observed speeds, as last read
+        self.observed_at = -math.inf
 
     async def run(self, stop: asyncio.Event) -> None:
         """Renews the lease and plans, in two loops: a long search must never delay a renewal."""
@@ -150,8 +152,13 @@ class Coordinator:
     async def _as_observed(self, records: list[PeerRecord]) -> list[PeerRecord]:
         """`records`, each peer that announces itself over twice as fast as clients observe it
         slowed to what they observe (swarm/speed_reports.py), logged once per peer and figure."""
-        entries = await asyncio.to_thread(speed_reports.read, self.dht, self.config.model_id)
-        observed = speed_reports.combine(entries)
+        now = time.monotonic()
+        if (
+            now - self.observed_at >= self.config.period
+        ):  # clients publish every 30 s: no need to read each watch step
+            entries = await asyncio.to_thread(speed_reports.read, self.dht, self.config.model_id)
+            self.observed, self.observed_at = speed_reports.combine(entries), now
+        observed = self.observed
         for record in records:
             figure = speed_reports.over_announced(record, observed)
             if figure is not None and self.flagged.get(record.peer_id) != figure:
