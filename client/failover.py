@@ -60,6 +60,7 @@ class LiveHop:
     session_id: str  # one per hop: a peer may serve two hops of one chain
     upstream: str = ""  # the peer its session takes pushed steps from ("" = none): the hop before it at open
     quant: str = DEFAULT_QUANT  # the weight format its peer announced when the hop opened
+    pushed: bool = False  # its peer has pushed this session's output on: its link to the next is open
 
     @property
     def start(self) -> int:
@@ -127,16 +128,21 @@ class Hops:
         hop.conn.timeout = self.hop_deadline(hop, hidden)
         return await hop.conn.step(hop.session_id, position, hidden)
 
-    async def send(self, hop: LiveHop, hidden: torch.Tensor, position: int, chain: list[LiveHop]) -> None:
-        """Sends a step to `hop`, which pushes its output along `chain` (peer/push.py)."""
+    async def send(self, hop: LiveHop, hidden: torch.Tensor, position: int, chain: list[LiveHop]) -> float:
+        """Sends a step to `hop`, which pushes its output along `chain` (peer/push.py). Returns
+        how long each pushing peer waits for the next one's ack (0 without a chain)."""
         next_hops = tuple(NextHop(h.hop.peer_id, h.session_id) for h in chain)
-        ack_ms = min(MAX_ACK_MS, max(1, round(1000 * self.push_ack_s(hop, hidden)))) if chain else 0
+        pushers = [hop, *chain[:-1]]
+        ack_ms = min(MAX_ACK_MS, max(1, round(1000 * max(self.push_ack_s(h, hidden) for h in pushers))))
+        ack_ms = ack_ms if chain else 0
         await hop.conn.send(Step(hop.session_id, position, hidden, next_hops, ack_ms))
+        return ack_ms / 1000
 
-    async def result(self, hop: LiveHop, hidden: torch.Tensor, pushes: bool) -> tuple[torch.Tensor, str]:
+    async def result(self, hop: LiveHop, hidden: torch.Tensor, push_ack_s: float) -> tuple[torch.Tensor, str]:
         """`hop`'s output for input `hidden`, and why its push failed (""). The deadline runs from
-        when the previous hop's output came; a hop that pushes answers after its push was acked."""
-        hop.conn.timeout = self.hop_deadline(hop, hidden) + (self.push_ack_s(hop, hidden) if pushes else 0)
+        when the previous hop's output came; a hop that pushes (`push_ack_s` > 0, what `send`
+        returned) answers after its push was acked or that wait ran out."""
+        hop.conn.timeout = self.hop_deadline(hop, hidden) + push_ack_s
         return await hop.conn.step_result(hop.session_id, hidden)
 
     def hop_deadline(self, hop: LiveHop, hidden: torch.Tensor) -> float:
@@ -146,10 +152,12 @@ class Hops:
     def push_ack_s(self, hop: LiveHop, hidden: torch.Tensor) -> float:
         """How long a pushing peer waits for the next one's ack: the policy's floor, plus the
         step's bytes at a slow link and two round trips as the client measured this peer (a
-        peer behind a relay or across the internet is that far from others too)."""
+        peer behind a relay or across the internet is that far from others too). A hop's first
+        push may have to dial the next peer and read its record first: that wait is longer."""
         rtt_s = self.swarm.rtt_ms.get(hop.hop.peer_id, (0.0, 0.0))[0] / 1000
         payload = hidden.numel() * hidden.element_size()
-        return self.policy.push_ack_timeout_s + transfer_s(payload, self.policy) + 2 * rtt_s
+        first_s = 0.0 if hop.pushed else self.policy.push_first_extra_s
+        return self.policy.push_ack_timeout_s + first_s + transfer_s(payload, self.policy) + 2 * rtt_s
 
     def deadline(self, peer_id: str, blocks: int, batch: int, tokens: int, payload_bytes: int = 0) -> float:
         record = self.records.get(peer_id)

@@ -49,6 +49,9 @@ class RetryPolicy:
     # step before it reports the push failed (the client then relays that hop). Long enough for a
     # busy peer's event loop to read and check a frame; a stalled next peer costs this much more.
     push_ack_timeout_s: float = 1.0
+    # A hop's first push waits this much longer: its peer may first read the next peer's record
+    # and dial it (a new libp2p connection: seconds on a loaded machine or a slow link).
+    push_first_extra_s: float = 2.0
     # Deadlines and push acks also allow for the bytes a step carries at this rate: a home
     # uplink's floor (8 Mbit/s). A 2,048-token prefill at hidden size 8,192 in fp16 is 32 MiB a
     # hop, 34 s at this rate; a decode step of SmolLM2 is 2.3 KB, 2 ms.
@@ -67,6 +70,8 @@ class RetryPolicy:
             raise ValueError("deadline_slack must be >= 1 and deadline_floor_s > 0")
         if not 0.001 <= self.push_ack_timeout_s <= 60:
             raise ValueError("push_ack_timeout_s must be in [0.001, 60]")
+        if not 0 <= self.push_first_extra_s <= 60:
+            raise ValueError("push_first_extra_s must be in [0, 60]")
         if not self.min_link_bytes_per_s > 0:
             raise ValueError("min_link_bytes_per_s must be > 0")
         if self.rate_limit_wait_s < 0 or self.busy_avoid_s < 0:

@@ -245,7 +245,7 @@ class InferenceSession:
         inputs[self.hops[i].start] = hidden
         sent = time.perf_counter()
         try:
-            await self.peers.send(self.hops[i], hidden, self.position, self.hops[i + 1 : end])
+            push_ack_s = await self.peers.send(self.hops[i], hidden, self.position, self.hops[i + 1 : end])
         except PeerError as e:
             raise _HopFailed(i, e) from None
         clock = _HopClock(self.swarm, sent, decode=tuple(hidden.shape[:2]) == (1, 1))
@@ -255,7 +255,9 @@ class InferenceSession:
             inputs[hop.start] = hidden
             try:
                 try:
-                    output, push_error = await self.peers.result(hop, hidden, pushes=j + 1 < end)
+                    output, push_error = await self.peers.result(
+                        hop, hidden, push_ack_s if j + 1 < end else 0
+                    )
                 except CommitmentMismatch:
                     if j > i:  # it was pushed: the pusher's link is not trusted any more
                         self.no_push_from.add(self.hops[j - 1].hop.peer_id)
@@ -270,6 +272,7 @@ class InferenceSession:
             except PeerError as e:
                 raise _HopFailed(j, e) from None
             hidden = output
+            hop.pushed = hop.pushed or (j + 1 < end and not push_error)
             if push_error and j + 1 < end:  # the next hop never got the step: relay it from here on
                 logger.info("session %s: %s; relaying that hop", self.session_id, push_error)
                 self.relayed.add(self.hops[j + 1].session_id)
