@@ -10,7 +10,15 @@ together and each generate `--new-tokens` greedy tokens after a 16-token prompt.
 - `x_no_batching`: batched figure over the --no-batching one (tok/s: higher is better);
 - `x_one_client`: aggregate tok/s over the 1-client figure of the same mode;
 - `hop_ms`: per-step hop cost on the peers in the 1-client run (peer/hop_stats.py);
-- `outputs_equal`: every client's output equals the local model's generate().
+- `outputs_equal`: every client's output equals the local model's generate();
+- `client_ms_per_token`: median over clients of the client's own time per token (its
+  generate() less the time its session waited on the swarm: embeddings, LM head, sampling,
+  the event loop hand-off);
+- `peers` (batched runs): per peer, from the lines it logs every announce period: the decode
+  batches it formed (`batches`: rows -> count, `mean_rows`), the share of the run its compute
+  thread spent in forwards (`busy_pct`; the rest it idled or waited for a batch to fill),
+  and its per-step `window_ms` (waiting for a batch on purpose), `queue_ms`, `compute_ms`,
+  `in_ms` + `out_ms` (frame decoding, checks and encoding on its event loop).
 
 Run:  python benchmarks/concurrency.py [--sizes tiny medium] [--clients 1 4 8 16] [--new-tokens 32]
       [--peer-flags "--batch-window-ms 5"] [--skip-baseline]   (to tune the batching flags)
@@ -19,6 +27,8 @@ Run:  python benchmarks/concurrency.py [--sizes tiny medium] [--clients 1 4 8 16
 from __future__ import annotations
 
 import argparse
+import ast
+import collections
 import json
 import os
 import re
@@ -46,6 +56,7 @@ HOP_LINE = re.compile(
     r"hop cost over (\d+) steps \(ms/step\): in ([\d.]+) queue ([\d.]+) window ([\d.]+) "
     r"compute ([\d.]+) out ([\d.]+)"
 )
+BATCH_LINE = re.compile(r"decode batches \(rows: count\) (\{[^}]*\}); compute busy (\d+)%")
 
 
 def prompts(n: int) -> list[torch.Tensor]:
@@ -72,6 +83,7 @@ def run_clients(model, inputs: list[torch.Tensor], new_tokens: int) -> dict:
             ended=ended,
             output=out,
             ms_per_token=1000 * (ended - first - (first - began)) / (new_tokens - 1),
+            client_ms_per_token=1000 * (ended - first - model.last_swarm_s) / new_tokens,
         )
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(inputs))]
@@ -83,8 +95,36 @@ def run_clients(model, inputs: list[torch.Tensor], new_tokens: int) -> dict:
     return dict(
         agg_tok_s=len(inputs) * (new_tokens + 1) / wall,
         ms_per_token=statistics.median(r["ms_per_token"] for r in results),
+        client_ms_per_token=statistics.median(r["client_ms_per_token"] for r in results),
         outputs=[r["output"] for r in results],
     )
+
+
+def peer_breakdown(proc, mark: int) -> dict:
+    """What one peer logged since `mark` (a log offset): the decode batches it formed, how busy
+    its compute thread was, and where a step's time went (module docstring, `peers`)."""
+    log = proc.log()[mark:]
+    batches: collections.Counter[int] = collections.Counter()
+    busy = [int(m.group(2)) for m in BATCH_LINE.finditer(log)]
+    for match in BATCH_LINE.finditer(log):
+        batches.update({int(k): v for k, v in ast.literal_eval(match.group(1)).items()})
+    steps, totals = 0, [0.0] * 5
+    for match in HOP_LINE.finditer(log):
+        n = int(match.group(1))
+        steps += n
+        totals = [t + n * float(x) for t, x in zip(totals, match.groups()[1:], strict=True)]
+    per_step = [round(t / max(1, steps), 3) for t in totals]
+    rows = sum(k * v for k, v in batches.items())
+    return {
+        "batches": dict(sorted(batches.items())),
+        "mean_rows": round(rows / max(1, sum(batches.values())), 2),
+        "busy_pct": round(statistics.mean(busy), 1) if busy else None,
+        "window_ms": per_step[2],
+        "queue_ms": per_step[1],
+        "compute_ms": per_step[3],
+        "in_ms": per_step[0],
+        "out_ms": per_step[4],
+    }
 
 
 def hop_cost(peers, marks: list[int]) -> dict:
@@ -135,13 +175,16 @@ def bench_mode(model_dir, shape, name, workdir, flags, counts, new_tokens, expec
                 figures[n] = dict(
                     agg_tok_s=round(run["agg_tok_s"], 2),
                     ms_per_token=round(run["ms_per_token"], 2),
+                    client_ms_per_token=round(run["client_ms_per_token"], 2),
                     outputs_equal=all(
                         torch.equal(o, e) for o, e in zip(run["outputs"], expected, strict=False)
                     ),
                 )
+                time.sleep(ANNOUNCE_PERIOD + 0.5)  # the run's last period is logged
                 if n == 1:
-                    time.sleep(ANNOUNCE_PERIOD + 0.5)
                     figures[n]["hop_ms"] = hop_cost(peers, marks)
+                if "--no-batching" not in flags:
+                    figures[n]["peers"] = [peer_breakdown(p, m) for p, m in zip(peers, marks, strict=True)]
         finally:
             model.shutdown()
     return figures

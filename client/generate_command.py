@@ -10,6 +10,7 @@ import time
 from hexswarm.swarm import cli_args, log_setup
 
 LOG_LEVEL = "warning"  # the output is the generated text; a library's INFO lines would bury it
+EXIT_AT_ONCE = True  # run() stops the DHT (and the client) it starts: swarm.cli.exit_at_once
 DEFAULT_PROMPT = "A swarm of volunteers"
 
 
@@ -77,25 +78,66 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _generate(model, tokenizer, kind: str, text: str, input_ids, args) -> None:
-    """Generates from `input_ids` and prints the chain, the text, the output and the speed."""
+    """Generates from `input_ids` and prints the chain, the text, the output and the speed.
+
+    The output is printed as it is generated, unless the client verifies peers: a liar found
+    a few steps later rolls the generation back (client/verify.py), so its text is printed
+    once every step is checked."""
     import torch
 
     torch.manual_seed(0)
+    print(f"{kind}: {text!r}", flush=True)
+    streamer = None if model.verify else output_printer(tokenizer)
     began = time.perf_counter()
-    output = model.generate(
-        input_ids,
-        max_new_tokens=args.max_new_tokens,
-        do_sample=args.sample,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    try:
+        output = model.generate(
+            input_ids,
+            max_new_tokens=args.max_new_tokens,
+            do_sample=args.sample,
+            pad_token_id=tokenizer.pad_token_id,
+            streamer=streamer,
+        )
+    except BaseException:
+        if streamer is not None:
+            print(flush=True)  # the error's line starts on a line of its own
+        raise
     elapsed = time.perf_counter() - began
     new_tokens = output.shape[1] - input_ids.shape[1]
-    print(f"{kind}: {text!r}")
-    print(f"output: {tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True)!r}")
+    if streamer is None:
+        print(f"output: {tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True)!r}")
+    first = f", the first after {streamer.first_at - began:.2f} s" if streamer and streamer.first_at else ""
     print(f"chain: {model.last_route}")
-    print(f"{new_tokens} tokens in {elapsed:.2f} s: {new_tokens / elapsed:.1f} tokens/s", flush=True)
+    print(f"{new_tokens} tokens in {elapsed:.2f} s: {new_tokens / elapsed:.1f} tokens/s{first}", flush=True)
     if model.verify:
         print(f"verified: {model.verify_stats.describe()}", flush=True)
+
+
+def output_printer(tokenizer):
+    """A transformers streamer that prints `output: '...'` word by word as tokens arrive, escaped
+    as the whole text's repr would be (no control character reaches the terminal), and notes
+    when the first new token came (`first_at`)."""
+    from transformers import TextStreamer
+
+    class OutputPrinter(TextStreamer):
+        def __init__(self):
+            super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
+            self.first_at: float | None = None
+            print("output: '", end="", flush=True)
+
+        def put(self, value) -> None:
+            if self.first_at is None and not self.next_tokens_are_prompt:
+                self.first_at = time.perf_counter()
+            super().put(value)
+
+        def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+            print(quoted_part(text), end="'\n" if stream_end else "", flush=True)
+
+    return OutputPrinter()
+
+
+def quoted_part(text: str) -> str:
+    """`text` escaped as inside a single-quoted Python string literal, as `repr` shows it."""
+    return "".join("\\'" if ch == "'" else repr(ch)[1:-1] for ch in text)
 
 
 def _chat_ids(tokenizer, messages: list[dict]):

@@ -64,6 +64,7 @@ class _ThreadSessions(threading.local):
     last_route: str | None = None
     last_failovers: list | None = None  # client.failover.Failover of the last session
     last_hop_steps: dict | None = None  # hop steps sent by the client / pushed by peers, last session
+    last_swarm_s: float = 0.0  # seconds the last session's steps waited on the chain
     tokens: torch.Tensor | None = None  # what this generation's session was fed (for a rollback)
 
 
@@ -133,10 +134,17 @@ class DistributedMixin:
         each other ("pushed"), and pushes that failed and were relayed ("push_failed")."""
         return dict(self._threads.last_hop_steps or {})
 
+    @property
+    def last_swarm_s(self) -> float:
+        """Seconds this thread's last session waited on the swarm for its steps; the rest of
+        its generate() was the client's own work (embeddings, LM head, sampling)."""
+        return self._threads.last_swarm_s
+
     def _close_session(self) -> None:
         if self.session is not None:
             self._threads.last_failovers = self.session.failovers
             self._threads.last_hop_steps = dict(self.session.hop_steps)
+            self._threads.last_swarm_s = self.session.swarm_s
             self.last_route = self.session.describe_route()  # failovers may have changed it
             self.session.close()
             self.session = None

@@ -91,6 +91,7 @@ class InferenceSession:
         self.no_push_from: set[str] = set()
         # hop steps the client sent / that peers pushed; pushes that failed (then relayed)
         self.hop_steps: Counter[str] = Counter(sent=0, pushed=0, push_failed=0)
+        self.swarm_s = 0.0  # wall seconds `step` waited on the chain (the rest is the caller's own work)
         # A disaggregated session (client/disaggregation.py): its decode chain, opened and
         # waiting for the prompt's keys and values while `hops` is the prefill chain; None after.
         self.decode_hops: list[LiveHop] | None = None
@@ -153,7 +154,9 @@ class InferenceSession:
             )
         hidden = hidden.to(self.dtype).contiguous()
         step = self._prefill(hidden) if self.decode_hops is not None else self._step(hidden)
+        began = time.perf_counter()
         output = run_sync(step, self._timeout(), self.cancel)
+        self.swarm_s += time.perf_counter() - began
         self.position += hidden.shape[1]
         return output
 

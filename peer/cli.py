@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
-import logging
 import os
 import sys
-from typing import NoReturn
 
 from hexswarm.swarm.threads import configure_openmp
 
@@ -25,6 +22,7 @@ from hexswarm.swarm import cli_args, log_setup
 from hexswarm.swarm.cli_args import UsageError
 from hexswarm.swarm.coordinator.command import add_coordination_arguments
 from hexswarm.swarm.dht import InitialPeersError
+from hexswarm.swarm.fast_exit import exit_now
 
 
 def build_parser():
@@ -37,17 +35,28 @@ def build_parser():
 def main(argv: list[str] | None = None) -> int:
     """Parses the flags and serves; a peer that ran exits the process itself (see exit_now)."""
     args = build_parser().parse_args(argv)
+    # before the DHT child forks, which keeps this set-up; the model's id replaces its name below
+    log_setup.setup_logging(args, log_context(args.name, os.path.basename(args.model), f"[{args.layers}]"))
+    joining = None
     try:
+        cli_args.check_model(args.model)  # before the DHT node starts: a typo answers at once
+        from hexswarm.peer.joining import start_joining  # hivemind: after --help and parse errors
+
+        joining = start_joining(
+            tuple(args.initial_peers), args.identity, tuple(args.host_maddrs), tuple(args.announce_maddrs)
+        )  # it joins while the model code loads (peer/joining.py)
         config = peer_config(args)
-    except UsageError as e:
+    except (UsageError, InitialPeersError) as e:
+        if joining is not None:
+            joining.abandon()
         return cli_args.usage_error("run-peer", str(e))
     from hexswarm.peer.runtime import serve
 
     layers = "[auto]" if config.auto else f"[{config.start}:{config.end})"
     # the name, when not given, is known once the peer has joined (peer/runtime.py updates it)
-    log_setup.setup_logging(args, log_context(args.name, config.spec.model_id, layers))
+    log_setup.set_context(log_context(args.name, config.spec.model_id, layers))
     try:
-        code = asyncio.run(serve(config))
+        code = asyncio.run(serve(config, joining))
     except InitialPeersError as e:
         code = cli_args.usage_error("run-peer", str(e))
     exit_now(code)
@@ -289,21 +298,6 @@ def batch_policy(args: argparse.Namespace):
         prefill_chunk_tokens=args.prefill_chunk_tokens,
         interleave_ratio=args.interleave_ratio,
     )
-
-
-def exit_now(code: int) -> NoReturn:
-    """Exits once serve() has stopped everything, skipping the interpreter's finalization.
-
-    The atexit handlers still run (temporary identity files, multiprocessing's bookkeeping);
-    what is skipped is tearing down torch's and transformers' modules object by object, which
-    takes seconds on a loaded machine and would break the bounded shutdown (docs/reliability.md
-    "Bounded shutdown").
-    """
-    atexit._run_exitfuncs()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def log_context(name: str | None, model_id: str, layers: str) -> str:

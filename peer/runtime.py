@@ -30,6 +30,7 @@ from hexswarm.peer.debug import CorruptOutputs, SlowBlocks, tampered_encoder
 from hexswarm.peer.devices import describe
 from hexswarm.peer.evidence_service import EvidenceService
 from hexswarm.peer.faults import FaultInjector, FaultPlan
+from hexswarm.peer.joining import Joining, start_joining
 from hexswarm.peer.link_probe import LinkProbe
 from hexswarm.peer.plan_follower import PLAN_WATCH_S, PlanFollower, join_range
 from hexswarm.peer.push import PushLinks, SwarmMembers
@@ -49,7 +50,6 @@ from hexswarm.swarm.dht_process import shutdown_dht
 from hexswarm.swarm.dht_signing import ANNOUNCE_PROTOCOL
 from hexswarm.swarm.dialing import Dialer
 from hexswarm.swarm.evidence_wire import EVIDENCE_PROTOCOL
-from hexswarm.swarm.identity import load_or_create_identity
 from hexswarm.swarm.model_spec import ModelSpec
 from hexswarm.swarm.port_relay import RELAY_PROTOCOL, RelayLimits, RelayService
 from hexswarm.swarm.protocol import SESSION_PROTOCOL, ProtocolError
@@ -127,17 +127,21 @@ class PeerConfig:
         return len(self.devices)
 
 
-async def serve(config: PeerConfig) -> int:
-    """Runs the peer until SIGINT/SIGTERM; returns the exit code."""
+async def serve(config: PeerConfig, joining: Joining | None = None) -> int:
+    """Runs the peer until SIGINT/SIGTERM; returns the exit code. `joining`: the DHT node
+    `start_joining` forked before the model code loaded (else it starts here)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
     started = time.monotonic()
-    identity = load_or_create_identity(config.identity_path)
-    # In the main thread (a second or two of blocking): it sets up signal dispositions for the DHT child.
-    dht = start_dht(config.initial_peers, identity, config.host_maddrs, config.announce_maddrs)
+    if joining is None:  # in the main thread: it sets up signal dispositions for the DHT child
+        joining = start_joining(
+            config.initial_peers, config.identity_path, config.host_maddrs, config.announce_maddrs
+        )
+    identity = joining.identity
+    dht = await asyncio.to_thread(joining.wait)
     name = config.name or f"{socket.gethostname()}-{identity.peer_id.to_base58()[-6:]}"
     log_setup.set_context(f"peer {name} {config.spec.model_id}[{config.start}:{config.end})")
     logger.info("peer %s joined the DHT as %s", name, identity.peer_id)
@@ -559,11 +563,14 @@ class _Peer:
         return records
 
     def _log_hop_cost(self) -> None:
-        stats = self.server.hop_stats.take()
+        stats, scheduler = self.server.hop_stats.take(), self.server.scheduler
+        busy = 100 * scheduler.take_busy_share()  # of this period, whether steps ran or not
         if stats.steps:
-            sizes = dict(sorted(self.server.scheduler.batch_sizes.items()))
-            logger.info("%s; decode batches (rows: count) %s", stats.summary(), sizes)
-            self.server.scheduler.batch_sizes.clear()
+            sizes = dict(sorted(scheduler.batch_sizes.items()))
+            logger.info(
+                "%s; decode batches (rows: count) %s; compute busy %.0f%%", stats.summary(), sizes, busy
+            )
+            scheduler.batch_sizes.clear()
 
     async def leave(self) -> None:
         """Refuses new sessions, lets open ones finish, and tells the swarm it is gone."""

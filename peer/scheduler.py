@@ -95,6 +95,8 @@ class StepScheduler:
         self.cond = threading.Condition()
         self.stopped = False
         self.batch_sizes = collections.Counter()  # decode batch rows -> how many batches ran
+        self.busy_s = 0.0  # seconds the compute thread spent in forwards since `busy_since`
+        self.busy_since = time.perf_counter()
         self.served: dict[str, int] = {}  # account -> prompt tokens computed (fair shares)
         self.account_of = lambda session: session.owner  # the server counts IP groups instead
         self.decode_ms = 0.0  # running mean of a decode batch's compute
@@ -120,6 +122,14 @@ class StepScheduler:
             self.queue.append(job)
             self.cond.notify()
         return job
+
+    def take_busy_share(self) -> float:
+        """The share of the time since the last call that the compute thread spent in forwards
+        (the rest it waited for work or for a batch to fill)."""
+        now = time.perf_counter()
+        share = self.busy_s / max(now - self.busy_since, 1e-9)
+        self.busy_s, self.busy_since = 0.0, now
+        return share
 
     def stop(self) -> None:
         with self.cond:
@@ -227,6 +237,7 @@ class StepScheduler:
             for job in live:
                 self._count(self.account_of(job.session), job.rows)
         ended = time.perf_counter()
+        self.busy_s += ended - began
         self.decode_ms = _mean(self.decode_ms, 1000 * (ended - began))
         self.last_decode_at = ended
         for job, result in zip(live, results, strict=True):
@@ -250,6 +261,7 @@ class StepScheduler:
             self.core.end_step(job.session)
             job.future.set_exception(e)
             return
+        self.busy_s += time.perf_counter() - began
         self.chunk_ms_per_token = _mean(
             self.chunk_ms_per_token, 1000 * (time.perf_counter() - began) / tokens
         )

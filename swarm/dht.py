@@ -74,11 +74,13 @@ def start_dht(
     client_mode: bool = False,
     wait_timeout: float = 30,
     listen: bool = True,
+    await_ready: bool = True,
 ):
     """A running hivemind DHT node that signs with `identity` and validates every record it sees.
 
     Every role installs the signature validator: nodes without it would store forged records.
-
+    With `await_ready` False it returns as soon as the node's process is forked; the caller
+    then waits with `wait_until_joined`.
     """
     from hivemind.dht.crypto import RSASignatureValidator
     from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
@@ -92,7 +94,7 @@ def start_dht(
         client_mode=client_mode,
         record_validators=[validator],
         start=True,
-        await_ready=True,
+        await_ready=await_ready,
         wait_timeout=wait_timeout,
     )
     if announce_maddrs:
@@ -107,6 +109,20 @@ def start_dht(
             return OwnedDHT(**kwargs)
         except P2PDaemonError as e:
             raise _joining_error(e, initial_peers) from None
+
+
+def wait_until_joined(dht, initial_peers: Sequence[str], timeout: float) -> None:
+    """Waits for a node `start_dht(await_ready=False)` forked to join; InitialPeersError if
+    none of `initial_peers` answered (the node is shut down then)."""
+    from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+
+    try:
+        dht.wait_until_ready(timeout)
+    except P2PDaemonError as e:
+        from hexswarm.swarm.dht_process import shutdown_dht
+
+        shutdown_dht(dht, 5.0)
+        raise _joining_error(e, initial_peers) from None
 
 
 def _joining_error(error: Exception, initial_peers: Sequence[str]) -> Exception:

@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-import hivemind
+from hivemind.dht import DHT
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ class _DaemonClosingNoise(logging.Filter):
 logging.getLogger("hivemind.p2p.p2p_daemon").addFilter(_DaemonClosingNoise())
 
 
-class OwnedDHT(hivemind.DHT):
-    """A hivemind.DHT whose process (and its p2pd) exits when its owner process dies."""
+class OwnedDHT(DHT):
+    """A hivemind DHT whose process (and its p2pd) exits when its owner process dies."""
 
     def __init__(self, *args, **kwargs):
         self._owner_pid = os.getpid()  # before super().__init__, which may start the child

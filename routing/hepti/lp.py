@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 from hexswarm.routing.hepti.problem import GROUP, TILE, HeptiProblem
 
@@ -44,6 +43,10 @@ def _solve(problem: HeptiProblem, memory: bool, integral: bool, fixed: Shares | 
     """P2 by HiGHS. Variables: g (n), c (n), zg (n), zc (n), T_att, T_mlp. `fixed` (0/1 per
     device and block) pins who takes part, which makes the problem an LP over the shares alone.
     None when no split satisfies the constraints."""
+    # here, not at the top: scipy.optimize costs 0.4 s of every peer's start, and only uneven
+    # tensor-parallel splits solve this
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
     n, G, C = len(problem.devices), problem.groups, problem.tiles
     tau = _time_scale(problem)
     x = np.array([problem.comm_s(i) for i in range(n)]) / tau
