@@ -15,12 +15,12 @@ together and each generate `--new-tokens` greedy tokens after a 16-token prompt.
   generate() less the time its session waited on the swarm: embeddings, LM head, sampling,
   the event loop hand-off);
 - `peers` (batched runs): per peer, from the lines it logs every announce period: the decode
-  batches it formed (`batches`: rows -> count, `mean_rows`), the share of the run its compute
-  thread spent in forwards (`busy_pct`; the rest it idled or waited for a batch to fill),
+  batches it formed (`batches`: rows -> count, `mean_rows`), its compute thread's seconds in
+  forwards over the clients' wall time (`busy_pct`; the rest it idled or waited for a batch),
   and its per-step `window_ms` (waiting for a batch on purpose), `queue_ms`, `compute_ms`,
   `in_ms` + `out_ms` (frame decoding, checks and encoding on its event loop).
 
-Run:  python benchmarks/concurrency.py [--sizes tiny medium] [--clients 1 4 8 16] [--new-tokens 32]
+Run:  python benchmarks/concurrency.py [--sizes tiny medium big] [--clients 1 4 8 16] [--new-tokens 32]
       [--peer-flags "--batch-window-ms 5"] [--skip-baseline]   (to tune the batching flags)
 """
 
@@ -46,7 +46,15 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from overhead import PROMPT_TOKENS, SIZES  # noqa: E402  (the same models and prompt as the overhead benchmark)
+from overhead import PROMPT_TOKENS  # noqa: E402  (the same prompt as the overhead benchmark)
+from overhead import SIZES as OVERHEAD_SIZES  # noqa: E402
+
+# The overhead benchmark's models, and the Petals side-by-side's big one (its 32,000-token
+# vocabulary makes each client's LM head read 131 MB a token, as Petals' clients do).
+SIZES = {
+    **OVERHEAD_SIZES,
+    "big": dict(hidden=1024, layers=16, heads=8, kv_heads=8, intermediate=2752, vocab=32000),
+}
 
 from hexswarm.swarm.launcher import LocalSwarm  # noqa: E402
 from hexswarm.swarm.tiny_model import make_tiny_model  # noqa: E402
@@ -56,7 +64,7 @@ HOP_LINE = re.compile(
     r"hop cost over (\d+) steps \(ms/step\): in ([\d.]+) queue ([\d.]+) window ([\d.]+) "
     r"compute ([\d.]+) out ([\d.]+)"
 )
-BATCH_LINE = re.compile(r"decode batches \(rows: count\) (\{[^}]*\}); compute busy (\d+)%")
+BATCH_LINE = re.compile(r"decode batches \(rows: count\) (\{[^}]*\}); compute busy ([\d.]+) s")
 
 
 def prompts(n: int) -> list[torch.Tensor]:
@@ -94,18 +102,19 @@ def run_clients(model, inputs: list[torch.Tensor], new_tokens: int) -> dict:
     wall = max(r["ended"] for r in results) - min(r["began"] for r in results)
     return dict(
         agg_tok_s=len(inputs) * (new_tokens + 1) / wall,
+        wall_s=wall,
         ms_per_token=statistics.median(r["ms_per_token"] for r in results),
         client_ms_per_token=statistics.median(r["client_ms_per_token"] for r in results),
         outputs=[r["output"] for r in results],
     )
 
 
-def peer_breakdown(proc, mark: int) -> dict:
+def peer_breakdown(proc, mark: int, wall_s: float) -> dict:
     """What one peer logged since `mark` (a log offset): the decode batches it formed, how busy
     its compute thread was, and where a step's time went (module docstring, `peers`)."""
     log = proc.log()[mark:]
     batches: collections.Counter[int] = collections.Counter()
-    busy = [int(m.group(2)) for m in BATCH_LINE.finditer(log)]
+    busy_s = sum(float(m.group(2)) for m in BATCH_LINE.finditer(log))
     for match in BATCH_LINE.finditer(log):
         batches.update({int(k): v for k, v in ast.literal_eval(match.group(1)).items()})
     steps, totals = 0, [0.0] * 5
@@ -118,7 +127,7 @@ def peer_breakdown(proc, mark: int) -> dict:
     return {
         "batches": dict(sorted(batches.items())),
         "mean_rows": round(rows / max(1, sum(batches.values())), 2),
-        "busy_pct": round(statistics.mean(busy), 1) if busy else None,
+        "busy_pct": round(100 * busy_s / wall_s, 1),
         "window_ms": per_step[2],
         "queue_ms": per_step[1],
         "compute_ms": per_step[3],
@@ -184,7 +193,9 @@ def bench_mode(model_dir, shape, name, workdir, flags, counts, new_tokens, expec
                 if n == 1:
                     figures[n]["hop_ms"] = hop_cost(peers, marks)
                 if "--no-batching" not in flags:
-                    figures[n]["peers"] = [peer_breakdown(p, m) for p, m in zip(peers, marks, strict=True)]
+                    figures[n]["peers"] = [
+                        peer_breakdown(p, m, run["wall_s"]) for p, m in zip(peers, marks, strict=True)
+                    ]
         finally:
             model.shutdown()
     return figures
@@ -234,7 +245,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
-    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--sizes", nargs="+", default=list(OVERHEAD_SIZES), choices=list(SIZES))
     parser.add_argument("--peer-flags", default="", help="extra run-peer flags for both modes")
     parser.add_argument("--skip-baseline", action="store_true", help="no --no-batching run")
     args = parser.parse_args()

@@ -297,6 +297,7 @@ def batch_policy(args: argparse.Namespace):
         max_batch_tokens=args.max_batch_sequences,
         prefill_chunk_tokens=args.prefill_chunk_tokens,
         interleave_ratio=args.interleave_ratio,
+        align_ratio=args.align_ratio,
     )
 
 

@@ -311,6 +311,13 @@ def _batching(g) -> None:
         help="while other sessions decode, size prompt chunks to take about this many times a "
         "decode batch's time (at least 16 tokens; 0: always --prefill-chunk-tokens)",
     )
+    g.add_argument(
+        "--align-ratio",
+        type=cli_args.non_negative_float,
+        default=1.0,
+        help="while other sessions decode, wait up to this many times a decode batch's time for "
+        "their next steps, so they run in one batch (0: only --batch-window-ms)",
+    )
     # every step on its own, in arrival order: the baseline of benchmarks/concurrency.py
     g.add_argument("--no-batching", action="store_true", help=argparse.SUPPRESS)
 

@@ -564,12 +564,13 @@ class _Peer:
 
     def _log_hop_cost(self) -> None:
         stats, scheduler = self.server.hop_stats.take(), self.server.scheduler
-        busy = 100 * scheduler.take_busy_share()  # of this period, whether steps ran or not
+        busy_s, period_s = scheduler.take_busy()  # of this period, whether steps ran or not
         if stats.steps:
             sizes = dict(sorted(scheduler.batch_sizes.items()))
             logger.info(
-                "%s; decode batches (rows: count) %s; compute busy %.0f%%", stats.summary(), sizes, busy
-            )
+                "%s; decode batches (rows: count) %s; compute busy %.3f s of %.3f s",
+                stats.summary(), sizes, busy_s, period_s,
+            )  # fmt: skip
             scheduler.batch_sizes.clear()
 
     async def leave(self) -> None:

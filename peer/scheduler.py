@@ -8,6 +8,16 @@ Every validated step becomes a `Job` on one queue, served by one compute thread:
   `max_batch_tokens` rows wait, or until every open session has a step waiting (nobody else
   can join, so waiting longer only adds latency: a lone client never waits). Orca (Yu et
   al., OSDI '22) calls this iteration-level scheduling.
+- **Aligned steps.** While sessions are decoding, a batch waits longer for the ones that are
+  on their way: up to `align_ratio` x a decode batch's measured time, for each session that
+  is decoding here and whose next step should come by then (its last step's end plus its
+  usual gap: `Rhythm`). A decode forward reads every weight of the blocks whatever its rows,
+  so on a peer bound by memory a straggler run in a batch of its own costs a whole batch's
+  time; waiting less than that for it costs less. Four clients of a 1024-wide model on 2
+  cores formed batches of 1.5 rows on average with the 2 ms window alone
+  (benchmarks/concurrency.py). A session that is a whole gap late (it
+  stopped), one that steps slowly and one whose rhythm is not known yet are not waited for,
+  so a remote cannot hold batches back by pacing its steps; a waiting prompt ends the wait.
 - **Chunked prefill.** A prompt runs `prefill_chunk_tokens` at a time, and each round runs
   at most one chunk next to the decode batch, so a long prompt delays the other sessions'
   tokens by one chunk's time instead of the whole prompt's (SARATHI, Agrawal et al. 2023).
@@ -60,6 +70,7 @@ class BatchPolicy:
     max_batch_tokens: int = 64  # rows of one decode batch (one token each)
     prefill_chunk_tokens: int = 256  # 0: prefills run whole
     interleave_ratio: float = 1.0  # while sessions decode, a chunk takes ~this x a decode batch (0: off)
+    align_ratio: float = 1.0  # waits up to this x a decode batch for decoding sessions' steps (0: off)
 
 
 @dataclass
@@ -85,6 +96,22 @@ class Job:
         return self.hidden.shape[0]
 
 
+@dataclass
+class Rhythm:
+    """When a session's last decode step ended here, and how long its next one usually takes
+    to arrive (the rest of its chain and its client's work: a running mean)."""
+
+    ended: float
+    gap_s: float = 0.0
+
+    def arrives_by(self, deadline: float, now: float) -> bool:
+        """Whether its next step should arrive by `deadline`: it usually would, and is not
+        already a whole gap late (it stopped). A session whose rhythm is not known yet, or
+        that steps slowly, is not waited for."""
+        due = self.ended + self.gap_s
+        return self.gap_s > 0 and due <= deadline and now < due + self.gap_s
+
+
 class StepScheduler:
     """Runs `PeerCore` steps on one compute thread; `submit` may be called from any thread."""
 
@@ -102,6 +129,7 @@ class StepScheduler:
         self.decode_ms = 0.0  # running mean of a decode batch's compute
         self.chunk_ms_per_token = 0.0  # running mean of a prefill chunk's compute per token
         self.last_decode_at = float("-inf")  # perf_counter when the last decode batch ended
+        self.decoding: dict[str, Rhythm] = {}  # session key -> when it decoded, how often
         self.thread = threading.Thread(target=self._loop, name="compute", daemon=True)
         self.thread.start()
 
@@ -119,17 +147,19 @@ class StepScheduler:
                 raise RuntimeError("the compute thread is stopped")
             if not job.is_decode:
                 self._level(self.account_of(session))
+            elif (rhythm := self.decoding.get(session.key)) is not None:
+                rhythm.gap_s = _mean(rhythm.gap_s, job.arrived - rhythm.ended)
             self.queue.append(job)
             self.cond.notify()
         return job
 
-    def take_busy_share(self) -> float:
-        """The share of the time since the last call that the compute thread spent in forwards
-        (the rest it waited for work or for a batch to fill)."""
+    def take_busy(self) -> tuple[float, float]:
+        """(seconds the compute thread spent in forwards, seconds elapsed) since the last call;
+        the rest it waited for work or for a batch to fill."""
         now = time.perf_counter()
-        share = self.busy_s / max(now - self.busy_since, 1e-9)
+        taken = (self.busy_s, now - self.busy_since)
         self.busy_s, self.busy_since = 0.0, now
-        return share
+        return taken
 
     def stop(self) -> None:
         with self.cond:
@@ -202,10 +232,14 @@ class StepScheduler:
         first = next((job for job in self.queue if job.is_decode), None)
         if first is None:
             return
-        deadline = first.arrived + self.policy.batch_window_ms / 1000
+        window_s = self.policy.batch_window_ms / 1000
+        aligned_s = first.arrived + self.policy.align_ratio * self.decode_ms / 1000
         began = time.perf_counter()
         while not self.stopped and not self._batch_full():
-            left = deadline - time.perf_counter()
+            now = time.perf_counter()
+            left = first.arrived + window_s - now
+            if left <= 0 and self._on_their_way(aligned_s, now):
+                left = aligned_s - now  # module docstring: aligned steps
             if left <= 0:
                 break
             self.cond.wait(left)
@@ -217,6 +251,18 @@ class StepScheduler:
         waiting_rows = sum(job.rows for job in self.queue if job.is_decode)
         # Every open session has a step queued: nobody else can join this round.
         return waiting_rows >= self.policy.max_batch_tokens or len(self.queue) >= len(self.core.sessions)
+
+    def _on_their_way(self, deadline: float, now: float) -> bool:
+        """Whether a session decoding here should send its next step by `deadline` and has not
+        yet, and no prompt waits (it would use the time): the aligned wait is worth it then
+        (called holding the lock)."""
+        if any(not job.is_decode for job in self.queue):
+            return False
+        waiting = {job.session.key for job in self.queue}
+        return any(
+            rhythm.arrives_by(deadline, now) and key not in waiting and key in self.core.sessions
+            for key, rhythm in self.decoding.items()
+        )
 
     def _run_decodes(self, jobs: list[Job]) -> None:
         live = [job for job in jobs if self._still_open(job)]
@@ -240,9 +286,19 @@ class StepScheduler:
         self.busy_s += ended - began
         self.decode_ms = _mean(self.decode_ms, 1000 * (ended - began))
         self.last_decode_at = ended
+        with self.cond:
+            self._mark_decoded([job.session.key for job in live], ended)
         for job, result in zip(live, results, strict=True):
             job.compute_ended = ended
             job.future.set_result(result)
+
+    def _mark_decoded(self, keys: list[str], ended: float) -> None:
+        """Notes when these sessions' decode steps ended, forgetting those that stopped
+        decoding (called holding the lock)."""
+        for key in keys:
+            self.decoding.setdefault(key, Rhythm(ended)).ended = ended
+        if len(self.decoding) > 2 * len(self.core.sessions) + len(keys):
+            self.decoding = {k: r for k, r in self.decoding.items() if k in self.core.sessions}
 
     def _run_chunk(self, job: Job) -> None:
         """Runs the next chunk of a prefill and queues the rest again."""

@@ -249,3 +249,47 @@ def test_chunks_shrink_to_about_a_decode_batchs_time_while_sessions_decode(stack
         assert scheduler._chunk_tokens(job) == 256
     finally:
         scheduler.stop()
+
+
+def test_a_session_is_waited_for_only_when_its_next_step_is_due_in_the_window():
+    from hexswarm.peer.scheduler import Rhythm
+
+    deadline = 10.0
+    assert Rhythm(ended=9.0, gap_s=0.5).arrives_by(deadline, now=9.2)  # due at 9.5
+    assert not Rhythm(ended=9.0).arrives_by(deadline, now=9.2)  # its rhythm is not known yet
+    assert not Rhythm(ended=9.0, gap_s=2.0).arrives_by(deadline, now=9.2)  # steps too slowly
+    assert not Rhythm(ended=8.0, gap_s=0.4).arrives_by(deadline, now=8.9)  # a whole gap late: stopped
+
+
+def _prefilled(core, scheduler, session_id):
+    core.open(Open(session_id, core.model_id, 0, 6, 64, 1, "float32"))
+    session, tensor = core.begin_step(Step(session_id, 0, torch.randn(1, 3, HIDDEN)))
+    scheduler.submit(session, tensor).future.result(timeout=60)
+    return session
+
+
+@pytest.mark.parametrize("due", [True, False], ids=["due", "not-due"])
+def test_decode_steps_on_their_way_join_one_batch(stack, due):
+    """Session b is decoding here with a 40 ms rhythm; a's step comes, b's 30 ms later. With an
+    aligned wait of up to 1 x a 300 ms decode batch they run as one batch; when b's rhythm says
+    it will not come in time, a runs alone after the 2 ms window."""
+    from hexswarm.peer.scheduler import Rhythm
+
+    core = _core(stack)
+    scheduler = StepScheduler(core, BatchPolicy(batch_window_ms=2.0, align_ratio=1.0))
+    try:
+        a, b, _idle = (_prefilled(core, scheduler, name) for name in ("a", "b", "idle"))
+        scheduler.decode_ms = 300.0
+        gap_s = 0.04 if due else 5.0
+        scheduler.decoding[b.key] = Rhythm(ended=time.perf_counter() - 0.01, gap_s=gap_s)
+        scheduler.batch_sizes.clear()
+        jobs = []
+        for session in (a, b):
+            stepped, tensor = core.begin_step(Step(session.session_id, 3, torch.randn(1, 1, HIDDEN)))
+            jobs.append(scheduler.submit(stepped, tensor))
+            time.sleep(0.03)
+        for job in jobs:
+            job.future.result(timeout=60)
+        assert scheduler.batch_sizes == ({2: 1} if due else {1: 2}), scheduler.batch_sizes
+    finally:
+        scheduler.stop()
