@@ -8,15 +8,23 @@ the same fixed budget (`--budget-s`): our planner (max-flow-guided swaps), the t
 All three plans serve the same trace: Poisson arrivals for `--seconds` at 1.5 x the cluster's
 upper bound (`upper_bound.py` without the prefill-decode coupling, which disaggregated plans do
 not have), every request admitted, and each is measured by its steady generated tokens/s in the
-saturated part of the run (`routing/sim/disaggregated.py`). The colocated plan runs in
+saturated part of the run (`routing/disaggregation/simulation.py`). The colocated plan runs in
 `serving_sim.py`, where a decode step waits behind every prefill on its stage (interference);
-the disaggregated plans in `routing/sim/disaggregated.py`, which moves each request's KV cache
-over its link (Table 1) before decoding it.
+the disaggregated plans in `routing/disaggregation/simulation.py`, which moves each request's KV
+cache over its link (Table 1) before decoding it. The colocated plan is measured twice: as
+before, where interference costs latency only, and with the interference measured on a live
+peer (`routing/scheduler/interference.py`), where a prefill next to decoding sequences also
+costs its stage more time. The coordinator's chooser (`routing/disaggregation/choice.py`) then
+picks between our plan and the genetic one on the same trace, as a live coordinator does.
 
 One JSON line per case, fields:
   setting, workload, model
   throughput_disaggregated   our plan, event-simulated (tokens/s)
   throughput_genetic         HexGen's genetic plan (colocated), the same trace
+  throughput_genetic_interference   the same plan and trace, interference costing tokens/s
+  chosen, throughput_chosen  the chooser's pick ("disaggregated" or "colocated") and its
+                             tokens/s (of the two above: ours, and the genetic plan's with
+                             interference)
   throughput_truncated       the truncated variant's plan, the same trace
   estimate_error             (max-flow estimate - simulated) / simulated, our plan
   search_s                   our search's wall time
@@ -33,6 +41,7 @@ and a last line with the means and the goals (`"summary": true`).
     python benchmarks/disaggregation.py [--budget-s 8] [--seconds 300] [--seed 0]
                                         [--settings 1 2 3 4 5] [--workloads HPLD ...] [--models ...]
                                         [--prefill-layout latency|throughput]
+    python benchmarks/disaggregation.py --summarize ROWS.jsonl   # the summary line of saved case lines
 """
 
 from __future__ import annotations
@@ -47,19 +56,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
+from hexswarm.routing.disaggregation.choice import choose  # noqa: E402
 from hexswarm.routing.disaggregation.planner import DisaggregationConfig, plan_disaggregated  # noqa: E402
+from hexswarm.routing.disaggregation.simulation import (  # noqa: E402
+    saturating_trace,
+    simulate_colocated,
+    simulate_disaggregated,
+    steady_throughput,
+)
 from hexswarm.routing.scenarios.hexgen2_settings import SETTINGS, WORKLOADS, setting  # noqa: E402
 from hexswarm.routing.scheduler.genetic import SearchConfig  # noqa: E402
 from hexswarm.routing.scheduler.model_spec import Workload, preset  # noqa: E402
 from hexswarm.routing.scheduler.plan_eval import plan_layouts  # noqa: E402
 from hexswarm.routing.scheduler.search import search  # noqa: E402
 from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
-from hexswarm.routing.sim.disaggregated import (  # noqa: E402
-    saturating_trace,
-    simulate_colocated,
-    simulate_disaggregated,
-    steady_throughput,
-)
 
 MODELS = ("Llama-2-70B", "OPT-30B")
 MAX_BATCH = 32  # decode sequences a stage batches, for every plan
@@ -98,6 +108,7 @@ def run_case(number: int, workload_name: str, model_name: str, args: argparse.Na
     genetic_s = time.perf_counter() - started
     layouts = plan_layouts(cluster, model, workload, genetic.plan)
     genetic_tok_s = steady_throughput(trace, simulate_colocated(cluster, model, layouts, trace, MAX_BATCH))
+    choice = choose(cluster, model, workload, genetic.plan, ours.plan, trace=trace)
 
     estimate = ours.plan.throughput_tok_s
     return {
@@ -111,6 +122,9 @@ def run_case(number: int, workload_name: str, model_name: str, args: argparse.Na
         "search_s": round(ours.search_s, 2),
         "estimate_tok_s": round(estimate, 1),
         "throughput_disaggregated_greedy": round(greedy_tok_s, 1),
+        "throughput_genetic_interference": round(choice.colocated_tok_s, 1),
+        "chosen": "disaggregated" if choice.disaggregated else "colocated",
+        "throughput_chosen": round(choice.chosen_tok_s, 1),
         "time_to_best_s": round(ours.time_to_best_s, 2),
         "evaluations": ours.evaluations,
         "truncated_search_s": round(truncated.search_s, 2),
@@ -124,7 +138,7 @@ def run_case(number: int, workload_name: str, model_name: str, args: argparse.Na
     }
 
 
-def summary(rows: list[dict], wall_s: float) -> dict:
+def summary(rows: list[dict], wall_s: float | None) -> dict:
     ours = np.array([r["throughput_disaggregated"] for r in rows])
     vs_genetic = ours / np.array([r["throughput_genetic"] for r in rows])
     vs_truncated = ours / np.array([r["throughput_truncated"] for r in rows])
@@ -146,8 +160,41 @@ def summary(rows: list[dict], wall_s: float) -> dict:
         "mean_bound_ratio_genetic": round(
             float(np.mean([r["throughput_genetic"] / r["upper_bound_tok_s"] for r in rows])), 3
         ),
+        **chooser_summary(rows),
         "goals": GOALS,
-        "wall_s": round(wall_s, 1),
+        "wall_s": round(wall_s, 1) if wall_s is not None else None,
+    }
+
+
+def chooser_summary(rows: list[dict]) -> dict:
+    """With interference costing tokens/s: ours against the genetic plan, per workload too, and
+    what the chooser kept, against the better of the two on each case."""
+    ours = np.array([r["throughput_disaggregated"] for r in rows])
+    genetic = np.array([r["throughput_genetic"] for r in rows])
+    interfered = np.array([r["throughput_genetic_interference"] for r in rows])
+    chosen = np.array([r["throughput_chosen"] for r in rows])
+    best = np.maximum(ours, interfered)
+    by_workload = {}
+    for name in dict.fromkeys(r["workload"] for r in rows):
+        mask = np.array([r["workload"] == name for r in rows])
+        by_workload[name] = {
+            "vs_genetic": round(float((ours[mask] / genetic[mask]).mean()), 3),
+            "vs_genetic_interference": round(float((ours[mask] / interfered[mask]).mean()), 3),
+            "chosen_disaggregated": sum(
+                r["chosen"] == "disaggregated" for r in rows if r["workload"] == name
+            ),
+        }
+    return {
+        "mean_vs_genetic_interference": round(float((ours / interfered).mean()), 3),
+        "min_vs_genetic_interference": round(float((ours / interfered).min()), 3),
+        "max_vs_genetic_interference": round(float((ours / interfered).max()), 3),
+        "mean_genetic_interference_vs_genetic": round(float((interfered / genetic).mean()), 3),
+        "by_workload": by_workload,
+        "chosen_disaggregated": sum(r["chosen"] == "disaggregated" for r in rows),
+        "chosen_ge_best_of_two": int(np.count_nonzero(chosen >= best)),
+        "min_chosen_vs_best_of_two": round(float((chosen / best).min()), 3),
+        "mean_chosen_vs_genetic_interference": round(float((chosen / interfered).mean()), 3),
+        "mean_chosen_vs_disaggregated": round(float((chosen / ours).mean()), 3),
     }
 
 
@@ -167,7 +214,17 @@ def main() -> None:
         default="latency",
         help="prefill replicas' layouts: latency-optimal (HexGen-2 §3.3) or ranked by prefill capacity (ablation)",
     )
+    parser.add_argument(
+        "--summarize",
+        metavar="ROWS",
+        help="print only the summary line of the case lines in this file (runs split in parts)",
+    )
     args = parser.parse_args()
+    if args.summarize:
+        with open(args.summarize) as f:
+            rows = [row for row in map(json.loads, f) if not row.get("summary")]
+        print(json.dumps(summary(rows, None)), flush=True)
+        return
     started = time.perf_counter()
     rows = []
     for model_name in args.models:

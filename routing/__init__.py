@@ -11,7 +11,9 @@ The solvers, what a live swarm calls:
 - ``routing.disaggregation`` — *which replicas prefill and which decode, and where the KV cache
   goes.* HexGen-2's scheduler (§3): spectral and Kernighan–Lin partition, the secondary
   partition into prefill and decode, each replica laid out with HexGen's DP, max flow by
-  preflow-push, max-flow-guided swaps, and the plan with its dispatch ratios.
+  preflow-push, max-flow-guided swaps, and the plan with its dispatch ratios; the simulation
+  that serves a trace with it (and with a colocated plan beside it), and the choice between
+  the two that the coordinator makes.
 - ``routing.chains`` — *which peers one request passes through.* The per-request chain
   routers (Explorative Study, §II): the ``SwarmView`` snapshot and ``Router`` interface, the
   chain cost model, exact min-latency and max-throughput solvers, and the NSGA-II trade-off
@@ -22,8 +24,7 @@ What only the benchmarks and tests use, standing on the solvers and never under 
 
 - ``routing.scenarios`` — seeded inputs: HexGen's clusters, HexGen-2's settings and workloads,
   synthetic clusters and swarms, churn processes.
-- ``routing.sim`` — simulators of a swarm over time: churn, many clients under load, and a
-  disaggregated plan serving a trace (with a colocated one beside it).
+- ``routing.sim`` — simulators of a swarm over time: churn, many clients under load.
 - ``routing.baselines`` — what the solvers are compared with: Petals' rule as Petals runs it,
   HexGen's Table 4 plan and symmetric pipelines, the study's NSGA-II encoding, the reference
   front of chains.

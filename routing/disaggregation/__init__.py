@@ -13,4 +13,7 @@ before it, and on the HexGen scheduler's cost model and DP (`routing.scheduler`)
 - ``refine`` — step (v), §3.4: max-flow-guided swaps (and §5.3's random ones).
 - ``plan_record`` — the plan as plain data: replicas, roles, KV routes, dispatch ratios.
 - ``planner`` — `plan_disaggregated`, where every search starts.
+- ``simulation`` — a plan serving a trace (prefill, KV transfer, decode), a colocated plan
+  beside it (``serving_sim``, with the measured interference if given), steady tokens/s.
+- ``choice`` — `choose`: the disaggregated or the colocated plan, whichever serves more.
 """

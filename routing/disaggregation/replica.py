@@ -10,7 +10,7 @@ and PP, Eq. 7 memory caps), with the objective of its role (§3.3):
   ranked by `decode_capacity`, with per-layer costs of decode alone.
 
 A node's capacity (Appendix A) is in requests per second, counted as the event simulation
-(`routing/sim/disaggregated.py`) serves them, so that the max flow estimates what it measures:
+(`simulation.py`) serves them, so that the max flow estimates what it measures:
 
 * prefill: stages work on different prompts at once, one prompt each, so a replica completes a
   prompt per step of its slowest stage: 1 / max_j prefill_j at the mean prompt (fewer if its

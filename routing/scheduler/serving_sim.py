@@ -18,6 +18,12 @@ will do (Orca-style iteration batching):
 All pipelines share one event queue so that a request is dispatched, when it arrives, by a
 `choose(request, in_flight)` callback that sees how many requests each pipeline holds now
 (`serving.py` supplies the AlpaServe-style choice; -1 turns the request away).
+
+As above, a decode step that waits behind a prefill only waits: interference costs latency,
+not tokens/s. With an `Interference` model (`interference.py`, measured on a live peer,
+HexGen-2 §2), a prefill that a stage starts while its pipeline has sequences decoding takes
+(1 + kappa(prompt tokens)) x its time alone, as a peer that interleaves the prompt's chunks
+with those sequences' decode batches spends; the genetic search scores plans without it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from hexswarm.routing.scheduler.interference import Interference
 from hexswarm.routing.scheduler.stage_costs import StageCosts
 
 _ARRIVE, _READY, _DONE = 0, 1, 2  # event kinds; at equal times arrivals go first
@@ -42,14 +49,19 @@ def simulate(
     tokens: np.ndarray,
     s_out: int,
     choose: Choose,
+    interference: Interference | None = None,
 ) -> np.ndarray:
     """(R,) completion time of every request, inf for those turned away.
 
     arrivals: (R,) increasing arrival times; tokens: (R,) s_in + s_out of each request; request
-    r's prefill on stage j of pipeline p takes `costs[p].prefill_s[j, r]`.
+    r's prefill on stage j of pipeline p takes `costs[p].prefill_s[j, r]`, times
+    `interference.inflation(s_in)` while the pipeline has sequences decoding (module docstring).
     """
     events = _Events()
-    pipes = [_Pipeline(c, p, s_out, np.asarray(tokens, float), events) for p, c in enumerate(costs)]
+    tokens = np.asarray(tokens, float)
+    # (R,) what each request's prefill costs next to decoding sequences, in units of its time alone
+    inflation = interference.inflation(tokens - s_out) if interference is not None else np.ones(len(tokens))
+    pipes = [_Pipeline(c, p, s_out, tokens, inflation, events) for p, c in enumerate(costs)]
     done = np.full(len(arrivals), np.inf)
     in_flight = np.zeros(len(costs), dtype=int)
     for r, t in enumerate(np.asarray(arrivals, float).tolist()):
@@ -90,8 +102,18 @@ class _Events:
 class _Pipeline:
     """State of one pipeline: per stage a prefill queue, a decode queue and a busy flag."""
 
-    def __init__(self, costs: StageCosts, index: int, s_out: int, tokens: np.ndarray, events: _Events):
+    def __init__(
+        self,
+        costs: StageCosts,
+        index: int,
+        s_out: int,
+        tokens: np.ndarray,
+        inflation: np.ndarray,
+        events: _Events,
+    ):
         self.costs, self.index, self.s_out, self.tokens, self.events = costs, index, s_out, tokens, events
+        self.inflation = inflation  # (R,) a prefill's cost next to decoding sequences / alone
+        self.decoding = 0  # requests past their prefill, not yet done
         n = costs.num_stages
         self.prefill_q: list[deque] = [deque() for _ in range(n)]
         self.decode_q: list[deque] = [deque() for _ in range(n)]
@@ -132,7 +154,7 @@ class _Pipeline:
         if self.prefill_q[stage]:
             i = self.prefill_q[stage].popleft()
             items, prefill = [i], True
-            duration = self.costs.prefill_s[stage, i]
+            duration = self.costs.prefill_s[stage, i] * (self.inflation[i] if self.decoding else 1.0)
         elif self.decode_q[stage]:
             queue = self.decode_q[stage]
             items = [queue.popleft() for _ in range(min(len(queue), self.costs.max_batch))]
@@ -164,6 +186,8 @@ class _Pipeline:
     def end_pass(self, items: list[int], prefill: bool, now: float) -> list[int]:
         """At the last stage: a prefill or a decode step done; the next step goes back to stage 0."""
         again, completed = [], []
+        if prefill:
+            self.decoding += len(items)  # s_out >= 1: every prompt goes on to decode
         for i in items:
             if not prefill:
                 self.steps_left[i] -= 1
@@ -172,6 +196,7 @@ class _Pipeline:
             else:
                 completed.append(i)
                 del self.steps_left[i]
+                self.decoding -= 1
                 self.kv_free += self.costs.kv_per_token * self.tokens[i]
         if again:
             self.decode_q[0].extend(again)

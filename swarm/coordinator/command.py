@@ -48,8 +48,15 @@ def add_coordination_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--disaggregated",
         action="store_true",
-        help="plan roles as well as ranges (HexGen-2): prefill and decode replicas of the --layers auto "
-        "peers, which take their role with --role auto (docs/scheduling.md)",
+        help="plan HexGen-2's prefill and decode replicas of the --layers auto peers too (they take "
+        "their role with --role auto), kept only where they serve more tokens/s than the colocated "
+        "plan on a simulated trace of the workload (each search gets --budget-s; docs/scheduling.md)",
+    )
+    g.add_argument(
+        "--force-disaggregated",
+        action="store_true",
+        help="with --disaggregated: keep the disaggregated plan wherever the peers can be split so, "
+        "without comparing (its gain may be latency rather than tokens/s)",
     )
     g.add_argument(
         "--budget-s",
@@ -135,7 +142,8 @@ def coordinator_config(args: argparse.Namespace, model_dir: str):
         lease_ttl=args.lease_ttl,
         period=args.coordinator_period,
         trust=trust_from(args.coordinator_key),
-        disaggregated=args.disaggregated,
+        disaggregated=args.disaggregated or args.force_disaggregated,
+        force_disaggregated=args.force_disaggregated,
     )
 
 

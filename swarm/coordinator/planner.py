@@ -26,12 +26,17 @@ HexGen's genetic search (§4.3) warm-started from the previous plan, with the sw
 - when the peers cannot hold a replica, Petals' rule places the auto peers one by one around
   the fixed ones (`routing/scheduler/petals_rule.py`) at their current degrees, with no
   estimate (0).
+
+With `--disaggregated` the coordinator also plans HexGen-2's prefill and decode replicas
+(`compute_disaggregated_plan`) and keeps whichever of the two serves more tokens/s on one
+simulated trace of its workload (`choose_planned`, `routing/disaggregation/choice.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.cost_model import swarm_reference_latency
@@ -55,6 +60,10 @@ from hexswarm.swarm.coordinator.moves import Placement, kind_of, rematch
 from hexswarm.swarm.coordinator.redundancy import served_counts, widen
 from hexswarm.swarm.records import PeerRecord
 
+if TYPE_CHECKING:
+    from hexswarm.routing.disaggregation.choice import Choice
+    from hexswarm.routing.disaggregation.plan_record import DisaggregatedPlan
+
 
 @dataclass(frozen=True)
 class Planned:
@@ -67,6 +76,7 @@ class Planned:
     missing: tuple[int, ...] = ()  # blocks no peer serves under this plan (empty: it covers the model)
     memory_short_blocks: int = 0  # blocks more than the peers can hold in all, when it cannot cover
     roles: dict[str, str] = field(default_factory=dict)  # auto peer id -> prefill or decode (disaggregated)
+    disaggregated: DisaggregatedPlan | None = None  # HexGen-2's plan, when this is one (to score it)
 
     @property
     def covers(self) -> bool:
@@ -166,7 +176,25 @@ def compute_disaggregated_plan(
     for role, placements_ in by_role.items():
         if not placements_ or uncovered(dict(enumerate(placements_)), [], model.num_layers):
             raise NoFeasiblePlanError(f"the {role} replicas do not cover every block")
-    return Planned(assignments, 0.0, plan.throughput_tok_s, None, roles=roles)
+    return Planned(assignments, 0.0, plan.throughput_tok_s, None, roles=roles, disaggregated=plan)
+
+
+def choose_planned(
+    records: Sequence[PeerRecord],
+    model: ModelSpec,
+    workload: Workload,
+    colocated: Planned,
+    disaggregated: Planned,
+) -> tuple[Planned, Choice]:
+    """Whichever of the two plans of `records` serves more tokens/s on one simulated trace of
+    `workload` (`routing/disaggregation/choice.py`), both scored on the cluster of all the
+    records, with why. The colocated plan is scored as the search gave it (before its ranges
+    were widened into second copies); one placed by Petals' rule has no figure."""
+    from hexswarm.routing.disaggregation.choice import choose
+
+    cluster = build_view(records, model, workload)
+    choice = choose(cluster, model, workload, colocated.plan, disaggregated.disaggregated)
+    return (disaggregated if choice.disaggregated else colocated), choice
 
 
 def covering(

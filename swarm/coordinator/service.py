@@ -23,7 +23,12 @@ from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
 from hexswarm.swarm import speed_reports
 from hexswarm.swarm.coordinator.lease import LeaseKeeper
 from hexswarm.swarm.coordinator.moves import Placement, diff
-from hexswarm.swarm.coordinator.planner import Planned, compute_disaggregated_plan, compute_plan
+from hexswarm.swarm.coordinator.planner import (
+    Planned,
+    choose_planned,
+    compute_disaggregated_plan,
+    compute_plan,
+)
 from hexswarm.swarm.coordinator.records import (
     Assignment,
     PlanRecord,
@@ -62,7 +67,9 @@ class CoordinatorConfig:
     period: float = 5.0  # seconds between lease renewals (and re-stores of the plan)
     watch_period: float = 1.0  # seconds between reads of the peer records (a leave is seen this soon)
     trust: Trust = None  # the other candidates it competes with (records.py); None: any
-    disaggregated: bool = False  # plan prefill and decode replicas (HexGen-2) instead of HexGen's plan
+    # Also plan prefill and decode replicas (HexGen-2), kept where they serve more than HexGen's plan
+    disaggregated: bool = False
+    force_disaggregated: bool = False  # with `disaggregated`: keep them wherever the swarm can be split
 
     @property
     def plan_ttl(self) -> float:
@@ -224,15 +231,23 @@ class Coordinator:
         )
 
     def _plan(self, records: list[PeerRecord]) -> Planned:
-        """HexGen-2's roles and ranges when disaggregated and the swarm can be split that way,
-        else HexGen's plan (what `compute_plan` gives)."""
+        """HexGen's plan (what `compute_plan` gives); when disaggregated, HexGen-2's roles and
+        ranges instead where the swarm can be split so and they serve more tokens/s
+        (`choose_planned`; forced: wherever it can be split)."""
         c = self.config
-        if c.disaggregated:
-            try:
-                return compute_disaggregated_plan(records, c.model, c.workload, c.search.time_budget_s)
-            except NoFeasiblePlanError as e:
-                logger.warning("no disaggregated plan for these peers (%s); planning them colocated", e)
-        return compute_plan(records, c.model, c.workload, c.search, self.scheduler_plan)
+        if not c.disaggregated:
+            return compute_plan(records, c.model, c.workload, c.search, self.scheduler_plan)
+        try:
+            disaggregated = compute_disaggregated_plan(records, c.model, c.workload, c.search.time_budget_s)
+        except NoFeasiblePlanError as e:
+            logger.warning("no disaggregated plan for these peers (%s); planning them colocated", e)
+            return compute_plan(records, c.model, c.workload, c.search, self.scheduler_plan)
+        if c.force_disaggregated:
+            return disaggregated
+        colocated = compute_plan(records, c.model, c.workload, c.search, self.scheduler_plan)
+        planned, choice = choose_planned(records, c.model, c.workload, colocated, disaggregated)
+        logger.info("%s: planned %s", printable(c.model_id), choice.reason)
+        return planned
 
     async def _store(self, record: PlanRecord) -> None:
         future = self.dht.store(

@@ -156,7 +156,15 @@ def test_a_disaggregated_coordinator_gives_auto_peers_their_roles(make_model, tm
             "--initial-peers",
             *local.initial_peers,
         ]
-        coordinator += ["--model", str(model_dir), "--host-maddrs", LOOPBACK, "--disaggregated"]
+        # forced: on two CPU peers the chooser keeps the colocated plan (it serves more tokens/s)
+        coordinator += [
+            "--model",
+            str(model_dir),
+            "--host-maddrs",
+            LOOPBACK,
+            "--disaggregated",
+            "--force-disaggregated",
+        ]
         coordinator += ["--lease-ttl", "6", "--coordinator-period", "1", "--debounce", "2", "--budget-s", "2"]
         local.start_command("coordinator", coordinator, ready="coordinator candidate")
         local.start_peers(model_dir, {"a": ("auto", flags), "b": ("auto", flags)})

@@ -12,18 +12,18 @@ import pytest
 from hexswarm.routing.disaggregation.kv_transfer import kv_link
 from hexswarm.routing.disaggregation.plan_record import DisaggregatedPlan, KvRoute, ReplicaPlan
 from hexswarm.routing.disaggregation.planner import DisaggregationConfig, plan_disaggregated
+from hexswarm.routing.disaggregation.simulation import (
+    saturating_trace,
+    simulate_colocated,
+    simulate_disaggregated,
+    steady_throughput,
+)
 from hexswarm.routing.scenarios.hexgen2_settings import rented_cluster
 from hexswarm.routing.scheduler.model_spec import Workload, preset
 from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, StageLayout
 from hexswarm.routing.scheduler.plan import PipelinePlan, StagePlan
 from hexswarm.routing.scheduler.simulator import Trace
 from hexswarm.routing.scheduler.stage_costs import stage_costs
-from hexswarm.routing.sim.disaggregated import (
-    saturating_trace,
-    simulate_colocated,
-    simulate_disaggregated,
-    steady_throughput,
-)
 
 MODEL = preset("Llama-2-7B")
 WORKLOAD = Workload(s_in=512, s_out=16, max_batch=8, objective="throughput")

@@ -1,5 +1,7 @@
 """Event simulation of a disaggregated plan (HexGen-2): prefill replicas, KV transfers, decode
-replicas; and, beside it, a colocated plan on the same trace, so both are measured alike.
+replicas; and, beside it, a colocated plan on the same trace, so both are measured alike. The
+coordinator scores both kinds of plan with it before it keeps one (`choice.py`), and
+benchmarks/disaggregation.py measures them with it.
 
 Disaggregated (`simulate_disaggregated`), in the terms of `serving_sim.py` (whose stage costs,
 `stage_costs.py`, it reuses):
@@ -27,7 +29,10 @@ Disaggregated (`simulate_disaggregated`), in the terms of `serving_sim.py` (whos
 
 Colocated (`simulate_colocated`): HexGen's plan as `serving.py` simulates it, where each stage
 runs a waiting prefill before any decode batch, so a decode step waits behind every prefill on
-its stage: the prefill-decode interference that disaggregation removes.
+its stage: the prefill-decode interference that disaggregation removes. Given an
+`Interference` model (`routing/scheduler/interference.py`, measured on a live peer), a prefill
+next to decoding sequences also costs its stage more than its time alone, so interference
+costs tokens/s as well as latency (HexGen-2 §2).
 
 Both return every request's completion time. `saturating_trace` offers more than any placement
 of the cluster serves (`capacity.SATURATION` x its upper bound), so queues only grow while
@@ -57,6 +62,7 @@ from hexswarm.routing.disaggregation.roles import PREFILL
 from hexswarm.routing.scheduler import serving_sim
 from hexswarm.routing.scheduler.capacity import SATURATION
 from hexswarm.routing.scheduler.cluster import Cluster
+from hexswarm.routing.scheduler.interference import Interference
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
 from hexswarm.routing.scheduler.serving import Dispatcher
@@ -89,15 +95,21 @@ def steady_throughput(trace: Trace, done: np.ndarray) -> float:
 
 
 def simulate_colocated(
-    cluster: Cluster, model: ModelSpec, layouts: Sequence[PipelineLayout], trace: Trace, max_batch: int
+    cluster: Cluster,
+    model: ModelSpec,
+    layouts: Sequence[PipelineLayout],
+    trace: Trace,
+    max_batch: int,
+    interference: Interference | None = None,
 ) -> np.ndarray:
     """(R,) completion times of HexGen's colocated pipelines on `trace`: `serving_sim` with
-    `serving.py`'s dispatcher, every request admitted (module docstring)."""
+    `serving.py`'s dispatcher, every request admitted, prefills inflated by `interference`
+    next to decoding sequences if given (module docstring)."""
     costs = [stage_costs(cluster, layout, model, trace.s_in, max_batch) for layout in layouts]
     unbounded = replace(trace, deadline_s=math.inf)
-    return serving_sim.simulate(
-        costs, trace.arrivals, trace.s_in + trace.s_out, trace.s_out, Dispatcher(costs, unbounded)
-    )
+    tokens = trace.s_in + trace.s_out
+    dispatcher = Dispatcher(costs, unbounded)
+    return serving_sim.simulate(costs, trace.arrivals, tokens, trace.s_out, dispatcher, interference)
 
 
 def plan_layouts(cluster: Cluster, model: ModelSpec, workload: Workload, plan: DisaggregatedPlan):
