@@ -11,8 +11,8 @@ import asyncio
 import logging
 import signal
 
-from hexswarm.routing.scheduler.model_spec import OBJECTIVES
 from hexswarm.swarm import cli_args
+from hexswarm.swarm.coordinator.model_args import add_workload_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -74,26 +74,6 @@ def add_coordination_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_workload_arguments(group) -> None:
-    """--rate, --s-in, --s-out and --objective: the workload a plan is for (here and `hexswarm plan`)."""
-    group.add_argument(
-        "--rate", type=cli_args.positive_float, default=1.0, help="requests per second to plan for"
-    )
-    group.add_argument(
-        "--s-in", type=cli_args.positive_int, default=128, help="mean prompt tokens to plan for"
-    )
-    group.add_argument(
-        "--s-out", type=cli_args.positive_int, default=32, help="generated tokens per request to plan for"
-    )
-    group.add_argument(
-        "--objective",
-        choices=OBJECTIVES,
-        default="slo",
-        help="slo: most requests within the deadline at --rate; throughput: most tokens/s, no deadline "
-        "(--rate and --slo-scale then unused)",
-    )
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_initial_peers(parser)
     cli_args.add_model_argument(parser)
@@ -117,7 +97,7 @@ def coordinator_config(args: argparse.Namespace, model_dir: str):
     """A CoordinatorConfig from the flags of `add_coordination_arguments`."""
     from hexswarm.routing.scheduler.genetic import SearchConfig
     from hexswarm.routing.scheduler.model_spec import Workload
-    from hexswarm.swarm.coordinator.plan_command import load_model
+    from hexswarm.swarm.coordinator.model_args import load_model
     from hexswarm.swarm.coordinator.records import trust_from
     from hexswarm.swarm.coordinator.service import CoordinatorConfig
     from hexswarm.swarm.coordinator.triggers import ReplanPolicy

@@ -26,12 +26,12 @@ import os
 
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS
 from hexswarm.swarm import cli_args, log_setup
+from hexswarm.swarm.coordinator.model_args import add_workload_arguments, load_model, read_json_object
 
 logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hexswarm.swarm.coordinator.command import add_workload_arguments
 
     # required unless --hepti is given (checked in run)
     parser.add_argument("--cluster", help="cluster JSON file (devices and network); required without --hepti")
@@ -261,18 +261,6 @@ def hepti_split(path: str, model: str | None):
     return plan_split(problem_from_dict(raw, shape))
 
 
-def read_json_object(path: str) -> dict:
-    """The JSON object in `path`; ValueError (with the path) for bad JSON or another value."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            raw = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path} must hold a JSON object")
-    return raw
-
-
 def format_hepti(split) -> str:
     """A readable table: one line per rank (heads, MLP columns, weights against free memory,
     compute per step), then the predicted step against the even split."""
@@ -367,29 +355,6 @@ def load_cluster(path: str):
         except json.JSONDecodeError as exc:
             raise ClusterError(f"{path} is not valid JSON: {exc}") from exc
     return Cluster.from_dict(raw)
-
-
-def load_model(name_or_dir: str):
-    """A preset by name, or the config.json of a built-in model, a GGUF file or a checkpoint directory."""
-    from hexswarm.routing.scheduler.model_spec import PRESETS, ModelSpec, preset
-    from hexswarm.swarm.builtin_models import BUILTIN_MODELS
-    from hexswarm.swarm.model_spec import resolve_checkpoint
-
-    if name_or_dir in BUILTIN_MODELS or os.path.isfile(name_or_dir):
-        folder = resolve_checkpoint(name_or_dir)  # a GGUF file's converted config
-        return ModelSpec.from_hf_config(
-            json.loads((folder / "config.json").read_text()), os.path.basename(name_or_dir)
-        )
-    if os.path.isdir(name_or_dir):
-        config = read_json_object(os.path.join(name_or_dir, "config.json"))
-        return ModelSpec.from_hf_config(config, os.path.basename(os.path.normpath(name_or_dir)))
-    try:
-        return preset(name_or_dir)
-    except KeyError:
-        raise ValueError(
-            f"model {name_or_dir!r} is not a built-in name ({', '.join(BUILTIN_MODELS)}), a GGUF file, "
-            f"a checkpoint folder or a preset ({', '.join(PRESETS)})"
-        ) from None
 
 
 def seconds(x: float) -> str:
