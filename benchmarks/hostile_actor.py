@@ -390,13 +390,13 @@ def probe(args, stop: threading.Event) -> dict:
 def stranger(args, stop: threading.Event) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from hexswarm.client import DistributedModelForCausalLM, failover
+    from hexswarm.client import DistributedModelForCausalLM, hop_links
     from hexswarm.swarm.protocol import NextHop
 
     spec = load_model_spec(args.model)
     node = Outsider(args.initial_peers, Path(args.out).with_suffix(".key"))
     # Every step this client sends names the stranger as the next hop (with the real session ids).
-    failover.NextHop = lambda peer_id, session: NextHop(node.peer_id, session)
+    hop_links.NextHop = lambda peer_id, session: NextHop(node.peer_id, session)
     model = DistributedModelForCausalLM.from_pretrained(
         args.model, initial_peers=args.initial_peers, push=True
     )

@@ -218,11 +218,11 @@ def caught_run(swarm, attack: str, prompt_list, expected, args) -> dict:
             conn.close()
         model.shutdown()
         if squats:
-            import hexswarm.client.failover as failover
+            import hexswarm.client.hop_links as hop_links
             import hexswarm.client.remote as remote
             import hexswarm.client.verify as verify
 
-            failover.random_session_id = verify.random_session_id = remote.random_session_id
+            hop_links.random_session_id = verify.random_session_id = remote.random_session_id
 
 
 def evidence_proven(liars: set[str]) -> bool:
@@ -268,14 +268,14 @@ def squat(swarm, model) -> list:
     """The old scheme's attack, with the ids known in advance: the client's session ids are made
     predictable for this run, and another identity opens each of them on every peer first.
     Sessions live in their opener's namespace, so none of them touches the client's."""
-    import hexswarm.client.failover as failover
+    import hexswarm.client.hop_links as hop_links
     import hexswarm.client.verify as verify
     from hexswarm.client.worker import run_sync
     from hexswarm.swarm.records import read_peer_records
 
     known = [f"known-{i}" for i in range(8)]
     ids = iter(known + [f"later-{i}" for i in range(100_000)])
-    failover.random_session_id = verify.random_session_id = lambda: next(ids)
+    hop_links.random_session_id = verify.random_session_id = lambda: next(ids)
     attacker = client(swarm, 0.0)
     conns = []
 

@@ -22,7 +22,7 @@ _EXPORTS = {
     "MissingBlocksError": "hexswarm.client.swarm_client",
     "ModelMismatchError": "hexswarm.client.swarm_client",
     "FormatMismatchError": "hexswarm.client.swarm_client",
-    "NoChainError": "hexswarm.client.failover",
+    "NoChainError": "hexswarm.client.chain_choice",
     "InitialPeersError": "hexswarm.swarm.dht",
 }
 

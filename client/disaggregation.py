@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hexswarm.client.failover import LiveHop
+from hexswarm.client.hop_links import LiveHop
 from hexswarm.client.swarm_client import uncovered_blocks
 from hexswarm.routing.chains.swarm_view import Route
 from hexswarm.swarm.protocol import KvTarget

@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hexswarm.client.evidence_sync import EVIDENCE_ROUND_S, EvidenceSync
-from hexswarm.client.failover import Failover
+from hexswarm.client.peer_failures import Failover
 from hexswarm.client.retry import BanList, RetryPolicy
 from hexswarm.client.session import InferenceSession
 from hexswarm.client.swarm_client import SwarmClient
@@ -62,7 +62,7 @@ class _ThreadSessions(threading.local):
     verify: float | None = None  # this call's `verify=` (None: the model's)
     cancel: threading.Event | None = None  # this call's `cancel=`: set, it stops waiting on peers
     last_route: str | None = None
-    last_failovers: list | None = None  # client.failover.Failover of the last session
+    last_failovers: list | None = None  # client.peer_failures.Failover of the last session
     last_hop_steps: dict | None = None  # hop steps sent by the client / pushed by peers, last session
     last_swarm_s: float = 0.0  # seconds the last session's steps waited on the chain
     tokens: torch.Tensor | None = None  # what this generation's session was fed (for a rollback)
@@ -294,7 +294,7 @@ class DistributedMixin:
                 push=self.push,
             )
             share = self._threads.verify if self._threads.verify is not None else self.verify
-            session.verifier = Verifier(session, share, self.verify_stats) if share > 0 else None
+            session.verifier = Verifier(session.checked(), share, self.verify_stats) if share > 0 else None
             session.cancel = self._threads.cancel
             self.session = session.open(prompt_tokens=new_tokens)
             self.last_route = self.session.describe_route()

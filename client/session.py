@@ -19,8 +19,12 @@ client's copies are what verification (client/verify.py) checks, pushed or not.
 Exact failover: the session keeps what each hop has been sent (client.history). When a hop's
 peer dies, stalls past its deadline, refuses or answers garbage, the session bans it,
 routes that hop's blocks again and replays the kept inputs plus the current step to the new
-hops (client.failover), then goes on with the step from there. The new peers' KV caches then
+hops (client.span_repair), then goes on with the step from there. The new peers' KV caches then
 hold what the old one held, so greedy output equals a run without failures.
+
+The session wires the failover parts (client/failover.py lists them) and runs steps through
+them; which hops take pushes is client.push_relay's, and a check of each hop's output (the
+verifier) plugs in through client.hop_check's hooks.
 """
 
 from __future__ import annotations
@@ -31,20 +35,21 @@ import secrets
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 import torch
 
+from hexswarm.client.chain_choice import ChainChooser
 from hexswarm.client.disaggregation import Roles, kv_sources, kv_targets, split_by_role
-from hexswarm.client.failover import Failover, Hops, LiveHop
 from hexswarm.client.history import InputHistory
-from hexswarm.client.remote import (
-    CLOSE_TIMEOUT_S,
-    CommitmentMismatch,
-    KvTransferError,
-    PeerError,
-    close_sessions,
-)
+from hexswarm.client.hop_check import CheckedSession, HopCheck
+from hexswarm.client.hop_links import HopLinks, HopOutput, LiveHop
+from hexswarm.client.known_peers import KnownPeers
+from hexswarm.client.peer_failures import Failover, PeerFailures
+from hexswarm.client.push_relay import HopClock, PushPlan
+from hexswarm.client.remote import CLOSE_TIMEOUT_S, CommitmentMismatch, KvTransferError, PeerError
 from hexswarm.client.retry import BanList, RetryPolicy, rate_limit_wait
+from hexswarm.client.span_repair import SpanRepair
 from hexswarm.client.swarm_client import SwarmClient, uncovered_blocks
 from hexswarm.client.verify import RollbackNeeded, VerificationError
 from hexswarm.client.worker import run_sync
@@ -80,34 +85,23 @@ class InferenceSession:
         self.hops: list[LiveHop] = []
         self.position = 0  # tokens of each sequence the swarm has cached
         self.failovers: list[Failover] = []
-        self.verifier = None  # a client/verify.py Verifier when the caller asked for verify > 0
+        # checks each hop's output (client/hop_check.py): a client/verify.py Verifier for verify > 0
+        self.verifier: HopCheck | None = None
         # Set by the caller when nobody wants the answer any more (the API's client left): a
         # step or an open waiting on peers, a failover included, stops within 0.1 s.
         self.cancel: threading.Event | None = None
-        self.push = push
-        self.relayed: set[str] = set()  # session ids of hops a push into failed: the client feeds them
-        # peers whose pushes were not what they returned to the client (swarm/commitments.py):
-        # the client feeds the hop after each of them itself
-        self.no_push_from: set[str] = set()
-        # hop steps the client sent / that peers pushed; pushes that failed (then relayed)
-        self.hop_steps: Counter[str] = Counter(sent=0, pushed=0, push_failed=0)
+        self.pushes = PushPlan(push)
         self.swarm_s = 0.0  # wall seconds `step` waited on the chain (the rest is the caller's own work)
         # A disaggregated session (client/disaggregation.py): its decode chain, opened and
         # waiting for the prompt's keys and values while `hops` is the prefill chain; None after.
         self.decode_hops: list[LiveHop] | None = None
         self.prefill_route = ""  # the chain the prompt went through, when it was disaggregated
         request = RouteRequest(prompt_tokens=max_length, new_tokens=0, batch_size=batch_size)
-        self.peers = Hops(
-            swarm=swarm,
-            router=router,
-            spec=spec,
-            request=request,
-            session_id=self.session_id,
-            dtype=dtype,
-            policy=self.policy,
-            bans=bans or BanList(self.policy),
-            records={},
-        )
+        self.known = KnownPeers(swarm, spec, max_length)
+        self.failures = PeerFailures(swarm, self.known, self.policy, bans or BanList(self.policy))
+        self.chooser = ChainChooser(swarm, router, spec, request, self.known, self.failures)
+        self.links = HopLinks(swarm, spec, request, dtype, self.policy, self.known, self.failures.budget)
+        self.repair = SpanRepair(self.chooser, self.links, self.failures)
         dtype_bytes = torch.tensor([], dtype=dtype).element_size()
         self.history = InputHistory(
             batch_size * max_length * spec.hidden_size * dtype_bytes, self.policy.max_history_bytes
@@ -115,7 +109,18 @@ class InferenceSession:
 
     @property
     def retries_used(self) -> int:
-        return self.peers.budget.used
+        return self.failures.budget.used
+
+    @property
+    def hop_steps(self) -> Counter[str]:
+        """Hop steps the client sent / that peers pushed; pushes that failed (then relayed)."""
+        return self.pushes.hop_steps
+
+    def checked(self) -> CheckedSession:
+        """What a HopCheck (client/verify.py's Verifier) may read of this session."""
+        return CheckedSession(
+            self.swarm, self.spec, self.max_length, self.batch_size, self.dtype, self.history, self.known.name
+        )
 
     def open(self, prompt_tokens: int = 0) -> InferenceSession:
         """Opens the route; `prompt_tokens`, the first step's tokens, is what a disaggregated
@@ -124,19 +129,18 @@ class InferenceSession:
             self.spec.model_id, self.spec.num_blocks, self.coverage_timeout
         )
         long_enough = peers_for_length(self.max_length, records, self.spec.num_blocks)
-        self.peers.records = {r.peer_id: r for r in long_enough}
-        self.peers.no_route_deadline = time.monotonic() + self.coverage_timeout
+        self.known.set(long_enough)
+        self.chooser.no_route_deadline = time.monotonic() + self.coverage_timeout
         try:
             roles = split_by_role(long_enough, self.spec.num_blocks)
             if roles is not None:
                 run_sync(self._open_disaggregated(roles, prompt_tokens), self._timeout(), self.cancel)
             if not self.hops:
-                self.hops, _, _ = run_sync(
-                    self.peers.replace(0, self.spec.num_blocks, None), self._timeout(), self.cancel
-                )
+                opened = self.repair.replace(0, self.spec.num_blocks, None)
+                self.hops = run_sync(opened, self._timeout(), self.cancel).hops
         finally:
-            self.peers.no_route_deadline = None  # later failovers have the retry budget
-        self.peers.ping_timeout = self.policy.deadline_floor_s  # later pings are on the failover path
+            self.chooser.no_route_deadline = None  # later failovers have the retry budget
+        self.chooser.ping_timeout = self.policy.deadline_floor_s  # later pings are on the failover path
         # a disaggregated session keeps only the embeddings: its two chains share no other boundary
         self.history.keep([0] if self.decode_hops is not None else [h.start for h in self.hops])
         logger.info("session %s: route %s", self.session_id, self.describe_route())
@@ -166,20 +170,19 @@ class InferenceSession:
         and the caller opens a colocated chain."""
         decode_hops: list[LiveHop] = []
         try:
-            prefill = await asyncio.to_thread(self.peers.route_among, roles.prefill)
-            decode = await asyncio.to_thread(self.peers.route_among, roles.decode)  # no peer is in both
+            prefill = await asyncio.to_thread(self.chooser.route_among, roles.prefill)
+            decode = await asyncio.to_thread(self.chooser.route_among, roles.decode)  # no peer is in both
             sources = [kv_sources(h.start, h.end, prefill) for h in decode.hops]
-            decode_hops = await self.peers.open_hops(decode, "", kv_from=sources, prompt_length=prompt_tokens)
+            decode_hops = await self.links.open(decode, "", kv_from=sources, prompt_length=prompt_tokens)
             targets = [kv_targets(h.start, h.end, decode_hops) for h in prefill.hops]
-            self.hops = await self.peers.open_hops(prefill, "", kv_to=targets)
+            self.hops = await self.links.open(prefill, "", kv_to=targets)
             self.decode_hops = decode_hops
         except (NoRouteError, PeerError) as e:
             logger.info("session %s: no disaggregated chains (%s); serving colocated", self.session_id, e)
-            await self._close(decode_hops)
+            await self.links.close(decode_hops)
             self.hops, self.decode_hops = [], None
         except BaseException:  # cancelled: the decode sessions are nobody's yet, end their streams
-            for hop in decode_hops:
-                hop.conn.close()
+            self.links.drop(decode_hops)
             raise
 
     async def _prefill(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -188,38 +191,39 @@ class InferenceSession:
         of it fails, the request is served colocated: a fresh chain replays the prompt."""
         inputs: dict[int, torch.Tensor] = {}
         try:
-            output, i = hidden, 0
-            while i < len(self.hops):
-                output, i = await self._segment(i, output, inputs)
+            reached = _Reached(hidden, 0)
+            while reached.next_hop < len(self.hops):
+                reached = await self._segment(reached.next_hop, reached.hidden, inputs)
         except (_HopFailed, KvTransferError) as e:
             return await self._prefill_colocated(hidden, e)
         self.prefill_route = self.describe_route()
         prefill_hops, self.hops, self.decode_hops = self.hops, self.decode_hops, None
-        await self._close(prefill_hops)
+        await self.links.close(prefill_hops)
         self.history.append({0: hidden})
         logger.info("session %s: prompt prefilled; decoding on %s", self.session_id, self.describe_route())
-        return output
+        return reached.hidden
 
     async def _prefill_colocated(self, hidden: torch.Tensor, error: Exception) -> torch.Tensor:
         if isinstance(error, _HopFailed):  # a prefill peer failed: banned like any failed hop
             bad = self.hops[error.index]
-            self.peers.failed(bad.hop.peer_id, bad.start, bad.end, str(error.error)[:200])
+            self.failures.failed(bad.peer_id, bad.start, bad.end, str(error.error)[:200])
         logger.info(
             "session %s: disaggregated prefill failed (%s); serving colocated", self.session_id, error
         )
-        await self._close([*self.hops, *(self.decode_hops or [])])
+        await self.links.close([*self.hops, *(self.decode_hops or [])])
         self.hops, self.decode_hops = [], None
-        self.hops, seen, output = await self.peers.replace(0, self.spec.num_blocks, hidden)
+        colocated = await self.repair.replace(0, self.spec.num_blocks, hidden)
+        self.hops = colocated.hops
         self.history.keep([h.start for h in self.hops])
-        self.history.append(seen)
-        return output
+        self.history.append(colocated.seen)
+        return colocated.output
 
     async def _step(self, hidden: torch.Tensor) -> torch.Tensor:
         inputs: dict[int, torch.Tensor] = {}  # block boundary -> this step's input there
         i, paced_s = 0, 0.0
         while i < len(self.hops):
             try:
-                hidden, i = await self._segment(i, hidden, inputs)
+                reached = await self._segment(i, hidden, inputs)
             except _HopFailed as e:
                 if isinstance(e.error, VerificationError) and e.error.position < self.position:
                     # an earlier step was wrong: every hop after the liar built on it
@@ -237,89 +241,77 @@ class InferenceSession:
                     i = e.index
                     hidden = inputs[self.hops[i].start]
                     continue
-                hidden, i = await self._recover(e.index, e.error, inputs)
+                reached = await self._recover(e.index, e.error, inputs)
+            hidden, i = reached.hidden, reached.next_hop
         self.history.append(inputs)
         return hidden
 
-    async def _segment(self, i: int, hidden: torch.Tensor, inputs: dict) -> tuple[torch.Tensor, int]:
-        """Sends the step to hop i, which pushes it on to the hops up to `_segment_end(i)`; reads
-        each hop's output in order. Returns the last output read and the next hop to send to."""
-        end = self._segment_end(i)
+    async def _segment(self, i: int, hidden: torch.Tensor, inputs: dict) -> _Reached:
+        """Sends the step to hop i, which pushes it on to the hops up to the segment's end
+        (client.push_relay); reads each hop's output in order. Returns the last output read and
+        the next hop to send to."""
+        end = self.pushes.segment_end(self.hops, i)
         inputs[self.hops[i].start] = hidden
         sent = time.perf_counter()
         try:
-            push_ack_s = await self.peers.send(self.hops[i], hidden, self.position, self.hops[i + 1 : end])
+            push_ack_s = await self.links.send(self.hops[i], hidden, self.position, self.hops[i + 1 : end])
         except PeerError as e:
             raise _HopFailed(i, e) from None
-        clock = _HopClock(self.swarm, sent, decode=tuple(hidden.shape[:2]) == (1, 1))
-        self.hop_steps.update(sent=1, pushed=end - i - 1)  # corrected below if a push fails
+        clock = HopClock(self.swarm, sent, decode=tuple(hidden.shape[:2]) == (1, 1))
+        self.pushes.sent(i, end)  # corrected below if a push fails
         for j in range(i, end):
             hop = self.hops[j]
             inputs[hop.start] = hidden
             try:
-                try:
-                    output, push_error = await self.peers.result(
-                        hop, hidden, push_ack_s if j + 1 < end else 0
-                    )
-                except CommitmentMismatch:
-                    if j > i:  # it was pushed: the pusher's link is not trusted any more
-                        self.no_push_from.add(self.hops[j - 1].hop.peer_id)
-                    raise
-                clock.answered(hop, first=j == i)
-                if self.verifier is not None:  # a VerificationError fails this hop over like any other
-                    checking = time.perf_counter()
-                    await self.verifier.after_hop(
-                        hop.conn, hop.start, hop.end, self.position, hidden, output, hop.quant, hop.session_id
-                    )
-                    clock.worked_since(checking)
+                answer = await self._answer(j, i, end, hidden, push_ack_s, clock)
             except PeerError as e:
                 raise _HopFailed(j, e) from None
-            hidden = output
-            hop.pushed = hop.pushed or (j + 1 < end and not push_error)
-            if push_error and j + 1 < end:  # the next hop never got the step: relay it from here on
-                logger.info("session %s: %s; relaying that hop", self.session_id, push_error)
-                self.relayed.add(self.hops[j + 1].session_id)
-                self.hop_steps.update(push_failed=1)
-                self.hop_steps.subtract(pushed=end - j - 1)
-                return hidden, j + 1
-        return hidden, end
+            hidden = answer.hidden
+            hop.pushed = hop.pushed or (j + 1 < end and not answer.push_error)
+            if answer.push_error and j + 1 < end:  # the next hop never got the step: relay it from here on
+                logger.info("session %s: %s; relaying that hop", self.session_id, answer.push_error)
+                self.pushes.push_failed(self.hops, j, end)
+                return _Reached(hidden, j + 1)
+        return _Reached(hidden, end)
 
-    def _segment_end(self, i: int) -> int:
-        """One past the last hop that hop i's step reaches by pushes: each next hop must take
-        pushes from the one before it (its session says so) and not have failed to."""
-        end = i + 1
-        if not self.push:
-            return end
-        while end < len(self.hops):
-            hop = self.hops[end]
-            previous = self.hops[end - 1].hop.peer_id
-            if hop.session_id in self.relayed or hop.upstream != previous or previous in self.no_push_from:
-                break
-            end += 1
-        return end
+    async def _answer(
+        self, j: int, first: int, end: int, hidden: torch.Tensor, push_ack_s: float, clock: HopClock
+    ) -> HopOutput:
+        """Hop j's output for `hidden` in the segment [first, end), timed, then checked by the
+        verifier; a VerificationError fails this hop over like any other PeerError."""
+        hop = self.hops[j]
+        try:
+            answer = await self.links.result(hop, hidden, push_ack_s if j + 1 < end else 0)
+        except CommitmentMismatch:
+            if j > first:  # it was pushed: the pusher's link is not trusted any more
+                self.pushes.distrust(self.hops[j - 1].peer_id)
+            raise
+        clock.answered(hop, first=j == first)
+        if self.verifier is not None:
+            checking = time.perf_counter()
+            await self.verifier.after_hop(hop, self.position, hidden, answer.hidden)
+            clock.worked_since(checking)
+        return answer
 
-    async def _recover(
-        self, failed: int, error: PeerError, inputs: dict[int, torch.Tensor]
-    ) -> tuple[torch.Tensor, int]:
+    async def _recover(self, failed: int, error: PeerError, inputs: dict[int, torch.Tensor]) -> _Reached:
         """Replaces hop `failed` (and the hops after the nearest kept boundary before it) and
         runs this step through the new hops; returns their output and the next hop's index."""
         bad = self.hops[failed]
         bad.conn.close()
-        event = self.peers.new_failover(bad.hop.peer_id, bad.start, bad.end, error)
+        event = self.failures.new_failover(bad.peer_id, bad.start, bad.end, error)
         if not isinstance(error, CommitmentMismatch):  # its input came from a peer that equivocated
-            self.peers.failed(bad.hop.peer_id, bad.start, bad.end, event.error, error.code)
+            self.failures.failed(bad.peer_id, bad.start, bad.end, event.error, error.code)
         start = self.history.replay_start(bad.start)
         first = next(j for j, h in enumerate(self.hops) if h.start == start)
         past = self.history.inputs(start)
         replay = inputs[start] if past is None else torch.cat([past, inputs[start]], dim=1)
-        upstream = self.hops[first - 1].hop.peer_id if first > 0 else ""
+        upstream = self.hops[first - 1].peer_id if first > 0 else ""
         formats = self.formats(self.hops[first : failed + 1])
-        new_hops, seen, output = await self.peers.replace(start, bad.end, replay, upstream, formats)
-        for old in self.hops[first:failed]:
-            old.conn.close()
-        self.hops[first : failed + 1] = new_hops
+        new = await self.repair.replace(start, bad.end, replay, upstream, formats)
+        self.links.drop(self.hops[first:failed])
+        self.hops[first : failed + 1] = new.hops
         self.history.keep([h.start for h in self.hops])
-        for boundary, full in seen.items():  # what each new boundary saw: past tokens, then this step's
+        for boundary, full in new.seen.items():  # what each new boundary saw: past tokens, then this step's
             self.history.replace(boundary, full[:, : self.position])
             inputs[boundary] = full[:, self.position :]
         event.recovered, event.attempts = time.monotonic(), self.retries_used
@@ -328,7 +320,7 @@ class InferenceSession:
             "session %s: %s failed (%s); blocks [%d:%d) now on %s",
             self.session_id, event.peer, event.error, start, bad.end, self.describe_route(),
         )  # fmt: skip
-        return output[:, self.position :], first + len(new_hops)
+        return _Reached(new.output[:, self.position :], first + len(new.hops))
 
     def finish_verification(self) -> None:
         """Has the verifier check every step it has not checked yet (a generation is about to
@@ -349,22 +341,18 @@ class InferenceSession:
             self.verifier.close()
         hops, self.hops = [*self.hops, *(self.decode_hops or [])], []
         if hops:
-            run_sync(self._close(hops), timeout=2 * CLOSE_TIMEOUT_S)
-
-    @staticmethod
-    async def _close(hops: list[LiveHop]) -> None:
-        await close_sessions([(hop.conn, hop.session_id) for hop in hops])
+            run_sync(self.links.close(hops), timeout=2 * CLOSE_TIMEOUT_S)
 
     def peer_names(self) -> list[str]:
         """Names of the peers of the current chain, in order."""
-        return [self.peers.name(h.hop.peer_id) for h in self.hops]
+        return [self.known.name(h.peer_id) for h in self.hops]
 
     def describe_route(self) -> str:
         """'a[0:2) -> b[2:8)'; a disaggregated session's is its prompt's chain, then '=>' and its
         decode chain: 'p[0:8) => d[0:8)'."""
         if not self.hops:
             return "(no route)"
-        chain = " -> ".join(f"{self.peers.name(h.hop.peer_id)}[{h.start}:{h.end})" for h in self.hops)
+        chain = " -> ".join(f"{self.known.name(h.peer_id)}[{h.start}:{h.end})" for h in self.hops)
         return f"{self.prefill_route} => {chain}" if self.prefill_route else chain
 
     def __enter__(self) -> InferenceSession:
@@ -372,6 +360,14 @@ class InferenceSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class _Reached:
+    """How far a step got along the chain."""
+
+    hidden: torch.Tensor  # (batch, tokens, H): the output of the last hop it went through
+    next_hop: int  # the index of the hop it goes to next (len(hops): it is done)
 
 
 class _HopFailed(Exception):
@@ -407,27 +403,3 @@ def longest_sequence(records: list, num_blocks: int) -> int:
         for block in range(max(0, r.start), min(r.end, num_blocks)):
             best[block] = max(best[block], r.max_length)
     return min(best, default=0)
-
-
-WORK_UNTIMED_S = 0.001  # client work between two answers past which the next one is not timed
-
-
-class _HopClock:
-    """Times each hop of one segment's decode step as the client sees it (client/observed.py):
-    the first hop from the send to its answer less the round trip, each pushed hop from the
-    previous answer to its own. After the client worked in between (a verification check), the
-    next answer may have waited in its stream, so it is not timed."""
-
-    def __init__(self, swarm, sent: float, decode: bool):
-        self.swarm, self.last, self.decode = swarm, sent, decode
-
-    def answered(self, hop, first: bool) -> None:
-        now = time.perf_counter()
-        if self.decode and self.last is not None:
-            rtt_ms = self.swarm.rtt_ms.get(hop.hop.peer_id, (0.0, 0.0))[0] if first else 0.0
-            self.swarm.observed.add(hop.hop.peer_id, 1000 * (now - self.last) - rtt_ms, hop.end - hop.start)
-        self.last = now
-
-    def worked_since(self, began: float) -> None:
-        if time.perf_counter() - began > WORK_UNTIMED_S:
-            self.last = None

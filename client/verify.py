@@ -41,6 +41,8 @@ from hivemind.utils import get_dht_time
 
 from hexswarm.client.evidence_sync import record_format, share_evidence
 from hexswarm.client.group_cap import record_groups
+from hexswarm.client.hop_check import CheckedSession
+from hexswarm.client.hop_links import LiveHop
 from hexswarm.client.remote import (
     CLOSE_TIMEOUT_S,
     PeerConnection,
@@ -49,7 +51,6 @@ from hexswarm.client.remote import (
     random_session_id,
 )
 from hexswarm.client.worker import run_sync
-from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.bans import add_ban, new_ban
 from hexswarm.swarm.evidence import Evidence, save_evidence
 from hexswarm.swarm.identity import peer_id_from_owner_marker
@@ -160,7 +161,8 @@ class _Run:
 
 
 class Verifier:
-    """Verifies one InferenceSession's hop steps in runs; lives as long as the session.
+    """Verifies one InferenceSession's hop steps in runs; lives as long as the session, plugged
+    into it as its HopCheck (client/hop_check.py).
 
     Every hop step's output is kept (per span) until a witness has checked it. A sampled step
     checks its span's whole run since the last check: the witness's shadow session catches up
@@ -169,7 +171,11 @@ class Verifier:
     `finish` checks what is left when a generation ends."""
 
     def __init__(
-        self, session, share: float, stats: VerifyStats | None = None, rng: random.Random | None = None
+        self,
+        session: CheckedSession,
+        share: float,
+        stats: VerifyStats | None = None,
+        rng: random.Random | None = None,
     ):
         self.session, self.swarm, self.spec = session, session.swarm, session.spec
         self.share = share
@@ -185,24 +191,17 @@ class Verifier:
         self._records: tuple[float, list[PeerRecord]] = (-RECORDS_TTL_S, [])
 
     async def after_hop(
-        self,
-        conn: PeerConnection,
-        start: int,
-        end: int,
-        position: int,
-        hidden_in: torch.Tensor,
-        output: torch.Tensor,
-        quant: str = DEFAULT_QUANT,
-        session_id: str = "",
+        self, hop: LiveHop, position: int, hidden_in: torch.Tensor, output: torch.Tensor
     ) -> None:
         """Called by the session after each hop step, before the step's inputs join the session's
-        history: keeps the output and maybe checks the span's run so far. `quant` is the serving
-        peer's weight format: only a peer of the same format can witness (a quantized peer
-        computes the model quantized, which is not a lie)."""
+        history (client/hop_check.py): keeps the output and maybe checks the span's run so far.
+        Only a peer of the hop's weight format can witness (a quantized peer computes the model
+        quantized, which is not a lie)."""
+        start, end = hop.start, hop.end
         self.stats.steps += 1
         served = self.served.setdefault((start, end), [])
-        served.append(_Served(position, conn.peer_id, output, conn, session_id))
-        self.quants[start, end] = quant
+        served.append(_Served(position, hop.conn.peer_id, output, hop.conn, hop.session_id))
+        self.quants[start, end] = hop.quant
         run_tokens = position + output.shape[1] - served[0].position
         if self.rng.random() >= self.share and run_tokens < MAX_RUN_TOKENS:
             return
@@ -296,11 +295,11 @@ class Verifier:
                 "prefill peer; blaming nobody",
                 run.start,
                 run.end,
-                self.session.peers.name(bad.peer_id),
+                self.session.name(bad.peer_id),
             )
             return
         await self._convict(bad, run, verdict, third, first)
-        name = self.session.peers.name(bad.peer_id)
+        name = self.session.name(bad.peer_id)
         raise VerificationError(
             name,
             bad.peer_id,
@@ -349,7 +348,7 @@ class Verifier:
             self.swarm.spawn(share_evidence(self.swarm, evidence, self._records[1], self.rng))
         logger.warning(
             "peer %s returned a wrong output for blocks [%d:%d) at token %d (%s agrees); banned and reported",
-            self.session.peers.name(bad.peer_id),
+            self.session.name(bad.peer_id),
             run.start,
             run.end,
             bad.position,

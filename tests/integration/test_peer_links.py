@@ -198,13 +198,13 @@ def test_a_chain_naming_a_peer_outside_the_swarm_is_never_dialed_and_is_relayed(
 ):
     from transformers import AutoModelForCausalLM
 
-    from hexswarm.client import failover
+    from hexswarm.client import hop_links
     from hexswarm.swarm.protocol import NextHop
 
     _, model_dir, model_id = links_swarm
     stranger = outsider()
     # The client names the stranger as the next hop of every chain (its peers' own session ids).
-    monkeypatch.setattr(failover, "NextHop", lambda peer_id, session: NextHop(stranger.peer_id, session))
+    monkeypatch.setattr(hop_links, "NextHop", lambda peer_id, session: NextHop(stranger.peer_id, session))
     prompt = torch.randint(3, 400, (1, 6), generator=torch.Generator().manual_seed(7))
     expected = AutoModelForCausalLM.from_pretrained(model_dir).generate(prompt, **KWARGS)
 

@@ -204,7 +204,7 @@ def test_squatting_the_clients_session_ids_does_not_stop_the_check(verify_swarm,
     """The attack of the old scheme, with ids known in advance: another identity opens every
     session id the client will use on every peer first. Sessions live in their opener's
     namespace, so the client's hops and shadow sessions open anyway and the liar is caught."""
-    import hexswarm.client.failover as failover
+    import hexswarm.client.hop_links as hop_links
     import hexswarm.client.verify as verify
     from hexswarm.client.worker import run_sync
 
@@ -212,7 +212,7 @@ def test_squatting_the_clients_session_ids_does_not_stop_the_check(verify_swarm,
     bad = _start_liar(local, model_dir, "noise", "liar-squatted")
     known = [f"known-{i}" for i in range(40)]
     ids = iter(known)
-    monkeypatch.setattr(failover, "random_session_id", lambda: next(ids))
+    monkeypatch.setattr(hop_links, "random_session_id", lambda: next(ids))
     monkeypatch.setattr(verify, "random_session_id", lambda: next(ids))
     attacker = _client(local, model_dir, verify=0.0)
     model = _client(local, model_dir, verify=1.0)
