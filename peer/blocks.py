@@ -169,7 +169,7 @@ class BlockStack(nn.Module):
 
     def release(self, session_id: str) -> None:
         """Nothing to do: a one-process stack's caches are freed with their sessions.
-        (A tensor-parallel group's leader tells its other ranks here; see peer/tp_group.py.)"""
+        (A tensor-parallel group's leader tells its other ranks here; see peer/tp_blocks.py.)"""
 
     @torch.inference_mode()
     def forward(

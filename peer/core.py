@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 class Blocks(Protocol):
     """What PeerCore runs sessions on: a BlockStack in this process, or a tensor-parallel
-    group's leader (peer/tp_group.py), which runs the same steps on all its ranks."""
+    group's leader (peer/tp_blocks.py), which runs the same steps on all its ranks."""
 
     spec: ModelSpec
     start: int

@@ -12,7 +12,9 @@ its speed in turn (ranks that share a machine's cores would otherwise measure th
   scaled so that their sum is what an all-reduce of the group measures (see `calibrate_links`).
 
 The figures are all-gathered, rank 0 solves Hepti's LP (peer/tp_partition.py) and broadcasts
-the shares, so every rank loads the same split.
+the shares, so every rank loads the same split: every rank, the leader included, calls
+`first_partition` right after joining its group, and the leader logs what was measured and
+agreed (`log_agreed`).
 
 `ComputeClock` splits each of a rank's steps into its own compute and its waits in collectives
 (the observed speeds a re-partition starts from), and applies the benchmark-only slowdown
@@ -23,9 +25,11 @@ from the start (profiling included), or from SECONDS after the rank's first step
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
@@ -36,6 +40,11 @@ from hexswarm.peer.tp_shard import Partition
 from hexswarm.routing.hepti.problem import HeptiProblem
 from hexswarm.routing.hepti.split import HeptiInfeasibleError, HeptiSplit, plan_split
 from hexswarm.routing.scheduler.weight_formats import bytes_per_weight
+
+if TYPE_CHECKING:
+    from hexswarm.peer.tp_messages import RankSetup
+
+logger = logging.getLogger(__name__)
 
 PROFILE_WEIGHT_BYTES = 64 << 20  # more than a CPU's caches: decode streams its weights from memory
 PROFILE_SECONDS = 0.3
@@ -288,3 +297,33 @@ def agree_partition(
     if partition is None:
         raise PartitionError(reason)
     return Agreed(partition, problem, split)
+
+
+def first_partition(setup: RankSetup, device: torch.device, spec, clock: ComputeClock) -> Agreed | None:
+    """With `--partition auto`, the split the group agrees on after profiling (collective)."""
+    if setup.partition != "auto":
+        return None
+    return agree_partition(
+        setup.rank, setup.tp, device, setup.dtype, spec.config, setup.end - setup.start, setup.quant, clock
+    )
+
+
+def log_agreed(agreed: Agreed) -> None:
+    """The leader's log of the ranks' profiles and of the split they agreed on."""
+    devices = agreed.problem.devices
+    logger.info(
+        "profiled ranks: %s GFLOP/s, %s GiB free, all-reduce %.0f us a layer",
+        [round(d.flops / 1e9, 2) for d in devices],
+        [round(d.free_bytes / 2**30, 1) for d in devices],
+        sum(agreed.problem.comm_s(i) for i in range(1, len(devices))) / agreed.problem.shape.num_layers * 1e6,
+    )
+    logger.info(
+        "Hepti split (%s): KV heads %s, MLP columns %s per rank; predicted %.1f ms a step (even: %s)",
+        agreed.split.mode,
+        agreed.partition.kv_groups,
+        agreed.partition.mlp_columns,
+        agreed.split.step_time_s * 1000,
+        f"{agreed.split.even_step_time_s * 1000:.1f} ms"
+        if agreed.split.even_step_time_s != float("inf")
+        else "none that fits",
+    )

@@ -10,23 +10,44 @@ is not the one of the key that signed them, and fields they do not know. A new f
 default (like `tp`, `devices` and `decode_batch_tokens_per_s`) keeps the schema version, so older readers still read newer
 records and newer readers fill in the default for older ones; the version changes only when
 a field changes meaning or goes away.
+
+Beside it: the bounds a record's fields are parsed to (swarm/record_checks.py) and reading a
+dictionary of signed entries (swarm/signed_entries.py). This module stays where every role
+imports them from, `unpack_map`, `parse_signed_entries`, `warn_once` and `TP_PARTITIONS`
+included.
 """
 
 from __future__ import annotations
 
 import enum
-import logging
-import threading
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import msgpack
 
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS
-
-logger = logging.getLogger(__name__)
+from hexswarm.swarm.record_checks import (
+    FLOAT_RANGES,
+    INT_RANGES,
+    MAX_ADDRS,
+    MAX_BLOCKS,
+    MAX_COUNT,
+    MAX_SESSIONS,
+    MAX_TEXT,
+    REACHABILITY,
+    TEXT_FIELDS,
+    TP_PARTITIONS,
+    check_text,
+    is_int,
+    is_number,
+    parse_rtts,
+    parse_tp_choices,
+    parse_tp_shares,
+    parse_tp_speeds,
+    unpack_map,
+)
+from hexswarm.swarm.signed_entries import parse_signed_entries, warn_once
 
 RECORD_SCHEMA_VERSION = 1
 ROLES = ("both", "prefill", "decode")  # what a peer serves of a request (PeerRecord.role)
@@ -161,10 +182,10 @@ class PeerRecord:
             known["addrs"] = tuple(str(a) for a in known.get("addrs", ()))
             known["relays"] = tuple(str(a) for a in known.get("relays", ()))
             known["devices"] = tuple(DeviceInfo.from_dict(d) for d in known.get("devices", ()))
-            known["rtt_ms"] = _parse_rtts(known.get("rtt_ms", ()))
-            known["tp_choices"] = _parse_tp_choices(known.get("tp_choices", ()))
-            known["tp_speeds"] = _parse_tp_speeds(known.get("tp_speeds", ()))
-            known["tp_shares"] = _parse_tp_shares(known.get("tp_shares", ()))
+            known["rtt_ms"] = parse_rtts(known.get("rtt_ms", ()))
+            known["tp_choices"] = parse_tp_choices(known.get("tp_choices", ()))
+            known["tp_speeds"] = parse_tp_speeds(known.get("tp_speeds", ()))
+            known["tp_shares"] = parse_tp_shares(known.get("tp_shares", ()))
             record = cls(**known)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed peer record: {e}") from None
@@ -192,53 +213,9 @@ class ModelEntry:
         # Readers size per-block tables by num_blocks (`hexswarm status`, the monitor).
         if not isinstance(model_id, str) or len(model_id) > MAX_TEXT:
             raise ValueError(f"a model entry's model_id must be text of at most {MAX_TEXT} characters")
-        if not _is_int(num_blocks) or not 1 <= num_blocks <= MAX_BLOCKS:
+        if not is_int(num_blocks) or not 1 <= num_blocks <= MAX_BLOCKS:
             raise ValueError(f"a model entry's num_blocks must be in [1, {MAX_BLOCKS}]")
         return cls(model_id=model_id, num_blocks=num_blocks)
-
-
-def parse_signed_entries(
-    dict_value: Any, parse, owner_marker: Callable[[bytes], bytes] = lambda subkey: subkey
-):
-    """Turns a hivemind dictionary value {subkey: ValueWithExpiration} into [(peer_id, parsed)],
-    keeping only entries that parse and whose subkey is an owner marker (or, with `owner_marker`,
-    holds one that it extracts: subkeys that also name what the entry is about)."""
-    # here, not at the top: an edge peer (peer/edge/) builds records in a process without hivemind
-    from hexswarm.swarm.identity import peer_id_from_owner_marker
-
-    entries = []
-    if not isinstance(getattr(dict_value, "value", None), dict):
-        return entries
-    for subkey, item in dict_value.value.items():
-        try:
-            marker = owner_marker(subkey if isinstance(subkey, bytes) else str(subkey).encode())
-            owner = peer_id_from_owner_marker(marker).to_base58()
-        except Exception as e:  # anything malformed from the network is skipped, never raised
-            logger.debug("skipping a DHT entry with a bad subkey: %s", e)
-            continue
-        try:
-            entries.append((owner, parse(item.value)))
-        except Exception as e:
-            warn_once(owner, f"ignoring an entry signed by ...{owner[-8:]}: {e}")
-    return entries
-
-
-_warned: dict[tuple[str, str], None] = {}  # (peer id, reason) already logged, oldest first
-_warned_lock = threading.Lock()  # a client reads records from several threads (the API's)
-MAX_WARNED = 4096
-
-
-def warn_once(peer_id: str, message: str) -> None:
-    """Logs a bad entry once per peer and reason: a record is re-read every few seconds, and
-    a hostile peer must not be able to flood its readers' logs."""
-    key = (peer_id, message)
-    with _warned_lock:
-        if key in _warned:
-            return
-        if len(_warned) >= MAX_WARNED:
-            del _warned[next(iter(_warned))]
-        _warned[key] = None
-    logger.warning(message)
 
 
 def read_peer_records(dht, model_id: str, timeout: float | None = None) -> list[PeerRecord]:
@@ -308,145 +285,17 @@ def online_peers_per_block(records: list[PeerRecord], num_blocks: int) -> list[i
     return counts
 
 
-def _parse_rtts(raw: Any) -> tuple[tuple[str, float], ...]:
-    if not isinstance(raw, list | tuple) or len(raw) > 256:
-        raise ValueError("rtt_ms must be a list of at most 256 [peer id, ms] pairs")
-    pairs = []
-    for item in raw:
-        if (
-            not isinstance(item, list | tuple)
-            or len(item) != 2
-            or not isinstance(item[0], str)
-            or len(item[0]) > MAX_TEXT
-            or isinstance(item[1], bool)
-            or not isinstance(item[1], int | float)
-            or not 0 <= item[1] < 1e6
-        ):
-            raise ValueError("an rtt_ms entry is not a [peer id, ms] pair")
-        pairs.append((item[0], float(item[1])))
-    return tuple(pairs)
-
-
-MAX_TP_DEGREE = 64
-# "even", or one of Hepti's modes (routing/hepti/split.py MODES; a test keeps the two in step,
-# and reading records need not load scipy)
-TP_PARTITIONS = ("even", "weight-stationary", "1d-tiled", "2d-tiled")
-
-
-def _parse_tp_choices(raw: Any) -> tuple[int, ...]:
-    if not isinstance(raw, list | tuple) or len(raw) > MAX_TP_DEGREE:
-        raise ValueError(f"tp_choices must be a list of at most {MAX_TP_DEGREE} degrees")
-    if not all(_is_degree(k) for k in raw):
-        raise ValueError(f"a tp choice is not a degree in 1..{MAX_TP_DEGREE}")
-    if list(raw) != sorted(set(raw)):
-        raise ValueError("tp_choices must be sorted and distinct")
-    return tuple(raw)
-
-
-def _parse_tp_speeds(raw: Any) -> tuple[tuple[int, float, float], ...]:
-    if not isinstance(raw, list | tuple) or len(raw) > MAX_TP_DEGREE:
-        raise ValueError(f"tp_speeds must be a list of at most {MAX_TP_DEGREE} entries")
-    entries = []
-    for item in raw:
-        if not isinstance(item, list | tuple) or len(item) != 3:
-            raise ValueError("a tp_speeds entry is not [degree, tokens/s, ms]")
-        degree, tokens_per_s, decode_ms = item
-        if not _is_degree(degree):
-            raise ValueError(f"a tp_speeds degree is not in 1..{MAX_TP_DEGREE}")
-        if not all(_positive(x) for x in (tokens_per_s, decode_ms)):
-            raise ValueError("tp_speeds figures must be positive numbers")
-        entries.append((degree, float(tokens_per_s), float(decode_ms)))
-    if [e[0] for e in entries] != sorted({e[0] for e in entries}):
-        raise ValueError("tp_speeds must be sorted by degree, one entry each")
-    return tuple(entries)
-
-
-def _parse_tp_shares(raw: Any) -> tuple[tuple[int, int], ...]:
-    if not isinstance(raw, list | tuple) or len(raw) > MAX_TP_DEGREE:
-        raise ValueError(f"tp_shares must be a list of at most {MAX_TP_DEGREE} entries")
-    shares = []
-    for item in raw:
-        if not isinstance(item, list | tuple) or len(item) != 2:
-            raise ValueError("a tp_shares entry is not [heads, MLP columns]")
-        if not all(_is_int(x) and 1 <= x <= MAX_COUNT for x in item):
-            raise ValueError("tp_shares counts must be positive integers")
-        shares.append((item[0], item[1]))
-    return tuple(shares)
-
-
-def _is_degree(x: Any) -> bool:
-    return not isinstance(x, bool) and isinstance(x, int) and 1 <= x <= MAX_TP_DEGREE
-
-
-def _positive(x: Any) -> bool:
-    return not isinstance(x, bool) and isinstance(x, int | float) and 0 < x < 1e12
-
-
-def unpack_map(data: Any, max_bytes: int = 64 * 1024) -> dict:
-    """A DHT value (remote input) as a msgpack map; ValueError if it is not one or is too long."""
-    if not isinstance(data, bytes | bytearray) or len(data) > max_bytes:
-        raise ValueError(f"record must be at most {max_bytes // 1024} KiB of bytes")
-    try:
-        body = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception:
-        raise ValueError("record is not msgpack") from None
-    if not isinstance(body, dict):
-        raise ValueError("record is not a map")
-    return body
-
-
-# Bounds on what a record may say. They do not make a peer honest (a signed record can still
-# lie within them); they keep one broken or hostile record from breaking its readers: a NaN or
-# zero throughput, a negative session count or a billion-block range would otherwise reach the
-# routers' arithmetic, or a terminal, as it is.
-MAX_BLOCKS = 100_000
-MAX_TEXT = 256  # names, versions, devices, regions, model ids
-MAX_ADDRS = 32
-MAX_COUNT = 1 << 40  # cache tokens, device bytes
-MAX_SPEED = 1e12  # tokens/s
-MAX_MS = 1e7  # ms per block
-MAX_SESSIONS = 1_000_000
-MAX_LENGTH = 1 << 24  # tokens
-MAX_BATCH = 4096
-MAX_PLAN_VERSION = 1 << 53  # as far as a float counts exactly; plans bound it much tighter
-
-REACHABILITY = ("", "direct", "relayed", "unreachable")
-_TEXT_FIELDS = ("peer_id", "name", "model_id", "dtype", "device", "version", "region")
-_INT_RANGES = {
-    "start": (0, MAX_BLOCKS - 1),
-    "end": (1, MAX_BLOCKS),
-    "cache_tokens_left": (0, MAX_COUNT),
-    "open_sessions": (0, MAX_SESSIONS),
-    "max_length": (1, MAX_LENGTH),
-    "tp": (1, MAX_TP_DEGREE),
-    "max_blocks": (0, MAX_BLOCKS),
-    "plan_version": (0, MAX_PLAN_VERSION),
-    "next_start": (0, MAX_BLOCKS),
-    "next_end": (0, MAX_BLOCKS),
-    "decode_batch_size": (1, MAX_BATCH),
-    "weight_bytes_per_block": (0, MAX_COUNT),
-    "tp_repartitions": (0, MAX_COUNT),
-}
-_FLOAT_RANGES = {  # [low, high)
-    "throughput": (0.0, MAX_SPEED),  # 0 until measured; an online peer has measured (below)
-    "decode_ms_per_block": (0.0, MAX_MS),
-    "decode_batch_tokens_per_s": (0.0, MAX_SPEED),
-    "tp_predicted_step_ms": (0.0, MAX_MS),
-    "tp_observed_step_ms": (0.0, MAX_MS),
-}
-
-
 def _check_ranges(record: PeerRecord) -> None:
     """Every field of a parsed record has its type and lies in its range (ValueError if not)."""
-    for name in _TEXT_FIELDS:
-        _check_text(name, getattr(record, name))
-    for name, (low, high) in _INT_RANGES.items():
+    for name in TEXT_FIELDS:
+        check_text(name, getattr(record, name))
+    for name, (low, high) in INT_RANGES.items():
         value = getattr(record, name)
-        if not _is_int(value) or not low <= value <= high:
+        if not is_int(value) or not low <= value <= high:
             raise ValueError(f"field {name} must be an integer in [{low}, {high}], got {value!r}")
-    for name, (low, high) in _FLOAT_RANGES.items():
+    for name, (low, high) in FLOAT_RANGES.items():
         value = getattr(record, name)
-        if not _is_number(value) or not low <= value < high:
+        if not is_number(value) or not low <= value < high:
             raise ValueError(f"field {name} must be a finite number in [{low}, {high}), got {value!r}")
     if not isinstance(record.auto, bool):
         raise ValueError("field auto must be a boolean")
@@ -474,17 +323,3 @@ def _check_ranges(record: PeerRecord) -> None:
         raise ValueError(f"unknown tensor-parallel partition {str(record.tp_partition)[:32]!r}")
     if record.tp_shares and len(record.tp_shares) != record.tp:
         raise ValueError(f"tp {record.tp} does not match its {len(record.tp_shares)} tp_shares")
-
-
-def _check_text(name: str, value: Any) -> None:
-    if not isinstance(value, str) or len(value) > MAX_TEXT:
-        raise ValueError(f"field {name} must be text of at most {MAX_TEXT} characters")
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: Any) -> bool:
-    # NaN fails every comparison, infinities fail the upper bounds.
-    return isinstance(x, int | float) and not isinstance(x, bool)
