@@ -1,4 +1,4 @@
-"""The throughput upper bound (routing/scheduler/upper_bound.py) on the paper's clusters and at scale.
+"""The throughput upper bound (routing/scheduler/bounds/upper_bound.py) on the paper's clusters and at scale.
 
 For the three §5.1 clusters and the seeded 1,000-GPU synthetic cluster, with Llama-2-70B and
 prompts of 128 +- 50% tokens, it prints one JSON line with, per cluster and output length:
@@ -27,9 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hexswarm.routing.scenarios.hexgen_clusters import SCENARIOS, scenario  # noqa: E402
 from hexswarm.routing.scenarios.synthetic_cluster import synthetic_cluster  # noqa: E402
+from hexswarm.routing.scheduler.bounds.upper_bound import throughput_upper_bound  # noqa: E402
 from hexswarm.routing.scheduler.cluster import Cluster  # noqa: E402
 from hexswarm.routing.scheduler.model_spec import Workload, preset  # noqa: E402
-from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
 
 OUTPUT_LENGTHS = (32, 64, 128)  # §5.1
 

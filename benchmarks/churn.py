@@ -63,11 +63,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hexswarm.routing.baselines.petals_policy import PetalsPolicy, StaticPolicy  # noqa: E402
 from hexswarm.routing.scenarios.churn_process import draw_churn, split_machines  # noqa: E402
+from hexswarm.routing.scheduler.bounds.upper_bound import throughput_upper_bound  # noqa: E402
 from hexswarm.routing.scheduler.model_spec import Workload, preset  # noqa: E402
-from hexswarm.routing.scheduler.moves import MoveCosts  # noqa: E402
-from hexswarm.routing.scheduler.replan import REPLAN_CONFIG, replan  # noqa: E402
-from hexswarm.routing.scheduler.simulator import make_trace  # noqa: E402
-from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
+from hexswarm.routing.scheduler.replan.moves import MoveCosts  # noqa: E402
+from hexswarm.routing.scheduler.replan.replan import REPLAN_CONFIG, replan  # noqa: E402
+from hexswarm.routing.scheduler.simulation.simulator import make_trace  # noqa: E402
 from hexswarm.routing.sim.churn_policy import CoordinatorPolicy  # noqa: E402
 from hexswarm.routing.sim.churn_sim import Sampling, run  # noqa: E402
 

@@ -13,7 +13,7 @@ saturated part of the run (`routing/disaggregation/simulation.py`). The colocate
 the disaggregated plans in `routing/disaggregation/simulation.py`, which moves each request's KV
 cache over its link (Table 1) before decoding it. The colocated plan is measured twice: as
 before, where interference costs latency only, and with the interference measured on a live
-peer (`routing/scheduler/interference.py`), where a prefill next to decoding sequences also
+peer (`routing/scheduler/simulation/interference.py`), where a prefill next to decoding sequences also
 costs its stage more time. The coordinator's chooser (`routing/disaggregation/choice.py`) then
 picks between our plan and the genetic one on the same trace, as a live coordinator does.
 
@@ -65,11 +65,11 @@ from hexswarm.routing.disaggregation.simulation import (  # noqa: E402
     steady_throughput,
 )
 from hexswarm.routing.scenarios.hexgen2_settings import SETTINGS, WORKLOADS, setting  # noqa: E402
-from hexswarm.routing.scheduler.genetic import SearchConfig  # noqa: E402
+from hexswarm.routing.scheduler.bounds.upper_bound import throughput_upper_bound  # noqa: E402
 from hexswarm.routing.scheduler.model_spec import Workload, preset  # noqa: E402
 from hexswarm.routing.scheduler.plan_eval import plan_layouts  # noqa: E402
-from hexswarm.routing.scheduler.search import search  # noqa: E402
-from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
+from hexswarm.routing.scheduler.search.genetic import SearchConfig  # noqa: E402
+from hexswarm.routing.scheduler.search.search import search  # noqa: E402
 
 MODELS = ("Llama-2-70B", "OPT-30B")
 MAX_BATCH = 32  # decode sequences a stage batches, for every plan

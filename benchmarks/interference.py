@@ -27,7 +27,7 @@ Prints one JSON line:
     excess_ratio           excess_ms / prefill_ms_alone
   decode_s_ms_alone per repeat, the peer's flags and torch's threads, for the record.
 
-`routing/scheduler/interference.py` fits its model to these figures.
+`routing/scheduler/simulation/interference.py` fits its model to these figures.
 
 Run: python benchmarks/interference.py [--tokens 128 512 1024] [--repeats 3] [--steps 16] [--rows 1]
 """

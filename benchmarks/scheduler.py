@@ -53,9 +53,8 @@ from hexswarm.routing.baselines.symmetric import SymmetricDP  # noqa: E402
 from hexswarm.routing.baselines.table4 import table4_plan  # noqa: E402
 from hexswarm.routing.scenarios.hexgen_clusters import SCENARIOS, scenario  # noqa: E402
 from hexswarm.routing.scenarios.synthetic_cluster import synthetic_cluster  # noqa: E402
-from hexswarm.routing.scheduler.capacity import SATURATION, allreduce_share, plan_capacity  # noqa: E402
-from hexswarm.routing.scheduler.ga_fitness import estimated_score, simulated_score  # noqa: E402
-from hexswarm.routing.scheduler.genetic import SearchConfig  # noqa: E402
+from hexswarm.routing.scheduler.bounds.capacity import SATURATION, allreduce_share, plan_capacity  # noqa: E402
+from hexswarm.routing.scheduler.bounds.upper_bound import throughput_upper_bound  # noqa: E402
 from hexswarm.routing.scheduler.model_spec import OBJECTIVES, Workload, preset  # noqa: E402
 from hexswarm.routing.scheduler.plan import PipelinePlan, Plan, StagePlan  # noqa: E402
 from hexswarm.routing.scheduler.plan_eval import (  # noqa: E402
@@ -64,9 +63,10 @@ from hexswarm.routing.scheduler.plan_eval import (  # noqa: E402
     memory_violations,
     plan_layouts,
 )
-from hexswarm.routing.scheduler.search import search  # noqa: E402
-from hexswarm.routing.scheduler.search_result import SearchResult  # noqa: E402
-from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound  # noqa: E402
+from hexswarm.routing.scheduler.search.ga_fitness import estimated_score, simulated_score  # noqa: E402
+from hexswarm.routing.scheduler.search.genetic import SearchConfig  # noqa: E402
+from hexswarm.routing.scheduler.search.search import search  # noqa: E402
+from hexswarm.routing.scheduler.search.search_result import SearchResult  # noqa: E402
 
 SYNTHETIC = "synthetic-1000"
 REPLAN_POPULATION = 6  # a re-plan's population, offspring and finalists (all of it simulated)

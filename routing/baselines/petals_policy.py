@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from hexswarm.routing.baselines.petals_server import announced_throughput, network_rps, server_num_blocks
-from hexswarm.routing.scheduler.algorithm1 import TP_DEGREES
 from hexswarm.routing.scheduler.cluster import DEFAULT_SAME_REGION, Cluster
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 from hexswarm.routing.scheduler.petals_rule import (
@@ -35,6 +34,7 @@ from hexswarm.routing.scheduler.petals_rule import (
     choose_start,
     should_move,
 )
+from hexswarm.routing.scheduler.pipeline_layout.algorithm1 import TP_DEGREES
 from hexswarm.routing.scheduler.plan import Plan
 from hexswarm.routing.sim.churn_policy import Decision, SwarmView, plan_spans
 from hexswarm.routing.sim.span_chains import PeerSpan

@@ -1,7 +1,7 @@
 """HexGen's baseline ii (§5.1): symmetric pipelines, every stage of one TP degree and the same
 number of layers.
 
-`SymmetricDP` is Algorithm 1 (`routing.scheduler.pipeline_dp.PipelineDP`) restricted to such
+`SymmetricDP` is Algorithm 1 (`routing.scheduler.pipeline_layout.pipeline_dp.PipelineDP`) restricted to such
 layouts: for each TP degree t alone and each number of stages S, the DP with the even layer rule
 (stage j gets layers [round(jL/S), round((j+1)L/S))), and no re-fit of the layer split after it.
 The genetic search uses it in place of the full DP with `SearchConfig(layout_dp=SymmetricDP)`.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hexswarm.routing.scheduler.algorithm1 import TP_DEGREES, Tables
-from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, StageLayout
+from hexswarm.routing.scheduler.pipeline_layout.algorithm1 import TP_DEGREES, Tables
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineDP, StageLayout
 
 
 class SymmetricDP(PipelineDP):

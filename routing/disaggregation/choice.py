@@ -13,7 +13,7 @@ coordinator plans both and keeps the better:
    grow while requests arrive;
 2. each is measured by its steady tokens/s in the saturated window (`steady_throughput`): the
    colocated plan in `serving_sim.py`, its prefills costing more next to decoding sequences by
-   the interference measured on a live peer (`routing/scheduler/interference.py`), the
+   the interference measured on a live peer (`routing/scheduler/simulation/interference.py`), the
    disaggregated one in `simulation.py`, KV transfers and all;
 3. the disaggregated plan is kept only if it serves strictly more; a colocated plan that the
    scheduler could not give (Petals' rule placed the peers) has no figure, and then the
@@ -35,11 +35,11 @@ from hexswarm.routing.disaggregation.simulation import (
     steady_throughput,
 )
 from hexswarm.routing.scheduler.cluster import Cluster
-from hexswarm.routing.scheduler.interference import MEASURED, Interference
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 from hexswarm.routing.scheduler.plan import Plan
 from hexswarm.routing.scheduler.plan_eval import plan_layouts
-from hexswarm.routing.scheduler.simulator import Trace
+from hexswarm.routing.scheduler.simulation.interference import MEASURED, Interference
+from hexswarm.routing.scheduler.simulation.simulator import Trace
 
 TRACE_SECONDS = 120.0  # of arrivals: enough for the replicas to fill and a steady window after
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.model_spec import ModelSpec
-from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineLayout
 
 
 @dataclass(frozen=True, eq=False)

@@ -36,7 +36,7 @@ from hexswarm.routing.disaggregation.roles import flipped, secondary_partition
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 from hexswarm.routing.scheduler.plan import PlanError
-from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
+from hexswarm.routing.scheduler.search.search_result import NoFeasiblePlanError
 
 SWAPS = ("max-flow", "random")
 

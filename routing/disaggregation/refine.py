@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 from hexswarm.routing.disaggregation.placement import Evaluator, Placement, State, make_state
 from hexswarm.routing.disaggregation.roles import DECODE, PREFILL
-from hexswarm.routing.scheduler.pipeline_dp import bucket_key
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import bucket_key
 
 GAIN = 1e-6  # relative flow gain a swap must bring
 

@@ -33,8 +33,8 @@ import numpy as np
 from hexswarm.routing.disaggregation.roles import DECODE, PREFILL
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout
-from hexswarm.routing.scheduler.stage_costs import StageCosts, stage_costs
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineDP, PipelineLayout
+from hexswarm.routing.scheduler.simulation.stage_costs import StageCosts, stage_costs
 
 
 @dataclass(frozen=True, eq=False)

@@ -30,7 +30,7 @@ Disaggregated (`simulate_disaggregated`), in the terms of `serving_sim.py` (whos
 Colocated (`simulate_colocated`): HexGen's plan as `serving.py` simulates it, where each stage
 runs a waiting prefill before any decode batch, so a decode step waits behind every prefill on
 its stage: the prefill-decode interference that disaggregation removes. Given an
-`Interference` model (`routing/scheduler/interference.py`, measured on a live peer), a prefill
+`Interference` model (`routing/scheduler/simulation/interference.py`, measured on a live peer), a prefill
 next to decoding sequences also costs its stage more than its time alone, so interference
 costs tokens/s as well as latency (HexGen-2 §2).
 
@@ -59,16 +59,16 @@ from hexswarm.routing.disaggregation.kv_transfer import KvLink, kv_link
 from hexswarm.routing.disaggregation.plan_record import DisaggregatedPlan
 from hexswarm.routing.disaggregation.replica import decode_microbatch
 from hexswarm.routing.disaggregation.roles import PREFILL
-from hexswarm.routing.scheduler import serving_sim
-from hexswarm.routing.scheduler.capacity import SATURATION
+from hexswarm.routing.scheduler.bounds.capacity import SATURATION
+from hexswarm.routing.scheduler.bounds.upper_bound import throughput_upper_bound
 from hexswarm.routing.scheduler.cluster import Cluster
-from hexswarm.routing.scheduler.interference import Interference
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
-from hexswarm.routing.scheduler.serving import Dispatcher
-from hexswarm.routing.scheduler.simulator import Trace, make_trace
-from hexswarm.routing.scheduler.stage_costs import StageCosts, stage_costs
-from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
+from hexswarm.routing.scheduler.simulation import serving_sim
+from hexswarm.routing.scheduler.simulation.interference import Interference
+from hexswarm.routing.scheduler.simulation.serving import Dispatcher
+from hexswarm.routing.scheduler.simulation.simulator import Trace, make_trace
+from hexswarm.routing.scheduler.simulation.stage_costs import StageCosts, stage_costs
 
 _ARRIVE, _STAGE_DONE, _READY, _SENT = 0, 1, 2, 3  # event kinds
 

@@ -139,7 +139,7 @@ class Workload:
     batch_size: int = 1  # b_t: HexGen serves one request per pipeline pass (Appendix D)
     num_requests: int = 400  # requests per simulated trace
     seed: int = 0  # seed of the simulated trace
-    # How the swarm serves it (routing/scheduler/serving.py): "pipelined-batched" (stages work
+    # How the swarm serves it (routing/scheduler/simulation/serving.py): "pipelined-batched" (stages work
     # on different requests at once and batch up to max_batch decode steps, as peers do) or
     # "sequential" (one request per pipeline at a time, the first version's model, an ablation).
     serving: str = "pipelined-batched"

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hexswarm.routing.scheduler.capacity import plan_capacity
+from hexswarm.routing.scheduler.bounds.capacity import plan_capacity
+from hexswarm.routing.scheduler.bounds.upper_bound import throughput_upper_bound
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.cost_model import stage_layer_bytes, stage_memory, stage_quant
-from hexswarm.routing.scheduler.fitness import Estimate, estimate_layouts
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
 from hexswarm.routing.scheduler.plan import PipelinePlan, Plan, PlanEstimate, StagePlan
-from hexswarm.routing.scheduler.serving import evaluate_layouts
-from hexswarm.routing.scheduler.simulator import SimResult, make_trace
-from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound
+from hexswarm.routing.scheduler.simulation.fitness import Estimate, estimate_layouts
+from hexswarm.routing.scheduler.simulation.serving import evaluate_layouts
+from hexswarm.routing.scheduler.simulation.simulator import SimResult, make_trace
 
 
 def plan_layouts(cluster: Cluster, model: ModelSpec, workload: Workload, plan: Plan) -> list[PipelineLayout]:

@@ -7,7 +7,7 @@ itself never simulates.
 - ``load_sim`` — many clients routing requests through one swarm with the chain routers.
 
 The serving simulations that score a plan are not here: the genetic search runs one on every
-search, live, so it is part of the solver (``routing.scheduler.serving``), and the coordinator
+search, live, so it is part of the solver (``routing.scheduler.simulation.serving``), and the coordinator
 scores a disaggregated plan against the colocated one before it keeps either, so that
 simulation is too (``routing.disaggregation.simulation``, ``routing.disaggregation.choice``).
 """

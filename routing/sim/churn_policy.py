@@ -25,9 +25,9 @@ from typing import Protocol
 
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.moves import Assignment, MoveCosts
 from hexswarm.routing.scheduler.plan import Plan
-from hexswarm.routing.scheduler.replan import REPLAN_CONFIG, plan_assignments, replan
+from hexswarm.routing.scheduler.replan.moves import Assignment, MoveCosts
+from hexswarm.routing.scheduler.replan.replan import REPLAN_CONFIG, plan_assignments, replan
 from hexswarm.routing.sim.span_chains import PeerSpan
 
 

@@ -25,11 +25,11 @@ import numpy as np
 
 from hexswarm.routing.scenarios.churn_process import Churn
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.moves import DEFAULT_LOAD_BANDWIDTH, Assignment, both_fit, load_seconds
-from hexswarm.routing.scheduler.pipeline_dp import PipelineDP
-from hexswarm.routing.scheduler.serving import simulate_serving
-from hexswarm.routing.scheduler.simulator import Trace
-from hexswarm.routing.scheduler.stage_costs import stage_costs
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineDP
+from hexswarm.routing.scheduler.replan.moves import DEFAULT_LOAD_BANDWIDTH, Assignment, both_fit, load_seconds
+from hexswarm.routing.scheduler.simulation.serving import simulate_serving
+from hexswarm.routing.scheduler.simulation.simulator import Trace
+from hexswarm.routing.scheduler.simulation.stage_costs import stage_costs
 from hexswarm.routing.sim.churn_policy import Policy, SwarmView
 from hexswarm.routing.sim.span_chains import PeerSpan, decompose
 

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hexswarm.routing.scheduler.cluster import Cluster
-from hexswarm.routing.scheduler.pipeline_dp import StageLayout
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import StageLayout
 
 
 @dataclass(frozen=True)

@@ -95,8 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def coordinator_config(args: argparse.Namespace, model_dir: str):
     """A CoordinatorConfig from the flags of `add_coordination_arguments`."""
-    from hexswarm.routing.scheduler.genetic import SearchConfig
     from hexswarm.routing.scheduler.model_spec import Workload
+    from hexswarm.routing.scheduler.search.genetic import SearchConfig
     from hexswarm.swarm.coordinator.model_args import load_model
     from hexswarm.swarm.coordinator.records import trust_from
     from hexswarm.swarm.coordinator.service import CoordinatorConfig

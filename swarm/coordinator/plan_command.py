@@ -103,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hexswarm.routing.scheduler.cluster import ClusterError
-    from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
+    from hexswarm.routing.scheduler.search.search_result import NoFeasiblePlanError
 
     try:
         return _run(args)
@@ -157,9 +157,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _search(args: argparse.Namespace, cluster, model, workload):
     """The best plan the search finds in --budget-s, its progress on stderr."""
-    from hexswarm.routing.scheduler.genetic import SearchConfig
-    from hexswarm.routing.scheduler.search import search
-    from hexswarm.routing.scheduler.search_result import Progress
+    from hexswarm.routing.scheduler.search.genetic import SearchConfig
+    from hexswarm.routing.scheduler.search.search import search
+    from hexswarm.routing.scheduler.search.search_result import Progress
 
     logger.info(
         "planning %s on %d devices for %s (budget %g s, serving %s, max batch %d)",
@@ -291,11 +291,11 @@ def evaluate(path: str, cluster, model, workload):
     """The plan in `path` scored as the search scores its own (same trace, serving model,
     capacity and bound), so a layout written by hand compares with a searched one. ValueError
     (PlanError) for a plan that does not fit the model or the cluster."""
-    from hexswarm.routing.scheduler.capacity import saturating_workload
+    from hexswarm.routing.scheduler.bounds.capacity import saturating_workload
     from hexswarm.routing.scheduler.plan import SCHEMA_VERSION, Plan, PlanError
     from hexswarm.routing.scheduler.plan_eval import make_plan, memory_violations, plan_layouts
-    from hexswarm.routing.scheduler.serving import evaluate_layouts
-    from hexswarm.routing.scheduler.simulator import make_trace
+    from hexswarm.routing.scheduler.simulation.serving import evaluate_layouts
+    from hexswarm.routing.scheduler.simulation.simulator import make_trace
 
     raw = _read_plan_json(path)
     if isinstance(raw, dict):  # what a hand-written plan may leave out

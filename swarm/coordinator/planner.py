@@ -1,6 +1,6 @@
 """One call into the scheduler: peer records in, per-peer placements and an estimate out.
 
-This is the single place where the coordinator calls the scheduler: `routing.scheduler.replan`,
+This is the single place where the coordinator calls the scheduler: `routing.scheduler.replan.replan`,
 HexGen's genetic search (§4.3) warm-started from the previous plan, with the swarm's rules:
 
 - a peer is one machine of the scheduler's cluster (`cluster_view.py`) and the search runs with
@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING
 
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.cost_model import swarm_reference_latency
-from hexswarm.routing.scheduler.genetic import SearchConfig
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.moves import Assignment, MoveCosts
 from hexswarm.routing.scheduler.petals_rule import Span, choose_start
 from hexswarm.routing.scheduler.plan import Plan, StagePlan
-from hexswarm.routing.scheduler.replan import replan
-from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
+from hexswarm.routing.scheduler.replan.moves import Assignment, MoveCosts
+from hexswarm.routing.scheduler.replan.replan import replan
+from hexswarm.routing.scheduler.search.genetic import SearchConfig
+from hexswarm.routing.scheduler.search.search_result import NoFeasiblePlanError
 from hexswarm.swarm.coordinator.cluster_view import (
     build_view,
     capacity_blocks,

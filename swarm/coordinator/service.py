@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 
 from hivemind.utils import get_dht_time
 
-from hexswarm.routing.scheduler.genetic import SearchConfig
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 from hexswarm.routing.scheduler.plan import Plan
-from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
+from hexswarm.routing.scheduler.search.genetic import SearchConfig
+from hexswarm.routing.scheduler.search.search_result import NoFeasiblePlanError
 from hexswarm.swarm import speed_reports
 from hexswarm.swarm.coordinator.lease import LeaseKeeper
 from hexswarm.swarm.coordinator.moves import Placement, diff

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from hexswarm.routing.scheduler.cluster import Device
-from hexswarm.routing.scheduler.genetic import SearchConfig
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.search.genetic import SearchConfig
 from hexswarm.swarm.coordinator.cluster_view import build_view, device_ids, peer_of, regions_of
 from hexswarm.swarm.coordinator.moves import Move, Placement, diff, kind_of, layers_to_load, rematch
 from hexswarm.swarm.coordinator.planner import Planned, compute_plan, petals_placement
@@ -437,7 +437,7 @@ def test_a_plan_that_covers_replaces_one_that_does_not_whatever_the_estimates():
 
 def test_the_swarm_deadline_unit_is_the_fastest_peer_alone():
     from hexswarm.routing.scheduler.cost_model import swarm_reference_latency
-    from hexswarm.routing.scheduler.simulator import make_trace
+    from hexswarm.routing.scheduler.simulation.simulator import make_trace
 
     cluster = build_view([record("slow", 0, 4, throughput=1000.0), record("fast", 4, 8, throughput=8000.0)],
                          MODEL, Workload())  # fmt: skip

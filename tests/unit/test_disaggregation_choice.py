@@ -17,11 +17,11 @@ from hexswarm.routing.disaggregation.simulation import (
     steady_throughput,
 )
 from hexswarm.routing.scenarios.hexgen2_settings import rented_cluster
-from hexswarm.routing.scheduler.genetic import SearchConfig
-from hexswarm.routing.scheduler.interference import MEASURED
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload, preset
 from hexswarm.routing.scheduler.plan import PipelinePlan, Plan, StagePlan
 from hexswarm.routing.scheduler.plan_eval import plan_layouts
+from hexswarm.routing.scheduler.search.genetic import SearchConfig
+from hexswarm.routing.scheduler.simulation.interference import MEASURED
 from hexswarm.swarm.coordinator.planner import choose_planned, compute_disaggregated_plan, compute_plan
 from hexswarm.swarm.records import DeviceInfo, PeerRecord, PeerState
 

@@ -13,7 +13,7 @@ from hexswarm.routing.disaggregation.flow import PERIOD_S, SINK, SOURCE, flow_ne
 from hexswarm.routing.disaggregation.kv_transfer import kv_bytes_per_token, kv_link
 from hexswarm.routing.scenarios.hexgen2_settings import rented_cluster
 from hexswarm.routing.scheduler.model_spec import preset
-from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout, StageLayout
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineLayout, StageLayout
 
 
 def random_network(seed: int):

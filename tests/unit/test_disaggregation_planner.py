@@ -21,7 +21,7 @@ from hexswarm.routing.disaggregation.roles import DECODE, PREFILL, secondary_par
 from hexswarm.routing.scenarios.hexgen2_settings import rented_cluster
 from hexswarm.routing.scheduler.model_spec import Workload, preset
 from hexswarm.routing.scheduler.plan import PlanError
-from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
+from hexswarm.routing.scheduler.search.search_result import NoFeasiblePlanError
 
 MODEL = preset("Llama-2-7B")
 WORKLOAD = Workload(s_in=512, s_out=64, max_batch=8, objective="throughput")

@@ -20,10 +20,10 @@ from hexswarm.routing.disaggregation.simulation import (
 )
 from hexswarm.routing.scenarios.hexgen2_settings import rented_cluster
 from hexswarm.routing.scheduler.model_spec import Workload, preset
-from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, StageLayout
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineDP, StageLayout
 from hexswarm.routing.scheduler.plan import PipelinePlan, StagePlan
-from hexswarm.routing.scheduler.simulator import Trace
-from hexswarm.routing.scheduler.stage_costs import stage_costs
+from hexswarm.routing.scheduler.simulation.simulator import Trace
+from hexswarm.routing.scheduler.simulation.stage_costs import stage_costs
 
 MODEL = preset("Llama-2-7B")
 WORKLOAD = Workload(s_in=512, s_out=16, max_batch=8, objective="throughput")

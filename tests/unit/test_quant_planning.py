@@ -21,11 +21,11 @@ from hexswarm.routing.scheduler.cost_model import (
     stage_quant,
     weight_memory,
 )
-from hexswarm.routing.scheduler.genetic import SearchConfig
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pinned_stages import free_devices, pinned_pipelines
-from hexswarm.routing.scheduler.pipeline_dp import PipelineDP
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineDP
 from hexswarm.routing.scheduler.plan import PipelinePlan, Plan, PlanError, StagePlan
+from hexswarm.routing.scheduler.search.genetic import SearchConfig
+from hexswarm.routing.scheduler.search.pinned_stages import free_devices, pinned_pipelines
 from hexswarm.routing.scheduler.weight_formats import bytes_per_weight
 from hexswarm.swarm.cli import main
 from hexswarm.swarm.coordinator.cluster_view import build_view

@@ -8,16 +8,16 @@ import random
 import pytest
 
 from hexswarm.routing.scenarios.synthetic_cluster import synthetic_cluster
+from hexswarm.routing.scheduler.bounds.upper_bound import throughput_upper_bound
 from hexswarm.routing.scheduler.cluster import Cluster, Device, Network, build_cluster
-from hexswarm.routing.scheduler.genetic import SearchConfig
 from hexswarm.routing.scheduler.gpu_catalog import lookup
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload, preset
-from hexswarm.routing.scheduler.pipeline_dp import PipelineDP
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineDP
 from hexswarm.routing.scheduler.plan_eval import plan_layouts
-from hexswarm.routing.scheduler.search import search
-from hexswarm.routing.scheduler.serving import evaluate_layouts
-from hexswarm.routing.scheduler.simulator import make_trace
-from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound
+from hexswarm.routing.scheduler.search.genetic import SearchConfig
+from hexswarm.routing.scheduler.search.search import search
+from hexswarm.routing.scheduler.simulation.serving import evaluate_layouts
+from hexswarm.routing.scheduler.simulation.simulator import make_trace
 
 SMALL = preset("Llama-2-7B")  # 12.6 GiB of layers: one to a few GPUs hold a replica
 GPU_TYPES = ("RTX3090", "A4000", "T4", "A10", "L4", "A6000", "V100", "A100-40G")

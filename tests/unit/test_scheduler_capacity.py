@@ -7,17 +7,17 @@ import random
 
 import pytest
 
-from hexswarm.routing.scheduler.capacity import plan_capacity
+from hexswarm.routing.scheduler.bounds.capacity import plan_capacity
 from hexswarm.routing.scheduler.cluster import Device, Network, build_cluster
-from hexswarm.routing.scheduler.genetic import SearchConfig
 from hexswarm.routing.scheduler.gpu_catalog import lookup
 from hexswarm.routing.scheduler.model_spec import Workload, preset
-from hexswarm.routing.scheduler.pipeline_dp import PipelineDP
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineDP
 from hexswarm.routing.scheduler.plan import Plan
 from hexswarm.routing.scheduler.plan_eval import plan_layouts
-from hexswarm.routing.scheduler.search import search
-from hexswarm.routing.scheduler.serving import evaluate_layouts
-from hexswarm.routing.scheduler.simulator import make_trace
+from hexswarm.routing.scheduler.search.genetic import SearchConfig
+from hexswarm.routing.scheduler.search.search import search
+from hexswarm.routing.scheduler.simulation.serving import evaluate_layouts
+from hexswarm.routing.scheduler.simulation.simulator import make_trace
 from tests.unit.test_scheduler_bound import _random_cluster
 
 SMALL = preset("Llama-2-7B")
@@ -68,8 +68,8 @@ def test_searched_plan_reports_capacity_and_ratio():
 
 
 def test_allreduce_share_is_zero_at_tp_1_and_grows_with_the_degree():
-    from hexswarm.routing.scheduler.capacity import allreduce_share
-    from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout, StageLayout
+    from hexswarm.routing.scheduler.bounds.capacity import allreduce_share
+    from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineLayout, StageLayout
 
     devices = [Device.from_spec(f"g{i}", lookup("A6000"), "m", "r") for i in range(4)]
     cluster = build_cluster(devices, Network())

@@ -11,11 +11,11 @@ import pytest
 from hexswarm.routing.baselines.petals_policy import PetalsPolicy, StaticPolicy
 from hexswarm.routing.scenarios.churn_process import draw_churn, split_machines
 from hexswarm.routing.scheduler.cluster import Device, Network, build_cluster
-from hexswarm.routing.scheduler.genetic import SearchConfig
 from hexswarm.routing.scheduler.gpu_catalog import lookup
 from hexswarm.routing.scheduler.model_spec import Workload, preset
-from hexswarm.routing.scheduler.search import search
-from hexswarm.routing.scheduler.simulator import make_trace
+from hexswarm.routing.scheduler.search.genetic import SearchConfig
+from hexswarm.routing.scheduler.search.search import search
+from hexswarm.routing.scheduler.simulation.simulator import make_trace
 from hexswarm.routing.sim.churn_policy import SwarmView
 from hexswarm.routing.sim.churn_sim import Sampling, run
 from hexswarm.routing.sim.span_chains import PeerSpan, decompose
@@ -105,7 +105,7 @@ def test_static_policy_follows_the_plan_then_places_joiners(small_run):
 
 
 def test_a_moving_peer_serves_its_old_range_until_the_new_one_is_loaded():
-    from hexswarm.routing.scheduler.moves import both_fit as _both_fit
+    from hexswarm.routing.scheduler.replan.moves import both_fit as _both_fit
     from hexswarm.routing.sim.churn_sim import _live
 
     old, new = PeerSpan("a", ("a-g0",), 0, 10), PeerSpan("a", ("a-g0",), 10, 20)

@@ -11,7 +11,12 @@ from hexswarm.routing.scenarios.hexgen_clusters import scenario
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.cost_model import stage_memory
 from hexswarm.routing.scheduler.model_spec import Workload, preset
-from hexswarm.routing.scheduler.pipeline_dp import TP_DEGREES, PipelineDP, StageLayout, buckets_of
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import (
+    TP_DEGREES,
+    PipelineDP,
+    StageLayout,
+    buckets_of,
+)
 
 WORKLOAD = Workload(rate=1.0, s_in=128, s_out=32, num_requests=50)
 

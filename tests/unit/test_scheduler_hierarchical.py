@@ -1,4 +1,4 @@
-"""Region-by-region search for large clusters (routing.scheduler.hierarchical)."""
+"""Region-by-region search for large clusters (routing.scheduler.search.hierarchical)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import math
 import pytest
 
 from hexswarm.routing.scenarios.synthetic_cluster import synthetic_cluster
-from hexswarm.routing.scheduler.genetic import SearchConfig
-from hexswarm.routing.scheduler.hierarchical import FLAT_LIMIT, region_groups
 from hexswarm.routing.scheduler.model_spec import Workload, preset
 from hexswarm.routing.scheduler.plan import validate
 from hexswarm.routing.scheduler.plan_eval import memory_violations
-from hexswarm.routing.scheduler.search import search
+from hexswarm.routing.scheduler.search.genetic import SearchConfig
+from hexswarm.routing.scheduler.search.hierarchical import FLAT_LIMIT, region_groups
+from hexswarm.routing.scheduler.search.search import search
 
 # Every search here stops after a set number of generations (or a stall), never on the clock: a
 # wall-clock budget would make the plan, and so these assertions, depend on the machine's load.

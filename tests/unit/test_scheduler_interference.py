@@ -1,14 +1,14 @@
-"""The interference model (routing/scheduler/interference.py): its fit, and what it does to the
-colocated serving simulation (routing/scheduler/serving_sim.py), on hand-computed cases."""
+"""The interference model (routing/scheduler/simulation/interference.py): its fit, and what it does to the
+colocated serving simulation (routing/scheduler/simulation/serving_sim.py), on hand-computed cases."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hexswarm.routing.scheduler.interference import MEASURED, MEASURED_POINTS, Interference, fit
-from hexswarm.routing.scheduler.serving_sim import simulate
-from hexswarm.routing.scheduler.stage_costs import StageCosts
+from hexswarm.routing.scheduler.simulation.interference import MEASURED, MEASURED_POINTS, Interference, fit
+from hexswarm.routing.scheduler.simulation.serving_sim import simulate
+from hexswarm.routing.scheduler.simulation.stage_costs import StageCosts
 
 
 def one_stage(prefill: float = 1.0, step: float = 1.0, requests: int = 2) -> StageCosts:

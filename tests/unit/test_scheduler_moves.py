@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 
 from hexswarm.routing.scheduler.cluster import Device, Network, build_cluster
-from hexswarm.routing.scheduler.fitness import PipelineCapacity
 from hexswarm.routing.scheduler.gpu_catalog import lookup
 from hexswarm.routing.scheduler.model_spec import Workload, preset
-from hexswarm.routing.scheduler.moves import (
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineLayout, StageLayout
+from hexswarm.routing.scheduler.replan.moves import (
     Assignment,
     horizon_attainment,
     make_before_break_loads,
     old_pipeline_ends,
 )
-from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout, StageLayout
+from hexswarm.routing.scheduler.simulation.fitness import PipelineCapacity
 from hexswarm.routing.sim.churn_sim import PolicyRun
 
 MODEL = preset("Llama-2-70B")

@@ -8,12 +8,12 @@ import random
 import pytest
 
 from hexswarm.routing.scenarios.hexgen_clusters import scenario
-from hexswarm.routing.scheduler.ga_fitness import Evaluator
-from hexswarm.routing.scheduler.ga_operators import Mutator
-from hexswarm.routing.scheduler.genetic import SearchConfig, warm_individual
 from hexswarm.routing.scheduler.model_spec import Workload, preset
-from hexswarm.routing.scheduler.search import search
-from hexswarm.routing.scheduler.sim_polish import best_simulated, polish, simulated_rank
+from hexswarm.routing.scheduler.search.ga_fitness import Evaluator
+from hexswarm.routing.scheduler.search.ga_operators import Mutator
+from hexswarm.routing.scheduler.search.genetic import SearchConfig, warm_individual
+from hexswarm.routing.scheduler.search.search import search
+from hexswarm.routing.scheduler.search.sim_polish import best_simulated, polish, simulated_rank
 
 # Every search here stops after a set number of generations (or a stall), never on the clock: a
 # wall-clock budget would make the plan, and so these assertions, depend on the machine's load.

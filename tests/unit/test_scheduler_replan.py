@@ -1,4 +1,4 @@
-"""Swarm constraints, pinned stages, move costing and warm re-planning (routing/scheduler/replan.py)."""
+"""Swarm constraints, pinned stages, move costing and warm re-planning (routing/scheduler/replan/replan.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,21 @@ from dataclasses import replace
 import pytest
 
 from hexswarm.routing.scheduler.cluster import Device, Network, build_cluster
-from hexswarm.routing.scheduler.fitness import PipelineCapacity
-from hexswarm.routing.scheduler.ga_operators import Mutator
-from hexswarm.routing.scheduler.genetic import SearchConfig
 from hexswarm.routing.scheduler.gpu_catalog import lookup
 from hexswarm.routing.scheduler.model_spec import Workload, preset
-from hexswarm.routing.scheduler.moves import Assignment, MoveCosts, diff, horizon_attainment, load_seconds
 from hexswarm.routing.scheduler.plan import Plan, StagePlan, validate
-from hexswarm.routing.scheduler.replan import plan_assignments, replan
-from hexswarm.routing.scheduler.search import search
+from hexswarm.routing.scheduler.replan.moves import (
+    Assignment,
+    MoveCosts,
+    diff,
+    horizon_attainment,
+    load_seconds,
+)
+from hexswarm.routing.scheduler.replan.replan import plan_assignments, replan
+from hexswarm.routing.scheduler.search.ga_operators import Mutator
+from hexswarm.routing.scheduler.search.genetic import SearchConfig
+from hexswarm.routing.scheduler.search.search import search
+from hexswarm.routing.scheduler.simulation.fitness import PipelineCapacity
 
 MODEL = preset("OPT-30B")  # 60 GB: two 2 x RTX 3090 machines or one 4 x A4000 machine per replica
 WORKLOAD = Workload(rate=4.0, s_out=16, num_requests=120)
@@ -174,7 +180,7 @@ def test_replan_never_moves_a_pinned_peer(swarm):
 
 
 def test_idle_machines_form_pipelines(swarm):
-    from hexswarm.routing.scheduler.pinned_stages import idle_pipelines
+    from hexswarm.routing.scheduler.search.pinned_stages import idle_pipelines
 
     east = [i for i, d in enumerate(swarm.devices) if d.region == "east"]  # four 2 x RTX 3090 machines
     layouts = idle_pipelines(swarm, MODEL, WORKLOAD, east, deadline_s=60.0)
@@ -193,7 +199,7 @@ def _east_pipeline() -> Plan:
 
 
 def test_patch_keeps_the_survivors_and_fills_the_hole_with_a_free_machine_of_their_region(swarm):
-    from hexswarm.routing.scheduler.patch import patch_pipelines, survivors
+    from hexswarm.routing.scheduler.replan.patch import patch_pipelines, survivors
 
     smaller = swarm.without({"a1-g0", "a1-g1"})
     broken = survivors(smaller, _east_pipeline())
@@ -246,8 +252,8 @@ def test_the_valuation_of_moves_changes_values_not_candidates(swarm, planned):
 
 
 def test_patch_uses_a_filler_machine_for_one_hole_only():
-    from hexswarm.routing.scheduler.patch import patch_pipelines
-    from hexswarm.routing.scheduler.pipeline_dp import StageLayout
+    from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import StageLayout
+    from hexswarm.routing.scheduler.replan.patch import patch_pipelines
 
     devices = []
     for n in range(4):

@@ -11,14 +11,14 @@ from hexswarm.routing.baselines.symmetric import SymmetricDP
 from hexswarm.routing.baselines.table4 import table4_plan
 from hexswarm.routing.scenarios.hexgen_clusters import scenario
 from hexswarm.routing.scheduler.cluster import Device
-from hexswarm.routing.scheduler.ga_operators import elbow_k, kmeans_init
-from hexswarm.routing.scheduler.genetic import SearchConfig, warm_individual
 from hexswarm.routing.scheduler.gpu_catalog import lookup
 from hexswarm.routing.scheduler.model_spec import Workload, preset
 from hexswarm.routing.scheduler.plan import validate
 from hexswarm.routing.scheduler.plan_eval import evaluate_plan, memory_violations
-from hexswarm.routing.scheduler.search import search
-from hexswarm.routing.scheduler.simulator import Trace, simulate
+from hexswarm.routing.scheduler.search.ga_operators import elbow_k, kmeans_init
+from hexswarm.routing.scheduler.search.genetic import SearchConfig, warm_individual
+from hexswarm.routing.scheduler.search.search import search
+from hexswarm.routing.scheduler.simulation.simulator import Trace, simulate
 
 MODEL = preset("Llama-2-70B")
 WORKLOAD = Workload(rate=2.0, s_out=32, num_requests=150)
@@ -145,7 +145,7 @@ def test_warm_start_after_join(half_price, half_price_result):
 
 
 def test_cluster_too_small_is_a_clear_error():
-    from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
+    from hexswarm.routing.scheduler.search.search_result import NoFeasiblePlanError
 
     cluster = scenario("heterogeneous-half-price").subset({"norway-0-g0", "norway-0-g1"})
     with pytest.raises(NoFeasiblePlanError, match="GiB"):

@@ -1,4 +1,4 @@
-"""Event-driven serving simulator (routing.scheduler.serving_sim) against hand-computed cases."""
+"""Event-driven serving simulator (routing.scheduler.simulation.serving_sim) against hand-computed cases."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from hexswarm.routing.scheduler.cluster import Device, Network, build_cluster
 from hexswarm.routing.scheduler.cost_model import comp_cost, pipeline_cost
 from hexswarm.routing.scheduler.gpu_catalog import lookup
 from hexswarm.routing.scheduler.model_spec import Workload, preset
-from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout, StageLayout
-from hexswarm.routing.scheduler.serving import evaluate_layouts
-from hexswarm.routing.scheduler.serving_sim import simulate_pipeline
-from hexswarm.routing.scheduler.simulator import Trace
-from hexswarm.routing.scheduler.stage_costs import StageCosts, stage_costs
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineLayout, StageLayout
+from hexswarm.routing.scheduler.simulation.serving import evaluate_layouts
+from hexswarm.routing.scheduler.simulation.serving_sim import simulate_pipeline
+from hexswarm.routing.scheduler.simulation.simulator import Trace
+from hexswarm.routing.scheduler.simulation.stage_costs import StageCosts, stage_costs
 
 
 def hand_costs(prefill: float, step: list[float], stages: int = 2, budget: float = 1e12) -> StageCosts:

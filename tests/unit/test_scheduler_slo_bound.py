@@ -6,12 +6,12 @@ import random
 
 import pytest
 
-from hexswarm.routing.scheduler.capacity import plan_capacity
+from hexswarm.routing.scheduler.bounds.capacity import plan_capacity
+from hexswarm.routing.scheduler.bounds.slo_bound import slo_upper_bound
+from hexswarm.routing.scheduler.bounds.upper_bound import throughput_upper_bound
 from hexswarm.routing.scheduler.cluster import Device, Link, Network, build_cluster
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload, preset
-from hexswarm.routing.scheduler.pipeline_dp import PipelineDP
-from hexswarm.routing.scheduler.slo_bound import slo_upper_bound
-from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineDP
 from tests.unit.test_scheduler_bound import _random_cluster
 
 SMALL = preset("Llama-2-7B")

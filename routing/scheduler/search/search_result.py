@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hexswarm.routing.scheduler.plan import Plan
-from hexswarm.routing.scheduler.simulator import SimResult
+from hexswarm.routing.scheduler.simulation.simulator import SimResult
 
 
 class NoFeasiblePlanError(ValueError):

@@ -35,7 +35,7 @@ from hexswarm.routing.scheduler.cost_model import (
     tp_comm_cost,
 )
 from hexswarm.routing.scheduler.model_spec import ModelSpec
-from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineLayout
 
 
 @dataclass(frozen=True, eq=False)

@@ -29,11 +29,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from hexswarm.routing.scheduler.algorithm1 import TP_DEGREES, Tables, dp
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.cost_model import StageSpec, pipeline_cost, weight_memory
-from hexswarm.routing.scheduler.layer_split import balanced_split, greedy_split, proportional_split
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
+from hexswarm.routing.scheduler.pipeline_layout.algorithm1 import TP_DEGREES, Tables, dp
+from hexswarm.routing.scheduler.pipeline_layout.layer_split import (
+    balanced_split,
+    greedy_split,
+    proportional_split,
+)
 
 MAX_DP_STATES = 800  # tau vectors; bigger groups are rejected before the DP (§4.3 early checks)
 EVEN_DP_STATES = 100  # the per-S "even" DPs run only for groups this small (they cost S times more)

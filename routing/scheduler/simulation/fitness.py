@@ -25,9 +25,9 @@ import numpy as np
 
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
-from hexswarm.routing.scheduler.serving import loaded_latency
-from hexswarm.routing.scheduler.stage_costs import stage_costs
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineLayout
+from hexswarm.routing.scheduler.simulation.serving import loaded_latency
+from hexswarm.routing.scheduler.simulation.stage_costs import stage_costs
 
 
 @dataclass(frozen=True, eq=False)

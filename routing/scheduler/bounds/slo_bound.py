@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from hexswarm.routing.scheduler.bound_lp import (
+from hexswarm.routing.scheduler.bounds.bound_lp import (
     DEFAULT_MAX_BATCH,
     BoundCells,
     Deadline,
@@ -47,10 +47,10 @@ from hexswarm.routing.scheduler.bound_lp import (
     level_caps,
     solve_bound,
 )
+from hexswarm.routing.scheduler.bounds.upper_bound import throughput_upper_bound
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.cost_model import device_layer_bytes
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound
 
 MAX_DEGREE = 64  # TP degrees tried per class at most (the convexity stop comes far earlier)
 

@@ -21,18 +21,28 @@ from collections.abc import Sequence
 import numpy as np
 
 from hexswarm.routing.scheduler.cluster import Cluster
-from hexswarm.routing.scheduler.fitness import Estimate, PipelineCapacity, estimate, pipeline_capacity
-from hexswarm.routing.scheduler.ga_operators import Individual
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pipeline_dp import (
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import (
     MAX_DP_STATES,
     PipelineDP,
     PipelineLayout,
     bucket_key,
     dp_states,
 )
-from hexswarm.routing.scheduler.serving import evaluate_layouts
-from hexswarm.routing.scheduler.simulator import SimResult, make_trace, pipeline_latencies, simulate
+from hexswarm.routing.scheduler.search.ga_operators import Individual
+from hexswarm.routing.scheduler.simulation.fitness import (
+    Estimate,
+    PipelineCapacity,
+    estimate,
+    pipeline_capacity,
+)
+from hexswarm.routing.scheduler.simulation.serving import evaluate_layouts
+from hexswarm.routing.scheduler.simulation.simulator import (
+    SimResult,
+    make_trace,
+    pipeline_latencies,
+    simulate,
+)
 
 Fitness = tuple[float, float]  # (attainment, or requests/s without a deadline; -mean latency)
 

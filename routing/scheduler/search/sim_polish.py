@@ -19,9 +19,9 @@ import random
 import time
 from collections.abc import Callable
 
-from hexswarm.routing.scheduler.ga_fitness import Evaluator
-from hexswarm.routing.scheduler.ga_operators import Individual
-from hexswarm.routing.scheduler.simulator import SimResult
+from hexswarm.routing.scheduler.search.ga_fitness import Evaluator
+from hexswarm.routing.scheduler.search.ga_operators import Individual
+from hexswarm.routing.scheduler.simulation.simulator import SimResult
 
 CHILDREN = 8  # mutants drawn per round
 PER_ROUND = 2  # of which the estimate's best are simulated

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hexswarm.routing.scheduler.bound_lp import (
+from hexswarm.routing.scheduler.bounds.bound_lp import (
     DEFAULT_MAX_BATCH,
     BoundCells,
     UpperBound,

@@ -42,12 +42,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from hexswarm.routing.scheduler.capacity import saturating_workload
+from hexswarm.routing.scheduler.bounds.capacity import saturating_workload
 from hexswarm.routing.scheduler.cluster import Cluster
-from hexswarm.routing.scheduler.genetic import SearchConfig
-from hexswarm.routing.scheduler.hierarchical import region_groups
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.moves import (
+from hexswarm.routing.scheduler.plan import Plan, StagePlan
+from hexswarm.routing.scheduler.plan_eval import make_plan, plan_layouts
+from hexswarm.routing.scheduler.replan.moves import (
     Assignment,
     Move,
     MoveCosts,
@@ -55,10 +55,7 @@ from hexswarm.routing.scheduler.moves import (
     layout_assignments,
     machine_of,
 )
-from hexswarm.routing.scheduler.pinned_stages import free_devices, pinned_pipelines
-from hexswarm.routing.scheduler.plan import Plan, StagePlan
-from hexswarm.routing.scheduler.plan_eval import make_plan, plan_layouts
-from hexswarm.routing.scheduler.replan_candidates import (
+from hexswarm.routing.scheduler.replan.replan_candidates import (
     Valuer,
     device_ids_of,
     idle_filled,
@@ -67,9 +64,12 @@ from hexswarm.routing.scheduler.replan_candidates import (
     search_pool,
     taken,
 )
-from hexswarm.routing.scheduler.search import search
-from hexswarm.routing.scheduler.serving import evaluate_layouts
-from hexswarm.routing.scheduler.simulator import make_trace
+from hexswarm.routing.scheduler.search.genetic import SearchConfig
+from hexswarm.routing.scheduler.search.hierarchical import region_groups
+from hexswarm.routing.scheduler.search.pinned_stages import free_devices, pinned_pipelines
+from hexswarm.routing.scheduler.search.search import search
+from hexswarm.routing.scheduler.simulation.serving import evaluate_layouts
+from hexswarm.routing.scheduler.simulation.simulator import make_trace
 
 REPLAN_CONFIG = SearchConfig(
     time_budget_s=2.0,

@@ -37,16 +37,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hexswarm.routing.scheduler import serving_sim
+from hexswarm.routing.scheduler.bounds.slo_bound import slo_upper_bound
+from hexswarm.routing.scheduler.bounds.upper_bound import throughput_upper_bound
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.cost_model import tp_comm_cost
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
-from hexswarm.routing.scheduler.serving import Dispatcher, evaluate_layouts
-from hexswarm.routing.scheduler.simulator import SimResult, Trace, make_trace, summarize
-from hexswarm.routing.scheduler.slo_bound import slo_upper_bound
-from hexswarm.routing.scheduler.stage_costs import stage_costs
-from hexswarm.routing.scheduler.upper_bound import throughput_upper_bound
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
+from hexswarm.routing.scheduler.simulation import serving_sim
+from hexswarm.routing.scheduler.simulation.serving import Dispatcher, evaluate_layouts
+from hexswarm.routing.scheduler.simulation.simulator import SimResult, Trace, make_trace, summarize
+from hexswarm.routing.scheduler.simulation.stage_costs import stage_costs
 
 SATURATION = 1.5  # offered rate, x the bound's request rate: more than any plan can serve
 TRACE_SECONDS = 20.0  # seconds of arrivals in the saturating trace

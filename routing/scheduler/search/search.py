@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from hexswarm.routing.scheduler.capacity import saturating_workload
+from hexswarm.routing.scheduler.bounds.capacity import saturating_workload
 from hexswarm.routing.scheduler.cluster import Cluster
-from hexswarm.routing.scheduler.genetic import SearchConfig, genetic_search
-from hexswarm.routing.scheduler.hierarchical import FLAT_LIMIT, search_by_region
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pinned_stages import search_around
 from hexswarm.routing.scheduler.plan import Plan, StagePlan
-from hexswarm.routing.scheduler.search_result import Progress, SearchResult
+from hexswarm.routing.scheduler.search.genetic import SearchConfig, genetic_search
+from hexswarm.routing.scheduler.search.hierarchical import FLAT_LIMIT, search_by_region
+from hexswarm.routing.scheduler.search.pinned_stages import search_around
+from hexswarm.routing.scheduler.search.search_result import Progress, SearchResult
 
 DEFAULT_CONFIG = SearchConfig()
 

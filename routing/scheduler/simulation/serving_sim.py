@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hexswarm.routing.scheduler.interference import Interference
-from hexswarm.routing.scheduler.stage_costs import StageCosts
+from hexswarm.routing.scheduler.simulation.interference import Interference
+from hexswarm.routing.scheduler.simulation.stage_costs import StageCosts
 
 _ARRIVE, _READY, _DONE = 0, 1, 2  # event kinds; at equal times arrivals go first
 

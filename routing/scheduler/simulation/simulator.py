@@ -25,7 +25,7 @@ import numpy as np
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.cost_model import StageSpec, pipeline_cost, reference_latency
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineLayout
 
 
 @dataclass(frozen=True, eq=False)

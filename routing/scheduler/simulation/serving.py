@@ -19,12 +19,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hexswarm.routing.scheduler import serving_sim
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
-from hexswarm.routing.scheduler.simulator import SimResult, Trace, pipeline_latencies, simulate, summarize
-from hexswarm.routing.scheduler.stage_costs import StageCosts, stage_costs
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineLayout
+from hexswarm.routing.scheduler.simulation import serving_sim
+from hexswarm.routing.scheduler.simulation.simulator import (
+    SimResult,
+    Trace,
+    pipeline_latencies,
+    simulate,
+    summarize,
+)
+from hexswarm.routing.scheduler.simulation.stage_costs import StageCosts, stage_costs
 
 MAX_IN_FLIGHT = 4096  # longest table of `loaded_latency`
 BURST = 0.4  # latency grows by this share of the utilisation under Poisson bursts (fitted)

@@ -30,16 +30,16 @@ from dataclasses import replace
 
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.cost_model import weight_memory
-from hexswarm.routing.scheduler.fitness import estimate_layouts
-from hexswarm.routing.scheduler.ga_fitness import Evaluator, estimated_score
-from hexswarm.routing.scheduler.ga_operators import Mutator
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineLayout
 from hexswarm.routing.scheduler.plan import Plan
 from hexswarm.routing.scheduler.plan_eval import make_plan, plan_layouts
-from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError, Search, SearchResult
-from hexswarm.routing.scheduler.serving import evaluate_layouts
-from hexswarm.routing.scheduler.simulator import make_trace
+from hexswarm.routing.scheduler.search.ga_fitness import Evaluator, estimated_score
+from hexswarm.routing.scheduler.search.ga_operators import Mutator
+from hexswarm.routing.scheduler.search.search_result import NoFeasiblePlanError, Search, SearchResult
+from hexswarm.routing.scheduler.simulation.fitness import estimate_layouts
+from hexswarm.routing.scheduler.simulation.serving import evaluate_layouts
+from hexswarm.routing.scheduler.simulation.simulator import make_trace
 
 FLAT_LIMIT = 128  # devices; larger clusters with several regions are searched region by region
 ROOM_FOR_KV = 1.25  # a region group holds at least this many replicas' worth of weights

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.cost_model import group_max_layers
-from hexswarm.routing.scheduler.fitness import PipelineCapacity, estimate
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineLayout
 from hexswarm.routing.scheduler.plan import StagePlan
+from hexswarm.routing.scheduler.simulation.fitness import PipelineCapacity, estimate
 
 # A peer reads its new layers at this rate by default: a local NVMe read of cached weights with
 # their conversion (~1 GB/s); a peer that downloads them over the network is slower (pass less).

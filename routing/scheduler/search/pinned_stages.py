@@ -23,18 +23,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hexswarm.routing.scheduler.algorithm1 import TP_DEGREES
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.cost_model import comp_cost, group_max_layers, tp_comm_cost
-from hexswarm.routing.scheduler.fitness import pipeline_capacity
-from hexswarm.routing.scheduler.layer_split import balanced_split
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
+from hexswarm.routing.scheduler.pipeline_layout.algorithm1 import TP_DEGREES
+from hexswarm.routing.scheduler.pipeline_layout.layer_split import balanced_split
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
 from hexswarm.routing.scheduler.plan import Plan, StagePlan
 from hexswarm.routing.scheduler.plan_eval import make_plan, plan_layouts
-from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError, Search, SearchResult
-from hexswarm.routing.scheduler.serving import evaluate_layouts
-from hexswarm.routing.scheduler.simulator import make_trace
+from hexswarm.routing.scheduler.search.search_result import NoFeasiblePlanError, Search, SearchResult
+from hexswarm.routing.scheduler.simulation.fitness import pipeline_capacity
+from hexswarm.routing.scheduler.simulation.serving import evaluate_layouts
+from hexswarm.routing.scheduler.simulation.simulator import make_trace
 
 
 def check_pinned(cluster: Cluster, num_layers: int, pinned: Sequence[StagePlan]) -> list[StagePlan]:

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 
 from hexswarm.routing.scheduler.cluster import Cluster
 from hexswarm.routing.scheduler.cost_model import weight_memory
-from hexswarm.routing.scheduler.ga_fitness import Evaluator
-from hexswarm.routing.scheduler.ga_operators import Individual, Mutator, canonical, kmeans_init
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pipeline_dp import PipelineDP
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineDP
 from hexswarm.routing.scheduler.plan import Plan
 from hexswarm.routing.scheduler.plan_eval import make_plan
-from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError, Progress, SearchResult
-from hexswarm.routing.scheduler.sim_polish import best_simulated, polish
+from hexswarm.routing.scheduler.search.ga_fitness import Evaluator
+from hexswarm.routing.scheduler.search.ga_operators import Individual, Mutator, canonical, kmeans_init
+from hexswarm.routing.scheduler.search.search_result import NoFeasiblePlanError, Progress, SearchResult
+from hexswarm.routing.scheduler.search.sim_polish import best_simulated, polish
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from hexswarm.routing.scheduler.cluster import Cluster
-from hexswarm.routing.scheduler.fitness import pipeline_capacity
-from hexswarm.routing.scheduler.moves import (
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineLayout
+from hexswarm.routing.scheduler.plan import Plan
+from hexswarm.routing.scheduler.plan_eval import plan_layouts
+from hexswarm.routing.scheduler.replan.moves import (
     Move,
     MoveCosts,
     diff,
@@ -26,13 +28,11 @@ from hexswarm.routing.scheduler.moves import (
     old_pipeline_ends,
     ready_times,
 )
-from hexswarm.routing.scheduler.patch import patch_pipelines, survivors
-from hexswarm.routing.scheduler.pinned_stages import idle_pipelines
-from hexswarm.routing.scheduler.pipeline_dp import PipelineLayout
-from hexswarm.routing.scheduler.plan import Plan
-from hexswarm.routing.scheduler.plan_eval import plan_layouts
-from hexswarm.routing.scheduler.search import search
-from hexswarm.routing.scheduler.search_result import NoFeasiblePlanError
+from hexswarm.routing.scheduler.replan.patch import patch_pipelines, survivors
+from hexswarm.routing.scheduler.search.pinned_stages import idle_pipelines
+from hexswarm.routing.scheduler.search.search import search
+from hexswarm.routing.scheduler.search.search_result import NoFeasiblePlanError
+from hexswarm.routing.scheduler.simulation.fitness import pipeline_capacity
 
 
 @dataclass(frozen=True)

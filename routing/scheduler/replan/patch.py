@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hexswarm.routing.scheduler.cluster import Cluster
-from hexswarm.routing.scheduler.fitness import pipeline_capacity
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
-from hexswarm.routing.scheduler.pinned_stages import fill_gap, free_machines
-from hexswarm.routing.scheduler.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
+from hexswarm.routing.scheduler.pipeline_layout.pipeline_dp import PipelineDP, PipelineLayout, StageLayout
 from hexswarm.routing.scheduler.plan import Plan
+from hexswarm.routing.scheduler.search.pinned_stages import fill_gap, free_machines
+from hexswarm.routing.scheduler.simulation.fitness import pipeline_capacity
 
 
 def survivors(cluster: Cluster, previous: Plan) -> list[list[StageLayout]]:
