@@ -217,7 +217,7 @@ async def slots(swarms, targets, spec, args, stop: threading.Event) -> dict:
     print("attacking", flush=True)
     held = await asyncio.gather(*(hold_streams(swarms, r, args.streams, stop) for r in targets))
     from hexswarm.peer.admission import AdmissionLimits
-    from hexswarm.peer.runtime import PeerConfig
+    from hexswarm.peer.config import PeerConfig
 
     return {
         "identities": len(swarms),

@@ -67,9 +67,9 @@ def peer_config(args: argparse.Namespace):
     cli_args.check_model(args.model)  # before torch loads
     from hexswarm.peer import faults
     from hexswarm.peer.admission import AdmissionLimits
+    from hexswarm.peer.config import PeerConfig
     from hexswarm.peer.core import PeerLimits
     from hexswarm.peer.debug import parse_record_override
-    from hexswarm.peer.runtime import PeerConfig
     from hexswarm.swarm.coordinator.command import coordinator_config
     from hexswarm.swarm.coordinator.records import trust_from
 

@@ -206,3 +206,10 @@ async def join_range(dht, model_id: str, num_blocks: int, max_blocks: int) -> tu
     """Where an auto peer starts: Petals' join rule over the records announced right now."""
     records = peer_records_from(await dht_get(dht, model_key(model_id)), model_id)
     return initial_range(records, num_blocks, max_blocks or num_blocks)
+
+
+def follower_trust(named: Trust, runs_coordinator: bool, peer_id: str) -> Trust:
+    """Whose plans an auto peer follows: the `named` coordinator keys, and its own coordinator
+    candidate's when it runs one (`--coordinator` runs it with the peer's key, which trusts
+    itself)."""
+    return named | {peer_id} if named is not None and runs_coordinator else named

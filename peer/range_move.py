@@ -25,7 +25,6 @@ from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore
 from hexswarm.peer.plan_follower import goes_first_in_a_swap, old_range_covered
 from hexswarm.peer.server import PeerServer
-from hexswarm.swarm import log_setup
 from hexswarm.swarm.records import PeerState
 
 logger = logging.getLogger(__name__)
@@ -37,6 +36,7 @@ class RangeMover:
     def __init__(self, peer):
         self.peer = peer
         self.task: asyncio.Task | None = None
+        self.next_range: tuple[int, int] | None = None  # the range being loaded (announced as next)
         self.draining: set[asyncio.Task] = set()  # old ranges finishing their sessions
 
     @property
@@ -56,7 +56,7 @@ class RangeMover:
                 task.cancel()
 
     def _done(self, task: asyncio.Task) -> None:
-        self.task, self.peer.next_range = None, None
+        self.task, self.next_range = None, None
         if not task.cancelled() and task.exception() is not None:
             logger.error("move failed: %r", task.exception())
 
@@ -64,7 +64,7 @@ class RangeMover:
         peer, c = self.peer, self.peer.config
         old, new, old_tp = (peer.start, peer.end), (start, end), peer.tp
         logger.info("moving: loading [%d:%d) at tp %d while serving [%d:%d) at tp %d", *new, tp, *old, old_tp)
-        peer.next_range = new
+        self.next_range = new
         await peer.announcer.announce(PeerState.ONLINE)
         if peer.group is not None:
             blocks = await asyncio.to_thread(peer.group.load_stack, start, end, tp)
@@ -74,16 +74,10 @@ class RangeMover:
             )
         speed = await peer.speed_of(blocks) if tp != old_tp else None
         await self._wait_until_covered(old, new)
-        old_core, old_server = peer.core, peer.server
-        peer.core = PeerCore(blocks, c.spec.model_id, c.limits, c.prefill_threads)
-        peer.server = peer.new_server(peer.core)
-        peer.server.pusher = old_server.pusher  # links to next peers outlive the move
-        peer.start, peer.end, peer.tp, peer.next_range = start, end, tp, None
-        if speed is not None:
-            peer.throughput, peer.decode_batch = speed
-            if peer.speeds:  # (announced by `--tp auto` peers only)
-                peer.speeds[tp] = peer.throughput
-        log_setup.set_context(f"peer {peer.name} {c.spec.model_id}[{start}:{end})")
+        was = peer.serving
+        core = PeerCore(blocks, c.spec.model_id, c.limits, c.prefill_threads)
+        self.next_range = None
+        peer.swap(was.moved(core, peer.new_server(core), start, end, tp, speed))
         await peer.announcer.announce(PeerState.ONLINE)
         logger.info(
             "moved: serving %s blocks [%d:%d) at tp %d (was [%d:%d) at tp %d)",
@@ -93,8 +87,8 @@ class RangeMover:
             *old,
             old_tp,
         )
-        old_core.leaving = True
-        drain = asyncio.create_task(self._drain(old_core, old_server), name="drain")
+        was.core.leaving = True
+        drain = asyncio.create_task(self._drain(was.core, was.server), name="drain")
         self.draining.add(drain)
         drain.add_done_callback(self.draining.discard)
 

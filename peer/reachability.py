@@ -25,11 +25,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from hexswarm.swarm.coordinator.records import dht_get
+from hexswarm.swarm.dht import start_dht
+from hexswarm.swarm.dht_process import shutdown_dht
 from hexswarm.swarm.dialing import Dialer
 from hexswarm.swarm.maddrs import peer_id_of, tcp_addr, with_peer_id
 from hexswarm.swarm.port_relay import RelayLimits, Slot, hold_slot
 from hexswarm.swarm.reachability import DialBackReply, ask_many, reachable_verdict
-from hexswarm.swarm.records import PeerState
+from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ MAX_HELPERS = 3  # nodes asked to dial back at once
 WANT_RELAYS = 2  # slots a peer behind NAT holds, so that one relay may leave
 RELAY_WAIT_S = 15.0  # how long slots get before the peer calls itself unreachable
 RELAY_RETRY_S = 0.5
+RESTART_CLOSE_S = 2.5  # behind NAT: the node that joined stops before a client-mode one starts
 
 
 @dataclass(frozen=True)
@@ -258,3 +262,19 @@ def _peer(peer_id: str):
 def _is_loopback(maddr: str) -> bool:
     addr = tcp_addr(maddr)
     return addr is not None and ipaddress.ip_address(addr.ip).is_loopback
+
+
+async def become_reachable(config, dht, identity, started: float):
+    """(the DHT to serve on, the peer's Reach, the check that re-dials its relays), for a peer
+    with `config` (its PeerConfig) that joined on `dht` at `started` (time.monotonic())."""
+
+    async def restart_dht():  # behind NAT: a client-mode node stores nothing for others
+        await asyncio.to_thread(shutdown_dht, dht, RESTART_CLOSE_S)
+        return start_dht(config.initial_peers, identity, config.host_maddrs, client_mode=True)
+
+    async def records() -> list[PeerRecord]:
+        return peer_records_from(await dht_get(dht, model_key(config.spec.model_id)), config.spec.model_id)
+
+    check = Reachability(identity.peer_id.to_base58(), config.reachability, started, restart_dht)
+    dht, reach = await check.run(dht, config.initial_peers, records)
+    return dht, reach, check

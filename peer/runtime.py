@@ -15,44 +15,43 @@ import logging
 import signal
 import socket
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
-from typing import Any
 
 import torch
 
-from hexswarm import swarm
-from hexswarm.peer.admission import Admission, AdmissionLimits
+from hexswarm.peer import upkeep
+from hexswarm.peer.admission import Admission
 from hexswarm.peer.announcer import Announcer
 from hexswarm.peer.blocks import BlockStack
-from hexswarm.peer.core import Blocks, PeerCore, PeerLimits
+from hexswarm.peer.config import PeerConfig
+from hexswarm.peer.core import Blocks, PeerCore
 from hexswarm.peer.debug import CorruptOutputs, SlowBlocks, tampered_encoder
 from hexswarm.peer.devices import describe
 from hexswarm.peer.evidence_service import EvidenceService
-from hexswarm.peer.faults import FaultInjector, FaultPlan
+from hexswarm.peer.faults import FaultInjector
 from hexswarm.peer.joining import Joining, start_joining
 from hexswarm.peer.link_probe import LinkProbe
-from hexswarm.peer.plan_follower import PLAN_WATCH_S, PlanFollower, join_range
+from hexswarm.peer.peer_record import peer_record
+from hexswarm.peer.plan_follower import PlanFollower, follower_trust, join_range
 from hexswarm.peer.push import PushLinks, SwarmMembers
 from hexswarm.peer.range_move import RangeMover
-from hexswarm.peer.reachability import Reach, Reachability
-from hexswarm.peer.scheduler import BatchPolicy
+from hexswarm.peer.reachability import Reach, become_reachable
 from hexswarm.peer.server import PeerServer
-from hexswarm.peer.throughput import measure_or_load
+from hexswarm.peer.serving import Serving, weight_bytes_per_block
+from hexswarm.peer.speed import announced_speed, degree_speeds
 from hexswarm.peer.tp_group import TPGroup, TPGroupError
 from hexswarm.peer.tp_rebalance import rebalance
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm import log_setup
 from hexswarm.swarm.announce_relay import AnnounceRelay
-from hexswarm.swarm.coordinator.records import Trust, dht_get
-from hexswarm.swarm.dht import start_dht
+from hexswarm.swarm.coordinator.records import dht_get
 from hexswarm.swarm.dht_process import shutdown_dht
 from hexswarm.swarm.dht_signing import ANNOUNCE_PROTOCOL
 from hexswarm.swarm.dialing import Dialer
 from hexswarm.swarm.evidence_wire import EVIDENCE_PROTOCOL
-from hexswarm.swarm.model_spec import ModelSpec
-from hexswarm.swarm.port_relay import RELAY_PROTOCOL, RelayLimits, RelayService
-from hexswarm.swarm.protocol import SESSION_PROTOCOL, ProtocolError
+from hexswarm.swarm.port_relay import RELAY_PROTOCOL, RelayService
+from hexswarm.swarm.protocol import SESSION_PROTOCOL
 from hexswarm.swarm.reachability import DIALBACK_PROTOCOL, admission_group_of, ip_group_of, serve_helpers
 from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
 from hexswarm.swarm.wire_tensors import DTYPE_NAMES
@@ -68,63 +67,6 @@ FAILURE_GRACE_S = 5.0
 LEAVE_ANNOUNCE_S = 1.5
 P2P_CLOSE_S = 0.5
 DHT_CLOSE_S = 2.5
-
-
-@dataclass(frozen=True)
-class PeerConfig:
-    spec: ModelSpec
-    start: int
-    end: int
-    initial_peers: tuple[str, ...]
-    host_maddrs: tuple[str, ...]
-    announce_maddrs: tuple[str, ...]
-    identity_path: str | None
-    devices: tuple[torch.device, ...]  # one per tensor-parallel rank; rank 0 (this process) first
-    dtype: torch.dtype
-    limits: PeerLimits
-    quant: str = "none"  # weight format of the blocks' linear layers (peer/quant.py)
-    role: str = "both"  # what clients send here: both, prefill, decode, or auto (the plan's)
-    name: str | None = None
-    announce_period: float = 15.0
-    drain_timeout: float = 30.0
-    max_frame_bytes: int = 64 << 20
-    max_buffered_bytes: int = 1 << 30  # frames held at once over all streams
-    handshake_timeout: float = 30.0  # seconds a stream may stay open without a session (peer/server.py)
-    max_streams: int = 64
-    throughput: float | None = None  # announce this instead of the measured prefill tokens/s per block
-    decode_ms: float | None = None  # announce this instead of the measured decode ms per block
-    tp_timeout: float = 30.0  # bound on every collective and on a rank's silence (seconds)
-    partition: str = "even"  # how a group splits each layer: even, or auto (Hepti's LP; tp_partition.py)
-    slowdowns: dict = field(default_factory=dict)  # benchmark only: rank -> Slowdown (tp_profile.py)
-    # The coordinator (peer/plan_follower.py, swarm/coordinator/): an auto peer's range is chosen
-    # on join and moved by the plan or by Petals' rule; a fixed peer is never moved.
-    auto: bool = False
-    # --layers auto --tp auto: the degrees the plan may choose among (peer/tp_group.py serves a
-    # stack at degree k on the first k devices); () = always all of `devices`.
-    tp_choices: tuple[int, ...] = ()
-    max_blocks: int = 0  # most blocks an auto peer takes (0: as many as --layers auto allows)
-    region: str = ""
-    rebalance_period: float = 60.0  # Petals' rule check, when no coordinator is live
-    move_wait: float = 30.0  # longest a move waits for others to cover the range it drops
-    coordinator: Any = None  # a swarm.coordinator.service.CoordinatorConfig: run a candidate here
-    batch: BatchPolicy = BatchPolicy()  # decode batching and prefill chunking (peer/scheduler.py)
-    faults: FaultPlan | None = None  # debug fault injection (peer.faults); None in production
-    admission: AdmissionLimits = AdmissionLimits()  # per-remote and per-session limits
-    debug_corrupt_outputs: str = ""  # tests only: a way to compute wrong outputs (peer/debug.py LIES)
-    debug_slow_ms: float = 0.0  # tests only: every forward this much slower than measured
-    coordinator_trust: Trust = None  # whose plans an auto peer follows (swarm/coordinator/records.py)
-    debug_record: dict = field(default_factory=dict)  # tests only: fields announced over the honest ones
-    # torch threads for steps of many tokens (prefill) when decode runs on fewer (peer/devices.py)
-    prefill_threads: int | None = None
-    # How others reach this peer (peer/reachability.py): auto (dial-back, relays behind NAT),
-    # or what the operator knows: direct (not checked) or relayed (behind NAT, no check)
-    reachability: str = "auto"
-    relay_limits: RelayLimits = field(default_factory=RelayLimits)  # what it relays for others once direct
-
-    @property
-    def tp(self) -> int:
-        """Ranks in the group (the degree the peer starts at)."""
-        return len(self.devices)
 
 
 async def serve(config: PeerConfig, joining: Joining | None = None) -> int:
@@ -145,7 +87,7 @@ async def serve(config: PeerConfig, joining: Joining | None = None) -> int:
     name = config.name or f"{socket.gethostname()}-{identity.peer_id.to_base58()[-6:]}"
     log_setup.set_context(f"peer {name} {config.spec.model_id}[{config.start}:{config.end})")
     logger.info("peer %s joined the DHT as %s", name, identity.peer_id)
-    dht, reach, check = await _become_reachable(config, dht, identity, started)
+    dht, reach, check = await become_reachable(config, dht, identity, started)
     if config.auto:
         start, end = await join_range(dht, config.spec.model_id, config.spec.num_blocks, config.max_blocks)
         config = replace(config, start=start, end=end)
@@ -177,21 +119,6 @@ async def serve(config: PeerConfig, joining: Joining | None = None) -> int:
     return 0
 
 
-async def _become_reachable(config: PeerConfig, dht, identity, started: float):
-    """(the DHT to serve on, the peer's Reach, the check that re-dials its relays)."""
-
-    async def restart_dht():  # behind NAT: a client-mode node stores nothing for others
-        await asyncio.to_thread(shutdown_dht, dht, DHT_CLOSE_S)
-        return start_dht(config.initial_peers, identity, config.host_maddrs, client_mode=True)
-
-    async def records() -> list[PeerRecord]:
-        return peer_records_from(await dht_get(dht, model_key(config.spec.model_id)), config.spec.model_id)
-
-    check = Reachability(identity.peer_id.to_base58(), config.reachability, started, restart_dht)
-    dht, reach = await check.run(dht, config.initial_peers, records)
-    return dht, reach, check
-
-
 def _start_coordinator(config: PeerConfig, dht, identity, stop: asyncio.Event) -> asyncio.Task | None:
     """`--coordinator`: a coordinator candidate on this peer's DHT node, ended by `stop`."""
     if config.coordinator is None:
@@ -199,13 +126,6 @@ def _start_coordinator(config: PeerConfig, dht, identity, stop: asyncio.Event) -
     from hexswarm.swarm.coordinator.service import Coordinator
 
     return asyncio.create_task(Coordinator(dht, identity, config.coordinator).run(stop), name="coordinator")
-
-
-def _follower_trust(config: PeerConfig, peer_id: str) -> Trust:
-    """Whose plans this auto peer follows: the named keys, and its own coordinator candidate's
-    (`--coordinator` runs one with the peer's key, which trusts itself)."""
-    trust = config.coordinator_trust
-    return trust | {peer_id} if trust is not None and config.coordinator is not None else trust
 
 
 class _Peer:
@@ -220,20 +140,13 @@ class _Peer:
         self.relay: RelayService | None = None  # a direct peer relays for peers behind NAT
         self.stop = stop
         self.loop = asyncio.get_running_loop()
-        self.core: PeerCore | None = None
+        self.serving: Serving | None = None  # what it serves, once loaded: changed only by `swap`
         self.group: TPGroup | None = None
-        self.rebalancer: asyncio.Task | None = None  # re-partitions a --partition auto group
         self.device_info = ()
-        self.throughput = (0.0, 0.0)
-        self.decode_batch = (1, 0.0)  # (sessions, tokens/s per block) of batched decode; 0: not measured
-        self.speeds: dict[int, tuple[float, float]] = {}  # degree -> its measured (throughput, decode ms)
-        self.weight_bytes = 0  # bytes one block's weights take over the whole group, once loaded
         self.role = "both" if config.role == "auto" else config.role  # announced; auto: the plan's
         self.p2p = None
-        self.server: PeerServer | None = None
+        self.pusher: PushLinks | None = None  # links to next peers (peer/push.py), kept across moves
         self.evidence: EvidenceService | None = None  # re-checks evidence of lies sent to this peer
-        self.start, self.end, self.tp = config.start, config.end, config.tp
-        self.next_range: tuple[int, int] | None = None  # loading it to move there
         self.mover = RangeMover(self)
         peer_id = identity.peer_id.to_base58()
         self.probe = LinkProbe(peer_id, self._open_link)  # through the p2p layer, once p2p is up
@@ -245,18 +158,33 @@ class _Peer:
                 config.spec.num_blocks,
                 self.mover.request,
                 config.rebalance_period,
-                trust=_follower_trust(config, peer_id),
+                trust=follower_trust(config.coordinator_trust, config.coordinator is not None, peer_id),
                 take_role=self.take_role if config.role == "auto" else None,
             )
             if config.auto
             else None
         )
         self.announcer = Announcer(
-            dht, identity, self._record, config.spec.num_blocks, config.announce_period
+            dht, identity, partial(peer_record, self), config.spec.num_blocks, config.announce_period
         )
         if config.debug_record:
             logger.warning("--debug-record: this peer announces %s on purpose", config.debug_record)
             self.announcer.encode = tampered_encoder(config.debug_record)
+
+    # What it serves, read through `serving` (before it loads: the range and degree it starts at)
+    core = property(lambda self: self.serving.core if self.serving else None)
+    server = property(lambda self: self.serving.server if self.serving else None)
+    start = property(lambda self: self.serving.start if self.serving else self.config.start)
+    end = property(lambda self: self.serving.end if self.serving else self.config.end)
+    tp = property(lambda self: self.serving.tp if self.serving else self.config.tp)
+    throughput = property(lambda self: self.serving.throughput if self.serving else (0.0, 0.0))
+
+    def swap(self, serving: Serving) -> None:
+        """Serves `serving` from now on: new streams reach its server, and the next record
+        announces its range and speed (the one place what a peer serves changes)."""
+        self.serving = serving
+        c = self.config
+        log_setup.set_context(f"peer {self.name} {c.spec.model_id}[{serving.start}:{serving.end})")
 
     def take_role(self, role: str) -> None:
         """A `--role auto` peer serves the role its plan assignment names (announced next)."""
@@ -264,110 +192,28 @@ class _Peer:
             logger.info("taking the role %s (was %s), as the plan says", role, self.role)
             self.role = role
 
-    def _record(self, state: PeerState) -> PeerRecord:
-        c = self.config
-        return PeerRecord(
-            peer_id=self.identity.peer_id.to_base58(),
-            name=self.name,
-            model_id=c.spec.model_id,
-            start=self.start,
-            end=self.end,
-            state=state,
-            throughput=self.throughput[0],
-            decode_ms_per_block=self.throughput[1],
-            decode_batch_size=self.decode_batch[0],
-            decode_batch_tokens_per_s=self.decode_batch[1],
-            cache_tokens_left=self.core.session_cache_tokens_left if self.core else 0,
-            open_sessions=len(self.core.sessions) if self.core else 0,
-            max_length=c.limits.max_length,
-            dtype=DTYPE_NAMES.get(c.dtype, str(c.dtype)),
-            device=",".join(str(d) for d in c.devices),
-            version=swarm.__version__,
-            addrs=self.reach.addrs,
-            reachability=self.reach.mode,
-            relays=self.reach.relays,
-            tp=self.tp,
-            devices=self.device_info[: self.tp],
-            tp_choices=c.tp_choices,
-            tp_speeds=tuple((tp, *speed) for tp, speed in sorted(self.speeds.items())),
-            quant=c.quant,
-            weight_bytes_per_block=self.weight_bytes,
-            role=self.role,
-            **self._partition_fields(),
-            region=c.region,
-            rtt_ms=self.probe.published(),
-            auto=c.auto,
-            max_blocks=c.max_blocks,
-            plan_version=self.follower.followed if self.follower else 0,
-            next_start=self.next_range[0] if self.next_range else 0,
-            next_end=self.next_range[1] if self.next_range else 0,
-        )
-
-    def _partition_fields(self) -> dict:
-        """The record's tp_* fields of an uneven split (nothing for an even one)."""
-        group = self.group
-        if group is None or group.partition is None or group.repartitioner is None:
-            return {}
-        partition, config = group.partition, self.config.spec.config
-        return {
-            "tp_partition": group.split.mode,
-            "tp_shares": tuple(zip(partition.heads(config), partition.mlp_columns, strict=True)),
-            "tp_predicted_step_ms": group.predicted_step_s() * 1000,
-            "tp_observed_step_ms": group.observed_step_s * 1000,
-            "tp_repartitions": group.repartitions,
-        }
-
     async def speed_of(self, blocks: Blocks) -> tuple[tuple[float, float], tuple[int, float]]:
-        """What to announce for `blocks`: (prefill tokens/s, decode ms) per block and (sessions,
-        tokens/s per block) of batched decode; measured once per shape and degree (cached)."""
-        c = self.config
-        throughput, decode_batch = (c.throughput or 0.0, c.decode_ms or 0.0), (1, 0.0)
-        if c.throughput is None or c.decode_ms is None:
-            try:  # through every rank of a group, collectives included
-                figures = await asyncio.to_thread(measure_or_load, blocks, c.prefill_threads)
-            except ProtocolError as e:
-                raise TPGroupError(e.message) from None
-            throughput = (c.throughput or figures.tokens_per_s, c.decode_ms or figures.decode_ms_per_block)
-            if c.batch.batching:
-                decode_batch = (figures.decode_batch_size, figures.decode_batch_tokens_per_s)
-        if not (c.batch.batching and decode_batch[1]):  # one step at a time
-            decode_batch = (1, 1000 / throughput[1])
-        logger.info(
-            "throughput %.0f tokens/s per block (prefill), %.2f ms per block (decode), "
-            "%.0f tokens/s per block decoding %d sessions at once (tp %d)",
-            *throughput,
-            decode_batch[1],
-            decode_batch[0],
-            blocks.tp,
-        )
-        return throughput, decode_batch
+        return await announced_speed(self.config, blocks)
 
     async def start_serving(self, stop: asyncio.Event) -> bool:
         c = self.config
         blocks = await self._load_blocks()
-        self.weight_bytes = weight_bytes_per_block(blocks)
-        self.throughput, self.decode_batch = await self.speed_of(blocks)
-        await self._measure_degrees()
+        weight_bytes = weight_bytes_per_block(blocks)
+        throughput, decode_batch = await self.speed_of(blocks)
+        speeds = await self._measure_degrees(throughput)
         if stop.is_set():
             return False
-        if c.debug_corrupt_outputs:
-            logger.warning(
-                "--debug-corrupt-outputs %s: this peer computes WRONG outputs on purpose",
-                c.debug_corrupt_outputs,
-            )
-            blocks = CorruptOutputs(blocks, c.debug_corrupt_outputs)
-        if c.debug_slow_ms:
-            blocks = SlowBlocks(blocks, c.debug_slow_ms)
-        self.core = PeerCore(blocks, c.spec.model_id, c.limits, c.prefill_threads)
-        self.server = self.new_server(self.core)
-        if c.faults is not None:
-            self.server.faults = FaultInjector(self.core, c.faults)
-            self.server.faults.install_signals(self.loop)
+        blocks = self._with_debug_faults(blocks)
         self.p2p = await self.dht.replicate_p2p()
-        self.server.group_of = partial(admission_group_of, self.p2p)  # limits per IP group too
         self.dialer = Dialer(self.p2p)
         # Pushes go only to peers that announce this model (a client writes the chain).
-        self.server.pusher = PushLinks(self._open_link, members=SwarmMembers(self._member_ids))
+        self.pusher = PushLinks(self._open_link, members=SwarmMembers(self._member_ids))
+        core = PeerCore(blocks, c.spec.model_id, c.limits, c.prefill_threads)
+        server = self.new_server(core)
+        self.swap(Serving(core, server, c.start, c.end, c.tp, throughput, decode_batch, weight_bytes, speeds))
+        if c.faults is not None:
+            server.faults = FaultInjector(core, c.faults)
+            server.faults.install_signals(self.loop)
         await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, self._handle_stream)
         await self._serve_evidence()
         # edge peers (peer/edge/) may announce through any full peer, as through a bootstrap
@@ -384,9 +230,20 @@ class _Peer:
             logger.info(
                 "online: serving %s blocks [%d:%d) (%s)", c.spec.model_id, c.start, c.end, self.reach.mode
             )
-        if self.group is not None and self.group.repartitioner is not None:
-            self.rebalancer = asyncio.create_task(rebalance(self, stop), name="rebalance")
         return True
+
+    def _with_debug_faults(self, blocks: Blocks) -> Blocks:
+        """The blocks, wrapped to compute wrong or slowly when a test's hidden flag asks."""
+        c = self.config
+        if c.debug_corrupt_outputs:
+            logger.warning(
+                "--debug-corrupt-outputs %s: this peer computes WRONG outputs on purpose",
+                c.debug_corrupt_outputs,
+            )
+            blocks = CorruptOutputs(blocks, c.debug_corrupt_outputs)
+        if c.debug_slow_ms:
+            blocks = SlowBlocks(blocks, c.debug_slow_ms)
+        return blocks
 
     def new_server(self, core: PeerCore) -> PeerServer:
         """The stream server over `core` (at start, and after a range move): the peer's limits,
@@ -403,6 +260,7 @@ class _Peer:
         )
         server.signer = self.identity
         server.group_of = partial(admission_group_of, self.p2p) if self.p2p is not None else None
+        server.pusher = self.pusher  # links to next peers outlive a move
         if self.evidence is not None:  # re-checks run on the new blocks from now on
             self.evidence.core, self.evidence.scheduler = core, server.scheduler
             server.banned = self.evidence.banned
@@ -424,21 +282,8 @@ class _Peer:
         self.server.banned = self.evidence.banned
         await self.p2p.add_binary_stream_handler(EVIDENCE_PROTOCOL, self.evidence.handle_stream)
 
-    async def _measure_degrees(self) -> None:
-        """`--tp auto` peers announce what they measured at each degree (`tp_speeds`): the full
-        group's figures and, on a one-block stack loaded and freed for it, the leader's alone,
-        so the coordinator knows a rank's speed and what the group's all-reduce costs. With
-        --throughput and --decode-ms given, the peer announces those figures and no tp_speeds."""
-        c = self.config
-        if not c.tp_choices or (c.throughput is not None and c.decode_ms is not None):
-            return
-        self.speeds[self.tp] = self.throughput
-        if 1 in c.tp_choices and self.tp > 1:
-            stack = await asyncio.to_thread(self.group.load_stack, self.start, self.start + 1, 1)
-            try:
-                self.speeds[1], _ = await self.speed_of(stack)
-            finally:
-                self.group.drop_stack(stack)
+    async def _measure_degrees(self, throughput: tuple[float, float]) -> tuple:
+        return await degree_speeds(self.config, self.group, throughput)
 
     async def _handle_stream(self, *args) -> None:
         # Through the current server, so that a move (peer/plan_follower.py) can switch new
@@ -488,12 +333,23 @@ class _Peer:
         self.loop.call_soon_threadsafe(fail)
 
     async def run_until(self, stop: asyncio.Event) -> None:
-        watch = asyncio.create_task(self._watch_plans(stop), name="plan watch") if self.follower else None
+        """Serves until `stop`: every announce period it announces, re-checks its reachability and
+        coordinates (`_every_announce_period`); beside that run the services below, started and
+        stopped here. A range move (`mover`) runs when the plan asks, and ends in `close`."""
+        services = [asyncio.create_task(job, name=name) for name, job in self._services(stop)]
         try:
             await self._every_announce_period(stop)
         finally:
-            if watch is not None:
-                watch.cancel()
+            for task in services:
+                task.cancel()
+            await asyncio.gather(*services, return_exceptions=True)
+
+    def _services(self, stop: asyncio.Event):
+        """(name, coroutine) of each background service this peer runs while serving."""
+        if self.follower is not None:  # an auto peer follows a new plan within PLAN_WATCH_S
+            yield "plan watch", upkeep.watch_plans(self, stop)
+        if self.group is not None and self.group.repartitioner is not None:  # --partition auto
+            yield "rebalance", rebalance(self, stop)
 
     async def _every_announce_period(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -501,10 +357,10 @@ class _Peer:
                 await asyncio.wait_for(stop.wait(), timeout=self.config.announce_period)
             except TimeoutError:
                 self.core.expire_idle()
-                self._log_hop_cost()
+                upkeep.log_hop_cost(self.server)
                 await self._recheck_reachability()
                 await self.announcer.announce(self.serving_state())
-                await self._coordinate()
+                await upkeep.coordinate(self)
 
     def serving_state(self) -> PeerState:
         """ONLINE only while others can reach it, directly or through a relay."""
@@ -520,36 +376,6 @@ class _Peer:
             logger.warning("reachability now %s via %s %s", reach.mode, reach.addrs, reach.reason)
         self.reach = reach
 
-    async def _coordinate(self) -> None:
-        """Measures round trips and, for an auto peer, follows the plan (or Petals' rule)."""
-        try:
-            records = await self.read_records()
-            if self.server.pusher is not None:
-                self.server.pusher.members.update(r.peer_id for r in records)
-            await self.probe.step(records)
-            if self.follower is not None and not self.mover.busy:
-                followed = self.follower.followed
-                await self.follower.step(records, self._record(PeerState.ONLINE), time.monotonic())
-                if self.follower.followed != followed:  # say so now, not a period later (status, monitor)
-                    await self.announcer.announce(PeerState.ONLINE)
-        except Exception:  # the swarm's records are remote input: a bad step must not stop serving
-            logger.exception("coordination step failed")
-
-    async def _watch_plans(self, stop: asyncio.Event) -> None:
-        """An auto peer follows a newly published plan within PLAN_WATCH_S."""
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=PLAN_WATCH_S)
-            except TimeoutError:
-                pass
-            if stop.is_set() or self.mover.busy:
-                continue
-            try:
-                if await self.follower.follow_newer(self._record(PeerState.ONLINE)):
-                    await self.announcer.announce(PeerState.ONLINE)  # the plan followed, at once
-            except Exception:  # the plans are remote input: a bad read must not stop serving
-                logger.exception("reading the coordinator's plan failed")
-
     async def _member_ids(self) -> list[str]:
         """The peers announcing this model now: whom pushes may go to (peer/push.py)."""
         return [r.peer_id for r in await self.read_records()]
@@ -561,17 +387,6 @@ class _Peer:
         if self.dialer is not None:
             self.dialer.learn(records)
         return records
-
-    def _log_hop_cost(self) -> None:
-        stats, scheduler = self.server.hop_stats.take(), self.server.scheduler
-        busy_s, period_s = scheduler.take_busy()  # of this period, whether steps ran or not
-        if stats.steps:
-            sizes = dict(sorted(scheduler.batch_sizes.items()))
-            logger.info(
-                "%s; decode batches (rows: count) %s; compute busy %.3f s of %.3f s",
-                stats.summary(), sizes, busy_s, period_s,
-            )  # fmt: skip
-            scheduler.batch_sizes.clear()
 
     async def leave(self) -> None:
         """Refuses new sessions, lets open ones finish, and tells the swarm it is gone."""
@@ -601,17 +416,18 @@ class _Peer:
             await asyncio.sleep(0.2)
 
     async def close(self) -> None:
+        """Stops what `serve` started, in this order: moves and drains, the reachability check
+        and the relay, the server (its last hop costs logged) and its push links, the
+        tensor-parallel ranks, the p2p handle, the DHT node."""
         self.mover.cancel()  # a move or drain in progress ends with the peer
         self.reachability_check.close()
         if self.relay is not None:
             self.relay.close()
-        if self.rebalancer is not None:
-            self.rebalancer.cancel()
         if self.server is not None:
-            self._log_hop_cost()
+            upkeep.log_hop_cost(self.server)
             self.server.close()
-            if self.server.pusher is not None:
-                self.server.pusher.close()
+        if self.pusher is not None:
+            self.pusher.close()
         if self.group is not None:
             await asyncio.to_thread(self.group.stop)
         if self.p2p is not None:
@@ -629,14 +445,3 @@ class _Peer:
             await self.p2p.remove_binary_stream_handler(DIALBACK_PROTOCOL)
             await self.p2p.remove_binary_stream_handler(RELAY_PROTOCOL)
         await self.p2p.shutdown()
-
-
-def weight_bytes_per_block(blocks) -> int:
-    """Bytes one block's weights take on this peer: a tensor-parallel group's leader holds 1/tp
-    of each block (its `local` stack) and every rank as much, or with an uneven split its share
-    of the block's weights (peer/tp_partition.py)."""
-    local = getattr(blocks, "local", blocks)
-    group = getattr(blocks, "group", None)
-    if group is not None and group.repartitioner is not None and blocks.tp == group.tp:
-        return int(local.weight_bytes_per_block() / group.repartitioner.weight_share(0))
-    return local.weight_bytes_per_block() * blocks.tp

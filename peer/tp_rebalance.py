@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from dataclasses import replace
 
 from hexswarm.swarm.records import PeerState
 
@@ -42,7 +43,9 @@ def _note_step(peer, step_s: float) -> None:
     blocks = peer.end - peer.start
     prefill, decode_ms = peer.throughput
     new_ms = step_s * 1000 / blocks
-    peer.throughput = (prefill * decode_ms / new_ms if decode_ms else prefill, new_ms)
+    peer.swap(
+        replace(peer.serving, throughput=(prefill * decode_ms / new_ms if decode_ms else prefill, new_ms))
+    )
 
 
 async def _window(peer, blocks) -> None:
