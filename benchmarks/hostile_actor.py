@@ -53,8 +53,9 @@ from ping_under_prefill import percentile, ping_while  # noqa: E402
 from hexswarm.client.remote import PeerConnection, PeerError  # noqa: E402
 from hexswarm.client.swarm_client import SwarmClient  # noqa: E402
 from hexswarm.client.worker import run_sync  # noqa: E402
+from hexswarm.swarm.frames import read_frame, write_frame  # noqa: E402
 from hexswarm.swarm.model_spec import load_model_spec  # noqa: E402
-from hexswarm.swarm.protocol import Error, ErrorCode, Ping, Pong, read_frame, write_frame  # noqa: E402
+from hexswarm.swarm.protocol import Error, ErrorCode, Ping, Pong  # noqa: E402
 from hexswarm.swarm.records import PeerState, read_peer_records  # noqa: E402
 from tests.integration.test_peer_links import Outsider  # noqa: E402
 

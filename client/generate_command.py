@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from hexswarm.client import DistributedModelForCausalLM, FailoverError, MissingBlocksError
-    from hexswarm.client.verify import VerificationError
+    from hexswarm.client.verify_records import VerificationError
     from hexswarm.swarm.model_spec import ModelSpecError
 
     try:

@@ -30,7 +30,8 @@ from hexswarm.client.peer_failures import Failover
 from hexswarm.client.retry import BanList, RetryPolicy
 from hexswarm.client.session import InferenceSession
 from hexswarm.client.swarm_client import SwarmClient
-from hexswarm.client.verify import RollbackNeeded, Verifier, VerifyStats
+from hexswarm.client.verify import Verifier
+from hexswarm.client.verify_records import RollbackNeeded, VerifyStats
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.chains.swarm_view import Router
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS, check_quant

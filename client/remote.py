@@ -17,6 +17,7 @@ from hexswarm.swarm.commitments import (
     tensor_digest,
     verify_signature,
 )
+from hexswarm.swarm.frames import read_frame, write_frame
 from hexswarm.swarm.identity import peer_id_from_owner_marker
 from hexswarm.swarm.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -36,8 +37,6 @@ from hexswarm.swarm.protocol import (
     ProtocolError,
     Step,
     StepResult,
-    read_frame,
-    write_frame,
 )
 from hexswarm.swarm.wire_tensors import DTYPE_NAMES
 

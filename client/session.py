@@ -51,7 +51,7 @@ from hexswarm.client.remote import CLOSE_TIMEOUT_S, CommitmentMismatch, KvTransf
 from hexswarm.client.retry import BanList, RetryPolicy, rate_limit_wait
 from hexswarm.client.span_repair import SpanRepair
 from hexswarm.client.swarm_client import SwarmClient, uncovered_blocks
-from hexswarm.client.verify import RollbackNeeded, VerificationError
+from hexswarm.client.verify_records import RollbackNeeded, VerificationError
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.chains.swarm_view import NoRouteError, Router, RouteRequest
 from hexswarm.swarm.model_spec import ModelSpec

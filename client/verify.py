@@ -33,8 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections import Counter
-from dataclasses import dataclass, field
 
 import torch
 from hivemind.utils import get_dht_time
@@ -45,10 +43,22 @@ from hexswarm.client.hop_check import CheckedSession
 from hexswarm.client.hop_links import LiveHop
 from hexswarm.client.remote import (
     CLOSE_TIMEOUT_S,
-    PeerConnection,
     PeerError,
     close_sessions,
     random_session_id,
+)
+from hexswarm.client.verify_records import (
+    DISPUTED,
+    MAX_RUN_TOKENS,
+    NO_WITNESS,
+    NOT_KEPT,
+    PUSHED_CACHE,
+    WITNESS_FAILED,
+    Run,
+    Served,
+    Shadow,
+    VerificationError,
+    VerifyStats,
 )
 from hexswarm.client.worker import run_sync
 from hexswarm.swarm.bans import add_ban, new_ban
@@ -64,100 +74,6 @@ logger = logging.getLogger(__name__)
 RECORDS_TTL_S = 30.0  # how long the list of candidate witnesses is reused
 PUBLISH_TIMEOUT_S = 5.0
 WITNESS_TIMEOUT_S = 30.0  # opening a shadow session and catching it up (a replay of the span's inputs)
-
-# A span's run is checked at the latest when it holds this many unchecked tokens (it is kept until then)
-MAX_RUN_TOKENS = 256
-# Why a sampled step was not compared (VerifyStats.uncompared)
-NO_WITNESS = "no other peer serves the blocks in that format"
-NOT_KEPT = "the hop's earlier inputs are not kept"
-WITNESS_FAILED = "the witness failed"
-DISPUTED = "server and witness disagree and no third opinion settled it"
-PUSHED_CACHE = "wrong after a prefill peer's pushed keys and values: the decode peer or the prefill peer"
-
-
-class VerificationError(PeerError):
-    """A peer's output was proven wrong (a witness and a third peer agree); it is banned.
-    `position`: the first token whose hidden state it got wrong."""
-
-    def __init__(self, peer: str, peer_id: str, message: str, position: int = 0):
-        super().__init__(peer, None, message, peer_id=peer_id)
-        self.position = position
-        self.args = (f"peer {peer} failed verification: {message}",)
-
-
-class RollbackNeeded(Exception):
-    """A lie was found in an earlier step than the current one: the tokens after `position`
-    came from wrong hidden states. The caller starts again from there without the liar
-    (client/model.py does for a non-streaming generate)."""
-
-    def __init__(self, error: VerificationError):
-        super().__init__(str(error))
-        self.error, self.position = error, error.position
-
-
-@dataclass
-class VerifyStats:
-    steps: int = 0  # hop steps seen
-    sampled: int = 0  # chosen for a check
-    compared: int = 0  # checked against a witness, with a settled outcome
-    mismatches: int = 0  # steps where the server and a witness disagreed (settled or not)
-    liars: int = 0  # peers proven wrong (a witness and a third peer agree against them)
-    rollbacks: int = 0  # generations started again from the last right token (client/model.py)
-    uncompared: Counter = field(default_factory=Counter)  # reason -> sampled steps not compared
-
-    @property
-    def unverifiable(self) -> int:
-        return sum(self.uncompared.values())
-
-    def describe(self) -> str:
-        why = "; ".join(f"{n} {reason}" for reason, n in self.uncompared.most_common())
-        return (
-            f"{self.steps} hop steps, {self.sampled} sampled, {self.compared} compared, "
-            f"{self.mismatches} disagreed, {self.liars} liar(s) caught, {self.rollbacks} rollback(s)"
-            + (f"; not compared: {why}" if why else "")
-        )
-
-
-@dataclass
-class _Shadow:
-    conn: PeerConnection
-    session_id: str
-    peer_id: str
-    position: int = 0
-
-
-@dataclass
-class _Served:
-    """One hop step's output as the client got it, kept until a witness has checked it."""
-
-    position: int
-    peer_id: str
-    output: torch.Tensor  # (batch, new tokens, hidden)
-    conn: PeerConnection | None = None  # where its commitments are (client/remote.py)
-    session_id: str = ""
-
-
-@dataclass
-class _Run:
-    """Steps of one span to check at once: the span's inputs up to the run's end and what was served."""
-
-    start: int
-    end: int
-    quant: str
-    inputs: torch.Tensor  # (batch, tokens so far, hidden): everything the span was sent
-    served: list[_Served]
-
-    @property
-    def first(self) -> int:
-        return self.served[0].position
-
-    @property
-    def outputs(self) -> torch.Tensor:
-        return torch.cat([s.output for s in self.served], dim=1)
-
-    @property
-    def servers(self) -> set[str]:
-        return {s.peer_id for s in self.served}
 
 
 class Verifier:
@@ -183,10 +99,10 @@ class Verifier:
         self.stats = (
             stats or VerifyStats()
         )  # may be shared by a model's sessions (counted on the client loop)
-        self.shadows: dict[tuple[str, int, int], _Shadow] = {}
+        self.shadows: dict[tuple[str, int, int], Shadow] = {}
         self.witness_of: dict[tuple[int, int], str] = {}  # span -> the peer whose shadow checks it
-        self.served: dict[tuple[int, int], list[_Served]] = {}
-        self.witness_steps: dict[str, _Served] = {}  # witness -> its last shadow step (for evidence)
+        self.served: dict[tuple[int, int], list[Served]] = {}
+        self.witness_steps: dict[str, Served] = {}  # witness -> its last shadow step (for evidence)
         self.quants: dict[tuple[int, int], str] = {}
         self._records: tuple[float, list[PeerRecord]] = (-RECORDS_TTL_S, [])
 
@@ -200,7 +116,7 @@ class Verifier:
         start, end = hop.start, hop.end
         self.stats.steps += 1
         served = self.served.setdefault((start, end), [])
-        served.append(_Served(position, hop.conn.peer_id, output, hop.conn, hop.session_id))
+        served.append(Served(position, hop.conn.peer_id, output, hop.conn, hop.session_id))
         self.quants[start, end] = hop.quant
         run_tokens = position + output.shape[1] - served[0].position
         if self.rng.random() >= self.share and run_tokens < MAX_RUN_TOKENS:
@@ -224,9 +140,9 @@ class Verifier:
         inputs = past if hidden_in is None else torch.cat([past, hidden_in], dim=1)
         served = [s for s in served if s.position + s.output.shape[1] <= inputs.shape[1]]
         if served:
-            await self._check(_Run(start, end, self.quants[start, end], inputs, served))
+            await self._check(Run(start, end, self.quants[start, end], inputs, served))
 
-    async def _check(self, run: _Run) -> None:
+    async def _check(self, run: Run) -> None:
         records = await self._candidates(run, exclude=run.servers)
         if not records:
             self.stats.uncompared[NO_WITNESS] += len(run.served)
@@ -250,7 +166,7 @@ class Verifier:
         )
         await self._settle(run, witness, theirs, first)
 
-    def _witness(self, run: _Run, records: list[PeerRecord]) -> PeerRecord:
+    def _witness(self, run: Run, records: list[PeerRecord]) -> PeerRecord:
         """The span's witness so far if it still qualifies (its shadow has caught up), else a new one."""
         current = self.witness_of.get((run.start, run.end))
         for record in records:
@@ -260,7 +176,7 @@ class Verifier:
         self.witness_of[run.start, run.end] = witness.peer_id
         return witness
 
-    async def _settle(self, run: _Run, witness: PeerRecord, theirs: torch.Tensor, first: Comparison) -> None:
+    async def _settle(self, run: Run, witness: PeerRecord, theirs: torch.Tensor, first: Comparison) -> None:
         """The served outputs and the witness's disagree: a third peer's recomputation names the
         liar, if it can."""
         others = await self._candidates(run, exclude={*run.servers, witness.peer_id})
@@ -282,7 +198,7 @@ class Verifier:
             self.stats.uncompared[DISPUTED] += len(run.served)
             return
         if sides_with_servers:
-            served = self.witness_steps.get(witness.peer_id) or _Served(run.first, witness.peer_id, theirs)
+            served = self.witness_steps.get(witness.peer_id) or Served(run.first, witness.peer_id, theirs)
             await self._convict(served, run, verdict, third, first)
             self._forget_witness(run, witness.peer_id)
             return
@@ -307,7 +223,7 @@ class Verifier:
             position=bad.position,
         )
 
-    def _first_wrong(self, run: _Run, verdict: torch.Tensor) -> _Served:
+    def _first_wrong(self, run: Run, verdict: torch.Tensor) -> Served:
         """The first served step the third peer's outputs disagree with (the first of the run if
         only the run as a whole is off)."""
         offset = 0
@@ -318,7 +234,7 @@ class Verifier:
             offset += n
         return run.served[0]
 
-    async def _convict(self, bad: _Served, run: _Run, verdict, third: PeerRecord, first: Comparison) -> None:
+    async def _convict(self, bad: Served, run: Run, verdict, third: PeerRecord, first: Comparison) -> None:
         self.stats.compared += len(run.served)  # settled: the third peer sided with one of the two
         self.stats.liars += 1
         offset = max(0, bad.position - run.first)
@@ -355,7 +271,7 @@ class Verifier:
             third.name,
         )
 
-    async def _evidence(self, bad: _Served, run: _Run) -> Evidence | None:
+    async def _evidence(self, bad: Served, run: Run) -> Evidence | None:
         """The liar's signed commitments and the inputs, saved where `hexswarm recheck` reads
         them; None if it signs nothing (an older peer) or will not sign now."""
         log = bad.conn.logs.get(bad.session_id) if bad.conn is not None else None
@@ -399,7 +315,7 @@ class Verifier:
     def _groups(self, peer_id: str) -> set[str]:
         return record_groups(self._record(peer_id))
 
-    async def _recompute(self, witness: PeerRecord, run: _Run, fresh: bool = False) -> torch.Tensor | None:
+    async def _recompute(self, witness: PeerRecord, run: Run, fresh: bool = False) -> torch.Tensor | None:
         """The witness's outputs for the run's tokens, its shadow session caught up on the
         span's inputs in one step (from the start with `fresh`); None if it failed."""
         key = (witness.peer_id, run.start, run.end)
@@ -414,7 +330,7 @@ class Verifier:
             chunk = run.inputs[:, shadow.position :]  # the inputs it has not seen, in one step
             result = await shadow.conn.step(shadow.session_id, shadow.position, chunk)
             first = run.first - shadow.position
-            self.witness_steps[witness.peer_id] = _Served(
+            self.witness_steps[witness.peer_id] = Served(
                 shadow.position, witness.peer_id, result, shadow.conn, shadow.session_id
             )
             shadow.position = run.inputs.shape[1]
@@ -426,14 +342,14 @@ class Verifier:
             self._forget_witness(run, witness.peer_id)
             return None
 
-    def _forget_witness(self, run: _Run, peer_id: str) -> None:
+    def _forget_witness(self, run: Run, peer_id: str) -> None:
         shadow = self.shadows.pop((peer_id, run.start, run.end), None)
         if shadow is not None:
             shadow.conn.close()
         if self.witness_of.get((run.start, run.end)) == peer_id:
             del self.witness_of[run.start, run.end]
 
-    async def _open_shadow(self, witness: PeerRecord, start: int, end: int) -> _Shadow:
+    async def _open_shadow(self, witness: PeerRecord, start: int, end: int) -> Shadow:
         s = self.session
         conn = await self.swarm.open_connection(witness.peer_id, witness.name, timeout=WITNESS_TIMEOUT_S)
         conn.timeout = WITNESS_TIMEOUT_S
@@ -443,7 +359,7 @@ class Verifier:
         except BaseException:
             conn.close()
             raise
-        return _Shadow(conn, shadow_id, witness.peer_id)
+        return Shadow(conn, shadow_id, witness.peer_id)
 
     def _compare(self, ours: torch.Tensor, theirs: torch.Tensor, peers: list[str]) -> Comparison:
         """`ours` against `theirs` at the tolerance of the coarsest format involved."""
@@ -458,7 +374,7 @@ class Verifier:
     def _record(self, peer_id: str) -> PeerRecord | None:
         return next((r for r in self._records[1] if r.peer_id == peer_id), None)
 
-    async def _candidates(self, run: _Run, exclude: set[str]) -> list[PeerRecord]:
+    async def _candidates(self, run: Run, exclude: set[str]) -> list[PeerRecord]:
         loop = asyncio.get_running_loop()
         if loop.time() - self._records[0] > RECORDS_TTL_S:
             records = await asyncio.to_thread(

@@ -36,7 +36,8 @@ from hexswarm.swarm.evidence_wire import (
     encode_message,
     publish_holding,
 )
-from hexswarm.swarm.protocol import Open, Step, read_payload
+from hexswarm.swarm.frames import read_payload
+from hexswarm.swarm.protocol import Open, Step
 from hexswarm.swarm.rates import KeyedRate
 from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError
 from hexswarm.swarm.wire_tensors import DTYPE_NAMES

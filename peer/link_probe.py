@@ -31,7 +31,8 @@ import time
 from collections.abc import Sequence
 
 from hexswarm.peer.push import Connect
-from hexswarm.swarm.protocol import Error, Ping, Pong, read_frame, write_frame
+from hexswarm.swarm.frames import read_frame, write_frame
+from hexswarm.swarm.protocol import Error, Ping, Pong
 from hexswarm.swarm.records import PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)

@@ -49,16 +49,8 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
-from hexswarm.swarm.protocol import (
-    Error,
-    ErrorCode,
-    KvPush,
-    ProtocolError,
-    PushAck,
-    Step,
-    read_frame,
-    write_frame,
-)
+from hexswarm.swarm.frames import read_frame, write_frame
+from hexswarm.swarm.protocol import Error, ErrorCode, KvPush, ProtocolError, PushAck, Step
 
 logger = logging.getLogger(__name__)
 

@@ -30,13 +30,13 @@ from hexswarm.peer.hop_stats import HopStats
 from hexswarm.peer.push import PushLinks
 from hexswarm.peer.scheduler import BatchPolicy, Job, StepScheduler
 from hexswarm.swarm.commitments import SIGN_EVERY, SessionId, next_chain, statement, tensor_digest
+from hexswarm.swarm.frames import FrameBudget, decode, read_payload, write_frame
 from hexswarm.swarm.protocol import (
     Attest,
     Attested,
     Close,
     Error,
     ErrorCode,
-    FrameBudget,
     KvPush,
     Message,
     Open,
@@ -46,9 +46,6 @@ from hexswarm.swarm.protocol import (
     PushAck,
     Step,
     StepResult,
-    decode,
-    read_payload,
-    write_frame,
 )
 
 logger = logging.getLogger(__name__)

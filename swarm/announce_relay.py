@@ -24,8 +24,8 @@ from hexswarm.swarm.dht_signing import (
     encode_reply,
     hivemind_dumps,
 )
+from hexswarm.swarm.frames import read_payload
 from hexswarm.swarm.identity import peer_id_from_owner_marker
-from hexswarm.swarm.protocol import read_payload
 from hexswarm.swarm.rates import KeyedRate
 from hexswarm.swarm.records import MODELS_KEY, ModelEntry, PeerRecord, model_key, read_peer_records
 from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError

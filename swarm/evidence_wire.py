@@ -28,7 +28,7 @@ from typing import Any
 import msgpack
 
 from hexswarm.swarm.dht_read import get_latest
-from hexswarm.swarm.protocol import framed, read_payload
+from hexswarm.swarm.frames import framed, read_payload
 from hexswarm.swarm.records import parse_signed_entries, unpack_map
 
 EVIDENCE_PROTOCOL = "/hexswarm/evidence/1"

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from hexswarm.swarm.protocol import framed, read_payload
+from hexswarm.swarm.frames import framed, read_payload
 from hexswarm.swarm.records import unpack_map
 from hexswarm.swarm.relay_limits import RelayLimits
 

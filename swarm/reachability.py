@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import msgpack
 
+from hexswarm.swarm.frames import framed, read_payload
 from hexswarm.swarm.maddrs import MAX_MADDR_CHARS, ip_group, tcp_addr, without_peer_id
-from hexswarm.swarm.protocol import framed, read_payload
 from hexswarm.swarm.records import unpack_map
 
 logger = logging.getLogger(__name__)

@@ -12,6 +12,7 @@ from hivemind.p2p import PeerID
 
 from hexswarm.client.remote import PeerConnection, PeerError
 from hexswarm.client.worker import run_sync
+from hexswarm.swarm.frames import encode, read_frame
 from hexswarm.swarm.protocol import (
     PROTOCOL_VERSION,
     SESSION_PROTOCOL,
@@ -25,8 +26,6 @@ from hexswarm.swarm.protocol import (
     Pong,
     Step,
     StepResult,
-    encode,
-    read_frame,
 )
 from hexswarm.swarm.records import read_peer_records
 from tests.integration.conftest import peer_id_of

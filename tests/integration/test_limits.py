@@ -12,18 +12,9 @@ from hivemind.p2p import PeerID
 
 from hexswarm.client.swarm_client import SwarmClient
 from hexswarm.client.worker import event_loop, run_sync
+from hexswarm.swarm.frames import read_frame, write_frame
 from hexswarm.swarm.launcher import LocalSwarm
-from hexswarm.swarm.protocol import (
-    SESSION_PROTOCOL,
-    Error,
-    ErrorCode,
-    Open,
-    Opened,
-    Step,
-    StepResult,
-    read_frame,
-    write_frame,
-)
+from hexswarm.swarm.protocol import SESSION_PROTOCOL, Error, ErrorCode, Open, Opened, Step, StepResult
 from hexswarm.swarm.records import read_peer_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -26,19 +26,11 @@ import torch
 
 from hexswarm.swarm.dht import start_dht
 from hexswarm.swarm.dht_process import shutdown_dht
+from hexswarm.swarm.frames import read_frame, write_frame
 from hexswarm.swarm.identity import load_or_create_identity
 from hexswarm.swarm.launcher import LOOPBACK, LocalSwarm
 from hexswarm.swarm.model_spec import load_model_spec
-from hexswarm.swarm.protocol import (
-    SESSION_PROTOCOL,
-    ErrorCode,
-    Ping,
-    Pong,
-    PushAck,
-    Step,
-    read_frame,
-    write_frame,
-)
+from hexswarm.swarm.protocol import SESSION_PROTOCOL, ErrorCode, Ping, Pong, PushAck, Step
 from hexswarm.swarm.records import PeerRecord, PeerState, model_key, read_peer_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

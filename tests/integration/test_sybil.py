@@ -13,8 +13,9 @@ import torch
 from hexswarm.client.swarm_client import SwarmClient
 from hexswarm.client.worker import run_sync
 from hexswarm.swarm import netlab
+from hexswarm.swarm.frames import read_frame, write_frame
 from hexswarm.swarm.launcher import LocalSwarm
-from hexswarm.swarm.protocol import SESSION_PROTOCOL, Error, ErrorCode, Open, Opened, read_frame, write_frame
+from hexswarm.swarm.protocol import SESSION_PROTOCOL, Error, ErrorCode, Open, Opened
 from hexswarm.swarm.records import read_peer_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.slow]

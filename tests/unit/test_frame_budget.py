@@ -12,16 +12,8 @@ import torch
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore, PeerLimits
 from hexswarm.peer.server import PeerServer
-from hexswarm.swarm.protocol import (
-    Error,
-    ErrorCode,
-    FrameBudget,
-    Open,
-    Opened,
-    ProtocolError,
-    Step,
-    StepResult,
-)
+from hexswarm.swarm.frames import FrameBudget
+from hexswarm.swarm.protocol import Error, ErrorCode, Open, Opened, ProtocolError, Step, StepResult
 from tests.unit.test_push import HIDDEN, Stream, spec  # noqa: F401 (fixture)
 
 MIB = 1 << 20

@@ -21,13 +21,13 @@ from hexswarm.peer.admission import Admission, AdmissionLimits
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore, PeerLimits
 from hexswarm.peer.server import PeerServer
+from hexswarm.swarm.frames import FrameTooLarge, decode, encode, read_payload
 from hexswarm.swarm.model_spec import load_model_spec
 from hexswarm.swarm.protocol import (
     PROTOCOL_VERSION,
     Close,
     Error,
     ErrorCode,
-    FrameTooLarge,
     Message,
     MsgType,
     NextHop,
@@ -35,9 +35,6 @@ from hexswarm.swarm.protocol import (
     Ping,
     ProtocolError,
     Step,
-    decode,
-    encode,
-    read_payload,
 )
 
 HIDDEN = 64

@@ -9,17 +9,9 @@ import torch
 
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore, PeerLimits
+from hexswarm.swarm.frames import decode, encode
 from hexswarm.swarm.model_spec import load_model_spec
-from hexswarm.swarm.protocol import (
-    ErrorCode,
-    KvPush,
-    KvTarget,
-    Open,
-    ProtocolError,
-    Step,
-    decode,
-    encode,
-)
+from hexswarm.swarm.protocol import ErrorCode, KvPush, KvTarget, Open, ProtocolError, Step
 
 CPU = torch.device("cpu")
 PREFILL_PEER = "QmPrefill"

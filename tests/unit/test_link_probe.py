@@ -16,7 +16,8 @@ import pytest
 
 import hexswarm.peer.link_probe as link_probe
 from hexswarm.peer.link_probe import LinkProbe
-from hexswarm.swarm.protocol import Error, ErrorCode, Ping, Pong, read_frame, write_frame
+from hexswarm.swarm.frames import read_frame, write_frame
+from hexswarm.swarm.protocol import Error, ErrorCode, Ping, Pong
 from hexswarm.swarm.records import PeerState
 from tests.unit.record_cases import make_record
 

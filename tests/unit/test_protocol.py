@@ -8,20 +8,17 @@ import msgpack
 import pytest
 import torch
 
+from hexswarm.swarm.frames import FrameTooLarge, decode, encode, read_frame
 from hexswarm.swarm.protocol import (
     PROTOCOL_VERSION,
     Close,
     Error,
     ErrorCode,
-    FrameTooLarge,
     Open,
     Ping,
     ProtocolError,
     Step,
     StepResult,
-    decode,
-    encode,
-    read_frame,
 )
 
 

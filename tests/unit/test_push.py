@@ -20,6 +20,7 @@ from hexswarm.peer.core import PeerCore, PeerLimits
 from hexswarm.peer.faults import FaultInjector, FaultPlan
 from hexswarm.peer.push import PushLinks
 from hexswarm.peer.server import PeerServer
+from hexswarm.swarm.frames import decode, encode, write_frame
 from hexswarm.swarm.model_spec import load_model_spec
 from hexswarm.swarm.protocol import (
     MAX_CHAIN,
@@ -34,9 +35,6 @@ from hexswarm.swarm.protocol import (
     PushAck,
     Step,
     StepResult,
-    decode,
-    encode,
-    write_frame,
 )
 
 HIDDEN = 64

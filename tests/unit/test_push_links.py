@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from hexswarm.peer.push import Backoff, PushLinks, SwarmMembers
-from hexswarm.swarm.protocol import PushAck, Step, read_frame, write_frame
+from hexswarm.swarm.frames import read_frame, write_frame
+from hexswarm.swarm.protocol import PushAck, Step
 
 pytestmark = pytest.mark.asyncio
 

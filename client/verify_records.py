@@ -1,0 +1,106 @@
+"""What output verification (client/verify.py) keeps and counts: the runs of served steps
+waiting for a check, the witnesses' shadow sessions, the counts by outcome, and the errors a
+proven lie raises."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from hexswarm.client.remote import PeerConnection, PeerError
+
+# A span's run is checked at the latest when it holds this many unchecked tokens (it is kept until then)
+MAX_RUN_TOKENS = 256
+# Why a sampled step was not compared (VerifyStats.uncompared)
+NO_WITNESS = "no other peer serves the blocks in that format"
+NOT_KEPT = "the hop's earlier inputs are not kept"
+WITNESS_FAILED = "the witness failed"
+DISPUTED = "server and witness disagree and no third opinion settled it"
+PUSHED_CACHE = "wrong after a prefill peer's pushed keys and values: the decode peer or the prefill peer"
+
+
+class VerificationError(PeerError):
+    """A peer's output was proven wrong (a witness and a third peer agree); it is banned.
+    `position`: the first token whose hidden state it got wrong."""
+
+    def __init__(self, peer: str, peer_id: str, message: str, position: int = 0):
+        super().__init__(peer, None, message, peer_id=peer_id)
+        self.position = position
+        self.args = (f"peer {peer} failed verification: {message}",)
+
+
+class RollbackNeeded(Exception):
+    """A lie was found in an earlier step than the current one: the tokens after `position`
+    came from wrong hidden states. The caller starts again from there without the liar
+    (client/model.py does for a non-streaming generate)."""
+
+    def __init__(self, error: VerificationError):
+        super().__init__(str(error))
+        self.error, self.position = error, error.position
+
+
+@dataclass
+class VerifyStats:
+    steps: int = 0  # hop steps seen
+    sampled: int = 0  # chosen for a check
+    compared: int = 0  # checked against a witness, with a settled outcome
+    mismatches: int = 0  # steps where the server and a witness disagreed (settled or not)
+    liars: int = 0  # peers proven wrong (a witness and a third peer agree against them)
+    rollbacks: int = 0  # generations started again from the last right token (client/model.py)
+    uncompared: Counter = field(default_factory=Counter)  # reason -> sampled steps not compared
+
+    @property
+    def unverifiable(self) -> int:
+        return sum(self.uncompared.values())
+
+    def describe(self) -> str:
+        why = "; ".join(f"{n} {reason}" for reason, n in self.uncompared.most_common())
+        return (
+            f"{self.steps} hop steps, {self.sampled} sampled, {self.compared} compared, "
+            f"{self.mismatches} disagreed, {self.liars} liar(s) caught, {self.rollbacks} rollback(s)"
+            + (f"; not compared: {why}" if why else "")
+        )
+
+
+@dataclass
+class Shadow:
+    conn: PeerConnection
+    session_id: str
+    peer_id: str
+    position: int = 0
+
+
+@dataclass
+class Served:
+    """One hop step's output as the client got it, kept until a witness has checked it."""
+
+    position: int
+    peer_id: str
+    output: torch.Tensor  # (batch, new tokens, hidden)
+    conn: PeerConnection | None = None  # where its commitments are (client/remote.py)
+    session_id: str = ""
+
+
+@dataclass
+class Run:
+    """Steps of one span to check at once: the span's inputs up to the run's end and what was served."""
+
+    start: int
+    end: int
+    quant: str
+    inputs: torch.Tensor  # (batch, tokens so far, hidden): everything the span was sent
+    served: list[Served]
+
+    @property
+    def first(self) -> int:
+        return self.served[0].position
+
+    @property
+    def outputs(self) -> torch.Tensor:
+        return torch.cat([s.output for s in self.served], dim=1)
+
+    @property
+    def servers(self) -> set[str]:
+        return {s.peer_id for s in self.served}
