@@ -314,9 +314,10 @@ def _batching(g) -> None:
     g.add_argument(
         "--align-ratio",
         type=cli_args.non_negative_float,
-        default=1.0,
+        default=0.0,
         help="while other sessions decode, wait up to this many times a decode batch's time for "
-        "their next steps, so they run in one batch (0: only --batch-window-ms)",
+        "their next steps, so they run in one batch (0: only --batch-window-ms; pays on a peer "
+        "serving the whole model, not on a chain of a few peers)",
     )
     # every step on its own, in arrival order: the baseline of benchmarks/concurrency.py
     g.add_argument("--no-batching", action="store_true", help=argparse.SUPPRESS)

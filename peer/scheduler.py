@@ -8,14 +8,18 @@ Every validated step becomes a `Job` on one queue, served by one compute thread:
   `max_batch_tokens` rows wait, or until every open session has a step waiting (nobody else
   can join, so waiting longer only adds latency: a lone client never waits). Orca (Yu et
   al., OSDI '22) calls this iteration-level scheduling.
-- **Aligned steps.** While sessions are decoding, a batch waits longer for the ones that are
+- **Aligned steps (opt-in).** While sessions are decoding, a batch waits longer for the ones that are
   on their way: up to `align_ratio` x a decode batch's measured time, for each session that
   is decoding here and whose next step should come by then (its last step's end plus its
   usual gap: `Rhythm`). A decode forward reads every weight of the blocks whatever its rows,
   so on a peer bound by memory a straggler run in a batch of its own costs a whole batch's
-  time; waiting less than that for it costs less. Four clients of a 1024-wide model on 2
-  cores formed batches of 1.5 rows on average with the 2 ms window alone
-  (benchmarks/concurrency.py). A session that is a whole gap late (it
+  time; waiting less than that for it costs less. But on a chain of several peers, sessions
+  that all move together leave the other peers idle while one computes: pipelining needs about
+  as many groups of sessions in flight as the chain has peers. Four clients of a 1024-wide
+  model through two peers on one 2-core machine formed batches of 2.7-2.9 rows aligned against
+  1.4 without, yet got 19.5 tokens/s against 22.0 (each peer's compute thread busy 57% of the
+  run against 84%; benchmarks/concurrency.py). So it is off by default; it pays on a peer that
+  serves the whole model, or with many more sessions than peers. A session that is a whole gap late (it
   stopped), one that steps slowly and one whose rhythm is not known yet are not waited for,
   so a remote cannot hold batches back by pacing its steps; a waiting prompt ends the wait.
 - **Chunked prefill.** A prompt runs `prefill_chunk_tokens` at a time, and each round runs
@@ -70,7 +74,7 @@ class BatchPolicy:
     max_batch_tokens: int = 64  # rows of one decode batch (one token each)
     prefill_chunk_tokens: int = 256  # 0: prefills run whole
     interleave_ratio: float = 1.0  # while sessions decode, a chunk takes ~this x a decode batch (0: off)
-    align_ratio: float = 1.0  # waits up to this x a decode batch for decoding sessions' steps (0: off)
+    align_ratio: float = 0.0  # waits up to this x a decode batch for decoding sessions' steps (0: off)
 
 
 @dataclass
