@@ -114,38 +114,35 @@ def peer_breakdown(proc, mark: int, wall_s: float) -> dict:
     its compute thread was, and where a step's time went (module docstring, `peers`)."""
     log = proc.log()[mark:]
     batches: collections.Counter[int] = collections.Counter()
-    busy_s = sum(float(m.group(2)) for m in BATCH_LINE.finditer(log))
+    busy_s = 0.0
     for match in BATCH_LINE.finditer(log):
         batches.update({int(k): v for k, v in ast.literal_eval(match.group(1)).items()})
-    steps, totals = 0, [0.0] * 5
-    for match in HOP_LINE.finditer(log):
-        n = int(match.group(1))
-        steps += n
-        totals = [t + n * float(x) for t, x in zip(totals, match.groups()[1:], strict=True)]
-    per_step = [round(t / max(1, steps), 3) for t in totals]
+        busy_s += float(match.group(2))
+    per_step = per_step_ms([log])
     rows = sum(k * v for k, v in batches.items())
     return {
         "batches": dict(sorted(batches.items())),
         "mean_rows": round(rows / max(1, sum(batches.values())), 2),
         "busy_pct": round(100 * busy_s / wall_s, 1),
-        "window_ms": per_step[2],
-        "queue_ms": per_step[1],
-        "compute_ms": per_step[3],
-        "in_ms": per_step[0],
-        "out_ms": per_step[4],
+        **{f"{name}_ms": per_step[name] for name in ("window", "queue", "compute", "in", "out")},
     }
 
 
-def hop_cost(peers, marks: list[int]) -> dict:
-    """Step-weighted mean of the hop-cost lines the peers logged since `marks` (log offsets)."""
+def per_step_ms(logs: list[str]) -> dict[str, float]:
+    """Step-weighted mean of the hop-cost lines in `logs`, per part (in, queue, window, compute, out)."""
     totals, steps = [0.0] * 5, 0
-    for proc, mark in zip(peers, marks, strict=True):
-        for match in HOP_LINE.finditer(proc.log()[mark:]):
+    for log in logs:
+        for match in HOP_LINE.finditer(log):
             n = int(match.group(1))
             steps += n
             totals = [t + n * float(x) for t, x in zip(totals, match.groups()[1:], strict=True)]
     names = ("in", "queue", "window", "compute", "out")
-    per_step = {k: round(t / max(1, steps), 3) for k, t in zip(names, totals, strict=True)}
+    return {k: round(t / max(1, steps), 3) for k, t in zip(names, totals, strict=True)}
+
+
+def hop_cost(peers, marks: list[int]) -> dict:
+    """Step-weighted mean of the hop-cost lines the peers logged since `marks` (log offsets)."""
+    per_step = per_step_ms([proc.log()[mark:] for proc, mark in zip(peers, marks, strict=True)])
     per_step["overhead"] = round(per_step["in"] + per_step["queue"] + per_step["out"], 3)
     return per_step
 

@@ -64,7 +64,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def peer_config(args: argparse.Namespace):
     """The PeerConfig the flags ask for; UsageError for what the parser alone cannot check."""
-    cli_args.check_model(args.model)  # before torch loads
     from hexswarm.peer import faults
     from hexswarm.peer.admission import AdmissionLimits
     from hexswarm.peer.config import PeerConfig

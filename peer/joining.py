@@ -19,6 +19,7 @@ from hexswarm.swarm.identity import Identity, load_or_create_identity
 
 JOIN_TIMEOUT_S = 30.0  # as start_dht's own wait
 ABANDON_TIMEOUT_S = 5.0  # shutting down a node the peer will not serve on (a usage error)
+DHT_CLOSE_S = 2.5  # a serving peer's node gets this long to stop (then it is killed, p2pd with it)
 
 
 @dataclass

@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from hexswarm.peer.joining import DHT_CLOSE_S
 from hexswarm.swarm.coordinator.records import dht_get
 from hexswarm.swarm.dht import start_dht
 from hexswarm.swarm.dht_process import shutdown_dht
@@ -41,7 +42,6 @@ MAX_HELPERS = 3  # nodes asked to dial back at once
 WANT_RELAYS = 2  # slots a peer behind NAT holds, so that one relay may leave
 RELAY_WAIT_S = 15.0  # how long slots get before the peer calls itself unreachable
 RELAY_RETRY_S = 0.5
-RESTART_CLOSE_S = 2.5  # behind NAT: the node that joined stops before a client-mode one starts
 
 
 @dataclass(frozen=True)
@@ -269,7 +269,7 @@ async def become_reachable(config, dht, identity, started: float):
     with `config` (its PeerConfig) that joined on `dht` at `started` (time.monotonic())."""
 
     async def restart_dht():  # behind NAT: a client-mode node stores nothing for others
-        await asyncio.to_thread(shutdown_dht, dht, RESTART_CLOSE_S)
+        await asyncio.to_thread(shutdown_dht, dht, DHT_CLOSE_S)
         return start_dht(config.initial_peers, identity, config.host_maddrs, client_mode=True)
 
     async def records() -> list[PeerRecord]:

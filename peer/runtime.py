@@ -30,7 +30,7 @@ from hexswarm.peer.debug import CorruptOutputs, SlowBlocks, tampered_encoder
 from hexswarm.peer.devices import describe
 from hexswarm.peer.evidence_service import EvidenceService
 from hexswarm.peer.faults import FaultInjector
-from hexswarm.peer.joining import Joining, start_joining
+from hexswarm.peer.joining import DHT_CLOSE_S, Joining, start_joining
 from hexswarm.peer.link_probe import LinkProbe
 from hexswarm.peer.peer_record import peer_record
 from hexswarm.peer.plan_follower import PlanFollower, follower_trust, join_range
@@ -66,7 +66,6 @@ FAILURE_GRACE_S = 5.0
 # P2P_CLOSE_S and the DHT process DHT_CLOSE_S (then it is killed, p2pd with it).
 LEAVE_ANNOUNCE_S = 1.5
 P2P_CLOSE_S = 0.5
-DHT_CLOSE_S = 2.5
 
 
 async def serve(config: PeerConfig, joining: Joining | None = None) -> int:
@@ -200,7 +199,7 @@ class _Peer:
         blocks = await self._load_blocks()
         weight_bytes = weight_bytes_per_block(blocks)
         throughput, decode_batch = await self.speed_of(blocks)
-        speeds = await self._measure_degrees(throughput)
+        speeds = await degree_speeds(self.config, self.group, throughput)
         if stop.is_set():
             return False
         blocks = self._with_debug_faults(blocks)
@@ -281,9 +280,6 @@ class _Peer:
         )
         self.server.banned = self.evidence.banned
         await self.p2p.add_binary_stream_handler(EVIDENCE_PROTOCOL, self.evidence.handle_stream)
-
-    async def _measure_degrees(self, throughput: tuple[float, float]) -> tuple:
-        return await degree_speeds(self.config, self.group, throughput)
 
     async def _handle_stream(self, *args) -> None:
         # Through the current server, so that a move (peer/plan_follower.py) can switch new

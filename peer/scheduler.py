@@ -133,7 +133,8 @@ class StepScheduler:
         self.decode_ms = 0.0  # running mean of a decode batch's compute
         self.chunk_ms_per_token = 0.0  # running mean of a prefill chunk's compute per token
         self.last_decode_at = float("-inf")  # perf_counter when the last decode batch ended
-        self.decoding: dict[str, Rhythm] = {}  # session key -> when it decoded, how often
+        self.aligning = self.can_batch and policy.align_ratio > 0  # aligned steps: module docstring
+        self.decoding: dict[str, Rhythm] = {}  # session key -> when it decoded, how often (aligning)
         self.thread = threading.Thread(target=self._loop, name="compute", daemon=True)
         self.thread.start()
 
@@ -151,7 +152,7 @@ class StepScheduler:
                 raise RuntimeError("the compute thread is stopped")
             if not job.is_decode:
                 self._level(self.account_of(session))
-            elif (rhythm := self.decoding.get(session.key)) is not None:
+            elif self.aligning and (rhythm := self.decoding.get(session.key)) is not None:
                 rhythm.gap_s = _mean(rhythm.gap_s, job.arrived - rhythm.ended)
             self.queue.append(job)
             self.cond.notify()
@@ -242,7 +243,7 @@ class StepScheduler:
         while not self.stopped and not self._batch_full():
             now = time.perf_counter()
             left = first.arrived + window_s - now
-            if left <= 0 and self._on_their_way(aligned_s, now):
+            if left <= 0 and self.aligning and self._on_their_way(aligned_s, now):
                 left = aligned_s - now  # module docstring: aligned steps
             if left <= 0:
                 break
@@ -282,16 +283,16 @@ class StepScheduler:
             for job in live:
                 job.future.set_exception(e)
             return
-        self.batch_sizes[sum(job.rows for job in live)] += 1
-        with self.cond:
-            for job in live:
-                self._count(self.account_of(job.session), job.rows)
         ended = time.perf_counter()
+        self.batch_sizes[sum(job.rows for job in live)] += 1
         self.busy_s += ended - began
         self.decode_ms = _mean(self.decode_ms, 1000 * (ended - began))
         self.last_decode_at = ended
         with self.cond:
-            self._mark_decoded([job.session.key for job in live], ended)
+            for job in live:
+                self._count(self.account_of(job.session), job.rows)
+            if self.aligning:
+                self._mark_decoded([job.session.key for job in live], ended)
         for job, result in zip(live, results, strict=True):
             job.compute_ended = ended
             job.future.set_result(result)
