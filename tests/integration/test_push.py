@@ -93,9 +93,10 @@ def test_refused_and_dropped_pushes_fall_back_to_relay(client, local_model):
     assert client.last_route.startswith("a[0:2) -> r[2:4) -> d[4:6)"), client.last_route
     assert torch.equal(got, local_model.generate(prompt, **KWARGS))
     assert client.last_failovers == []  # a failed push is not a failed peer
-    # The first step: a's push to r is refused, r's to d is never acked; both hops are then
-    # relayed by the client for the rest of the session.
-    assert client.last_hop_steps == {"sent": 3 * NEW_TOKENS, "pushed": 0, "push_failed": 2}
+    # The first step: a's push to r is refused, r's to d is never acked; the client relays both
+    # hops for 4 steps, then lets the pushes try again at the 5th (they fail again, and the
+    # next try would be at the 13th of these 12 steps).
+    assert client.last_hop_steps == {"sent": 3 * NEW_TOKENS, "pushed": 0, "push_failed": 4}
 
 
 def test_failover_of_a_middle_peer_with_push_is_exact(push_swarm, client, local_model):

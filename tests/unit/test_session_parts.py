@@ -43,14 +43,35 @@ def test_a_step_is_pushed_along_hops_that_take_pushes_from_the_one_before():
     assert PushPlan(push=True).segment_end(hops, 0) == 2
 
 
-def test_a_failed_push_relays_that_hop_for_the_rest_of_the_session():
+def _steps_relayed(plan: PushPlan, hops: list[LiveHop], cap: int = 1000) -> int | None:
+    """Steps, from the next one, until a's step is pushed on through b and c again."""
+    for steps in range(1, cap + 1):
+        plan.next_step()
+        if plan.segment_end(hops, 0) == 3:
+            return steps
+    return None
+
+
+def test_a_failed_push_relays_that_hop_for_a_while_then_tries_again():
     hops, plan = _chain(), PushPlan(push=True)
+    plan.next_step()
     plan.sent(0, 3)
-    plan.push_failed(hops, 0, 3)  # a could not push to b: b and c got nothing pushed
+    assert plan.push_failed(hops, 0, 3) == 4  # a could not push to b: b and c got nothing pushed
     assert plan.hop_steps == {"sent": 1, "pushed": 0, "push_failed": 1}
     assert plan.segment_end(hops, 0) == 1 and plan.segment_end(hops, 1) == 3
+    assert _steps_relayed(plan, hops) == 4
+    # each failure in a row doubles the wait, up to 256 steps
+    assert [plan.push_failed(hops, 0, 3) for _ in range(8)] == [8, 16, 32, 64, 128, 256, 256, 256]
+    assert _steps_relayed(plan, hops) == 256
+    plan.pushed_into(hops[1])  # a push went through: the next failure starts the count again
+    assert plan.push_failed(hops, 0, 3) == 4
+
+
+def test_a_peer_that_pushed_something_else_is_never_pushed_from_again():
+    hops, plan = _chain(), PushPlan(push=True)
     plan.distrust("b")  # b pushed something else than it returned
-    assert plan.segment_end(hops, 1) == 2
+    assert plan.segment_end(hops, 0) == 2 and plan.segment_end(hops, 1) == 2
+    assert _steps_relayed(plan, hops) is None
 
 
 class _Swarm:
