@@ -58,10 +58,10 @@ def tp_swarm(make_model, tmp_path_factory):
                 proc.popen.send_signal(signal.SIGTERM)
 
 
-def _client(local: LocalSwarm, model_dir: Path):
+def _client(local: LocalSwarm, model_dir: Path, **kwargs):
     from hexswarm.client import DistributedModelForCausalLM
 
-    return DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=local.initial_peers)
+    return DistributedModelForCausalLM.from_pretrained(model_dir, initial_peers=local.initial_peers, **kwargs)
 
 
 @pytest.mark.parametrize("arch, names", [("llama", LLAMA_PEERS), ("qwen2", QWEN_PEERS)])
@@ -131,11 +131,12 @@ def test_bad_devices_exit_2_before_loading(make_model, capsys, flags, message):
 def test_killed_rank_fails_the_peer_and_stops_the_group(tp_swarm):
     """SIGKILL to rank 1 while a session is open: the client hears PEER_FAILED, the leader
     exits non-zero, and nothing of the group keeps running."""
-    from hexswarm.client import PeerError
+    from hexswarm.client import PeerError, RetryPolicy
 
     local, models = tp_swarm
     victim = next(p for p in local.processes if p.name == "victim")
-    client = _client(local, models["victim"])
+    # No other peer serves the victim's model: the failover gives up when its budget is spent.
+    client = _client(local, models["victim"], retry=RetryPolicy(retry_budget_s=3))
     try:
         with pytest.raises(PeerError) as failure:
             with client.inference_session(max_length=8):
