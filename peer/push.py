@@ -64,7 +64,7 @@ MAX_ACK_FRAME = 64 << 10  # a link carries only PUSH_ACK (and ERROR) frames back
 # A peer stays a member this long after its record was last seen: one failed or partial DHT read
 # must not stop pushes, and a record that lapsed (its TTL is a few announce periods) still ends.
 MEMBER_TTL_S = 120.0
-REFRESH_AFTER_S = 5.0  # an id not known re-reads the records at most this often (a client picks ids)
+REFRESH_AFTER_S = 1.0  # an id not known re-reads the records at most this often (a client picks ids)
 MAX_MEMBERS = 4096
 RETRY_AFTER_S = 1.0  # after a link to a peer failed, how long before it is dialed again ...
 MAX_RETRY_AFTER_S = 30.0  # ... doubling with each failure in a row, up to this
@@ -92,7 +92,8 @@ class SwarmMembers:
 
     `update` is fed the ids of every read of the records (once per announce period). An id not
     known (a peer that joined since) re-reads them through `read`, at most every
-    `refresh_after_s`, so a client naming random ids costs at most one DHT read per interval."""
+    `refresh_after_s`, so a client naming random ids costs at most one DHT read per interval
+    (a second, when a push's deadline leaves time for it, finds a record one read missed)."""
 
     def __init__(
         self,
@@ -120,17 +121,26 @@ class SwarmMembers:
         seen = self.seen.get(peer_id)
         return seen is not None and seen >= self.clock() - self.ttl_s
 
-    async def check(self, peer_id: str) -> None:
-        """Returns if `peer_id` announces this model (re-reading the records if due); raises
-        NotAMemberError if not."""
-        if self.knows(peer_id):
-            return
-        async with self.lock:
-            if not self.knows(peer_id) and self.clock() - self.read_at >= self.refresh_after_s:
+    async def check(self, peer_id: str, wait_s: float = 0.0) -> None:
+        """Returns if `peer_id` announces this model; raises NotAMemberError if not.
+
+        An id not known re-reads the records if a read is due; if it is still not known and the
+        next read is due within `wait_s`, it waits for that read: a record that entered the DHT
+        a moment ago may be missing from one read (a replica that has not stored it yet)."""
+        give_up_at = self.clock() + wait_s
+        while not self.knows(peer_id):
+            async with self.lock:  # one re-read at a time; the others wait for its answer
+                if self.knows(peer_id):
+                    return
+                due_in = self.read_at + self.refresh_after_s - self.clock()
+                if due_in > 0 and self.clock() + due_in > give_up_at:
+                    raise NotAMemberError(
+                        f"...{peer_id[-8:]} does not announce this model in the DHT: not dialed"
+                    )
+                if due_in > 0:
+                    await asyncio.sleep(due_in)
                 self.read_at = self.clock()  # before the read: a failing DHT is not asked again at once
                 self.update(await self.read())
-        if not self.knows(peer_id):
-            raise NotAMemberError(f"...{peer_id[-8:]} does not announce this model in the DHT: not dialed")
 
 
 class Backoff:
@@ -202,7 +212,7 @@ class PushLinks:
         if self.members is None:
             return ""
         try:
-            await asyncio.wait_for(self.members.check(peer_id), timeout)
+            await asyncio.wait_for(self.members.check(peer_id, timeout), timeout)
         except NotAMemberError as e:
             return str(e)
         except TimeoutError:

@@ -22,6 +22,7 @@ import asyncio
 import ipaddress
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -92,6 +93,15 @@ def reached_addrs(replies: Sequence[DialBackReply | None], peer_id: str) -> tupl
     return tuple(dict.fromkeys(with_peer_id(a, peer_id) for a in remote or dialed))
 
 
+def agreed_addrs(replies: Sequence[DialBackReply | None], peer_id: str) -> tuple[str, ...]:
+    """The addresses at least half of the helpers that answered reached us at (as `reachable_verdict`
+    counts): a lying helper cannot, alone, choose what a direct peer announces."""
+    answered = [r for r in replies if r is not None and not r.error]
+    votes = Counter(dialed for r in answered for dialed in dict.fromkeys(d for _, d in r.reached))
+    agreed = [(None, addr) for addr, n in votes.items() if 2 * n >= len(answered)]
+    return reached_addrs([DialBackReply("agreed", tuple(agreed))], peer_id)
+
+
 def nat_message(listen_addrs: Sequence[str], relays: Sequence[str]) -> str:
     ports = sorted({a.port for a in map(tcp_addr, listen_addrs) if a is not None})
     port_hint = f"TCP port {ports[0]}" if ports else "a fixed TCP port (--host-maddrs /ip4/0.0.0.0/tcp/PORT)"
@@ -156,7 +166,7 @@ class Reachability:
                 logger.warning("no node answered a dial-back; announcing as directly reachable, unverified")
                 return dht, Reach("direct", listen, reason="no node answered a dial-back", known_s=known)
             if verdict:
-                addrs = reached_addrs(replies, self.peer_id)
+                addrs = agreed_addrs(replies, self.peer_id)
                 logger.info("reachable directly at %s (%.1f s after start)", ", ".join(addrs), known)
                 return dht, Reach("direct", addrs, known_s=known)
             answering = [h for h, r in zip(self.helpers, replies, strict=True) if r is not None]

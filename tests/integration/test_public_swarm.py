@@ -1,8 +1,8 @@
 """The public swarm across real NATs: homes behind MASQUERADE routers in network namespaces.
 
 Two bootstraps on the "internet" relay for peers at home; the client sits in a third home.
-Nothing here is mocked: real p2pd daemons, real dial-backs, real circuit relays (swarm/netlab.py
-draws the topology). The tests run in file order on one lab and build on each other.
+Nothing here is mocked: real p2pd daemons, real dial-backs, real TCP port relays on the
+bootstraps (swarm/port_relay.py; swarm/netlab.py draws the topology). The tests run in file order on one lab and build on each other.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def test_peers_behind_nat_serve_through_relays_and_the_output_is_exact(lab, clie
         assert "behind NAT" in lab.peers[name].log() and "forward TCP port" in lab.peers[name].log()
     assert torch.equal(generate(client), expected)
     assert client.last_route == "home1[0:3) -> home2[3:6)", client.last_route
-    # home1 pushed every step to home2, through a relay circuit between two homes
+    # home1 pushed every step to home2, through a relay's port between two homes
     assert client.last_hop_steps == {"sent": NEW_TOKENS, "pushed": NEW_TOKENS, "push_failed": 0}
 
 

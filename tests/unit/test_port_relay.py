@@ -40,12 +40,12 @@ async def same_machine(peer_id: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def relay_with_slot(limits: RelayLimits, peer: str = "QmPeer"):
-    """A relay, an echo server as the relayed peer's daemon, and a slot held for `peer`:
-    yields (relay, slot, control reader, daemon address)."""
+async def relay_with_slot(limits: RelayLimits, peer: str = "QmPeer", daemon_handler=echo):
+    """A relay, an echo server (or `daemon_handler`) as the relayed peer's daemon, and a slot held
+    for `peer`: yields (relay, slot, control reader, daemon address)."""
     relay = RelayService(host="127.0.0.1", limits=limits, group_of=same_machine)
     await relay.start()
-    daemon = await asyncio.start_server(echo, "127.0.0.1", 0)
+    daemon = await asyncio.start_server(daemon_handler, "127.0.0.1", 0)
     accepted = asyncio.get_running_loop().create_future()
     control_server = await asyncio.start_server(lambda r, w: accepted.set_result((r, w)), "127.0.0.1", 0)
     peer_reader, peer_writer = await asyncio.open_connection(
@@ -94,8 +94,21 @@ async def test_a_relayed_connection_carries_far_more_than_libp2ps_128_kib():
 async def test_a_connection_past_its_data_limit_is_closed():
     limits = RelayLimits(data_limit_bytes=100_000)
     async with relay_with_slot(limits) as (_, slot, control, daemon):
-        received = await relayed_echo(slot, control, daemon, limits, b"x" * 1_000_000)
-        assert len(received) <= 100_000
+        assert len(await relayed_echo(slot, control, daemon, limits, b"x" * 1_000_000)) <= 100_000
+    # what reached the daemon: the data up to the limit (less at most one read of 64 KiB), then the end
+    arrived: list[int] = []
+    ended = asyncio.get_running_loop().create_future()
+
+    async def sink(reader, writer):
+        while data := await reader.read(1 << 16):
+            arrived.append(len(data))
+        ended.set_result(True)
+        writer.close()
+
+    async with relay_with_slot(limits, daemon_handler=sink) as (_, slot, control, daemon):
+        await relayed_echo(slot, control, daemon, limits, b"x" * 1_000_000)
+        await asyncio.wait_for(ended, 5)
+        assert 100_000 - (1 << 16) < sum(arrived) <= 100_000
 
 
 async def test_a_tunnel_with_an_unknown_token_is_closed_and_the_slot_ends_with_its_stream():

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from hexswarm.peer.push import Backoff, PushLinks, SwarmMembers
+from hexswarm.peer.push import Backoff, NotAMemberError, PushLinks, SwarmMembers
 from hexswarm.swarm.frames import read_frame, write_frame
 from hexswarm.swarm.protocol import PushAck, Step
 
@@ -211,6 +211,20 @@ async def test_a_peer_that_joined_since_the_last_read_is_found_by_a_new_read():
     clock.now += 5.0
     await members.check("QmNew")
     assert records.reads == 1 and members.knows("QmA")
+
+
+async def test_a_record_one_read_missed_is_found_by_the_next_within_the_push_deadline():
+    class LateRecords(Records):
+        async def __call__(self):  # the first read meets a replica without QmEdge's record
+            self.reads += 1
+            return ["QmA"] if self.reads == 1 else ["QmA", "QmEdge"]
+
+    records = LateRecords()
+    members = SwarmMembers(records, refresh_after_s=0.05)
+    with pytest.raises(NotAMemberError):
+        await members.check("QmEdge")  # no time to wait for another read
+    await members.check("QmEdge", wait_s=1.0)
+    assert records.reads == 2 and members.knows("QmEdge")
 
 
 async def test_members_outlive_a_failed_read_but_not_their_ttl():

@@ -6,7 +6,14 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from hexswarm.peer.reachability import Candidate, candidates, local_endpoint, nat_message, reached_addrs
+from hexswarm.peer.reachability import (
+    Candidate,
+    agreed_addrs,
+    candidates,
+    local_endpoint,
+    nat_message,
+    reached_addrs,
+)
 from hexswarm.swarm.dialing import dialable
 from hexswarm.swarm.maddrs import ip_group, peer_id_of, tcp_addr, with_peer_id, without_peer_id
 from hexswarm.swarm.reachability import (
@@ -95,6 +102,30 @@ def test_the_verdict_needs_half_of_those_that_answered():
     assert reachable_verdict([reply(True), reply(False)]) is True
     assert reachable_verdict([reply(True), reply(False), reply(False)]) is False  # one liar is outvoted
     assert reachable_verdict([reply(False), None]) is False
+
+
+def test_one_liar_chooses_neither_the_verdict_nor_the_address_announced():
+    honest = ("/ip4/192.168.1.2/tcp/4000", "/ip4/198.51.100.7/tcp/4000")
+    lie = ("/ip4/192.168.1.2/tcp/4000", "/ip4/203.0.113.66/tcp/4000")
+    replies = [
+        DialBackReply("QmBoot", (honest,)),
+        DialBackReply("QmLiar", (lie,)),
+        DialBackReply("QmB", (honest,)),
+    ]
+    assert reachable_verdict(replies) is True
+    assert agreed_addrs(replies, ME) == ("/ip4/198.51.100.7/tcp/4000/p2p/QmAsker",)
+    # a liar saying it reached us at two addresses still has one vote each; a busy helper none
+    replies = [
+        DialBackReply("QmLiar", (lie, lie)),
+        DialBackReply("QmBoot", (honest,)),
+        reply(False, error="busy"),
+    ]
+    assert set(agreed_addrs(replies, ME)) == {
+        "/ip4/198.51.100.7/tcp/4000/p2p/QmAsker",
+        "/ip4/203.0.113.66/tcp/4000/p2p/QmAsker",
+    }  # one against one: as the verdict, a tie is not outvoted
+    two_liars = [DialBackReply("QmL1", (lie,)), DialBackReply("QmL2", (lie,)), DialBackReply("QmBoot", ())]
+    assert "/ip4/203.0.113.66/tcp/4000/p2p/QmAsker" in agreed_addrs(two_liars, ME)  # Sybils: issue 49
 
 
 def test_a_peer_announces_what_helpers_reached_and_loopback_only_alone():
