@@ -169,7 +169,7 @@ class PeerConnection:
             self._take_key(opened.owner_marker)
         if kv_from and not prompt_length:
             return  # it starts where its pushed prompt ends, which the client did not say
-        about = SessionId(model_id, self.own_id, session_id, start, end)
+        about = SessionId(model_id, self.own_id, session_id, start, end, opened.format)
         self.logs[session_id] = CommitmentLog(about, first=prompt_length if kv_from else 0)
 
     def _take_key(self, owner_marker: bytes) -> None:

@@ -294,7 +294,6 @@ class Verifier:
             step,
             run.inputs[:, :end].contiguous(),
             bad.output,
-            self._format([bad.peer_id]),
         )
         try:
             evidence.check()

@@ -258,6 +258,7 @@ class _Peer:
             c.max_buffered_bytes,
         )
         server.signer = self.identity
+        server.format = self.own_format()
         server.group_of = partial(admission_group_of, self.p2p) if self.p2p is not None else None
         server.pusher = self.pusher  # links to next peers outlive a move
         if self.evidence is not None:  # re-checks run on the new blocks from now on
@@ -268,18 +269,21 @@ class _Peer:
     async def _serve_evidence(self) -> None:
         """Re-checks evidence of lies sent to it and hands out what it proved (peer/evidence_service.py);
         streams from the peers it banned are refused."""
-        c = self.config
-        own_format = "int8" if c.quant != DEFAULT_QUANT else DTYPE_NAMES.get(c.dtype, "float32")
         self.evidence = EvidenceService(
             self.core,
             self.server.scheduler,
             self.dht,
             self.identity,
-            own_format,
+            self.own_format(),
             partial(ip_group_of, self.p2p),
         )
         self.server.banned = self.evidence.banned
         await self.p2p.add_binary_stream_handler(EVIDENCE_PROTOCOL, self.evidence.handle_stream)
+
+    def own_format(self) -> str:
+        """The format this peer computes in, as tolerances name it (any quantized one is int8)."""
+        c = self.config
+        return "int8" if c.quant != DEFAULT_QUANT else DTYPE_NAMES.get(c.dtype, "float32")
 
     async def _handle_stream(self, *args) -> None:
         # Through the current server, so that a move (peer/plan_follower.py) can switch new

@@ -93,6 +93,7 @@ class PeerServer:
         self.tasks: set[asyncio.Task] = set()  # pushed steps being computed
         # The peer's identity (swarm/identity.py): signs its sessions' commitments; None signs nothing.
         self.signer = None
+        self.format = "float32"  # the format it computes in, named in what it signs (set by the runtime)
         self.banned: set[str] = set()  # peers proven to lie (peer/evidence_service.py): refused
         self.group_of = None  # async: remote peer id -> its IP group, None on loopback (set by the runtime)
 
@@ -247,7 +248,10 @@ class PeerServer:
     def _sign(self, session) -> bytes:
         if self.signer is None:
             return b""
-        about = SessionId(self.core.model_id, session.owner, session.session_id, session.start, session.end)
+        core = self.core
+        about = SessionId(
+            core.model_id, session.owner, session.session_id, session.start, session.end, self.format
+        )
         return self.signer.private_key.sign(statement(about, session.position, session.chain))
 
     async def _forward(self, result: StepResult, message: Step, owner: str) -> str:
@@ -372,7 +376,7 @@ class PeerServer:
                 )
                 opened = self.core.open(message, remote)
                 if self.signer is not None:
-                    opened = replace(opened, owner_marker=self.signer.owner_marker)
+                    opened = replace(opened, owner_marker=self.signer.owner_marker, format=self.format)
                 key = session_key(remote, message.session_id)
                 self.admission.opened(remote, key)
                 owned.add(message.session_id)

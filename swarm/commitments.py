@@ -13,7 +13,8 @@ Signed in batches: both sides fold each step into a running hash of the session,
     chain = H16(chain | position after the step | H(input) | H(output))
 
 and every SIGN_EVERY steps (and whenever the client asks, with ATTEST) the peer signs the
-*statement* (model, client, session, blocks, position, chain) with its identity key: one RSA
+*statement* (model, client, session, blocks, the format it computes in, position, chain) with
+its identity key: one RSA
 signature per 64 steps. A signed chain binds the peer to every input and output of the
 session up to that position, so a wrong output it returned becomes evidence that anyone with
 the inputs can re-check by recomputing (swarm/evidence.py). On decode steps that is 8 bytes a
@@ -33,7 +34,7 @@ from hexswarm.swarm.wire_tensors import hash_tensor
 DIGEST_BYTES = 8
 CHAIN_BYTES = 16
 SIGN_EVERY = 64  # steps of a session between two signed statements
-STATEMENT_KIND = "hexswarm/commitment/1"
+STATEMENT_KIND = "hexswarm/commitment/2"
 MAX_SIGNATURE_BYTES = 1024
 
 
@@ -56,11 +57,15 @@ class SessionId:
     session_id: str
     start: int
     end: int
+    # the format the peer computes in (a dtype name, or "int8"), which sets how far a re-check
+    # may differ (swarm/verify_tolerance.py): signed, so nobody else can choose it
+    format: str
 
 
 def statement(session: SessionId, position: int, chain: bytes) -> bytes:
     """The bytes a peer signs: it computed this session's steps up to `position` as `chain` says."""
     body = [STATEMENT_KIND, session.model_id, session.owner, session.session_id, session.start, session.end]
+    body.append(session.format)
     return msgpack.packb([*body, position, chain], use_bin_type=True)
 
 

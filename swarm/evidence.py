@@ -39,9 +39,9 @@ from hexswarm.swarm.commitments import (
 )
 from hexswarm.swarm.identity import peer_id_from_owner_marker
 from hexswarm.swarm.verify_tolerance import TOLERANCES, Comparison, coarsest, compare
-from hexswarm.swarm.wire_tensors import decode_tensor, encode_tensor
+from hexswarm.swarm.wire_tensors import DTYPE_NAMES, decode_tensor, encode_tensor
 
-EVIDENCE_VERSION = 1
+EVIDENCE_VERSION = 2
 MAX_EVIDENCE_TOKENS = 8192  # batch x tokens of the inputs: the most work a re-check can cost
 MAX_EVIDENCE_BYTES = 256 << 20
 
@@ -56,7 +56,12 @@ class Evidence:
     step: int  # index in `records` of the wrong step
     inputs: torch.Tensor  # (batch, tokens up to the wrong step's end, hidden): what the session was sent
     output: torch.Tensor  # what the peer returned for the wrong step
-    format: str  # the format the output is checked at (the peer's announced one, or the wire's)
+
+    @property
+    def format(self) -> str:
+        """The format the output is checked at: the coarser of the one the peer signed it computes
+        in and the output's own dtype (both covered by its signature)."""
+        return coarsest([self.session.format, DTYPE_NAMES.get(self.output.dtype, "float32")])
 
     @property
     def first(self) -> int:
@@ -65,8 +70,8 @@ class Evidence:
 
     def check(self) -> None:
         """Raises ValueError naming what does not hold together."""
-        if self.format not in TOLERANCES:
-            raise ValueError(f"unknown format {self.format!r}")
+        if self.session.format not in TOLERANCES:
+            raise ValueError(f"unknown format {self.session.format[:32]!r}")
         if peer_id_from_owner_marker(self.owner_marker).to_base58() != self.peer_id:
             raise ValueError("the public key is not the peer's")
         if not self.records or self.records[-1].position != self.signed.position:
@@ -115,7 +120,6 @@ class Evidence:
             "step": self.step,
             "inputs": encode_tensor(self.inputs),
             "output": encode_tensor(self.output),
-            "format": self.format,
         }
         return msgpack.packb(body, use_bin_type=True)
 
@@ -129,7 +133,7 @@ class Evidence:
             if not isinstance(body, dict) or body.get("v") != EVIDENCE_VERSION:
                 raise ValueError("not hexswarm evidence of a known version")
             return cls(
-                session=SessionId(*_typed(body["session"], (str, str, str, int, int))),
+                session=SessionId(*_typed(body["session"], (str, str, str, int, int, str))),
                 peer_id=_typed([body["peer_id"]], (str,))[0],
                 owner_marker=_typed([body["owner_marker"]], (bytes,))[0],
                 records=tuple(StepRecord(*_typed(r, (int, bytes, bytes))) for r in body["records"]),
@@ -137,7 +141,6 @@ class Evidence:
                 step=_typed([body["step"]], (int,))[0],
                 inputs=decode_tensor(body["inputs"]),
                 output=decode_tensor(body["output"]),
-                format=_typed([body["format"]], (str,))[0],
             )
         except (KeyError, TypeError, msgpack.UnpackException, ValueError) as e:
             raise ValueError(f"malformed evidence: {e}") from None

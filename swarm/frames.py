@@ -40,6 +40,7 @@ from hexswarm.swarm.protocol import (
     Step,
     StepResult,
 )
+from hexswarm.swarm.verify_tolerance import TOLERANCES
 from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError, field, optional_field, require_map
 from hexswarm.swarm.wire_tensors import decode_tensor, encode_tensor
 
@@ -78,7 +79,7 @@ def encode(message: Message) -> bytes:
             }
             body.update(t=kinds[type(message)], session=message.session_id)
             if isinstance(message, Opened) and message.owner_marker:
-                body["owner"] = message.owner_marker
+                body.update(owner=message.owner_marker, format=message.format)
         case Attested():
             body.update(
                 t=MsgType.ATTESTED,
@@ -259,7 +260,10 @@ def _decode_opened(f: dict) -> Opened:
     marker = optional_field(f, "owner", bytes, b"")
     if len(marker) > MAX_SIGNATURE_BYTES:
         raise ProtocolError(ErrorCode.MALFORMED, f"a public key has at most {MAX_SIGNATURE_BYTES} bytes")
-    return Opened(_session(f), marker)
+    fmt = optional_field(f, "format", str, "")
+    if marker and fmt not in TOLERANCES:
+        raise ProtocolError(ErrorCode.MALFORMED, f"unknown compute format {fmt[:32]!r}")
+    return Opened(_session(f), marker, fmt)
 
 
 def _decode_attested(f: dict) -> Attested:

@@ -89,6 +89,7 @@ class KvTarget:
 class Opened:
     session_id: str
     owner_marker: bytes = b""  # the peer's public key, which signs its commitments ("" if it does not)
+    format: str = ""  # the format it computes in, which its signed statements name (with owner_marker)
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ async def test_a_peer_signs_its_sessions_commitments_every_64_steps_and_when_ask
     client = Stream(server, CLIENT)
     opened = await client.ask(Open("s", spec.model_id, 0, 2, 128, 1, "float32"))
     assert isinstance(opened, Opened) and opened.owner_marker == identity.owner_marker
-    log = CommitmentLog(SessionId(spec.model_id, CLIENT, "s", 0, 2))
+    log = CommitmentLog(SessionId(spec.model_id, CLIENT, "s", 0, 2, "float32"))
     signatures = []
     for position in range(SIGN_EVERY + 3):
         hidden = torch.randn(1, 1, HIDDEN)
@@ -82,7 +82,7 @@ def _evidence(spec, identity, lie: float) -> tuple[Evidence, torch.Tensor]:
     stack = BlockStack.load(spec, 0, 2, torch.float32, torch.device("cpu"))
     inputs = torch.randn(1, 7, HIDDEN, generator=torch.Generator().manual_seed(1))
     cache = stack.new_cache("s")
-    log = CommitmentLog(SessionId(spec.model_id, CLIENT, "s", 0, 2))
+    log = CommitmentLog(SessionId(spec.model_id, CLIENT, "s", 0, 2, "float32"))
     with torch.inference_mode():
         for first, end in ((0, 5), (5, 6), (6, 7)):
             output = stack(inputs[:, first:end], cache, first, 0, 2)
@@ -102,7 +102,6 @@ def _evidence(spec, identity, lie: float) -> tuple[Evidence, torch.Tensor]:
         2,
         inputs,
         output,
-        "float32",
     )
     return evidence, full
 
@@ -132,6 +131,11 @@ def test_signed_wrong_output_is_proven_and_an_honest_one_is_not(spec, identity):
         ),
         (lambda e: dataclasses.replace(e, peer_id="QmSomebodyElse"), "not the peer's"),
         (lambda e: dataclasses.replace(e, step=9), "not one of the steps"),
+        # the format sets the tolerance: the peer signed the one it computes in, nobody else chooses it
+        (
+            lambda e: dataclasses.replace(e, session=dataclasses.replace(e.session, format="bfloat16")),
+            "signature does not verify",
+        ),
     ],
 )
 def test_tampered_evidence_proves_nothing(spec, identity, tamper, why):
