@@ -7,7 +7,9 @@ over; the peers are healed (killed ones restarted) before the next run. Prints o
 runs, exact runs (output equal to the local model's, which is the no-failure output),
 median and p99 recovery time (fault -> next token), retries used, and leftover processes.
 
-    python benchmarks/chaos.py --runs 100 [--faults 1] [--new-tokens 12] [--seed 0]
+    python benchmarks/chaos.py --runs 100 [--faults 1] [--new-tokens 12] [--seed 0] [--save]
+
+(--save: also write the line to benchmarks/results/chaos.json)
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_results import save
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm.launcher)
 
@@ -105,9 +109,12 @@ def main() -> None:
     parser.add_argument("--faults", type=int, default=1, help="peers hurt per run")
     parser.add_argument("--new-tokens", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/chaos.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hexswarm-chaos-") as tmp:
         result = run_all(Path(tmp), args.runs, args.faults, args.new_tokens, args.seed)
+    if args.save:
+        save("chaos", result)
     print(json.dumps(result), flush=True)
 
 

@@ -42,6 +42,9 @@ and a last line with the means and the goals (`"summary": true`).
                                         [--settings 1 2 3 4 5] [--workloads HPLD ...] [--models ...]
                                         [--prefill-layout latency|throughput]
     python benchmarks/disaggregation.py --summarize ROWS.jsonl   # the summary line of saved case lines
+
+--save also writes the case lines and the summary to benchmarks/results/disaggregation.json
+(with --summarize too: the parts' lines and their summary).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+from bench_results import save  # noqa: E402
 
 from hexswarm.routing.disaggregation.choice import choose  # noqa: E402
 from hexswarm.routing.disaggregation.planner import DisaggregationConfig, plan_disaggregated  # noqa: E402
@@ -219,11 +223,17 @@ def main() -> None:
         metavar="ROWS",
         help="print only the summary line of the case lines in this file (runs split in parts)",
     )
+    parser.add_argument(
+        "--save", action="store_true", help="also write benchmarks/results/disaggregation.json"
+    )
     args = parser.parse_args()
     if args.summarize:
         with open(args.summarize) as f:
             rows = [row for row in map(json.loads, f) if not row.get("summary")]
-        print(json.dumps(summary(rows, None)), flush=True)
+        line = summary(rows, None)
+        if args.save:
+            save("disaggregation", {"bench": "disaggregation", "rows": rows, "summary": line})
+        print(json.dumps(line), flush=True)
         return
     started = time.perf_counter()
     rows = []
@@ -233,7 +243,10 @@ def main() -> None:
                 row = run_case(number, workload_name, model_name, args)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print(json.dumps(summary(rows, time.perf_counter() - started)), flush=True)
+    line = summary(rows, time.perf_counter() - started)
+    if args.save:
+        save("disaggregation", {"bench": "disaggregation", "rows": rows, "summary": line})
+    print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ then, once it has left, with an `edge-peer` on 0:15. Prints one JSON line:
   default: the 0:15 peer pushes to the 15:30 peer).
 - `exact`: both chains' greedy tokens equal local transformers'.
 
-Run: python benchmarks/edge_peer.py [--pings 300] [--new-tokens 32] [--repeats 3]
+Run: python benchmarks/edge_peer.py [--pings 300] [--new-tokens 32] [--repeats 3] [--save]
+(--save: also write the line to benchmarks/results/edge_peer.json)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see s
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from bench_results import save  # noqa: E402
 from real_model import TEXT, decode_ms  # noqa: E402
 
 from hexswarm.swarm import gguf_checkpoint  # noqa: E402
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--pings", type=int, default=300)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/edge_peer.json")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -79,6 +82,8 @@ def main() -> None:
         "ms_per_token": round(edge["ms_per_token"] / hivemind["ms_per_token"], 3),
         "ms_per_token_push": round(edge["ms_per_token_push"] / hivemind["ms_per_token_push"], 3),
     }
+    if args.save:
+        save("edge_peer", result)
     print(json.dumps(result), flush=True)
 
 

@@ -16,7 +16,8 @@ For each model shape and dtype (float32, bfloat16, float16) on one device:
 Models are random LlamaConfig checkpoints written to a temporary folder at run time: one with
 SmolLM2-135M's shapes, one with Llama-2-7B's layer shapes but 4 layers. Prints one JSON line.
 
-    python benchmarks/gpu_check.py --device cuda [--out gpu.json]   # the full check (one GPU)
+    python benchmarks/gpu_check.py --device cuda [--out gpu.json] [--save]   # the full check (one GPU);
+        # --save: also write benchmarks/results/gpu_check.json at the end
     python benchmarks/gpu_check.py --device cpu --quick             # small shapes, under a minute
     python benchmarks/gpu_check.py --models llama2_7b_4layers --dtypes bfloat16 --sdpa flash efficient math
 
@@ -45,6 +46,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from bench_results import save
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -565,6 +567,7 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--new-tokens", type=int, default=0, help="tokens generated (default 32, quick 8)")
     parser.add_argument("--out", type=Path, help="also write the JSON here, after every section")
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/gpu_check.json")
     parser.add_argument(
         "--sdpa",
         nargs="+",
@@ -610,6 +613,8 @@ def main() -> None:
     result["imported_optional_packages"] = sorted({m.split(".")[0] for m in sys.modules} & OPTIONAL_PACKAGES)
     if args.out:
         args.out.write_text(json.dumps(result) + "\n")
+    if args.save:
+        save("gpu_check", result)
     print(json.dumps(result), flush=True)
 
 

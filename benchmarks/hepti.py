@@ -22,7 +22,9 @@ The slowdown is benchmark-only (`run-peer --debug-slowdown RANK:FACTOR[@SECONDS]
 stretch of its compute the rank sleeps FACTOR - 1 times as long, so it is that much slower
 without taking a core from the others (this machine has 2). Run:
 
-    python benchmarks/hepti.py [--ranks 3] [--factor 2] [--new-tokens 24] [--repeats 3]
+    python benchmarks/hepti.py [--ranks 3] [--factor 2] [--new-tokens 24] [--repeats 3] [--save]
+
+(--save: also write the lines to benchmarks/results/hepti.json)
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+from bench_results import save  # noqa: E402
 from transformers import StoppingCriteria  # noqa: E402
 
 from hexswarm.swarm.builtin_models import DEFAULT_MODEL  # noqa: E402
@@ -249,12 +252,17 @@ def main() -> None:
     parser.add_argument(
         "--after-switch-s", type=float, default=20.0, help="seconds measured after the switch"
     )
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/hepti.json")
     args = parser.parse_args()
+    lines = []
     with tempfile.TemporaryDirectory(prefix="hexswarm-bench-hepti-") as tmp:
         with LocalSwarm(Path(tmp) / "logs") as swarm:
             swarm.start_bootstrap()
             for ranks in args.ranks:
-                print(json.dumps(run_case(swarm, ranks, args)), flush=True)
+                lines.append(run_case(swarm, ranks, args))
+                print(json.dumps(lines[-1]), flush=True)
+    if args.save:
+        save("hepti", {"bench": "hepti", "lines": lines})
 
 
 if __name__ == "__main__":

@@ -36,9 +36,10 @@ over the lower p99 of the two, after an unmeasured 5 s warm-up of the new swarm.
 Per phase: requests started and completed, outputs equal to local transformers' generate(),
 p50/p99 request latency and p99 over the baseline's, failovers, where routes went, the honest
 peers' RSS (main process, MB) before and after, their mean cost per step (ms: in, queue, batch
-window, compute, out; from their logs), and the attack's evidence. Prints one JSON line.
+window, compute, out; from their logs), and the attack's evidence. Prints one JSON line
+(--save: also writes it to benchmarks/results/hostile.json).
 
-    python benchmarks/hostile.py [--seconds 25] [--quick] [--model smollm2-135m] [--attacks compute_hog ...]
+    python benchmarks/hostile.py [--seconds 25] [--quick] [--model smollm2-135m] [--attacks compute_hog ...] [--save]
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the tests package (bad_record, api_flood)
 
+from bench_results import save  # noqa: E402
 from concurrency import hop_cost  # noqa: E402  (the honest peers' per-step cost, from their logs)
 from hostile_sybil import run_sybil_phase  # noqa: E402
 
@@ -629,11 +631,14 @@ def main() -> None:
     every = [*ATTACKS, *OWN_SWARM]
     parser.add_argument("--attacks", nargs="+", default=every, choices=every)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 5 s phases, 8 new tokens")
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/hostile.json")
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.new_tokens = 5.0, 8
     with tempfile.TemporaryDirectory(prefix="hexswarm-hostile-") as tmp:
         result = run_all(args, Path(tmp))
+    if args.save:
+        save("hostile", result)
     print(json.dumps(result), flush=True)
 
 

@@ -29,7 +29,8 @@ Prints one JSON line:
 
 `routing/scheduler/simulation/interference.py` fits its model to these figures.
 
-Run: python benchmarks/interference.py [--tokens 128 512 1024] [--repeats 3] [--steps 16] [--rows 1]
+Run: python benchmarks/interference.py [--tokens 128 512 1024] [--repeats 3] [--steps 16] [--rows 1] [--save]
+(--save: also write the line to benchmarks/results/interference.json)
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+from bench_results import save  # noqa: E402
 
 from hexswarm.client.remote import PeerConnection  # noqa: E402
 from hexswarm.client.swarm_client import SwarmClient  # noqa: E402
@@ -168,6 +170,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16, help="decode steps of each 'alone' run")
     parser.add_argument("--rows", type=int, default=1, help="sequences the decoding session carries")
     parser.add_argument("--peer-args", default="", help="extra run-peer flags, e.g. '--interleave-ratio 0'")
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/interference.json")
     args = parser.parse_args()
     spec = load_model_spec(MODEL)
     peer_flags = ["--max-length", str(MAX_LENGTH), *args.peer_args.split()]
@@ -180,19 +183,18 @@ def main() -> None:
             figures = run_sync(measure(client, peer_id, spec.model_id, spec.hidden_size, args), timeout=1800)
         finally:
             client.shutdown()
-    print(
-        json.dumps(
-            {
-                "bench": "interference",
-                "model": MODEL,
-                "measured_on": "live peer (run-peer, all blocks), client over the swarm's streams",
-                "rows": args.rows,
-                "peer_flags": " ".join(peer_flags),
-                "torch_threads": torch.get_num_threads(),
-                **figures,
-            }
-        )
-    )
+    result = {
+        "bench": "interference",
+        "model": MODEL,
+        "measured_on": "live peer (run-peer, all blocks), client over the swarm's streams",
+        "rows": args.rows,
+        "peer_flags": " ".join(peer_flags),
+        "torch_threads": torch.get_num_threads(),
+        **figures,
+    }
+    if args.save:
+        save("interference", result)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

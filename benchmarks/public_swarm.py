@@ -21,7 +21,8 @@ Case `wan` then gives every home an internet link: upload capped at 100 Mbit/s (
 delay proxy in each home router, swarm/netlab.py), and measures the relayed chain again on
 fresh peers, against the same chain without it (`ms_per_token_relayed_lan`).
 
-Needs root, iproute2 and iptables. Run: python benchmarks/public_swarm.py [--new-tokens 24]
+Needs root, iproute2 and iptables. Run: python benchmarks/public_swarm.py [--new-tokens 24] [--save]
+(--save: also write the lines to benchmarks/results/public_swarm.json)
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see s
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from bench_results import save  # noqa: E402
 from real_model import TEXT, decode_ms  # noqa: E402
 
 from hexswarm.swarm import gguf_checkpoint, netlab  # noqa: E402
@@ -57,6 +59,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--delay-ms", type=float, default=25.0, help="one way, on each home's link")
     parser.add_argument("--mbit", type=float, default=100.0, help="each home's upload")
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/public_swarm.json")
     args = parser.parse_args()
     why_not = netlab.available()
     if why_not:
@@ -98,6 +101,7 @@ def main() -> None:
             wan = measure(swarm, net, spec, ids, expected, "wan", args)
         timings = {"lan": start_times(home["home-left"]), "wan": start_times(wan_home["wan-left"])}
     wan_case = f"wan-{args.mbit:g}mbit-{2 * args.delay_ms:g}ms-rtt-per-home-link"
+    lines = []
     for case, measured, timing in (("lan", relayed, timings["lan"]), (wan_case, wan, timings["wan"])):
         line = {
             **base,
@@ -114,6 +118,9 @@ def main() -> None:
             "exact": measured["exact"] and direct["exact"],
         }
         print(json.dumps(line), flush=True)
+        lines.append(line)
+    if args.save:
+        save("public_swarm", {"bench": "public_swarm", "lines": lines})
 
 
 def start_pair(swarm: LocalSwarm, model, left_ns: str, right_ns: str, net, prefix: str) -> dict:

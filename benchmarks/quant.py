@@ -29,7 +29,8 @@ here, else a line with "skipped" and the reason). Every figure has its float32 b
   asserted): int8 perplexity <= 1.02x float32's, linear bytes <= 0.3x, decode <= 1.15x;
   nf4 perplexity <= 1.08x, linear bytes <= 0.17x.
 
-Run: python benchmarks/quant.py [--repeats 5] [--new-tokens 32]
+Run: python benchmarks/quant.py [--repeats 5] [--new-tokens 32] [--save]
+(--save: also write the lines to benchmarks/results/quant.json)
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from bench_results import save
 
 # Before torch loads: the local models, the client and the peers share this machine's cores
 # (see swarm.launcher.COLOCATED_ENV).
@@ -72,6 +75,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--window", type=int, default=512, help="perplexity window (tokens)")
     parser.add_argument("--stride", type=int, default=256, help="perplexity stride (tokens)")
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/quant.json")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -96,6 +100,7 @@ def main() -> None:
     swarm = swarm_figures(prompt, local, args)
 
     base = {**local["none"], **swarm["none"]}
+    lines = []
     for quant in FORMATS:
         line = {"bench": "quant", "model": spec.model_id, "quant": quant}
         if quant in skipped:
@@ -103,6 +108,9 @@ def main() -> None:
         else:
             line.update(format_line(quant, {**local[quant], **swarm[quant]}, base, ids.shape[1]))
         print(json.dumps(line), flush=True)
+        lines.append(line)
+    if args.save:
+        save("quant", {"bench": "quant", "lines": lines})
 
 
 def backend_problem(quant: str) -> str | None:

@@ -33,7 +33,9 @@ scenario, the searches offered SATURATION x the bound; attainment is then 1 by d
 the figures that matter are capacity_tok_s and bound_ratio.
 
     python benchmarks/scheduler.py --json [--budget-s 15] [--loads 0.5 1.0] [--slo-scale 5]
-                                          [--objective slo|throughput]
+                                          [--objective slo|throughput] [--save]
+
+(--save: also write the rows to benchmarks/results/scheduler.json)
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench_results import save  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
 from hexswarm.routing.baselines.symmetric import SymmetricDP  # noqa: E402
@@ -328,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--deep-plans", action="store_true", help="the deep-plan check: hand-built plans only"
     )
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/scheduler.json")
     args = parser.parse_args(argv)
+    rows = []
     if args.deep_plans:
         for name in ("heterogeneous-half-price", "heterogeneous-full-price"):
             for load in args.loads:
@@ -344,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue  # sequential serving on 1,000 GPUs adds minutes and nothing new
             for load in loads:
                 row = run_row(name, serving, load, args)
+                rows.append(row)
                 if args.json:
                     print(json.dumps(row), flush=True)
                 else:
@@ -354,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"schedule {row['schedule_s']:.1f} s replan {row['replan_s']:.1f} s",
                         flush=True,
                     )
+    if args.save:
+        save("scheduler", {"bench": "scheduler", "rows": rows})
     return 0
 
 

@@ -28,7 +28,8 @@ One JSON line per attack:
 
 Every run starts a liar of a fresh identity, so no earlier run's ban names it.
 
-Run: python benchmarks/verify.py [--rate 0.05] [--new-tokens 32] [--honest-tokens 2500]
+Run: python benchmarks/verify.py [--rate 0.05] [--new-tokens 32] [--honest-tokens 2500] [--save]
+(--save: also write the lines to benchmarks/results/verify.json)
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from bench_results import save
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -303,7 +306,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--honest-steps", type=int, default=10_000)
     parser.add_argument("--attacks", nargs="*", default=list(ATTACKS))
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/verify.json")
     args = parser.parse_args()
+    lines = []
     from transformers import AutoTokenizer
 
     from hexswarm.swarm.model_spec import load_model_spec
@@ -323,13 +328,14 @@ def main() -> None:
             for proc in honest:
                 swarm.wait_for_log(proc, "online:", 300)
             if args.honest_steps:
-                print(
-                    json.dumps({"bench": "verify", **honest_line(swarm, prompt_list, expected, args)}),
-                    flush=True,
-                )
+                lines.append({"bench": "verify", **honest_line(swarm, prompt_list, expected, args)})
+                print(json.dumps(lines[-1]), flush=True)
             for attack in args.attacks:
                 line = attack_line(swarm, attack, prompt_list, expected, args, {})
-                print(json.dumps({"bench": "verify", **line}), flush=True)
+                lines.append({"bench": "verify", **line})
+                print(json.dumps(lines[-1]), flush=True)
+    if args.save:
+        save("verify", {"bench": "verify", "lines": lines})
 
 
 if __name__ == "__main__":

@@ -50,14 +50,48 @@ class Swarm:
 
 
 @pytest.fixture(scope="session")
-def swarm(make_model, tmp_path_factory):
-    """One swarm for all integration tests (starting one takes ~20 s on 2 cores); tests that
-    stop a peer start it again."""
+def shared_swarm(make_model, tmp_path_factory):
+    """One swarm for the integration tests that only use it (starting one takes ~20 s on 2
+    cores); `swarm` hands it out healthy."""
     model_dir = make_model(arch="llama")
     with LocalSwarm(tmp_path_factory.mktemp("swarm")) as local:
         local.start_bootstrap()
         peers = local.start_peers(model_dir, PEERS, "--announce-period", "1", timeout=180)
         yield Swarm(local, Path(model_dir), peers)
+
+
+@pytest.fixture(autouse=True)
+def _healthy_shared_swarm(request):
+    """Before each test that uses the shared swarm: every peer runs (a test that stopped or
+    killed one and failed before starting it again does not break the tests after it)."""
+    if not {"swarm", "model"} & set(request.fixturenames):
+        return
+    swarm = request.getfixturevalue("shared_swarm")
+    if not swarm.local.processes[0].alive:
+        pytest.fail("the shared swarm's bootstrap is gone; the tests after this one cannot run")
+    for name, proc in list(swarm.peers.items()):
+        if _stopped(proc):  # SIGSTOPped by a test that did not resume it
+            os.kill(proc.popen.pid, signal.SIGCONT)
+        if not proc.alive:
+            layers, extra = PEERS[name]
+            print(f"[shared swarm] peer {name} was gone after the last test: starting it again")
+            swarm.peers[name] = swarm.local.start_peer(
+                swarm.model_dir, layers, name, "--announce-period", "1", *extra
+            )
+
+
+def _stopped(proc: Managed) -> bool:
+    try:
+        with open(f"/proc/{proc.popen.pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def swarm(shared_swarm) -> Swarm:
+    """The shared swarm, with every peer running (see `_healthy_shared_swarm`)."""
+    return shared_swarm
 
 
 def peer_id_of(model, name: str) -> str:
@@ -70,21 +104,21 @@ def peer_id_of(model, name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def model(swarm):
+def model(shared_swarm):
     from hexswarm.client import DistributedModelForCausalLM
 
     model = DistributedModelForCausalLM.from_pretrained(
-        swarm.model_dir, initial_peers=swarm.initial_peers, coverage_timeout=60
+        shared_swarm.model_dir, initial_peers=shared_swarm.initial_peers, coverage_timeout=60
     )
     yield model
     model.shutdown()
 
 
 @pytest.fixture(scope="session")
-def local_model(swarm):
+def local_model(shared_swarm):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(swarm.model_dir)
+    return AutoModelForCausalLM.from_pretrained(shared_swarm.model_dir)
 
 
 class SignalHopPeer(StoppingCriteria):

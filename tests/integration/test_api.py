@@ -73,21 +73,21 @@ def keyed_api(swarm, name: str, *extra: str):
 
 
 @pytest.fixture(scope="module")
-def api(swarm):
-    with keyed_api(swarm, "api") as served:
+def api(shared_swarm):
+    with keyed_api(shared_swarm, "api") as served:
         yield served
 
 
 @pytest.fixture(scope="module")
-def tokenizer(swarm):
+def tokenizer(shared_swarm):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(swarm.model_dir)
+    return AutoTokenizer.from_pretrained(shared_swarm.model_dir)
 
 
 @pytest.fixture(scope="module")
-def served_name(swarm):
-    return swarm.model_dir.name
+def served_name(shared_swarm):
+    return shared_swarm.model_dir.name
 
 
 def generated_text(model, tokenizer, ids: list[int], **kwargs) -> str:

@@ -26,15 +26,15 @@ BODY_LIMIT = 4096
 
 
 @pytest.fixture(scope="module")
-def overloaded(swarm):
+def overloaded(shared_swarm):
     limits = ["--max-concurrent", "1", "--max-queue", "1", "--max-body-bytes", str(BODY_LIMIT)]
-    with keyed_api(swarm, "api-overload", *limits) as served:
+    with keyed_api(shared_swarm, "api-overload", *limits) as served:
         yield served
 
 
 @pytest.fixture(scope="module")
-def served_name(swarm):
-    return swarm.model_dir.name
+def served_name(shared_swarm):
+    return shared_swarm.model_dir.name
 
 
 def long_request(name: str, stream: bool) -> dict:

@@ -70,11 +70,16 @@ def test_eight_staggered_clients_equal_local(pair):
     for i in range(CLIENTS):
         assert torch.equal(got[i], expected[i]), f"client {i} differs from the local model"
 
-    time.sleep(2.5)  # the peers log their batch sizes once per announce period
-    rows = [
-        int(n)
-        for proc in peers
-        for line in re.findall(r"decode batches \(rows: count\) \{([^}]*)\}", proc.log())
-        for n in re.findall(r"(\d+):", line)
-    ]
-    assert max(rows, default=0) >= 2, "no decode batch ever held more than one sequence"
+    def largest_batch() -> int:  # the peers log their batch sizes once per announce period
+        rows = [
+            int(n)
+            for proc in peers
+            for line in re.findall(r"decode batches \(rows: count\) \{([^}]*)\}", proc.log())
+            for n in re.findall(r"(\d+):", line)
+        ]
+        return max(rows, default=0)
+
+    deadline = time.monotonic() + 15
+    while largest_batch() < 2 and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert largest_batch() >= 2, "no decode batch ever held more than one sequence"

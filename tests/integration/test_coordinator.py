@@ -16,6 +16,7 @@ import time
 
 import pytest
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from hexswarm.swarm.coordinator.records import (
     Assignment,
@@ -260,17 +261,31 @@ def test_killed_peer_is_replaced_and_generation_finishes(coordinated):
     )
     outputs, errors = [], []
 
+    started = threading.Event()
+
+    class FirstToken(StoppingCriteria):  # never stops; says when the first token came
+        def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:
+            started.set()
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
     def generate() -> None:
         # One call: the client's own failover waits for the new plan's peers (no retry here)
         try:
-            outputs.append(client.generate(prompt, max_new_tokens=24, do_sample=False))
+            outputs.append(
+                client.generate(
+                    prompt,
+                    max_new_tokens=24,
+                    do_sample=False,
+                    stopping_criteria=StoppingCriteriaList([FirstToken()]),
+                )
+            )
         except Exception as e:  # noqa: BLE001 - reported by the assertion below
             errors.append(e)
 
     try:
         worker = threading.Thread(target=generate)
         worker.start()
-        time.sleep(1.0)
+        assert started.wait(120), "the generation never produced its first token"
         sigkill(coordinated.peers.pop(victim))
         began = time.monotonic()
         plan = wait_until(

@@ -1,7 +1,5 @@
 """Nobody can overwrite another peer's DHT record or announce one under its peer id."""
 
-import time
-
 import pytest
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.utils import get_dht_time
@@ -51,8 +49,7 @@ def test_overwriting_another_peers_record_is_refused(model, attacker):
     signed_wrong = forged + RSASignatureValidator.SIGNATURE_FORMAT.replace(b"_value_", signature)
     assert not dht.store(model_key(model.spec.model_id), signed_wrong, expiration, subkey=subkey)
 
-    time.sleep(1)
-    after = _victim(model)
+    after = _victim(model)  # both stores were refused: the record read now is the victim's own
     assert after.state == PeerState.ONLINE and (after.start, after.end) == (victim.start, victim.end)
 
 

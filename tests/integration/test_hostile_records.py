@@ -12,12 +12,14 @@ HOSTILE_FIELDS = ("throughput=NaN", "open_sessions=-1", "decode_ms_per_block=-5.
 
 
 @pytest.fixture(scope="module")
-def liar(swarm):
+def liar(shared_swarm):
     """A real peer serving every block, whose signed record carries out-of-range values."""
     flags = [arg for field in HOSTILE_FIELDS for arg in ("--debug-record", field)]
-    proc = swarm.local.start_peer(swarm.model_dir, "0:6", "liar", "--announce-period", "1", *flags)
+    proc = shared_swarm.local.start_peer(
+        shared_swarm.model_dir, "0:6", "liar", "--announce-period", "1", *flags
+    )
     yield proc
-    swarm.local.stop(proc)
+    shared_swarm.local.stop(proc)
 
 
 def test_the_hostile_record_is_in_the_dht_but_no_reader_takes_it(model, liar):

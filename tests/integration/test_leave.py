@@ -69,7 +69,7 @@ def test_no_chain_within_the_coverage_timeout_fails_then_not_after_the_retry_bud
     try:
         with holder.inference_session(max_length=16):
             holder(torch.tensor([[5, 6, 7]]))  # takes all 16 cache tokens
-            time.sleep(2.5)  # the peer announces what is left (announce period 1 s)
+            _wait_for_cache_left(holder, "full", 0)  # the peer announces what is left (each second)
             began = time.monotonic()
             with pytest.raises(NoChainError, match="without cache"):
                 late.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4)
@@ -78,3 +78,13 @@ def test_no_chain_within_the_coverage_timeout_fails_then_not_after_the_retry_bud
         late.shutdown()
         holder.shutdown()
         swarm.local.stop(full)
+
+
+def _wait_for_cache_left(model, name: str, tokens: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = {r.name: r for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
+        if name in records and records[name].cache_tokens_left <= tokens:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"{name} did not announce {tokens} cache tokens left within {timeout} s")

@@ -116,7 +116,11 @@ def test_flooding_remote_is_refused_while_others_are_served(limited):
             )
             for opened, reader, writer in admitted
         ]
-        time.sleep(1.0)  # let the flood empty its step bucket
+        # the flood has emptied its step bucket once the peer refuses its steps
+        deadline = time.monotonic() + 30
+        while not any(isinstance(r, Error) for r in list(flooder.replies)):
+            assert time.monotonic() < deadline, "the flood was never refused a step"
+            time.sleep(0.05)
         out, flooded_ms = _per_token_ms(model, input_ids)
         event_loop().call_soon_threadsafe(stop.set)
         for flood in floods:

@@ -93,18 +93,18 @@ def page_state(browser, model_id: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def extra_model(swarm, make_model):
+def extra_model(shared_swarm, make_model):
     """A second model served by two peers of its own, so the test can stop one freely."""
     model_dir = make_model(arch="llama", layers=4, seed=21)
     peers = {
-        name: swarm.local.start_peer(model_dir, layers, name, "--announce-period", "1", wait=False)
+        name: shared_swarm.local.start_peer(model_dir, layers, name, "--announce-period", "1", wait=False)
         for name, layers in (("mon-a", "0:2"), ("mon-b", "2:4"))
     }
     for proc in peers.values():
-        swarm.local.wait_for_log(proc, "online:", timeout=180)
+        shared_swarm.local.wait_for_log(proc, "online:", timeout=180)
     yield model_dir, peers
     for proc in peers.values():
-        swarm.local.stop(proc)
+        shared_swarm.local.stop(proc)
 
 
 def test_monitor_page_shows_peers_and_coverage_live(swarm, extra_model, tmp_path):

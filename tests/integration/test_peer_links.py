@@ -163,7 +163,8 @@ def test_probes_go_to_peer_ids_through_p2p_and_never_to_an_announced_address(lin
         return b.peer_id in dict(a.rtt_ms) and a.peer_id in dict(b.rtt_ms)
 
     wait_for(measured_each_other, 30, "a and b publish round trips to each other")
-    time.sleep(5 * PERIOD_S)  # more periods in which the peers read the hostile record and probe
+    # the peers read the hostile record and probe it: at its peer id, through p2p, as PINGs
+    wait_for(lambda: hostile.frames["Ping"] >= 2, 30, "the honest peers probe the hostile peer")
     assert hostile.tcp_connections == 0
     records = honest_records(hostile, model_id)
     for name, other in (("a", "b"), ("b", "a")):
@@ -210,7 +211,9 @@ def test_a_chain_naming_a_peer_outside_the_swarm_is_never_dialed_and_is_relayed(
 
     # Control: once the stranger announces the model, a's pushes do reach it (and it refuses them).
     stranger.announce(honest_records(stranger, model_id)["a"], model_id, state=PeerState.JOINING)
-    time.sleep(3 * PERIOD_S)  # a reads the records every period
-    got = push_client.generate(prompt, **KWARGS)
-    assert torch.equal(got, expected)
-    assert stranger.frames["Step"] >= 1, stranger.frames
+
+    def pushed_to_the_stranger() -> bool:  # once a's read of the records has the stranger's
+        assert torch.equal(push_client.generate(prompt, **KWARGS), expected)
+        return stranger.frames["Step"] >= 1
+
+    wait_for(pushed_to_the_stranger, 30, "a pushes to the stranger once it announces the model")

@@ -58,23 +58,23 @@ def _routes_of_two_clients(swarm, model_dir, **client_kwargs) -> list[tuple[str,
 
 
 @pytest.fixture(scope="module")
-def parallel_peers(swarm, make_model):
+def parallel_peers(shared_swarm, make_model):
     model_dir = make_model(arch="llama", layers=4, seed=3)
     figures = {
         "fast": ("--throughput", "1000", "--decode-ms", "0.5"),
         "slow": ("--throughput", "1000", "--decode-ms", "10"),
     }
     peers = [
-        swarm.local.start_peer(model_dir, "0:4", name, "--announce-period", "1", *flags, wait=False)
+        shared_swarm.local.start_peer(model_dir, "0:4", name, "--announce-period", "1", *flags, wait=False)
         for name, flags in figures.items()
     ]
     try:
         for proc in peers:
-            swarm.local.wait_for_log(proc, "online:", timeout=180)
+            shared_swarm.local.wait_for_log(proc, "online:", timeout=180)
         yield model_dir
     finally:
         for proc in peers:
-            swarm.local.stop(proc)
+            shared_swarm.local.stop(proc)
 
 
 def test_min_latency_clients_share_the_fastest_peer(swarm, parallel_peers):

@@ -87,7 +87,7 @@ def test_an_uneven_split_matches_tp1_and_re_splits_open_sessions_exactly(make_mo
         spec, 0, 3, torch.float32, (CPU,) * 3, TIMEOUT_S, failures.append, partition="auto",
         slowdowns={2: Slowdown(3.0)},
     )  # fmt: skip
-    hidden = torch.randn(1, 10, 128, generator=torch.Generator().manual_seed(2))
+    hidden = torch.randn(1, 32, 128, generator=torch.Generator().manual_seed(2))  # 9+ decode steps
     try:
         blocks = group.launch()
         first = group.partition
@@ -120,10 +120,13 @@ def test_an_uneven_split_matches_tp1_and_re_splits_open_sessions_exactly(make_mo
         assert blocks.local.config.num_key_value_heads == 1
         for position in range(6, 9):  # decode on the new split
             step(position, position + 1)
-        time.sleep(0.6)  # the ranks report their decode compute with a step 0.5 s after the last report
-        step(9, 10)
-        time.sleep(0.5)
-        observed, steps = group.decode_window(blocks.stack_id, min_steps=1)
+        # the ranks report their decode compute with a step 0.5 s after their last report
+        observed, steps, position, deadline = (), 0, 9, time.monotonic() + 30
+        while len(observed) != 3 and position < 31 and time.monotonic() < deadline:
+            step(position, position + 1)
+            position += 1
+            time.sleep(0.1)
+            observed, steps = group.decode_window(blocks.stack_id, min_steps=1)
         assert len(observed) == 3 and steps >= 1 and all(s > 0 for s in observed), (observed, steps)
         assert not failures and group.failure is None
     finally:
