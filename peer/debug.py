@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 
@@ -10,6 +11,8 @@ import msgpack
 import torch
 
 from hexswarm.peer.flags import LIES
+
+logger = logging.getLogger(__name__)
 
 
 class CorruptOutputs:
@@ -61,6 +64,19 @@ class SlowBlocks:
     def forward_batch(self, hiddens, caches, positions, start: int, end: int) -> list[torch.Tensor]:
         time.sleep(self._s)
         return self._blocks.forward_batch(hiddens, caches, positions, start, end)
+
+
+def with_debug_faults(blocks, corrupt_outputs: str, slow_ms: float):
+    """`blocks`, wrapped to compute wrong (`--debug-corrupt-outputs`) or slowly
+    (`--debug-slow-ms`) when a test's hidden flag asks; else `blocks` itself."""
+    if corrupt_outputs:
+        logger.warning(
+            "--debug-corrupt-outputs %s: this peer computes WRONG outputs on purpose", corrupt_outputs
+        )
+        blocks = CorruptOutputs(blocks, corrupt_outputs)
+    if slow_ms:
+        blocks = SlowBlocks(blocks, slow_ms)
+    return blocks
 
 
 def tamper(blocks, mode: str) -> None:

@@ -18,30 +18,28 @@ import time
 from dataclasses import replace
 from functools import partial
 
-import torch
-
 from hexswarm.peer import upkeep
 from hexswarm.peer.admission import Admission
 from hexswarm.peer.announcer import Announcer
-from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.config import PeerConfig
-from hexswarm.peer.core import Blocks, PeerCore
-from hexswarm.peer.debug import CorruptOutputs, SlowBlocks, tampered_encoder
-from hexswarm.peer.devices import describe
+from hexswarm.peer.core import PeerCore
+from hexswarm.peer.debug import tampered_encoder, with_debug_faults
 from hexswarm.peer.evidence_service import EvidenceService
 from hexswarm.peer.faults import FaultInjector
 from hexswarm.peer.joining import DHT_CLOSE_S, Joining, start_joining
 from hexswarm.peer.link_probe import LinkProbe
-from hexswarm.peer.peer_record import peer_record
+from hexswarm.peer.peer_record import RecordSource, peer_record
 from hexswarm.peer.plan_follower import PlanFollower, follower_trust, join_range
 from hexswarm.peer.push import PushLinks, SwarmMembers
-from hexswarm.peer.range_move import RangeMover
+from hexswarm.peer.range_move import MoveParts, RangeMover
 from hexswarm.peer.reachability import Reach, become_reachable
 from hexswarm.peer.server import PeerServer
 from hexswarm.peer.serving import Serving, weight_bytes_per_block
 from hexswarm.peer.speed import announced_speed, degree_speeds
-from hexswarm.peer.tp_group import TPGroup, TPGroupError
-from hexswarm.peer.tp_rebalance import rebalance
+from hexswarm.peer.stacks import Stacks
+from hexswarm.peer.tp_group import TPGroupError
+from hexswarm.peer.tp_rebalance import Rebalancing, rebalance
+from hexswarm.peer.upkeep import Upkeep
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm import log_setup
 from hexswarm.swarm.announce_relay import AnnounceRelay
@@ -99,7 +97,7 @@ async def serve(config: PeerConfig, joining: Joining | None = None) -> int:
         if not await peer.start_serving(stop):
             return 0
         await peer.run_until(stop)
-        if peer.core.failure is not None:
+        if peer.serving.core.failure is not None:
             await peer.leave_after_failure()
             return 1
         await peer.leave()
@@ -128,55 +126,84 @@ def _start_coordinator(config: PeerConfig, dht, identity, stop: asyncio.Event) -
 
 
 class _Peer:
-    """The parts of a running peer, and the steps of its lifecycle."""
+    """Builds and wires the services of a running peer, and runs the steps of its lifecycle.
+
+    Each service gets the inputs it needs (the announcer, the follower, `swap`,
+    `current_serving`, the config, `read_records`), never the peer: only this class knows all
+    of its parts."""
 
     def __init__(
         self, config: PeerConfig, dht, identity, name: str, stop: asyncio.Event, reach: Reach, check
     ):
         self.config, self.dht, self.identity, self.name = config, dht, identity, name
+        self.peer_id = identity.peer_id.to_base58()
         self.reach, self.reachability_check = reach, check
         self.dialer: Dialer | None = None  # once p2p is up
         self.relay: RelayService | None = None  # a direct peer relays for peers behind NAT
         self.stop = stop
         self.loop = asyncio.get_running_loop()
         self.serving: Serving | None = None  # what it serves, once loaded: changed only by `swap`
-        self.group: TPGroup | None = None
-        self.device_info = ()
+        self.stacks = Stacks(config, self._on_group_failure)  # its blocks, on a device or a group
         self.role = "both" if config.role == "auto" else config.role  # announced; auto: the plan's
         self.p2p = None
         self.pusher: PushLinks | None = None  # links to next peers (peer/push.py), kept across moves
         self.evidence: EvidenceService | None = None  # re-checks evidence of lies sent to this peer
-        self.mover = RangeMover(self)
-        peer_id = identity.peer_id.to_base58()
-        self.probe = LinkProbe(peer_id, self._open_link)  # through the p2p layer, once p2p is up
-        self.follower = (
-            PlanFollower(
-                dht,
-                peer_id,
-                config.spec.model_id,
-                config.spec.num_blocks,
-                self.mover.request,
-                config.rebalance_period,
-                trust=follower_trust(config.coordinator_trust, config.coordinator is not None, peer_id),
-                take_role=self.take_role if config.role == "auto" else None,
-            )
-            if config.auto
-            else None
-        )
         self.announcer = Announcer(
-            dht, identity, partial(peer_record, self), config.spec.num_blocks, config.announce_period
+            dht, identity, self._record, config.spec.num_blocks, config.announce_period
         )
+        self.mover = RangeMover(
+            MoveParts(
+                config=config,
+                peer_id=self.peer_id,
+                stop=stop,
+                announcer=self.announcer,
+                read_records=self.read_records,
+                stacks=self.stacks,
+                serving=self.current_serving,
+                swap=self.swap,
+                new_server=self.new_server,
+            )
+        )
+        self.probe = LinkProbe(self.peer_id, self._open_link)  # through the p2p layer, once p2p is up
+        self.follower = self._new_follower() if config.auto else None
         if config.debug_record:
             logger.warning("--debug-record: this peer announces %s on purpose", config.debug_record)
             self.announcer.encode = tampered_encoder(config.debug_record)
 
-    # What it serves, read through `serving` (before it loads: the range and degree it starts at)
-    core = property(lambda self: self.serving.core if self.serving else None)
-    server = property(lambda self: self.serving.server if self.serving else None)
-    start = property(lambda self: self.serving.start if self.serving else self.config.start)
-    end = property(lambda self: self.serving.end if self.serving else self.config.end)
-    tp = property(lambda self: self.serving.tp if self.serving else self.config.tp)
-    throughput = property(lambda self: self.serving.throughput if self.serving else (0.0, 0.0))
+    def _new_follower(self) -> PlanFollower:
+        """An auto peer's plan follower: it moves the peer through `mover`."""
+        c = self.config
+        return PlanFollower(
+            self.dht,
+            self.peer_id,
+            c.spec.model_id,
+            c.spec.num_blocks,
+            self.mover.request,
+            c.rebalance_period,
+            trust=follower_trust(c.coordinator_trust, c.coordinator is not None, self.peer_id),
+            take_role=self.take_role if c.role == "auto" else None,
+        )
+
+    def current_serving(self) -> Serving | None:
+        """What it serves now (None before its blocks have loaded), for the services that swap it."""
+        return self.serving
+
+    def _record(self, state: PeerState) -> PeerRecord:
+        """The record it announces in `state`, from what it serves, its reach, role and move."""
+        source = RecordSource(
+            self.config,
+            self.peer_id,
+            self.name,
+            self.serving,
+            self.reach,
+            self.role,
+            self.stacks.device_info,
+            self.stacks.group,
+            self.mover.next_range,
+            self.probe.published(),
+            self.follower.followed if self.follower else 0,
+        )
+        return peer_record(source, state)
 
     def swap(self, serving: Serving) -> None:
         """Serves `serving` from now on: new streams reach its server, and the next record
@@ -191,18 +218,15 @@ class _Peer:
             logger.info("taking the role %s (was %s), as the plan says", role, self.role)
             self.role = role
 
-    async def speed_of(self, blocks: Blocks) -> tuple[tuple[float, float], tuple[int, float]]:
-        return await announced_speed(self.config, blocks)
-
     async def start_serving(self, stop: asyncio.Event) -> bool:
         c = self.config
-        blocks = await self._load_blocks()
+        blocks = await self.stacks.load_first()
         weight_bytes = weight_bytes_per_block(blocks)
-        throughput, decode_batch = await self.speed_of(blocks)
-        speeds = await degree_speeds(self.config, self.group, throughput)
+        throughput, decode_batch = await announced_speed(c, blocks)
+        speeds = await degree_speeds(self.config, self.stacks.group, throughput)
         if stop.is_set():
             return False
-        blocks = self._with_debug_faults(blocks)
+        blocks = with_debug_faults(blocks, c.debug_corrupt_outputs, c.debug_slow_ms)
         self.p2p = await self.dht.replicate_p2p()
         self.dialer = Dialer(self.p2p)
         # Pushes go only to peers that announce this model (a client writes the chain).
@@ -231,19 +255,6 @@ class _Peer:
             )
         return True
 
-    def _with_debug_faults(self, blocks: Blocks) -> Blocks:
-        """The blocks, wrapped to compute wrong or slowly when a test's hidden flag asks."""
-        c = self.config
-        if c.debug_corrupt_outputs:
-            logger.warning(
-                "--debug-corrupt-outputs %s: this peer computes WRONG outputs on purpose",
-                c.debug_corrupt_outputs,
-            )
-            blocks = CorruptOutputs(blocks, c.debug_corrupt_outputs)
-        if c.debug_slow_ms:
-            blocks = SlowBlocks(blocks, c.debug_slow_ms)
-        return blocks
-
     def new_server(self, core: PeerCore) -> PeerServer:
         """The stream server over `core` (at start, and after a range move): the peer's limits,
         its identity signing the sessions' commitments (swarm/commitments.py), the bans it proved."""
@@ -270,14 +281,14 @@ class _Peer:
         """Re-checks evidence of lies sent to it and hands out what it proved (peer/evidence_service.py);
         streams from the peers it banned are refused."""
         self.evidence = EvidenceService(
-            self.core,
-            self.server.scheduler,
+            self.serving.core,
+            self.serving.server.scheduler,
             self.dht,
             self.identity,
             self.own_format(),
             partial(ip_group_of, self.p2p),
         )
-        self.server.banned = self.evidence.banned
+        self.serving.server.banned = self.evidence.banned
         await self.p2p.add_binary_stream_handler(EVIDENCE_PROTOCOL, self.evidence.handle_stream)
 
     def own_format(self) -> str:
@@ -288,7 +299,7 @@ class _Peer:
     async def _handle_stream(self, *args) -> None:
         # Through the current server, so that a move (peer/plan_follower.py) can switch new
         # streams to the new range while streams already open stay on the old one.
-        await self.server.handle_stream(*args)
+        await self.serving.server.handle_stream(*args)
 
     async def _open_link(self, peer_id: str):
         """A session stream to a peer id, dialed at its signed record's addresses (a relay's port
@@ -296,38 +307,12 @@ class _Peer:
         (peer/link_probe.py)."""
         return await self.dialer.open_stream(peer_id, SESSION_PROTOCOL)
 
-    async def _load_blocks(self) -> Blocks:
-        c = self.config
-        if c.tp == 1:
-            device = c.devices[0]
-            threads = torch.get_num_threads() if device.type == "cpu" else None
-            self.device_info = (describe(device, threads),)
-            return await asyncio.to_thread(
-                BlockStack.load, c.spec, c.start, c.end, c.dtype, device, quant=c.quant
-            )
-        self.group = TPGroup(
-            c.spec,
-            c.start,
-            c.end,
-            c.dtype,
-            c.devices,
-            c.tp_timeout,
-            self._on_group_failure,
-            c.tp_choices,
-            quant=c.quant,
-            partition=c.partition,
-            slowdowns=c.slowdowns,
-        )
-        blocks = await asyncio.to_thread(self.group.launch)
-        self.device_info = self.group.device_info
-        return blocks
-
     def _on_group_failure(self, reason: str) -> None:
         """Called from the group's watcher thread: fail the sessions and leave, on the event loop."""
 
         def fail() -> None:
-            if self.core is not None:
-                self.core.fail(reason)
+            if self.serving is not None:
+                self.serving.core.fail(reason)
             self.stop.set()
 
         self.loop.call_soon_threadsafe(fail)
@@ -336,31 +321,42 @@ class _Peer:
         """Serves until `stop`: every announce period it announces, re-checks its reachability and
         coordinates (`_every_announce_period`); beside that run the services below, started and
         stopped here. A range move (`mover`) runs when the plan asks, and ends in `close`."""
-        services = [asyncio.create_task(job, name=name) for name, job in self._services(stop)]
+        routine = Upkeep(
+            read_records=self.read_records,
+            record=self._record,
+            announcer=self.announcer,
+            probe=self.probe,
+            members=self.pusher.members,
+            follower=self.follower,
+            moving=lambda: self.mover.busy,
+        )
+        services = [asyncio.create_task(job, name=name) for name, job in self._services(routine, stop)]
         try:
-            await self._every_announce_period(stop)
+            await self._every_announce_period(routine, stop)
         finally:
             for task in services:
                 task.cancel()
             await asyncio.gather(*services, return_exceptions=True)
 
-    def _services(self, stop: asyncio.Event):
+    def _services(self, routine: Upkeep, stop: asyncio.Event):
         """(name, coroutine) of each background service this peer runs while serving."""
         if self.follower is not None:  # an auto peer follows a new plan within PLAN_WATCH_S
-            yield "plan watch", upkeep.watch_plans(self, stop)
-        if self.group is not None and self.group.repartitioner is not None:  # --partition auto
-            yield "rebalance", rebalance(self, stop)
+            yield "plan watch", routine.watch_plans(stop)
+        group = self.stacks.group
+        if group is not None and group.repartitioner is not None:  # --partition auto
+            parts = Rebalancing(group, self.current_serving, self.swap, self.announcer)
+            yield "rebalance", rebalance(parts, stop)
 
-    async def _every_announce_period(self, stop: asyncio.Event) -> None:
+    async def _every_announce_period(self, routine: Upkeep, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), timeout=self.config.announce_period)
             except TimeoutError:
-                self.core.expire_idle()
-                upkeep.log_hop_cost(self.server)
+                self.serving.core.expire_idle()
+                upkeep.log_hop_cost(self.serving.server)
                 await self._recheck_reachability()
                 await self.announcer.announce(self.serving_state())
-                await upkeep.coordinate(self)
+                await routine.coordinate()
 
     def serving_state(self) -> PeerState:
         """ONLINE only while others can reach it, directly or through a relay."""
@@ -390,16 +386,16 @@ class _Peer:
 
     async def leave(self) -> None:
         """Refuses new sessions, lets open ones finish, and tells the swarm it is gone."""
-        self.core.leaving = True
-        logger.info("leaving: refusing new sessions, %d open", len(self.core.sessions))
+        self.serving.core.leaving = True
+        logger.info("leaving: refusing new sessions, %d open", len(self.serving.core.sessions))
         await self.announcer.announce(
             PeerState.LEAVING, ttl=self.config.announce_period, timeout=LEAVE_ANNOUNCE_S
         )
         deadline = time.monotonic() + self.config.drain_timeout
-        while self.core.sessions and time.monotonic() < deadline:
+        while self.serving.core.sessions and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-        if self.core.sessions:
-            logger.info("drain timeout: dropping %d open sessions", len(self.core.sessions))
+        if self.serving.core.sessions:
+            logger.info("drain timeout: dropping %d open sessions", len(self.serving.core.sessions))
         # the last word: status, the monitor and clients drop this peer now, not when its record expires
         await self.announcer.announce(
             PeerState.GONE, ttl=self.config.announce_period, timeout=LEAVE_ANNOUNCE_S
@@ -407,12 +403,12 @@ class _Peer:
 
     async def leave_after_failure(self) -> None:
         """Part of the group is gone: tell the swarm, and let open sessions hear PEER_FAILED."""
-        logger.error("leaving after a failure: %s", self.core.failure)
+        logger.error("leaving after a failure: %s", self.serving.core.failure)
         await self.announcer.announce(
             PeerState.LEAVING, ttl=self.config.announce_period, timeout=LEAVE_ANNOUNCE_S
         )
         deadline = time.monotonic() + min(FAILURE_GRACE_S, self.config.drain_timeout)
-        while self.core.sessions and time.monotonic() < deadline:
+        while self.serving.core.sessions and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
 
     async def close(self) -> None:
@@ -423,13 +419,12 @@ class _Peer:
         self.reachability_check.close()
         if self.relay is not None:
             self.relay.close()
-        if self.server is not None:
-            upkeep.log_hop_cost(self.server)
-            self.server.close()
+        if self.serving is not None:
+            upkeep.log_hop_cost(self.serving.server)
+            self.serving.server.close()
         if self.pusher is not None:
             self.pusher.close()
-        if self.group is not None:
-            await asyncio.to_thread(self.group.stop)
+        await self.stacks.close()
         if self.p2p is not None:
             try:
                 await asyncio.wait_for(self._close_p2p(), P2P_CLOSE_S)

@@ -9,18 +9,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
+from hexswarm.peer.announcer import Announcer
+from hexswarm.peer.serving import Serving
 from hexswarm.swarm.records import PeerState
+
+if TYPE_CHECKING:
+    from hexswarm.peer.tp_group import TPGroup
 
 logger = logging.getLogger(__name__)
 
 PERIOD_S = 1.0
 
 
-async def rebalance(peer, stop: asyncio.Event) -> None:
-    """Runs until `stop` for `peer` (peer/runtime.py's _Peer) whose group has a Repartitioner."""
-    blocks = peer.core.blocks  # TPBlocks (a --debug-corrupt-outputs wrapper passes attributes on)
+@dataclass(frozen=True)
+class Rebalancing:
+    """What the loop reads and drives: peer/runtime.py wires it, for a group with a Repartitioner."""
+
+    group: TPGroup
+    serving: Callable[[], Serving]  # what the peer serves now
+    swap: Callable[[Serving], None]  # serves a new value from now on (its new measured speed)
+    announcer: Announcer
+
+
+async def rebalance(parts: Rebalancing, stop: asyncio.Event) -> None:
+    """Runs until `stop`, checking the drift of `parts.group` once every PERIOD_S."""
+    blocks = parts.serving().core.blocks  # TPBlocks (a --debug-corrupt-outputs wrapper passes attributes on)
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), PERIOD_S)
@@ -28,35 +45,34 @@ async def rebalance(peer, stop: asyncio.Event) -> None:
         except TimeoutError:
             pass
         try:
-            await _window(peer, blocks)
+            await _window(parts, blocks)
         except Exception:  # a failed check or move must not end the peer's serving
             logger.exception("re-partition check failed")
 
 
-def _note_step(peer, step_s: float) -> None:
+def _note_step(parts: Rebalancing, step_s: float) -> None:
     """The group's measured decode step becomes what the peer announces (its decode ms per
     block, and its prefill figure scaled alike) once the group has re-partitioned."""
-    group = peer.group
+    group = parts.group
     group.observed_step_s = step_s
     if not group.repartitions:
         return
-    blocks = peer.end - peer.start
-    prefill, decode_ms = peer.throughput
+    serving = parts.serving()
+    blocks = serving.end - serving.start
+    prefill, decode_ms = serving.throughput
     new_ms = step_s * 1000 / blocks
-    peer.swap(
-        replace(peer.serving, throughput=(prefill * decode_ms / new_ms if decode_ms else prefill, new_ms))
-    )
+    parts.swap(replace(serving, throughput=(prefill * decode_ms / new_ms if decode_ms else prefill, new_ms)))
 
 
-async def _window(peer, blocks) -> None:
+async def _window(parts: Rebalancing, blocks) -> None:
     """One check of the drift: reads the window's figures and re-partitions if it should."""
-    group = peer.group
+    group = parts.group
     observed, steps = group.decode_window(blocks.stack_id, group.repartitioner.policy.min_steps)
     if not observed:
         return  # a window needs enough decode steps on every rank
     step_s, step_count = blocks.read_decode_step_s()
     if step_count and math.isfinite(step_s):
-        _note_step(peer, step_s)
+        _note_step(parts, step_s)
     predicted = group.repartitioner.predicted
     proposal = group.repartitioner.check(observed, steps)
     logger.debug(
@@ -74,4 +90,4 @@ async def _window(peer, blocks) -> None:
         [round(s * 1000, 2) for s in predicted],
     )
     await asyncio.to_thread(group.repartition, blocks, proposal)
-    await peer.announcer.announce(PeerState.ONLINE)
+    await parts.announcer.announce(PeerState.ONLINE)

@@ -1,9 +1,9 @@
-"""The work a serving peer repeats (peer/runtime.py's _Peer runs it): following the swarm's
-records and plans, and logging where its steps' time went.
+"""The work a serving peer repeats (peer/runtime.py wires an `Upkeep` and runs it): following
+the swarm's records and plans, and logging where its steps' time went.
 
-- `coordinate`, every announce period: the peers it may push to, round trips to them
+- `Upkeep.coordinate`, every announce period: the peers it may push to, round trips to them
   (peer/link_probe.py), and for an auto peer the plan or Petals' rule (peer/plan_follower.py);
-- `watch_plans`, a service beside it: an auto peer follows a newly published plan within
+- `Upkeep.watch_plans`, a service beside it: an auto peer follows a newly published plan within
   PLAN_WATCH_S (hivemind has no subscriptions, so the plan's small key is read that often);
 - `log_hop_cost`, every announce period and at the end.
 
@@ -15,44 +15,59 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-from hexswarm.peer.peer_record import peer_record
-from hexswarm.peer.plan_follower import PLAN_WATCH_S
-from hexswarm.swarm.records import PeerState
+from hexswarm.peer.announcer import Announcer
+from hexswarm.peer.link_probe import LinkProbe
+from hexswarm.peer.plan_follower import PLAN_WATCH_S, PlanFollower
+from hexswarm.peer.push import SwarmMembers
+from hexswarm.swarm.records import PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
 
-async def coordinate(peer) -> None:
-    """Measures round trips and, for an auto peer, follows the plan (or Petals' rule)."""
-    try:
-        records = await peer.read_records()
-        if peer.pusher is not None:
-            peer.pusher.members.update(r.peer_id for r in records)
-        await peer.probe.step(records)
-        if peer.follower is not None and not peer.mover.busy:
-            followed = peer.follower.followed
-            await peer.follower.step(records, peer_record(peer, PeerState.ONLINE), time.monotonic())
-            if peer.follower.followed != followed:  # say so now, not a period later (status, monitor)
-                await peer.announcer.announce(PeerState.ONLINE)
-    except Exception:  # the swarm's records are remote input: a bad step must not stop serving
-        logger.exception("coordination step failed")
+@dataclass(frozen=True)
+class Upkeep:
+    """What the repeated work reads and drives: peer/runtime.py wires it once the peer serves,
+    so what coordinating may touch is written here rather than found on the peer."""
 
+    read_records: Callable[[], Awaitable[list[PeerRecord]]]  # the model's records (dials learn them)
+    record: Callable[[PeerState], PeerRecord]  # this peer's record, as it would announce it now
+    announcer: Announcer
+    probe: LinkProbe
+    members: SwarmMembers  # whom pushes may go to (peer/push.py)
+    follower: PlanFollower | None  # an auto peer's
+    moving: Callable[[], bool]  # whether a range move runs (the plan waits for it)
 
-async def watch_plans(peer, stop: asyncio.Event) -> None:
-    """An auto peer follows a newly published plan within PLAN_WATCH_S."""
-    while not stop.is_set():
+    async def coordinate(self) -> None:
+        """Measures round trips and, for an auto peer, follows the plan (or Petals' rule)."""
         try:
-            await asyncio.wait_for(stop.wait(), timeout=PLAN_WATCH_S)
-        except TimeoutError:
-            pass
-        if stop.is_set() or peer.mover.busy:
-            continue
-        try:
-            if await peer.follower.follow_newer(peer_record(peer, PeerState.ONLINE)):
-                await peer.announcer.announce(PeerState.ONLINE)  # the plan followed, at once
-        except Exception:  # the plans are remote input: a bad read must not stop serving
-            logger.exception("reading the coordinator's plan failed")
+            records = await self.read_records()
+            self.members.update(r.peer_id for r in records)
+            await self.probe.step(records)
+            if self.follower is not None and not self.moving():
+                followed = self.follower.followed
+                await self.follower.step(records, self.record(PeerState.ONLINE), time.monotonic())
+                if self.follower.followed != followed:  # say so now, not a period later (status, monitor)
+                    await self.announcer.announce(PeerState.ONLINE)
+        except Exception:  # the swarm's records are remote input: a bad step must not stop serving
+            logger.exception("coordination step failed")
+
+    async def watch_plans(self, stop: asyncio.Event) -> None:
+        """An auto peer follows a newly published plan within PLAN_WATCH_S."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=PLAN_WATCH_S)
+            except TimeoutError:
+                pass
+            if stop.is_set() or self.moving():
+                continue
+            try:
+                if await self.follower.follow_newer(self.record(PeerState.ONLINE)):
+                    await self.announcer.announce(PeerState.ONLINE)  # the plan followed, at once
+            except Exception:  # the plans are remote input: a bad read must not stop serving
+                logger.exception("reading the coordinator's plan failed")
 
 
 def log_hop_cost(server) -> None:
