@@ -10,16 +10,16 @@ import time
 
 import torch
 
-from hexswarm.swarm.commitments import (
+from hexswarm.swarm.net.identity import peer_id_from_owner_marker
+from hexswarm.swarm.wire.commitments import (
     CommitmentLog,
     SessionId,
     Signed,
     tensor_digest,
     verify_signature,
 )
-from hexswarm.swarm.frames import read_frame, write_frame
-from hexswarm.swarm.identity import peer_id_from_owner_marker
-from hexswarm.swarm.protocol import (
+from hexswarm.swarm.wire.frames import read_frame, write_frame
+from hexswarm.swarm.wire.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     SESSION_PROTOCOL,
     Attest,
@@ -38,7 +38,7 @@ from hexswarm.swarm.protocol import (
     Step,
     StepResult,
 )
-from hexswarm.swarm.wire_tensors import DTYPE_NAMES
+from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class PeerConnection:
     ) -> None:
         """Opens a session; `upstream` is the peer allowed to push steps into it (peer/push.py);
         `kv_from` the prefill peers whose keys and values it takes (of `prompt_length` tokens),
-        `kv_to` where a prefill session sends its own (swarm/protocol.py)."""
+        `kv_to` where a prefill session sends its own (swarm/wire/protocol.py)."""
         dtype_name = DTYPE_NAMES[dtype]
         message = Open(
             session_id,

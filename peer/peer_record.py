@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from hexswarm import swarm
-from hexswarm.swarm.records import PeerRecord, PeerState
-from hexswarm.swarm.wire_tensors import DTYPE_NAMES
+from hexswarm.swarm.trust.records import PeerRecord, PeerState
+from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
 
 def peer_record(peer, state: PeerState) -> PeerRecord:

@@ -25,7 +25,7 @@ from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore
 from hexswarm.peer.plan_follower import goes_first_in_a_swap, old_range_covered
 from hexswarm.peer.server import PeerServer
-from hexswarm.swarm.records import PeerState
+from hexswarm.swarm.trust.records import PeerState
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import time
 
 from hexswarm.peer.peer_record import peer_record
 from hexswarm.peer.plan_follower import PLAN_WATCH_S
-from hexswarm.swarm.records import PeerState
+from hexswarm.swarm.trust.records import PeerState
 
 logger = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ docs/architecture.md#folder-layout describes stays true.
 Bottom to top: `routing/` (pure solvers) -> `swarm/` (what every role shares) -> `peer/` and
 `client/` (the roles, which never import each other) -> the commands. A command lives in the
 package of the role it runs, so the commands are a floor of modules rather than a folder: no
-other module imports one. The `hexswarm` dispatcher (swarm/cli.py) sits above everything: it
-names every command's module in its table and imports it only when that verb runs.
+other module imports one. The `hexswarm` dispatcher (swarm/commands/cli.py) sits above
+everything: it names every command's module in its table and imports it only when that verb runs.
 
 Inside `routing/`, the solver packages a live swarm calls (`routing.scheduler`: placement, for
 the coordinator and `hexswarm plan`; `routing.chains`: chain routing, for the client) stand on
@@ -40,7 +40,7 @@ NAMESPACE = "hexswarm"
 # package -> floor; a module may import from its own floor and the ones below
 FLOORS = {"routing": 0, "swarm": 1, "peer": 2, "client": 2}
 ROLES = ("peer", "client")
-DISPATCHER = "hexswarm.swarm.cli"
+DISPATCHER = "hexswarm.swarm.commands.cli"
 
 # routing's packages -> floor: the solvers a live swarm calls at the bottom, then what only
 # benchmarks and tests use; a module may import from its own floor and the ones below
@@ -73,7 +73,7 @@ def module_name(path: Path) -> str:
 
 
 def path_of(name: str) -> Path:
-    """`hexswarm.swarm.records` -> ROOT/swarm/records (no suffix): where setup.cfg maps it."""
+    """`hexswarm.swarm.trust.records` -> ROOT/swarm/trust/records (no suffix): where setup.cfg maps it."""
     parts = name.split(".")
     return ROOT.joinpath(*(parts[1:] if parts[0] == NAMESPACE and len(parts) > 1 else parts))
 
@@ -189,11 +189,11 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def dispatched_modules() -> dict[str, str]:
     """The dispatcher's table, read without importing it: verb -> command module."""
-    tree = ast.parse((ROOT / "swarm" / "cli.py").read_text())
+    tree = ast.parse((ROOT / "swarm" / "commands" / "cli.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "SUBCOMMANDS":
             return {verb: module for verb, (module, _) in ast.literal_eval(node.value).items()}
-    raise AssertionError("swarm/cli.py has no SUBCOMMANDS table")
+    raise AssertionError("swarm/commands/cli.py has no SUBCOMMANDS table")
 
 
 def command_modules() -> set[str]:
@@ -211,15 +211,15 @@ def test_imports_of_reads_every_kind_of_import(tmp_path):
     path = tmp_path / "example.py"
     path.write_text(
         "import os.path\n"
-        "from hexswarm.swarm import records\n"
+        "from hexswarm.swarm.trust import records\n"
         "def later():\n"
         "    from hexswarm.client.swarm_client import SwarmClient\n"
         "    importlib.import_module('hexswarm.peer.cli')\n"
     )
     assert imports_of(path) == {
         "os.path",
-        "hexswarm.swarm",
-        "hexswarm.swarm.records",
+        "hexswarm.swarm.trust",
+        "hexswarm.swarm.trust.records",
         "hexswarm.client.swarm_client",
         "hexswarm.peer.cli",
     }
@@ -281,7 +281,7 @@ def test_the_dispatcher_imports_its_commands_only_by_name():
     each verb's module (the only names above it) is imported when that verb runs."""
     upward = [
         imported
-        for imported in imports_of(ROOT / "swarm" / "cli.py")
+        for imported in imports_of(ROOT / "swarm" / "commands" / "cli.py")
         if top(imported) in FLOORS and FLOORS[top(imported)] > FLOORS["swarm"]
     ]
     assert not upward
