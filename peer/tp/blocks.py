@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from transformers import DynamicCache
@@ -30,7 +31,29 @@ from hexswarm.peer.tp.shard import resplit_sessions
 from hexswarm.swarm.wire.protocol import ErrorCode, ProtocolError
 
 if TYPE_CHECKING:
-    from hexswarm.peer.tp.group import TPGroup
+    from hexswarm.peer.tp.partition import Repartitioner
+    from hexswarm.peer.tp.profile import ComputeClock
+
+
+class Group(Protocol):
+    """What a stack needs of its group: the leader's `TPGroup` (peer/tp/group.py), which builds
+    the stacks and so imports this module (this one names only the protocol)."""
+
+    clock: ComputeClock  # rank 0's compute, apart from its waits
+    repartitioner: Repartitioner | None  # the leader's drift check (auto only)
+
+    @property
+    def failure(self) -> str | None: ...
+
+    def process_group(self, tp: int): ...
+
+    def send_to(self, ranks: Iterable[int], message, *, quiet: bool = False) -> None: ...
+
+    def note_decode(self, rank: int, stack_id: int, steps: int, compute_s: float) -> None: ...
+
+    def fail(self, reason: str) -> None: ...
+
+    def dead_rank(self, wait_s: float = 1.0) -> str | None: ...
 
 
 @dataclass
@@ -45,7 +68,7 @@ class TPBlocks:
     """A stack of the group's blocks as PeerCore sees it: one BlockStack's interface, run on
     ranks 0..tp-1 (at degree 1, on the leader alone)."""
 
-    def __init__(self, group: TPGroup, local: BlockStack, stack_id: int, tp: int):
+    def __init__(self, group: Group, local: BlockStack, stack_id: int, tp: int):
         self.group, self.local, self.stack_id, self.tp = group, local, stack_id, tp
         self.spec, self.start, self.end = local.spec, local.start, local.end
         self.dtype, self.device, self.config = local.dtype, local.device, local.config

@@ -58,11 +58,12 @@ from hexswarm.peer.tp.messages import (
     RankPipes,
     RankSetup,
     Ready,
+    Slowdown,
     StepTimes,
     Stop,
 )
 from hexswarm.peer.tp.partition import Repartitioner, step_time_s
-from hexswarm.peer.tp.profile import ComputeClock, Slowdown, first_partition, log_agreed
+from hexswarm.peer.tp.profile import ComputeClock, first_partition, log_agreed
 from hexswarm.peer.tp.shard import Partition
 from hexswarm.peer.tp.windows import DecodeWindows
 from hexswarm.swarm.models.model_spec import ModelSpec

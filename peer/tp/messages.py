@@ -19,9 +19,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # annotations only: the messages themselves load no torch
     import torch
 
-    from hexswarm.peer.tp.profile import Slowdown
     from hexswarm.peer.tp.shard import Partition, Sessions
     from hexswarm.swarm.trust.records import DeviceInfo
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """Benchmark-only: this rank computes `factor` times slower from `after_s` seconds on."""
+
+    factor: float
+    after_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from hexswarm.peer.tp.messages import Slowdown
 from hexswarm.peer.tp.partition import RankProfile, calibrate_links, hepti_problem, layer_shape, partition_of
 from hexswarm.peer.tp.shard import Partition
 from hexswarm.routing.hepti.problem import HeptiProblem
@@ -50,14 +51,6 @@ PROFILE_WEIGHT_BYTES = 64 << 20  # more than a CPU's caches: decode streams its 
 PROFILE_SECONDS = 0.3
 PING_ROUNDS = 20
 BANDWIDTH_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class Slowdown:
-    """Benchmark-only: this rank computes `factor` times slower from `after_s` seconds on."""
-
-    factor: float
-    after_s: float = 0.0
 
 
 def parse_slowdown(text: str) -> tuple[int, Slowdown]:

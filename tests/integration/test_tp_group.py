@@ -12,7 +12,7 @@ import torch
 
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.tp.group import TPGroup
-from hexswarm.peer.tp.profile import Slowdown
+from hexswarm.peer.tp.messages import Slowdown
 from hexswarm.peer.tp.shard import Partition
 from hexswarm.swarm.models.model_spec import load_model_spec
 from hexswarm.swarm.wire.protocol import ErrorCode, ProtocolError
