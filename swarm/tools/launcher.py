@@ -23,7 +23,7 @@ LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 COLOCATED_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 # The edge peer runs from its own environment, without hivemind (scripts/env.sh makes it).
 EDGE_PYTHON = Path(
-    os.environ.get("HEXSWARM_EDGE_PYTHON", Path(__file__).resolve().parents[1] / ".venv-edge/bin/python")
+    os.environ.get("HEXSWARM_EDGE_PYTHON", Path(__file__).resolve().parents[2] / ".venv-edge/bin/python")
 )
 
 
