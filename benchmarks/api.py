@@ -29,8 +29,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
-from hexswarm.swarm.launcher import LocalSwarm, free_port
-from hexswarm.swarm.tiny_model import make_tiny_model
+from hexswarm.swarm.commands.tiny_model import make_tiny_model
+from hexswarm.swarm.tools.launcher import LocalSwarm, free_port
 
 SHAPE = dict(hidden=256, layers=8, heads=8, kv_heads=4)  # the "tiny" model of benchmarks/overhead.py
 PROMPT_TOKENS = 16
@@ -167,7 +167,7 @@ def main() -> None:
                 [
                     sys.executable,
                     "-m",
-                    "hexswarm.swarm.cli",
+                    "hexswarm.swarm.commands.cli",
                     "api",
                     "--initial-peers",
                     *swarm.initial_peers,

@@ -17,7 +17,7 @@ import os
 import statistics
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm/threads.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm/tools/threads.py)
 
 import torch
 from overhead import SIZES  # noqa: E402  (the same model shapes as the overhead benchmark)

@@ -29,9 +29,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see s
 
 import numpy as np
 
-from hexswarm.swarm.chaos import LAYOUT, ChaosSwarm, chaos_run, child_processes
-from hexswarm.swarm.launcher import LocalSwarm
-from hexswarm.swarm.tiny_model import make_tiny_model
+from hexswarm.swarm.commands.tiny_model import make_tiny_model
+from hexswarm.swarm.tools.chaos import LAYOUT, ChaosSwarm, chaos_run, child_processes
+from hexswarm.swarm.tools.launcher import LocalSwarm
 
 RUNS_PER_CLIENT = 10  # a fresh client now and then, so its bans of healed peers do not pile up
 

@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from hexswarm.swarm.builtin_models import DEFAULT_MODEL
-from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.models.builtin_models import DEFAULT_MODEL
+from hexswarm.swarm.tools.launcher import LocalSwarm
 
-HEXSWARM = (sys.executable, "-m", "hexswarm.swarm.cli")
+HEXSWARM = (sys.executable, "-m", "hexswarm.swarm.commands.cli")
 RUN_PEER = (sys.executable, "-m", "hexswarm.peer.cli")
 USAGE_ERROR = 2
 

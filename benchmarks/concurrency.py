@@ -39,7 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-# Before torch loads: clients and peers share this machine's cores (see swarm/threads.py).
+# Before torch loads: clients and peers share this machine's cores (see swarm/tools/threads.py).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
@@ -56,8 +56,8 @@ SIZES = {
     "big": dict(hidden=1024, layers=16, heads=8, kv_heads=8, intermediate=2752, vocab=32000),
 }
 
-from hexswarm.swarm.launcher import LocalSwarm  # noqa: E402
-from hexswarm.swarm.tiny_model import make_tiny_model  # noqa: E402
+from hexswarm.swarm.commands.tiny_model import make_tiny_model  # noqa: E402
+from hexswarm.swarm.tools.launcher import LocalSwarm  # noqa: E402
 
 ANNOUNCE_PERIOD = 2.0  # the peers log their hop cost once per period
 HOP_LINE = re.compile(

@@ -51,8 +51,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from hexswarm.swarm.builtin_models import DEFAULT_MODEL
-from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.models.builtin_models import DEFAULT_MODEL
+from hexswarm.swarm.tools.launcher import LocalSwarm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_results import save, spread  # noqa: E402
@@ -100,7 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.model_spec import load_model_spec
 
     torch.set_num_threads(1)
     spec = load_model_spec(DEFAULT_MODEL)

@@ -34,9 +34,9 @@ import torch  # noqa: E402
 from bench_results import save  # noqa: E402
 from real_model import TEXT, decode_ms  # noqa: E402
 
-from hexswarm.swarm import gguf_checkpoint  # noqa: E402
-from hexswarm.swarm.builtin_models import DEFAULT_MODEL  # noqa: E402
-from hexswarm.swarm.launcher import LocalSwarm  # noqa: E402
+from hexswarm.swarm.models import gguf_checkpoint  # noqa: E402
+from hexswarm.swarm.models.builtin_models import DEFAULT_MODEL  # noqa: E402
+from hexswarm.swarm.tools.launcher import LocalSwarm  # noqa: E402
 
 SPLIT = "15"
 
@@ -50,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.model_spec import load_model_spec
 
     spec = load_model_spec(DEFAULT_MODEL)
     gguf_checkpoint.materialize_all(spec.path)  # a plain folder: the edge environment reads it as is
@@ -111,7 +111,7 @@ def measure(swarm: LocalSwarm, spec, ids, expected, name: str, args) -> dict:
 
 
 def wait_for_peer(model, name: str, timeout: float = 60) -> str:
-    from hexswarm.swarm.records import read_peer_records
+    from hexswarm.swarm.trust.records import read_peer_records
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -58,9 +58,9 @@ from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore, PeerLimits
 from hexswarm.peer.scheduler import BatchPolicy, StepScheduler
 from hexswarm.peer.throughput import measure
-from hexswarm.swarm.model_spec import ModelSpec, load_model_spec
-from hexswarm.swarm.protocol import Close, Open, Step
-from hexswarm.swarm.wire_tensors import DTYPE_NAMES
+from hexswarm.swarm.models.model_spec import ModelSpec, load_model_spec
+from hexswarm.swarm.wire.protocol import Close, Open, Step
+from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
 # name -> LlamaConfig shape; `ranges`: the block ranges of the exactness chain.
 SHAPES = {
@@ -100,7 +100,7 @@ def make_checkpoint(directory: Path, shape: dict, device: torch.device, seed: in
         hidden_size=shape["hidden"], num_attention_heads=shape["heads"],
         num_key_value_heads=shape["kv_heads"], intermediate_size=shape["mlp"],
         num_hidden_layers=shape["layers"], vocab_size=shape["vocab"], max_position_embeddings=4096,
-        # Wider than the usual 0.02 (as swarm/tiny_model.py does): greedy output of a 0.02 model
+        # Wider than the usual 0.02 (as swarm/commands/tiny_model.py does): greedy output of a 0.02 model
         # repeats one token, which would make the token-for-token comparison prove little.
         initializer_range=0.1, tie_word_embeddings=False,
         bos_token_id=None, eos_token_id=None, pad_token_id=None,  # generation never stops early

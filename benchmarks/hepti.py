@@ -47,9 +47,9 @@ import torch  # noqa: E402
 from bench_results import save  # noqa: E402
 from transformers import StoppingCriteria  # noqa: E402
 
-from hexswarm.swarm.builtin_models import DEFAULT_MODEL  # noqa: E402
-from hexswarm.swarm.launcher import LocalSwarm  # noqa: E402
-from hexswarm.swarm.records import read_peer_records  # noqa: E402
+from hexswarm.swarm.models.builtin_models import DEFAULT_MODEL  # noqa: E402
+from hexswarm.swarm.tools.launcher import LocalSwarm  # noqa: E402
+from hexswarm.swarm.trust.records import read_peer_records  # noqa: E402
 
 PROMPT = [1, 504, 3458, 282, 260, 3108, 30, 2683, 314, 253, 1345, 28]  # a short fixed prompt
 EXTRA: tuple[str, ...] = ()  # more run-peer flags (a diagnosis: "-v")
@@ -183,9 +183,9 @@ def recovery_s(
 def modelled_gain(gflops: list[float], all_reduce_s: float) -> float | None:
     """even ÷ LP step as Hepti's model predicts it for ranks of these speeds, with every
     all-reduce costing `all_reduce_s` (None when no even split exists)."""
-    from hexswarm.peer.tp_partition import RankProfile, hepti_problem, layer_shape
+    from hexswarm.peer.tp.partition import RankProfile, hepti_problem, layer_shape
     from hexswarm.routing.hepti.split import plan_split
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.model_spec import load_model_spec
 
     config = load_model_spec(DEFAULT_MODEL).config.to_dict()
     link = all_reduce_s / (2 * (len(gflops) - 1))  # Eq. 6: two latencies per rank besides the leader

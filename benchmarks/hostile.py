@@ -72,16 +72,16 @@ from bench_results import save  # noqa: E402
 from concurrency import hop_cost  # noqa: E402  (the honest peers' per-step cost, from their logs)
 from hostile_sybil import run_sybil_phase  # noqa: E402
 
-from hexswarm.swarm.identity import load_or_create_identity  # noqa: E402
-from hexswarm.swarm.launcher import LOOPBACK, LocalSwarm, Managed  # noqa: E402
-from hexswarm.swarm.model_spec import load_model_spec  # noqa: E402
-from hexswarm.swarm.records import read_peer_records  # noqa: E402
+from hexswarm.swarm.models.model_spec import load_model_spec  # noqa: E402
+from hexswarm.swarm.net.identity import load_or_create_identity  # noqa: E402
+from hexswarm.swarm.tools.launcher import LOOPBACK, LocalSwarm, Managed  # noqa: E402
+from hexswarm.swarm.trust.records import read_peer_records  # noqa: E402
 
 ACTOR = str(Path(__file__).resolve().parent / "hostile_actor.py")
 HONEST_FLAGS = tuple("--announce-period 2 --handshake-timeout 5 --throughput 100 --decode-ms 1".split())
 HOSTILE_PEER_FLAGS = (*HONEST_FLAGS, "--drain-timeout", "5")
 API_LIMITS = {"--max-concurrent": 8, "--max-queue": 8, "--max-body-bytes": 64 << 10}
-API_BUSY_WORKERS = 7  # what one client may run at once of the 8 (client/api_admission.py)
+API_BUSY_WORKERS = 7  # what one client may run at once of the 8 (client/api/admission.py)
 PROMPTS = 16  # distinct prompts, their expected outputs computed once
 GOAL_P99_RATIO = 1.5
 GOAL_HONEST_WAIT_S = 2.0  # p99 wait of an honest API user during the flood
@@ -257,8 +257,8 @@ def run_phase(bench: Bench, attack, seconds: float | None = None) -> dict:
 @contextlib.contextmanager
 def dht_node(bench: Bench, key_name: str):
     """A DHT node of this process with an identity of its own (the attacker's)."""
-    from hexswarm.swarm.dht import start_dht
-    from hexswarm.swarm.dht_process import shutdown_dht
+    from hexswarm.swarm.net.dht import start_dht
+    from hexswarm.swarm.net.dht_process import shutdown_dht
 
     identity = load_or_create_identity(bench.workdir / f"{key_name}.key")
     dht = start_dht(bench.initial_peers, identity, host_maddrs=[LOOPBACK])
@@ -274,7 +274,7 @@ def steps_served(proc: Managed) -> int:
 
 @contextlib.contextmanager
 def bad_record(bench: Bench):
-    from hexswarm.swarm.records import model_key, parse_signed_entries
+    from hexswarm.swarm.trust.records import model_key, parse_signed_entries
     from tests.integration.test_hostile_records import HOSTILE_FIELDS
 
     flags = [arg for f in HOSTILE_FIELDS for arg in ("--debug-record", f)]
@@ -533,13 +533,13 @@ def prepare(bench: Bench) -> None:
 
 
 def run_all(args: argparse.Namespace, workdir: Path) -> dict:
-    from hexswarm.swarm.tiny_model import make_tiny_model
+    from hexswarm.swarm.commands.tiny_model import make_tiny_model
 
     began = time.monotonic()
     if args.model == "tiny":
         model = str(make_tiny_model(workdir / "model", layers=8, hidden=256, heads=8, kv_heads=4, seed=0))
     else:
-        from hexswarm.swarm import gguf_checkpoint
+        from hexswarm.swarm.models import gguf_checkpoint
 
         model = args.model
         gguf_checkpoint.materialize_all(load_model_spec(model).path)  # the weights, for the local model

@@ -17,7 +17,7 @@ saw (one JSON object) to --out. Attacks:
 - hog:      one legitimate session after another on the first target, each a prefill of
             --max-length tokens, back to back; PING round trips to that peer meanwhile.
 - sybil:    from --identities identities, --streams prefill loops as hog's on every target at
-            once: one machine posing as many (run from one home of swarm/netlab.py, so that
+            once: one machine posing as many (run from one home of swarm/nat/netlab.py, so that
             every identity is in one IP group).
 - flood:    10x the API's capacity in concurrent completion requests, and oversized bodies.
 - stranger: its own client (push on) whose steps name a stranger's peer id as the next hop;
@@ -53,10 +53,10 @@ from ping_under_prefill import percentile, ping_while  # noqa: E402
 from hexswarm.client.remote import PeerConnection, PeerError  # noqa: E402
 from hexswarm.client.swarm_client import SwarmClient  # noqa: E402
 from hexswarm.client.worker import run_sync  # noqa: E402
-from hexswarm.swarm.frames import read_frame, write_frame  # noqa: E402
-from hexswarm.swarm.model_spec import load_model_spec  # noqa: E402
-from hexswarm.swarm.protocol import Error, ErrorCode, Ping, Pong  # noqa: E402
-from hexswarm.swarm.records import PeerState, read_peer_records  # noqa: E402
+from hexswarm.swarm.models.model_spec import load_model_spec  # noqa: E402
+from hexswarm.swarm.trust.records import PeerState, read_peer_records  # noqa: E402
+from hexswarm.swarm.wire.frames import read_frame, write_frame  # noqa: E402
+from hexswarm.swarm.wire.protocol import Error, ErrorCode, Ping, Pong  # noqa: E402
 from tests.integration.test_peer_links import Outsider  # noqa: E402
 
 KEEPALIVE_S = 5.0  # hoard: a step on every hoarded session this often (the idle timeout is 300 s)
@@ -392,7 +392,7 @@ def stranger(args, stop: threading.Event) -> dict:
     from transformers import AutoModelForCausalLM
 
     from hexswarm.client import DistributedModelForCausalLM, hop_links
-    from hexswarm.swarm.protocol import NextHop
+    from hexswarm.swarm.wire.protocol import NextHop
 
     spec = load_model_spec(args.model)
     node = Outsider(args.initial_peers, Path(args.out).with_suffix(".key"))

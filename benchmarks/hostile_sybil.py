@@ -1,6 +1,6 @@
 """The `sybil_one_group` phase of benchmarks/hostile.py: 20 identities from one IP group.
 
-IP groups need real addresses, so this phase builds its own networks (swarm/netlab.py, as root):
+IP groups need real addresses, so this phase builds its own networks (swarm/nat/netlab.py, as root):
 a bootstrap and two honest peers of every block on the "internet", the honest clients in home 2,
 and the attacker in home 1, all of whose identities leave through one MASQUERADE router and so
 share one /24. It measures the honest load alone, then with the attacker: each identity runs
@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from hexswarm.swarm import netlab
-from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.nat import netlab
+from hexswarm.swarm.tools.launcher import LocalSwarm
 
 ANY = "/ip4/0.0.0.0/tcp/0"
 IDENTITIES = 20

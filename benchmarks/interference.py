@@ -53,9 +53,9 @@ from bench_results import save  # noqa: E402
 from hexswarm.client.remote import PeerConnection  # noqa: E402
 from hexswarm.client.swarm_client import SwarmClient  # noqa: E402
 from hexswarm.client.worker import run_sync  # noqa: E402
-from hexswarm.swarm.launcher import LocalSwarm  # noqa: E402
-from hexswarm.swarm.model_spec import load_model_spec  # noqa: E402
-from hexswarm.swarm.records import read_peer_records  # noqa: E402
+from hexswarm.swarm.models.model_spec import load_model_spec  # noqa: E402
+from hexswarm.swarm.tools.launcher import LocalSwarm  # noqa: E402
+from hexswarm.swarm.trust.records import read_peer_records  # noqa: E402
 
 MODEL = "smollm2-135m"
 BLOCKS = 30  # all of SmolLM2-135M's blocks: one peer does all the work

@@ -2,7 +2,7 @@
 
 Prints one JSON line:
 - `sha256_mb_s`, `blake2b_mb_s`: hashlib's speed on a temporary file of `--mb` MB, read the way
-  swarm/content_hash.py reads (8 MiB blocks), best of `--repeats` (the file is in the page
+  swarm/models/content_hash.py reads (8 MiB blocks), best of `--repeats` (the file is in the page
   cache after the first read, so this is the CPU's speed, the ceiling a fast disk allows);
 - `gguf_mb`, `hash_cold_s`, `hash_cached_s`: the real SmolLM2 GGUF (built-in `smollm2-135m`)
   hashed with an empty digest cache, then found in the cache file;
@@ -27,9 +27,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hexswarm.swarm import content_hash
-from hexswarm.swarm.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path
-from hexswarm.swarm.cache_files import CACHE_ENV
+from hexswarm.swarm.models import content_hash
+from hexswarm.swarm.models.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path
+from hexswarm.swarm.tools.cache_files import CACHE_ENV
 
 MODEL_GB = 140
 
@@ -48,7 +48,7 @@ def timed(action) -> float:
 
 def builtin_costs() -> dict:
     """Cold and cached hash and id of the built-in GGUF, in a fresh model cache."""
-    from hexswarm.swarm.model_spec import model_identity
+    from hexswarm.swarm.models.model_spec import model_identity
 
     gguf = builtin_path(BUILTIN_MODELS[DEFAULT_MODEL])
     if gguf is None:

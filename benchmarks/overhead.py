@@ -25,8 +25,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
-from hexswarm.swarm.launcher import LocalSwarm
-from hexswarm.swarm.tiny_model import make_tiny_model
+from hexswarm.swarm.commands.tiny_model import make_tiny_model
+from hexswarm.swarm.tools.launcher import LocalSwarm
 
 SIZES = {
     "tiny": dict(hidden=256, layers=8, heads=8, kv_heads=4),

@@ -28,9 +28,9 @@ import torch
 from hexswarm.client.remote import PeerConnection
 from hexswarm.client.swarm_client import SwarmClient
 from hexswarm.client.worker import run_sync
-from hexswarm.swarm.launcher import LocalSwarm
-from hexswarm.swarm.model_spec import load_model_spec
-from hexswarm.swarm.records import read_peer_records
+from hexswarm.swarm.models.model_spec import load_model_spec
+from hexswarm.swarm.tools.launcher import LocalSwarm
+from hexswarm.swarm.trust.records import read_peer_records
 
 
 def percentile(values: list[float], q: float) -> float:

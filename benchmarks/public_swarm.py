@@ -1,4 +1,4 @@
-"""Peers behind NAT against peers on the "internet", in network namespaces (swarm/netlab.py).
+"""Peers behind NAT against peers on the "internet", in network namespaces (swarm/nat/netlab.py).
 
 SmolLM2-135M-Instruct, layers 0:15 and 15:30. A bootstrap on the internet relays; the client
 sits in home 3 behind its own NAT. The same run serves the chain twice: first with the two peers
@@ -13,12 +13,12 @@ on the internet (direct). Prints one JSON line per case:
   answered, and until a relay's port for it was confirmed (its log); `online_s_behind_nat`: from
   its start until it logged `online:`.
 - `prompt_bytes_per_hop`: the prompt's hidden states, to show they pass libp2p's 128 KiB relay
-  limit, which would reset the connection (swarm/port_relay.py).
+  limit, which would reset the connection (swarm/nat/port_relay.py).
 - `exact`: both chains' greedy tokens equal local transformers'.
 
 Case `wan` then gives every home an internet link: upload capped at 100 Mbit/s (tc tbf) and
 `--delay-ms` (25) added each way to every connection a home opens (this kernel has no netem: a
-delay proxy in each home router, swarm/netlab.py), and measures the relayed chain again on
+delay proxy in each home router, swarm/nat/netlab.py), and measures the relayed chain again on
 fresh peers, against the same chain without it (`ms_per_token_relayed_lan`).
 
 Needs root, iproute2 and iptables. Run: python benchmarks/public_swarm.py [--new-tokens 24] [--save]
@@ -44,9 +44,10 @@ import torch  # noqa: E402
 from bench_results import save  # noqa: E402
 from real_model import TEXT, decode_ms  # noqa: E402
 
-from hexswarm.swarm import gguf_checkpoint, netlab  # noqa: E402
-from hexswarm.swarm.builtin_models import DEFAULT_MODEL  # noqa: E402
-from hexswarm.swarm.launcher import LocalSwarm  # noqa: E402
+from hexswarm.swarm.models import gguf_checkpoint  # noqa: E402
+from hexswarm.swarm.models.builtin_models import DEFAULT_MODEL  # noqa: E402
+from hexswarm.swarm.nat import netlab
+from hexswarm.swarm.tools.launcher import LocalSwarm  # noqa: E402
 
 ANY = "/ip4/0.0.0.0/tcp/0"
 PROMPT_TOKENS = 160
@@ -66,7 +67,7 @@ def main() -> None:
         sys.exit(f"public_swarm: {why_not}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.model_spec import load_model_spec
 
     spec = load_model_spec(DEFAULT_MODEL)
     gguf_checkpoint.materialize_all(spec.path)  # every weight file, for the local baseline
@@ -175,7 +176,7 @@ def measure(swarm: LocalSwarm, net, spec, ids, expected, prefix: str, args) -> d
 
 
 def wait_for_pair(model, prefix: str, timeout: float = 60) -> str:
-    from hexswarm.swarm.records import PeerState, read_peer_records
+    from hexswarm.swarm.trust.records import PeerState, read_peer_records
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -55,8 +55,8 @@ import torch
 from torch import nn
 
 from hexswarm.peer.quant import QuantError, check_backend, quantize_model, weight_bytes
-from hexswarm.swarm.builtin_models import DEFAULT_MODEL
-from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.models.builtin_models import DEFAULT_MODEL
+from hexswarm.swarm.tools.launcher import LocalSwarm
 
 FORMATS = ("none", "int8", "nf4")
 PEERS = {"left": "0:15", "right": "15:30"}
@@ -79,7 +79,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.model_spec import load_model_spec
 
     spec = load_model_spec(DEFAULT_MODEL)
     tokenizer = AutoTokenizer.from_pretrained(spec.path)

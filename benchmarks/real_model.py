@@ -41,9 +41,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
-from hexswarm.swarm import gguf_checkpoint
-from hexswarm.swarm.builtin_models import DEFAULT_MODEL
-from hexswarm.swarm.launcher import COLOCATED_ENV, LocalSwarm
+from hexswarm.swarm.models import gguf_checkpoint
+from hexswarm.swarm.models.builtin_models import DEFAULT_MODEL
+from hexswarm.swarm.tools.launcher import COLOCATED_ENV, LocalSwarm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_results import save  # noqa: E402
@@ -67,7 +67,7 @@ def main() -> None:
         return
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.model_spec import load_model_spec
 
     spec = load_model_spec(DEFAULT_MODEL)  # converts the GGUF's metadata once (cached)
     gguf_checkpoint.materialize_all(spec.path)  # every weight file, for the local baseline
@@ -134,8 +134,8 @@ def measure_load(child: str) -> dict:
     from transformers import AutoModelForCausalLM, DynamicCache
 
     from hexswarm.peer.blocks import BlockStack
-    from hexswarm.swarm.builtin_models import BUILTIN_MODELS, builtin_path
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.builtin_models import BUILTIN_MODELS, builtin_path
+    from hexswarm.swarm.models.model_spec import load_model_spec
 
     spec = load_model_spec(DEFAULT_MODEL)
     token = torch.tensor([[1]])
@@ -199,7 +199,7 @@ def start_swarm(swarm: LocalSwarm) -> dict:
     status = [
         sys.executable,
         "-m",
-        "hexswarm.swarm.cli",
+        "hexswarm.swarm.commands.cli",
         "status",
         "--initial-peers",
         *peers,

@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import PROMPT_TOKENS, SIZES, time_generation  # noqa: E402
 
-from hexswarm.swarm.launcher import LocalSwarm  # noqa: E402
-from hexswarm.swarm.records import read_peer_records  # noqa: E402
-from hexswarm.swarm.tiny_model import make_tiny_model  # noqa: E402
+from hexswarm.swarm.commands.tiny_model import make_tiny_model  # noqa: E402
+from hexswarm.swarm.tools.launcher import LocalSwarm  # noqa: E402
+from hexswarm.swarm.trust.records import read_peer_records  # noqa: E402
 
 DEGREES = (1, 2)
 

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm/threads.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm/tools/threads.py)
 
 import torch  # noqa: E402
 
@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from overhead import SIZES  # noqa: E402  (the same model shapes as the overhead benchmark)
 
-from hexswarm.peer.tp_group import TPGroup  # noqa: E402
-from hexswarm.swarm.model_spec import load_model_spec  # noqa: E402
-from hexswarm.swarm.tiny_model import make_tiny_model  # noqa: E402
+from hexswarm.peer.tp.group import TPGroup  # noqa: E402
+from hexswarm.swarm.commands.tiny_model import make_tiny_model  # noqa: E402
+from hexswarm.swarm.models.model_spec import load_model_spec  # noqa: E402
 
 CPU = torch.device("cpu")
 PREFILL_TOKENS = 16

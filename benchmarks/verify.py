@@ -49,9 +49,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
-from hexswarm.swarm.builtin_models import DEFAULT_MODEL
-from hexswarm.swarm.commitments import DIGEST_BYTES, SIGN_EVERY
-from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.models.builtin_models import DEFAULT_MODEL
+from hexswarm.swarm.tools.launcher import LocalSwarm
+from hexswarm.swarm.wire.commitments import DIGEST_BYTES, SIGN_EVERY
 
 TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "two_cities_chapters.txt"
 FAST = ("--announce-period", "2")
@@ -180,7 +180,7 @@ def one_attack_run(swarm, attack: str, prompt_list, expected, args, repeat: int)
 
 
 def caught_run(swarm, attack: str, prompt_list, expected, args) -> dict:
-    from hexswarm.swarm.records import read_peer_records
+    from hexswarm.swarm.trust.records import read_peer_records
 
     model = client(swarm, 1.0 if attack == "lying_witness" else args.rate)
     handler = _Lines()
@@ -233,7 +233,7 @@ def evidence_proven(liars: set[str]) -> bool:
     import subprocess
     import sys
 
-    from hexswarm.swarm.evidence import Evidence, evidence_dir
+    from hexswarm.swarm.trust.evidence import Evidence, evidence_dir
 
     files = sorted(evidence_dir().glob("*.msgpack"), key=lambda p: p.stat().st_mtime, reverse=True)
     for path in files:
@@ -247,7 +247,7 @@ def evidence_proven(liars: set[str]) -> bool:
 def evidence_travel(swarm, model, liars: set[str], timeout: float = 90.0) -> tuple[int, bool]:
     """(peers announcing they proved the liar wrong, whether a client with another cache folder,
     one of another machine, re-checks that and bans the liar)."""
-    from hexswarm.swarm.evidence_wire import read_holdings
+    from hexswarm.swarm.trust.evidence_wire import read_holdings
 
     deadline, holders = time.monotonic() + timeout, set()
     while time.monotonic() < deadline and len(holders) < 2:
@@ -274,7 +274,7 @@ def squat(swarm, model) -> list:
     import hexswarm.client.hop_links as hop_links
     import hexswarm.client.verify as verify
     from hexswarm.client.worker import run_sync
-    from hexswarm.swarm.records import read_peer_records
+    from hexswarm.swarm.trust.records import read_peer_records
 
     known = [f"known-{i}" for i in range(8)]
     ids = iter(known + [f"later-{i}" for i in range(100_000)])
@@ -311,7 +311,7 @@ def main() -> None:
     lines = []
     from transformers import AutoTokenizer
 
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.model_spec import load_model_spec
 
     spec = load_model_spec(DEFAULT_MODEL)
     prompt_list = prompts(AutoTokenizer.from_pretrained(spec.path), args.max_prompts)

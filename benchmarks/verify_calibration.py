@@ -1,4 +1,4 @@
-"""Calibrates verification's tolerance (swarm/verify_tolerance.py) on SmolLM2-135M-Instruct.
+"""Calibrates verification's tolerance (swarm/trust/verify_tolerance.py) on SmolLM2-135M-Instruct.
 
 For each weight format and compute dtype (float32, bfloat16, float16, int8 with bfloat16
 matmuls), two honest computations of each span (blocks 0:15 and 15:30) are compared, token by
@@ -35,9 +35,9 @@ import torch
 
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.debug import tamper
-from hexswarm.swarm.builtin_models import DEFAULT_MODEL
-from hexswarm.swarm.model_spec import load_model_spec
-from hexswarm.swarm.verify_tolerance import TOLERANCES, compare, token_errors, topk_agreement
+from hexswarm.swarm.models.builtin_models import DEFAULT_MODEL
+from hexswarm.swarm.models.model_spec import load_model_spec
+from hexswarm.swarm.trust.verify_tolerance import TOLERANCES, compare, token_errors, topk_agreement
 
 TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "two_cities_chapters.txt"
 SPANS = ((0, 15), (15, 30))

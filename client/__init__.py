@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib
 
-from hexswarm.swarm.threads import configure_openmp
+from hexswarm.swarm.tools.threads import configure_openmp
 
-configure_openmp()  # before torch loads, if it has not yet (see swarm/threads.py)
+configure_openmp()  # before torch loads, if it has not yet (see swarm/tools/threads.py)
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -23,7 +23,7 @@ _EXPORTS = {
     "ModelMismatchError": "hexswarm.client.swarm_client",
     "FormatMismatchError": "hexswarm.client.swarm_client",
     "NoChainError": "hexswarm.client.chain_choice",
-    "InitialPeersError": "hexswarm.swarm.dht",
+    "InitialPeersError": "hexswarm.swarm.net.dht",
 }
 
 __all__ = list(_EXPORTS)

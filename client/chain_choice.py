@@ -21,8 +21,8 @@ from hexswarm.client.peer_failures import PeerFailures
 from hexswarm.client.swarm_client import PING_TIMEOUT_S, MissingBlocksError, SwarmClient
 from hexswarm.routing.chains.span import route_span
 from hexswarm.routing.chains.swarm_view import NoRouteError, Route, Router, RouteRequest
-from hexswarm.swarm.model_spec import ModelSpec
-from hexswarm.swarm.records import PeerRecord
+from hexswarm.swarm.models.model_spec import ModelSpec
+from hexswarm.swarm.trust.records import PeerRecord
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ which decode it, and where each prompt layer's keys and values go.
 HexGen-2 (§1, §3) separates the two phases of a request: a prompt is compute-bound and a decode
 step memory-bound, so a long prompt on the same peer stalls every decode step behind it. A peer
 started with `--role prefill` computes prompts only; its sessions send each layer's keys and
-values straight to the decode peer serving that layer (peer/server.py, swarm/protocol.py
+values straight to the decode peer serving that layer (peer/server.py, swarm/wire/protocol.py
 KV_PUSH), and the request decodes on `--role decode` (or `both`) peers from the prompt's length
 on. The client still sees one generate(): client/session.py runs the prompt through the prefill
 chain, then every later step through the decode chain, and serves the request colocated if
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from hexswarm.client.hop_links import LiveHop
 from hexswarm.client.swarm_client import uncovered_blocks
 from hexswarm.routing.chains.swarm_view import Route
-from hexswarm.swarm.protocol import KvTarget
-from hexswarm.swarm.records import PeerRecord
+from hexswarm.swarm.trust.records import PeerRecord
+from hexswarm.swarm.wire.protocol import KvTarget
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""A client's side of travelling evidence (swarm/evidence_wire.py): it shares what it proved,
+"""A client's side of travelling evidence (swarm/trust/evidence_wire.py): it shares what it proved,
 and re-checks what others announce before it bans anyone.
 
 Sharing: when this client's verification proves a lie (client/verify.py), it submits the
@@ -32,9 +32,9 @@ import torch
 from hexswarm.client.group_cap import record_groups
 from hexswarm.client.remote import PeerError, close_sessions, random_session_id
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
-from hexswarm.swarm.bans import add_ban, new_ban
-from hexswarm.swarm.evidence import Evidence, recheck, save_evidence
-from hexswarm.swarm.evidence_wire import (
+from hexswarm.swarm.trust.bans import add_ban, new_ban
+from hexswarm.swarm.trust.evidence import Evidence, recheck, save_evidence
+from hexswarm.swarm.trust.evidence_wire import (
     NOT_PROVEN,
     PROVEN,
     EvidenceRefused,
@@ -42,7 +42,7 @@ from hexswarm.swarm.evidence_wire import (
     call,
     read_holdings,
 )
-from hexswarm.swarm.records import PeerRecord
+from hexswarm.swarm.trust.records import PeerRecord
 
 logger = logging.getLogger(__name__)
 

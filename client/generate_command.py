@@ -7,7 +7,8 @@ import os
 import sys
 import time
 
-from hexswarm.swarm import cli_args, log_setup
+from hexswarm.swarm.commands import cli_args
+from hexswarm.swarm.tools import log_setup
 
 LOG_LEVEL = "warning"  # the output is the generated text; a library's INFO lines would bury it
 EXIT_AT_ONCE = True  # run() stops the DHT (and the client) it starts: swarm.cli.exit_at_once
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     from hexswarm.client import DistributedModelForCausalLM, FailoverError, MissingBlocksError
     from hexswarm.client.verify_records import VerificationError
-    from hexswarm.swarm.model_spec import ModelSpecError
+    from hexswarm.swarm.models.model_spec import ModelSpecError
 
     try:
         model = DistributedModelForCausalLM.from_pretrained(

@@ -3,7 +3,7 @@
 Identities cost nothing, so one machine can announce twenty peers of the same blocks, each
 claiming to be fast, and crowd every honest peer out of a client's routes (and make it ping all
 twenty). A router therefore sees at most `limit` records of one IP group (a /24 or /48 of a
-record's addresses: swarm/maddrs.py `ip_group`) for any block: libp2p's DHT diversity filter,
+record's addresses: swarm/net/maddrs.py `ip_group`) for any block: libp2p's DHT diversity filter,
 applied to routing.
 
 Which records of a crowded group a client sees is drawn at random per client (`seed`), so
@@ -20,8 +20,8 @@ import ipaddress
 from collections import Counter
 from collections.abc import Sequence
 
-from hexswarm.swarm.maddrs import ip_group, tcp_addr
-from hexswarm.swarm.records import PeerRecord
+from hexswarm.swarm.net.maddrs import ip_group, tcp_addr
+from hexswarm.swarm.trust.records import PeerRecord
 
 RECORDS_PER_GROUP = 4  # per block; 0 turns the cap off (a private swarm behind one address)
 

@@ -17,7 +17,7 @@ import torch
 from hexswarm.client.history import InputHistory
 from hexswarm.client.hop_links import LiveHop
 from hexswarm.client.swarm_client import SwarmClient
-from hexswarm.swarm.model_spec import ModelSpec
+from hexswarm.swarm.models.model_spec import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from hexswarm.client.retry import RetryBudget, RetryPolicy
 from hexswarm.client.swarm_client import SwarmClient
 from hexswarm.routing.chains.swarm_view import Hop, Route, RouteRequest
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
-from hexswarm.swarm.model_spec import ModelSpec
-from hexswarm.swarm.protocol import MAX_ACK_MS, KvTarget, NextHop, Step
+from hexswarm.swarm.models.model_spec import ModelSpec
+from hexswarm.swarm.wire.protocol import MAX_ACK_MS, KvTarget, NextHop, Step
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hexswarm.client.swarm_client import SwarmClient
-from hexswarm.swarm.model_spec import ModelSpec
-from hexswarm.swarm.records import PeerRecord
+from hexswarm.swarm.models.model_spec import ModelSpec
+from hexswarm.swarm.trust.records import PeerRecord
 
 
 @dataclass

@@ -35,13 +35,13 @@ from hexswarm.client.verify_records import RollbackNeeded, VerifyStats
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.chains.swarm_view import Router
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS, check_quant
-from hexswarm.swarm import architectures
-from hexswarm.swarm.checkpoint import load_tensors
-from hexswarm.swarm.cli_args import PUBLIC_VERIFY_RATE
-from hexswarm.swarm.dht import NO_PUBLIC_PEERS, public_initial_peers
-from hexswarm.swarm.model_spec import ModelSpec, config_for_blocks, load_model_spec
-from hexswarm.swarm.terminal_text import printable
-from hexswarm.swarm.threads import openmp_spins, torch_threads
+from hexswarm.swarm.commands.cli_args import PUBLIC_VERIFY_RATE
+from hexswarm.swarm.models import architectures
+from hexswarm.swarm.models.checkpoint import load_tensors
+from hexswarm.swarm.models.model_spec import ModelSpec, config_for_blocks, load_model_spec
+from hexswarm.swarm.net.dht import NO_PUBLIC_PEERS, public_initial_peers
+from hexswarm.swarm.tools.terminal_text import printable
+from hexswarm.swarm.tools.threads import openmp_spins, torch_threads
 
 logger = logging.getLogger(__name__)
 

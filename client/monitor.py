@@ -13,7 +13,7 @@ import threading
 from importlib import resources
 from typing import TYPE_CHECKING
 
-from hexswarm.swarm import cli_args
+from hexswarm.swarm.commands import cli_args
 
 if TYPE_CHECKING:  # fastapi and hivemind load when the monitor runs, not for --help
     from fastapi import FastAPI

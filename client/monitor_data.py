@@ -16,9 +16,9 @@ import dataclasses
 import time
 from typing import Any
 
-from hexswarm.swarm import speed_reports
 from hexswarm.swarm.coordinator.records import Coordination, Trust, read_coordination_sync
-from hexswarm.swarm.records import (
+from hexswarm.swarm.trust import speed_reports
+from hexswarm.swarm.trust.records import (
     PeerRecord,
     PeerState,
     online_peers_per_block,
@@ -90,7 +90,7 @@ def model_entry(
     coordination: Coordination | None = None,
     observed: dict[str, speed_reports.Observed] | None = None,
 ) -> dict:
-    """One model's JSON; `observed`: what clients observed of its peers (swarm/speed_reports.py)."""
+    """One model's JSON; `observed`: what clients observed of its peers (swarm/trust/speed_reports.py)."""
     coverage = online_peers_per_block(records, num_blocks)
     peers = sorted(records, key=lambda r: (r.start, r.end, r.name))
     return {

@@ -10,7 +10,7 @@ import time
 from html import escape
 from typing import Any
 
-from hexswarm.swarm.records import block_ranges
+from hexswarm.swarm.trust.records import block_ranges
 
 COLUMNS = ("name", "peer id", "layers", "role", "state", "ms/blk", "sessions", "reach")
 

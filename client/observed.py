@@ -26,7 +26,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from hexswarm.swarm.speed_reports import TRUST_FACTOR  # one rule for routers and planners
+from hexswarm.swarm.trust.speed_reports import TRUST_FACTOR  # one rule for routers and planners
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class ObservedSpeeds:
 
     def figures(self) -> dict[str, tuple[float, int]]:
         """peer id -> (observed ms per block, samples) for every peer with enough samples: what
-        this client shares with the swarm's planners (swarm/speed_reports.py)."""
+        this client shares with the swarm's planners (swarm/trust/speed_reports.py)."""
         return {p: (statistics.median(w), len(w)) for p, w in self.samples.items() if len(w) >= MIN_SAMPLES}
 
     def effective_ms_per_block(self, peer_id: str, announced: float, name: str = "") -> float:

@@ -18,7 +18,7 @@ from hexswarm.client.known_peers import KnownPeers
 from hexswarm.client.remote import PeerError
 from hexswarm.client.retry import BACK_PRESSURE, Attempt, BanList, RetryBudget, RetryPolicy
 from hexswarm.client.swarm_client import SwarmClient
-from hexswarm.swarm.protocol import ErrorCode
+from hexswarm.swarm.wire.protocol import ErrorCode
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from hexswarm.client.observed import ObservedSpeeds
 from hexswarm.routing.chains.swarm_view import PeerView
-from hexswarm.swarm.records import PeerRecord
+from hexswarm.swarm.trust.records import PeerRecord
 
 
 def peer_view(record: PeerRecord, observed: ObservedSpeeds | None = None) -> PeerView:

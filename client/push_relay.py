@@ -4,7 +4,7 @@ With push, the client sends a step to one hop and each peer pushes its output on
 (peer/push.py): a *segment* of the chain. A segment ends before a hop the client must feed
 itself (relay): one whose push failed, one whose session was opened next to another peer (the
 hop after a repaired span takes pushes from no one), and one after a peer whose pushes were not
-what it returned to the client (swarm/commitments.py). The last two last for the session. A
+what it returned to the client (swarm/wire/commitments.py). The last two last for the session. A
 failed push is often passing (a first dial that ran out of time on a loaded machine), so after
 one the client relays that hop for a few steps, then lets a push try again: 4 steps after the
 first failure in a row, twice as many after each next one (at most 256); a push that goes
@@ -36,7 +36,7 @@ class PushPlan:
         # push may try again); the client feeds that hop until then
         self.relayed: dict[str, tuple[int, int]] = {}
         self.step = 0  # steps this session began
-        # peers whose pushes were not what they returned to the client (swarm/commitments.py):
+        # peers whose pushes were not what they returned to the client (swarm/wire/commitments.py):
         # the client feeds the hop after each of them itself
         self.no_push_from: set[str] = set()
         # hop steps the client sent / that peers pushed; pushes that failed (then relayed)

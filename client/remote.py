@@ -10,16 +10,17 @@ import time
 
 import torch
 
-from hexswarm.swarm.commitments import (
+from hexswarm.swarm.net.identity import peer_id_from_owner_marker
+from hexswarm.swarm.trust.verify_tolerance import TOLERANCES
+from hexswarm.swarm.wire.commitments import (
     CommitmentLog,
     SessionId,
     Signed,
     tensor_digest,
     verify_signature,
 )
-from hexswarm.swarm.frames import read_frame, write_frame
-from hexswarm.swarm.identity import peer_id_from_owner_marker
-from hexswarm.swarm.protocol import (
+from hexswarm.swarm.wire.frames import read_frame, write_frame
+from hexswarm.swarm.wire.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     SESSION_PROTOCOL,
     Attest,
@@ -38,7 +39,7 @@ from hexswarm.swarm.protocol import (
     Step,
     StepResult,
 )
-from hexswarm.swarm.wire_tensors import DTYPE_NAMES
+from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class PeerConnection:
     ) -> None:
         """Opens a session; `upstream` is the peer allowed to push steps into it (peer/push.py);
         `kv_from` the prefill peers whose keys and values it takes (of `prompt_length` tokens),
-        `kv_to` where a prefill session sends its own (swarm/protocol.py)."""
+        `kv_to` where a prefill session sends its own (swarm/wire/protocol.py)."""
         dtype_name = DTYPE_NAMES[dtype]
         message = Open(
             session_id,
@@ -167,6 +168,8 @@ class PeerConnection:
         opened = await self.request(message, Opened)
         if opened.owner_marker:
             self._take_key(opened.owner_marker)
+            if opened.format not in TOLERANCES:  # its signed statements name it: a known one
+                raise self._error(ErrorCode.MALFORMED, f"computes in an unknown format {opened.format!r}")
         if kv_from and not prompt_length:
             return  # it starts where its pushed prompt ends, which the client did not say
         about = SessionId(model_id, self.own_id, session_id, start, end, opened.format)

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from hexswarm.client.remote import PeerError
-from hexswarm.swarm.protocol import ErrorCode
+from hexswarm.swarm.wire.protocol import ErrorCode
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ keeps. When a push fails, that hop reports it with its output and the client sen
 to the next hop itself (relay), and does so for a few steps before a push tries again
 (client.push_relay). A hop whose session was opened next to another peer (the one after a repaired span) is relayed too. With
 `push=False`, every hop is relayed: the client sends the step to each hop itself. Each hop's
-result commits to the input it computed on (swarm/commitments.py), so a pushed hop that got
+result commits to the input it computed on (swarm/wire/commitments.py), so a pushed hop that got
 something other than what the previous hop sent the client fails over like a failed hop; the
 client's copies are what verification (client/verify.py) checks, pushed or not.
 
@@ -54,8 +54,8 @@ from hexswarm.client.swarm_client import SwarmClient, uncovered_blocks
 from hexswarm.client.verify_records import RollbackNeeded, VerificationError
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.chains.swarm_view import NoRouteError, Router, RouteRequest
-from hexswarm.swarm.model_spec import ModelSpec
-from hexswarm.swarm.records import block_ranges
+from hexswarm.swarm.models.model_spec import ModelSpec
+from hexswarm.swarm.trust.records import block_ranges
 
 logger = logging.getLogger(__name__)
 

@@ -12,14 +12,14 @@ import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from hexswarm.swarm import cli_args
-from hexswarm.swarm.dht_read import DHT_READ_TIMEOUT_S
-from hexswarm.swarm.terminal_text import printable
+from hexswarm.swarm.commands import cli_args
+from hexswarm.swarm.net.dht_read import DHT_READ_TIMEOUT_S
+from hexswarm.swarm.tools.terminal_text import printable
 
 if TYPE_CHECKING:  # hivemind loads when the command runs, not for --help
     from hexswarm.swarm.coordinator.records import Coordination
-    from hexswarm.swarm.records import PeerRecord
-    from hexswarm.swarm.reports import Report
+    from hexswarm.swarm.trust.records import PeerRecord
+    from hexswarm.swarm.trust.reports import Report
 
 EXIT_AT_ONCE = True  # run() stops the DHT (and the client) it starts: swarm.cli.exit_at_once
 # Peer-supplied text is escaped (swarm.terminal_text) and cut to these lengths, in characters.
@@ -55,13 +55,13 @@ def run(args: argparse.Namespace) -> int:
     watched = None if args.model is None else dict([cli_args.model_identity(args.model)])
 
     from hexswarm.client.monitor_data import model_entry
-    from hexswarm.swarm import speed_reports
-    from hexswarm.swarm.builtin_models import builtin_names
     from hexswarm.swarm.coordinator.records import read_coordination_sync, trust_from
-    from hexswarm.swarm.dht import start_dht
-    from hexswarm.swarm.dht_process import shutdown_dht
-    from hexswarm.swarm.records import read_models, read_peer_records
-    from hexswarm.swarm.reports import read_reports
+    from hexswarm.swarm.models.builtin_models import builtin_names
+    from hexswarm.swarm.net.dht import start_dht
+    from hexswarm.swarm.net.dht_process import shutdown_dht
+    from hexswarm.swarm.trust import speed_reports
+    from hexswarm.swarm.trust.records import read_models, read_peer_records
+    from hexswarm.swarm.trust.reports import read_reports
 
     try:
         trust = trust_from(args.coordinator_key)
@@ -113,7 +113,7 @@ def print_model(model_id: str, num_blocks: int, records: list[PeerRecord], alias
             f"{describe_tp(r):>9} {printable(describe_devices(r), 14):<14} {r.throughput:>9.0f} {r.decode_ms_per_block:>7.2f} {r.open_sessions:>8} {r.cache_tokens_left:>10}  "
             f"{r.reachability or '-':<11} {address}"
         )
-    from hexswarm.swarm.records import block_ranges, online_peers_per_block
+    from hexswarm.swarm.trust.records import block_ranges, online_peers_per_block
 
     online = online_peers_per_block(records, num_blocks)
     missing = [b for b, n in enumerate(online) if n == 0]
@@ -125,7 +125,7 @@ def print_model(model_id: str, num_blocks: int, records: list[PeerRecord], alias
 
 def print_over_announcers(records: list[PeerRecord], observed: dict) -> None:
     """One line per peer announcing itself over twice as fast as clients observe it."""
-    from hexswarm.swarm.speed_reports import over_announced
+    from hexswarm.swarm.trust.speed_reports import over_announced
 
     for r in records:
         figure = over_announced(r, observed)

@@ -25,13 +25,14 @@ from hexswarm.client.remote import PeerConnection, PeerError
 from hexswarm.client.worker import event_loop, run_sync
 from hexswarm.routing.chains.swarm_view import SwarmView
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
-from hexswarm.swarm import speed_reports
-from hexswarm.swarm.bans import load_bans
-from hexswarm.swarm.dht import start_dht
-from hexswarm.swarm.dht_process import shutdown_dht
-from hexswarm.swarm.dht_read import DHT_READ_TIMEOUT_S
-from hexswarm.swarm.dialing import Dialer
-from hexswarm.swarm.records import (
+from hexswarm.swarm.net.dht import start_dht
+from hexswarm.swarm.net.dht_process import shutdown_dht
+from hexswarm.swarm.net.dht_read import DHT_READ_TIMEOUT_S
+from hexswarm.swarm.net.dialing import Dialer
+from hexswarm.swarm.tools.terminal_text import printable
+from hexswarm.swarm.trust import speed_reports
+from hexswarm.swarm.trust.bans import load_bans
+from hexswarm.swarm.trust.records import (
     PeerRecord,
     PeerState,
     block_ranges,
@@ -39,7 +40,6 @@ from hexswarm.swarm.records import (
     read_models,
     read_peer_records,
 )
-from hexswarm.swarm.terminal_text import printable
 
 logger = logging.getLogger(__name__)
 
@@ -109,11 +109,11 @@ class SwarmClient:
     rtt_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (ms, measured at)
     view_version: int = 0
     # peers caught returning wrong outputs (client/verify.py), by this client or an earlier one on
-    # this machine (swarm/bans.py): left out of every route for good, unlike a session's BanList (client/retry.py), whose bans of failed or
+    # this machine (swarm/trust/bans.py): left out of every route for good, unlike a session's BanList (client/retry.py), whose bans of failed or
     # slow peers expire
     distrusted: set[str] = field(default_factory=set)
     silent: set[str] = field(default_factory=set)  # peers whose failed ping was logged (once each)
-    # weight formats this client routes through (a peer's record says its own: swarm/records.py)
+    # weight formats this client routes through (a peer's record says its own: swarm/trust/records.py)
     quants: tuple[str, ...] = (DEFAULT_QUANT,)
     _last_snapshot: tuple | None = None
     dialer: Dialer | None = None  # dials peers at their records' addresses (relay circuits)
@@ -128,7 +128,7 @@ class SwarmClient:
     def __post_init__(self) -> None:
         if self.dialer is None:
             self.dialer = Dialer(self.p2p)
-        self.distrusted |= set(load_bans())  # this machine's earlier verdicts (swarm/bans.py)
+        self.distrusted |= set(load_bans())  # this machine's earlier verdicts (swarm/trust/bans.py)
 
     @classmethod
     def connect(
@@ -257,7 +257,7 @@ class SwarmClient:
 
     def _share_observed(self, records: list[PeerRecord]) -> None:
         """Every PUBLISH_EVERY_S, once it has figures, this client publishes what it observed of
-        peers' decode speeds, signed, for the coordinator and `status` (swarm/speed_reports.py);
+        peers' decode speeds, signed, for the coordinator and `status` (swarm/trust/speed_reports.py);
         and once more as it shuts down."""
         if records:
             self.observed_model = records[0].model_id

@@ -6,13 +6,13 @@ group where there is one) runs a *shadow session* of its own for that hop. The s
 caught up by replaying the hop's earlier inputs, which the session keeps anyway for failover
 (client/history.py), in one chunk together with the checked step's input. The two outputs are
 compared token by token, each relative to its own size, within the tolerance calibrated on
-SmolLM2 for the coarsest format involved (swarm/verify_tolerance.py).
+SmolLM2 for the coarsest format involved (swarm/trust/verify_tolerance.py).
 
 Evidence, not accusations. When the server and the witness disagree, one witness's word is not
 enough: a third peer (of the same format, preferably from a third IP group) recomputes the
 step. The peer that the third one disagrees with, while agreeing with the other, is the liar:
-it is banned by this client and on this machine for good (swarm/bans.py), and a signed report
-naming the evidence (input hash, both output hashes) is published in the DHT (swarm/reports.py).
+it is banned by this client and on this machine for good (swarm/trust/bans.py), and a signed report
+naming the evidence (input hash, both output hashes) is published in the DHT (swarm/trust/reports.py).
 With no third opinion, or one that settles nothing, nobody is blamed: the step counts as
 "disputed" among the steps that could not be compared. If the liar is the serving peer, the
 step fails with VerificationError, a PeerError naming that peer, so the session fails over to
@@ -61,13 +61,13 @@ from hexswarm.client.verify_records import (
     VerifyStats,
 )
 from hexswarm.client.worker import run_sync
-from hexswarm.swarm.bans import add_ban, new_ban
-from hexswarm.swarm.evidence import Evidence, save_evidence
-from hexswarm.swarm.identity import peer_id_from_owner_marker
-from hexswarm.swarm.records import PeerRecord
-from hexswarm.swarm.reports import REPORT_TTL_S, Report, publish_report, tensor_hash
-from hexswarm.swarm.verify_tolerance import TOLERANCES, Comparison, coarsest, compare
-from hexswarm.swarm.wire_tensors import DTYPE_NAMES
+from hexswarm.swarm.net.identity import peer_id_from_owner_marker
+from hexswarm.swarm.trust.bans import add_ban, new_ban
+from hexswarm.swarm.trust.evidence import Evidence, save_evidence
+from hexswarm.swarm.trust.records import PeerRecord
+from hexswarm.swarm.trust.reports import REPORT_TTL_S, Report, publish_report, tensor_hash
+from hexswarm.swarm.trust.verify_tolerance import TOLERANCES, Comparison, coarsest, compare
+from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ cannot collide with other packages (setup.cfg's `package_dir` maps each one):
 `python -m hexswarm` is the `hexswarm` command.
 """
 
-from hexswarm.swarm import lazy_hivemind
+from hexswarm.swarm.tools import lazy_hivemind
 
 lazy_hivemind.install()  # before any hivemind import: its unused parts cost 0.5 s a command
 

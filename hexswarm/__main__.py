@@ -1,8 +1,8 @@
-"""`python -m hexswarm`: the `hexswarm` command (swarm/cli.py)."""
+"""`python -m hexswarm`: the `hexswarm` command (swarm/commands/cli.py)."""
 
 import sys
 
-from hexswarm.swarm.cli import main
+from hexswarm.swarm.commands.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,7 +16,7 @@ The remote's identity is its libp2p peer id, which the transport authenticates, 
 cannot pose as another; it can make new identities, which is why the global limits
 (peer/core.py: sessions, cache; peer/server.py: streams) still apply on top of these, and why
 streams, sessions and cache are also capped per IP group (a /24 or /48, from the address the
-remote's connection comes from: swarm/maddrs.py): identities cost nothing, addresses do. A
+remote's connection comes from: swarm/net/maddrs.py): identities cost nothing, addresses do. A
 group may hold `group_factor` times what one remote may (2 by default: a household with two
 machines is served whole), but never more than `group_max_share` (half) of the peer's sessions,
 streams or cache: one machine posing as many leaves the other half to everyone else. Remotes on this machine's loopback have no group: a swarm on one
@@ -31,7 +31,7 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hexswarm.swarm.protocol import ErrorCode, ProtocolError
+from hexswarm.swarm.wire.protocol import ErrorCode, ProtocolError
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from hivemind.utils import get_dht_time
 
-from hexswarm.swarm.identity import Identity
-from hexswarm.swarm.records import MODELS_KEY, ModelEntry, PeerRecord, PeerState, model_key
+from hexswarm.swarm.net.identity import Identity
+from hexswarm.swarm.trust.records import MODELS_KEY, ModelEntry, PeerRecord, PeerState, model_key
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from hexswarm.swarm import architectures
+from hexswarm.swarm.models import architectures
 
 
 class GatheredCache:

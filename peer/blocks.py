@@ -1,13 +1,13 @@
 """The transformer blocks [start, end) a peer serves: loading them and running one step.
 
 Blocks are transformers' own decoder-layer classes of the model's family (found from its
-config: swarm/architectures.py), built with parameters on the meta device and local
+config: swarm/models/architectures.py), built with parameters on the meta device and local
 indices against a config that describes only this slice (see `config_for_blocks`), then
 filled from just this slice's tensors in the checkpoint. A session's KV cache is a plain
 transformers `DynamicCache` over the slice, so attention, rotary embeddings, GQA, biases
 and sliding windows behave exactly as in the full model.
 
-A tensor-parallel rank builds the same stack from its shard of each layer (`peer/tp_shard.py`):
+A tensor-parallel rank builds the same stack from its shard of each layer (`peer/tp/shard.py`):
 layers with its share of the heads and MLP width (1/K, or an uneven `Partition`), plus an
 all-reduce after each row-parallel module.
 
@@ -27,10 +27,11 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 
 from hexswarm.peer import quant as weight_quant
 from hexswarm.peer.batch_forward import decode_batch
-from hexswarm.peer.tp_shard import AllReduce, ShardPlan, all_reduce_after_row_parallel
-from hexswarm.swarm import architectures, log_setup
-from hexswarm.swarm.checkpoint import CheckpointError, load_tensors, strip_prefix
-from hexswarm.swarm.model_spec import ModelSpec, config_for_blocks
+from hexswarm.peer.tp.shard import AllReduce, ShardPlan, all_reduce_after_row_parallel
+from hexswarm.swarm.models import architectures
+from hexswarm.swarm.models.checkpoint import CheckpointError, load_tensors, strip_prefix
+from hexswarm.swarm.models.model_spec import ModelSpec, config_for_blocks
+from hexswarm.swarm.tools import log_setup
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class BlockStack(nn.Module):
         if shard is not None:
             self.config = shard.local_config(self.config)
         architectures.choose_implementations(self.config)
-        # the family's own layer classes (swarm/architectures.py), parameters on meta until loaded
+        # the family's own layer classes (swarm/models/architectures.py), parameters on meta until loaded
         self.layers, self.rotary_emb = architectures.build_layers(self.config, device)
         self.layer_types = architectures.layer_types(self.config)
 
@@ -169,7 +170,7 @@ class BlockStack(nn.Module):
 
     def release(self, session_id: str) -> None:
         """Nothing to do: a one-process stack's caches are freed with their sessions.
-        (A tensor-parallel group's leader tells its other ranks here; see peer/tp_blocks.py.)"""
+        (A tensor-parallel group's leader tells its other ranks here; see peer/tp/blocks.py.)"""
 
     @torch.inference_mode()
     def forward(

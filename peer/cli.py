@@ -12,17 +12,18 @@ import asyncio
 import os
 import sys
 
-from hexswarm.swarm.threads import configure_openmp
+from hexswarm.swarm.tools.threads import configure_openmp
 
-configure_openmp()  # before torch loads (see swarm/threads.py)
+configure_openmp()  # before torch loads (see swarm/tools/threads.py)
 
 # ruff: noqa: E402
 from hexswarm.peer.flags import peer_parser
-from hexswarm.swarm import cli_args, log_setup
-from hexswarm.swarm.cli_args import UsageError
+from hexswarm.swarm.commands import cli_args
+from hexswarm.swarm.commands.cli_args import UsageError
 from hexswarm.swarm.coordinator.command import add_coordination_arguments
-from hexswarm.swarm.dht import InitialPeersError
-from hexswarm.swarm.fast_exit import exit_now
+from hexswarm.swarm.net.dht import InitialPeersError
+from hexswarm.swarm.tools import log_setup
+from hexswarm.swarm.tools.fast_exit import exit_now
 
 
 def build_parser():
@@ -146,7 +147,7 @@ def _coordinator_keys(args: argparse.Namespace) -> list[str] | None:
     """--coordinator-key, else in the public swarm the keys its shipped list names."""
     if args.coordinator_key or not args.public:
         return args.coordinator_key
-    from hexswarm.swarm.dht import public_coordinator_keys
+    from hexswarm.swarm.net.dht import public_coordinator_keys
 
     return public_coordinator_keys() or None
 
@@ -157,8 +158,8 @@ def _load(args: argparse.Namespace):
     import torch
 
     from hexswarm.peer.devices import DeviceError, cpu_cores, default_cpu_threads, parse_devices
-    from hexswarm.peer.tp_shard import TPDegreeError, check_degree, check_uneven_degree, valid_degrees
-    from hexswarm.swarm.model_spec import ModelSpecError, load_model_spec
+    from hexswarm.peer.tp.shard import TPDegreeError, check_degree, check_uneven_degree, valid_degrees
+    from hexswarm.swarm.models.model_spec import ModelSpecError, load_model_spec
 
     try:
         spec = load_model_spec(args.model)
@@ -229,8 +230,8 @@ def _check_partition(args: argparse.Namespace, spec, blocks: int, dtype, devices
     """--partition auto's checks before anything loads: a family and degree it can split, and a
     split that fits the ranks' free memory (Hepti's LP with equal speeds: memory alone decides
     whether one exists). Returns --debug-slowdown's rank -> Slowdown."""
-    from hexswarm.peer.tp_partition import RankProfile, hepti_problem, layer_shape
-    from hexswarm.peer.tp_profile import free_bytes, parse_slowdown
+    from hexswarm.peer.tp.partition import RankProfile, hepti_problem, layer_shape
+    from hexswarm.peer.tp.profile import free_bytes, parse_slowdown
     from hexswarm.routing.hepti.split import HeptiInfeasibleError, plan_split
     from hexswarm.routing.scheduler.weight_formats import bytes_per_weight
 

@@ -12,8 +12,8 @@ from hexswarm.peer.core import PeerLimits
 from hexswarm.peer.faults import FaultPlan
 from hexswarm.peer.scheduler import BatchPolicy
 from hexswarm.swarm.coordinator.records import Trust
-from hexswarm.swarm.model_spec import ModelSpec
-from hexswarm.swarm.port_relay import RelayLimits
+from hexswarm.swarm.models.model_spec import ModelSpec
+from hexswarm.swarm.nat.port_relay import RelayLimits
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,12 @@ class PeerConfig:
     throughput: float | None = None  # announce this instead of the measured prefill tokens/s per block
     decode_ms: float | None = None  # announce this instead of the measured decode ms per block
     tp_timeout: float = 30.0  # bound on every collective and on a rank's silence (seconds)
-    partition: str = "even"  # how a group splits each layer: even, or auto (Hepti's LP; tp_partition.py)
-    slowdowns: dict = field(default_factory=dict)  # benchmark only: rank -> Slowdown (tp_profile.py)
+    partition: str = "even"  # how a group splits each layer: even, or auto (Hepti's LP; tp/partition.py)
+    slowdowns: dict = field(default_factory=dict)  # benchmark only: rank -> Slowdown (tp/profile.py)
     # The coordinator (peer/plan_follower.py, swarm/coordinator/): an auto peer's range is chosen
     # on join and moved by the plan or by Petals' rule; a fixed peer is never moved.
     auto: bool = False
-    # --layers auto --tp auto: the degrees the plan may choose among (peer/tp_group.py serves a
+    # --layers auto --tp auto: the degrees the plan may choose among (peer/tp/group.py serves a
     # stack at degree k on the first k devices); () = always all of `devices`.
     tp_choices: tuple[int, ...] = ()
     max_blocks: int = 0  # most blocks an auto peer takes (0: as many as --layers auto allows)

@@ -15,8 +15,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from hexswarm.swarm.model_spec import ModelSpec
-from hexswarm.swarm.protocol import (
+from hexswarm.swarm.models.model_spec import ModelSpec
+from hexswarm.swarm.tools.threads import torch_threads
+from hexswarm.swarm.wire.protocol import (
     Close,
     Closed,
     ErrorCode,
@@ -28,8 +29,7 @@ from hexswarm.swarm.protocol import (
     Step,
     StepResult,
 )
-from hexswarm.swarm.threads import torch_threads
-from hexswarm.swarm.wire_tensors import NUMPY_DTYPES, WIRE_DTYPES
+from hexswarm.swarm.wire.tensors import NUMPY_DTYPES, WIRE_DTYPES
 
 # A step of at least this many tokens (batch x new tokens) is a prefill: compute-bound, so it runs
 # on `prefill_threads` where a small model decodes on one thread (peer/devices.default_cpu_threads).
@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 class Blocks(Protocol):
     """What PeerCore runs sessions on: a BlockStack in this process, or a tensor-parallel
-    group's leader (peer/tp_blocks.py), which runs the same steps on all its ranks."""
+    group's leader (peer/tp/blocks.py), which runs the same steps on all its ranks."""
 
     spec: ModelSpec
     start: int
@@ -92,13 +92,13 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False  # a step is being computed; never expire it then
     upstream: str = ""  # the peer id whose pushed steps this session accepts (peer/push.py); "" = none
-    # Disaggregated prefill and decode (swarm/protocol.py): a decode session takes its prompt's
+    # Disaggregated prefill and decode (swarm/wire/protocol.py): a decode session takes its prompt's
     # keys and values from `kv_from`; a prefill session sends its layers' to `kv_to`.
     kv_from: tuple[str, ...] = ()
     kv_to: tuple[KvTarget, ...] = ()
     kv_imported: dict[int, int] = field(default_factory=dict)  # global layer -> tokens imported
     prompt_length: int = 0  # a decode session: the prompt tokens its OPEN said the keys and values hold
-    chain: bytes = b""  # the running hash of its steps' commitments (swarm/commitments.py)
+    chain: bytes = b""  # the running hash of its steps' commitments (swarm/wire/commitments.py)
     steps: int = 0  # steps committed
     owner: str = ""  # the remote peer id that opened it
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from hexswarm.swarm.records import DeviceInfo
+from hexswarm.swarm.trust.records import DeviceInfo
 
 
 class DeviceError(ValueError):

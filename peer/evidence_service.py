@@ -1,4 +1,4 @@
-"""A peer's side of travelling evidence (swarm/evidence_wire.py): it re-checks what it is sent,
+"""A peer's side of travelling evidence (swarm/trust/evidence_wire.py): it re-checks what it is sent,
 bans proven liars, keeps their evidence and hands it out.
 
 A submission is remote input like any other: its size is capped before it is read, a remote
@@ -9,7 +9,7 @@ compute thread (peer/scheduler.py), as a session of an owner no remote can be, s
 with the serving sessions on the same terms as any client and uses the same memory budget.
 
 Only what this peer proved itself changes anything: the liar goes into this machine's bans
-(swarm/bans.py), its streams are refused from then on, and the evidence is kept (the newest
+(swarm/trust/bans.py), its streams are refused from then on, and the evidence is kept (the newest
 MAX_KEPT) and announced in the DHT, where clients find it and re-check it their own way.
 """
 
@@ -22,9 +22,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from hexswarm.peer.core import PeerCore, session_key
-from hexswarm.swarm.bans import add_ban, load_bans, new_ban
-from hexswarm.swarm.evidence import Evidence, evidence_dir, recheck, save_evidence
-from hexswarm.swarm.evidence_wire import (
+from hexswarm.swarm.trust.bans import add_ban, load_bans, new_ban
+from hexswarm.swarm.trust.evidence import Evidence, evidence_dir, recheck, save_evidence
+from hexswarm.swarm.trust.evidence_wire import (
     CANNOT_CHECK,
     HOLDING_TTL_S,
     MAX_REQUEST_HEADER_BYTES,
@@ -36,11 +36,11 @@ from hexswarm.swarm.evidence_wire import (
     encode_message,
     publish_holding,
 )
-from hexswarm.swarm.frames import read_payload
-from hexswarm.swarm.protocol import Open, Step
-from hexswarm.swarm.rates import KeyedRate
-from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError
-from hexswarm.swarm.wire_tensors import DTYPE_NAMES
+from hexswarm.swarm.trust.rates import KeyedRate
+from hexswarm.swarm.wire.checks import ErrorCode, ProtocolError
+from hexswarm.swarm.wire.frames import read_payload
+from hexswarm.swarm.wire.protocol import Open, Step
+from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS
-from hexswarm.swarm import cli_args
-from hexswarm.swarm.dht import DEFAULT_HOST_MADDRS
+from hexswarm.swarm.commands import cli_args
+from hexswarm.swarm.net.dht import DEFAULT_HOST_MADDRS
 
 DTYPES = ("float32", "bfloat16", "float16")
 

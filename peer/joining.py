@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hexswarm.swarm.dht import start_dht, wait_until_joined
-from hexswarm.swarm.dht_process import shutdown_dht
-from hexswarm.swarm.identity import Identity, load_or_create_identity
+from hexswarm.swarm.net.dht import start_dht, wait_until_joined
+from hexswarm.swarm.net.dht_process import shutdown_dht
+from hexswarm.swarm.net.identity import Identity, load_or_create_identity
 
 JOIN_TIMEOUT_S = 30.0  # as start_dht's own wait
 ABANDON_TIMEOUT_S = 5.0  # shutting down a node the peer will not serve on (a usage error)
@@ -27,7 +27,7 @@ class Joining:
     """A DHT node on its way into the swarm, and the identity it signs with."""
 
     identity: Identity
-    dht: Any  # hexswarm.swarm.dht_process.OwnedDHT
+    dht: Any  # hexswarm.swarm.net.dht_process.OwnedDHT
     initial_peers: tuple[str, ...]
 
     def wait(self, timeout: float = JOIN_TIMEOUT_S):

@@ -4,7 +4,7 @@ Why through the p2p layer, and never to an announced address: a record's `addrs`
 by the peer that signed it, so they can name any host:port. A probe that opened a TCP
 connection to them every period (as the first version did) let one volunteer turn every
 honest peer into a port scanner aimed wherever it liked. A probe here is a PING frame on a
-session stream (swarm/protocol.py) opened to the record's peer id: libp2p finds that peer by
+session stream (swarm/wire/protocol.py) opened to the record's peer id: libp2p finds that peer by
 its id and authenticates it, so the probe reaches that peer or nobody.
 
 Each step (once per announce period):
@@ -31,9 +31,9 @@ import time
 from collections.abc import Sequence
 
 from hexswarm.peer.push import Connect
-from hexswarm.swarm.frames import read_frame, write_frame
-from hexswarm.swarm.protocol import Error, Ping, Pong
-from hexswarm.swarm.records import PeerRecord, PeerState
+from hexswarm.swarm.trust.records import PeerRecord, PeerState
+from hexswarm.swarm.wire.frames import read_frame, write_frame
+from hexswarm.swarm.wire.protocol import Error, Ping, Pong
 
 logger = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ from hexswarm import swarm
 from hexswarm.peer.config import PeerConfig
 from hexswarm.peer.reachability import Reach
 from hexswarm.peer.serving import Serving
-from hexswarm.swarm.records import PeerRecord, PeerState
-from hexswarm.swarm.wire_tensors import DTYPE_NAMES
+from hexswarm.swarm.trust.records import PeerRecord, PeerState
+from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
 if TYPE_CHECKING:
-    from hexswarm.peer.tp_group import TPGroup
+    from hexswarm.peer.tp.group import TPGroup
 
 
 @dataclass(frozen=True)

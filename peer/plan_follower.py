@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from hexswarm.routing.scheduler.petals_rule import Span, check_delay, choose_start, should_move
 from hexswarm.swarm.coordinator.records import Coordination, Trust, dht_get, read_coordination, trust_text
-from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, model_key, peer_records_from
 
 logger = logging.getLogger(__name__)
 

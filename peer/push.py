@@ -4,7 +4,7 @@ Relaying through the client costs two network hops per peer (client -> A -> clie
 pushing costs one (client -> A -> B -> ... -> client), so a step of an n-hop chain crosses
 n + 1 links instead of 2n.
 
-How a pushed step flows (swarm/protocol.py has the frames):
+How a pushed step flows (swarm/wire/protocol.py has the frames):
 
 1. The client sends STEP to the first hop with `chain` = the next hops (peer id, session id)
    and `ack_ms`.
@@ -49,8 +49,8 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
-from hexswarm.swarm.frames import read_frame, write_frame
-from hexswarm.swarm.protocol import Error, ErrorCode, KvPush, ProtocolError, PushAck, Step
+from hexswarm.swarm.wire.frames import read_frame, write_frame
+from hexswarm.swarm.wire.protocol import Error, ErrorCode, KvPush, ProtocolError, PushAck, Step
 
 logger = logging.getLogger(__name__)
 

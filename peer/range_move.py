@@ -31,7 +31,7 @@ from hexswarm.peer.server import PeerServer
 from hexswarm.peer.serving import Serving
 from hexswarm.peer.speed import announced_speed
 from hexswarm.peer.stacks import Stacks
-from hexswarm.swarm.records import PeerRecord, PeerState
+from hexswarm.swarm.trust.records import PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 

@@ -2,12 +2,12 @@
 
 At start (docs/architecture.md, "Crossing NATs"):
 1. A few reachable nodes (the initial peers first, then direct peers of the model) dial the
-   peer back (swarm/reachability.py); a peer that listens on loopback only serves this machine
+   peer back (swarm/nat/reachability/); a peer that listens on loopback only serves this machine
    and asks no one. If at least half of those that answer reach it, it is
    `direct` and announces the addresses they reached it at (a forwarded port included).
 2. Otherwise its DHT node restarts in client mode (it stores nothing for others), and it asks
    up to WANT_RELAYS reachable nodes, those that answered first, for a relay slot
-   (swarm/port_relay.py). It is `relayed` once a helper has dialed it through a slot's port,
+   (swarm/nat/port_relay.py). It is `relayed` once a helper has dialed it through a slot's port,
    and it announces those ports.
 3. With no slot that works it is `unreachable`: it stays joining and says why.
 
@@ -28,13 +28,14 @@ from dataclasses import dataclass
 
 from hexswarm.peer.joining import DHT_CLOSE_S
 from hexswarm.swarm.coordinator.records import dht_get
-from hexswarm.swarm.dht import start_dht
-from hexswarm.swarm.dht_process import shutdown_dht
-from hexswarm.swarm.dialing import Dialer
-from hexswarm.swarm.maddrs import peer_id_of, tcp_addr, with_peer_id
-from hexswarm.swarm.port_relay import RelayLimits, Slot, hold_slot
-from hexswarm.swarm.reachability import DialBackReply, ask_many, reachable_verdict
-from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
+from hexswarm.swarm.nat.port_relay import RelayLimits, Slot, hold_slot
+from hexswarm.swarm.nat.reachability.client import ask_many, reachable_verdict
+from hexswarm.swarm.nat.reachability.messages import DialBackReply
+from hexswarm.swarm.net.dht import start_dht
+from hexswarm.swarm.net.dht_process import shutdown_dht
+from hexswarm.swarm.net.dialing import Dialer
+from hexswarm.swarm.net.maddrs import peer_id_of, tcp_addr, with_peer_id
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, model_key, peer_records_from
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """`hexswarm recheck MODEL FILE [--ban]`: re-checks evidence of a lie by recomputing it here.
 
-FILE is an evidence file (swarm/evidence.py) that a client saved when its verification proved
+FILE is an evidence file (swarm/trust/evidence.py) that a client saved when its verification proved
 a peer wrong (in the cache folder's evidence/). The command checks that it holds together (the
 peer's signature over its commitments, the inputs and output they name), recomputes the
 blocks on those inputs with this machine's copy of MODEL, in one pass, and compares. Exit 0
 and "PROVEN" when the peer signed a wrong output; with --ban, this machine's clients leave it
-out from then on (swarm/bans.py). Exit 1 when the output holds up, 2 when the file is not
+out from then on (swarm/trust/bans.py). Exit 1 when the output holds up, 2 when the file is not
 valid evidence for MODEL.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hexswarm.swarm import cli_args
+from hexswarm.swarm.commands import cli_args
 
 LOG_LEVEL = "warning"
 
@@ -32,9 +32,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from hexswarm.peer.blocks import BlockStack
-    from hexswarm.swarm.bans import add_ban, new_ban
-    from hexswarm.swarm.evidence import Evidence, recheck
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.model_spec import load_model_spec
+    from hexswarm.swarm.trust.bans import add_ban, new_ban
+    from hexswarm.swarm.trust.evidence import Evidence, recheck
 
     spec = load_model_spec(args.model)
     try:

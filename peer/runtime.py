@@ -3,7 +3,7 @@
 Lifecycle: JOINING (record up, loading) -> ONLINE (serving) -> LEAVING (on SIGINT/SIGTERM:
 refuse new sessions, let open ones finish for up to `drain_timeout`, then exit).
 
-With `--tp K` the blocks are a tensor-parallel group (peer/tp_group.py): this process is rank
+With `--tp K` the blocks are a tensor-parallel group (peer/tp/group.py): this process is rank
 0 and starts the others. If a rank dies or hangs, the peer announces LEAVING, answers its open
 sessions with PEER_FAILED for up to FAILURE_GRACE_S, stops the group and exits with status 1.
 """
@@ -37,22 +37,23 @@ from hexswarm.peer.server import PeerServer
 from hexswarm.peer.serving import Serving, weight_bytes_per_block
 from hexswarm.peer.speed import announced_speed, degree_speeds
 from hexswarm.peer.stacks import Stacks
-from hexswarm.peer.tp_group import TPGroupError
-from hexswarm.peer.tp_rebalance import Rebalancing, rebalance
+from hexswarm.peer.tp.group import TPGroupError
+from hexswarm.peer.tp.rebalance import Rebalancing, rebalance
 from hexswarm.peer.upkeep import Upkeep
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
-from hexswarm.swarm import log_setup
-from hexswarm.swarm.announce_relay import AnnounceRelay
 from hexswarm.swarm.coordinator.records import dht_get
-from hexswarm.swarm.dht_process import shutdown_dht
-from hexswarm.swarm.dht_signing import ANNOUNCE_PROTOCOL
-from hexswarm.swarm.dialing import Dialer
-from hexswarm.swarm.evidence_wire import EVIDENCE_PROTOCOL
-from hexswarm.swarm.port_relay import RELAY_PROTOCOL, RelayService
-from hexswarm.swarm.protocol import SESSION_PROTOCOL
-from hexswarm.swarm.reachability import DIALBACK_PROTOCOL, admission_group_of, ip_group_of, serve_helpers
-from hexswarm.swarm.records import PeerRecord, PeerState, model_key, peer_records_from
-from hexswarm.swarm.wire_tensors import DTYPE_NAMES
+from hexswarm.swarm.nat.announce_relay import AnnounceRelay
+from hexswarm.swarm.nat.port_relay import RELAY_PROTOCOL, RelayService
+from hexswarm.swarm.nat.reachability.messages import DIALBACK_PROTOCOL
+from hexswarm.swarm.nat.reachability.service import admission_group_of, ip_group_of, serve_helpers
+from hexswarm.swarm.net.dht_process import shutdown_dht
+from hexswarm.swarm.net.dialing import Dialer
+from hexswarm.swarm.tools import log_setup
+from hexswarm.swarm.trust.dht_signing import ANNOUNCE_PROTOCOL
+from hexswarm.swarm.trust.evidence_wire import EVIDENCE_PROTOCOL
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, model_key, peer_records_from
+from hexswarm.swarm.wire.protocol import SESSION_PROTOCOL
+from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +258,7 @@ class _Peer:
 
     def new_server(self, core: PeerCore) -> PeerServer:
         """The stream server over `core` (at start, and after a range move): the peer's limits,
-        its identity signing the sessions' commitments (swarm/commitments.py), the bans it proved."""
+        its identity signing the sessions' commitments (swarm/wire/commitments.py), the bans it proved."""
         c = self.config
         server = PeerServer(
             core,

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hexswarm.peer.core import PeerCore, Session
-from hexswarm.swarm.protocol import ErrorCode, ProtocolError, StepResult
+from hexswarm.swarm.wire.protocol import ErrorCode, ProtocolError, StepResult
 
 logger = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from hexswarm.peer.faults import FaultInjector
 from hexswarm.peer.hop_stats import HopStats
 from hexswarm.peer.push import PushLinks
 from hexswarm.peer.scheduler import BatchPolicy, Job, StepScheduler
-from hexswarm.swarm.commitments import SIGN_EVERY, SessionId, next_chain, statement, tensor_digest
-from hexswarm.swarm.frames import FrameBudget, decode, read_payload, write_frame
-from hexswarm.swarm.protocol import (
+from hexswarm.swarm.wire.commitments import SIGN_EVERY, SessionId, next_chain, statement, tensor_digest
+from hexswarm.swarm.wire.frames import FrameBudget, decode, read_payload, write_frame
+from hexswarm.swarm.wire.protocol import (
     Attest,
     Attested,
     Close,
@@ -91,7 +91,7 @@ class PeerServer:
         self.pusher: PushLinks | None = None  # links to next peers (set once the p2p handle is up)
         self.clients: dict[str, asyncio.StreamWriter] = {}  # session id -> the stream that opened it
         self.tasks: set[asyncio.Task] = set()  # pushed steps being computed
-        # The peer's identity (swarm/identity.py): signs its sessions' commitments; None signs nothing.
+        # The peer's identity (swarm/net/identity.py): signs its sessions' commitments; None signs nothing.
         self.signer = None
         self.format = "float32"  # the format it computes in, named in what it signs (set by the runtime)
         self.banned: set[str] = set()  # peers proven to lie (peer/evidence_service.py): refused

@@ -4,7 +4,7 @@ tensor-parallel degree, and the speeds it announces for them.
 A range move (peer/range_move.py) loads the new range beside the old one and then swaps the
 whole value at once (`_Peer.swap` in peer/runtime.py, the only place it changes), so a record
 never announces one range with another's speed, and streams opened before the swap stay on the
-server they opened on. A group's re-partition (peer/tp_rebalance.py) swaps in its new measured
+server they opened on. A group's re-partition (peer/tp/rebalance.py) swaps in its new measured
 speed the same way.
 """
 
@@ -51,7 +51,7 @@ class Serving:
 def weight_bytes_per_block(blocks) -> int:
     """Bytes one block's weights take on this peer: a tensor-parallel group's leader holds 1/tp
     of each block (its `local` stack) and every rank as much, or with an uneven split its share
-    of the block's weights (peer/tp_partition.py)."""
+    of the block's weights (peer/tp/partition.py)."""
     local = getattr(blocks, "local", blocks)
     group = getattr(blocks, "group", None)
     if group is not None and group.repartitioner is not None and blocks.tp == group.tp:

@@ -8,8 +8,8 @@ import logging
 
 from hexswarm.peer.core import Blocks
 from hexswarm.peer.throughput import measure_or_load
-from hexswarm.peer.tp_group import TPGroupError
-from hexswarm.swarm.protocol import ProtocolError
+from hexswarm.peer.tp.group import TPGroupError
+from hexswarm.swarm.wire.protocol import ProtocolError
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Where a peer's stacks of blocks load: on its one device, or over the tensor-parallel group
-(peer/tp_group.py) that its first stack starts with `--tp K`.
+(peer/tp/group.py) that its first stack starts with `--tp K`.
 
 The peer loads its first stack here at start (peer/runtime.py); a range move loads the next
 one beside it and frees the old one once its sessions have drained (peer/range_move.py). Both
@@ -17,7 +17,7 @@ from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.config import PeerConfig
 from hexswarm.peer.core import Blocks
 from hexswarm.peer.devices import describe
-from hexswarm.peer.tp_group import TPGroup
+from hexswarm.peer.tp.group import TPGroup
 
 
 class Stacks:

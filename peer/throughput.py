@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from hexswarm.peer.core import Blocks
-from hexswarm.swarm import log_setup
-from hexswarm.swarm.threads import torch_threads
+from hexswarm.swarm.tools import log_setup
+from hexswarm.swarm.tools.threads import torch_threads
 
 logger = logging.getLogger(__name__)
 

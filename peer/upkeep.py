@@ -22,7 +22,7 @@ from hexswarm.peer.announcer import Announcer
 from hexswarm.peer.link_probe import LinkProbe
 from hexswarm.peer.plan_follower import PLAN_WATCH_S, PlanFollower
 from hexswarm.peer.push import SwarmMembers
-from hexswarm.swarm.records import PeerRecord, PeerState
+from hexswarm.swarm.trust.records import PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import threading
 import time
 from pathlib import Path
 
-from hexswarm.swarm.launcher import LocalSwarm, free_port
-from hexswarm.swarm.tiny_model import make_tiny_model
+from hexswarm.swarm.commands.tiny_model import make_tiny_model
+from hexswarm.swarm.tools.launcher import LocalSwarm, free_port
 
 
 def main() -> None:
@@ -50,7 +50,7 @@ def main() -> None:
                 [
                     sys.executable,
                     "-m",
-                    "hexswarm.swarm.cli",
+                    "hexswarm.swarm.commands.cli",
                     "api",
                     "--initial-peers",
                     *swarm.initial_peers,
@@ -67,7 +67,7 @@ def main() -> None:
                 [
                     sys.executable,
                     "-m",
-                    "hexswarm.swarm.cli",
+                    "hexswarm.swarm.commands.cli",
                     "monitor",
                     "--initial-peers",
                     *swarm.initial_peers,

@@ -19,7 +19,7 @@ def _isolated_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def make_model(tmp_path_factory):
     """make_model(arch=..., layers=..., ...) -> checkpoint dir, cached per argument set."""
-    from hexswarm.swarm.tiny_model import make_tiny_model
+    from hexswarm.swarm.commands.tiny_model import make_tiny_model
 
     made = {}
 

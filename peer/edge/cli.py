@@ -9,14 +9,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from hexswarm.swarm.threads import configure_openmp
+from hexswarm.swarm.tools.threads import configure_openmp
 
-configure_openmp()  # before torch loads (see swarm/threads.py)
+configure_openmp()  # before torch loads (see swarm/tools/threads.py)
 
 # ruff: noqa: E402
 from hexswarm.peer.cli import log_context, parse_layers
-from hexswarm.swarm import cli_args, log_setup
-from hexswarm.swarm.cli_args import UsageError
+from hexswarm.swarm.commands import cli_args
+from hexswarm.swarm.commands.cli_args import UsageError
+from hexswarm.swarm.tools import log_setup
 
 DEFAULT_LISTEN = ("/ip4/0.0.0.0/tcp/0",)
 
@@ -88,7 +89,7 @@ def edge_config(args: argparse.Namespace):
 
     from hexswarm.peer.core import PeerLimits
     from hexswarm.peer.edge.runtime import EdgeConfig
-    from hexswarm.swarm.model_spec import ModelSpecError, load_model_spec
+    from hexswarm.swarm.models.model_spec import ModelSpecError, load_model_spec
 
     try:
         spec = load_model_spec(args.model)

@@ -36,15 +36,15 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service.context import background_trio_service
 
-from hexswarm.swarm.dht_signing import (
+from hexswarm.swarm.trust.dht_signing import (
     ANNOUNCE_PROTOCOL,
     MAX_REPLY_BYTES,
     SignedEntry,
     decode_reply,
     encode_announce,
 )
-from hexswarm.swarm.protocol import SESSION_PROTOCOL
-from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError
+from hexswarm.swarm.wire.checks import ErrorCode, ProtocolError
+from hexswarm.swarm.wire.protocol import SESSION_PROTOCOL
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class EdgeHost:
 
     def announce(self, entries: list[SignedEntry]) -> tuple[int, str, tuple[str, ...]]:
         """Blocking: hands signed entries to the first initial peer that relays them
-        (swarm/announce_relay.py); (nodes that stored them, why not, the model's member peer
+        (swarm/nat/announce_relay.py); (nodes that stored them, why not, the model's member peer
         ids) from the last one tried."""
         return trio.from_thread.run(self._announce, entries, trio_token=self._token)
 

@@ -2,7 +2,7 @@
 
 What differs from peer/runtime.py is only the transport and the announcement: streams come
 from peer/edge/host.py instead of hivemind's p2pd, and the signed record goes to a full node
-that relays it (swarm/announce_relay.py) instead of into a DHT process of our own. Frames are
+that relays it (swarm/nat/announce_relay.py) instead of into a DHT process of our own. Frames are
 validated, batched and computed by peer/server.py and peer/core.py, unchanged.
 
 It pushes outputs to the next peer as run-peer does (peer/push.py), over streams its host opens
@@ -31,10 +31,10 @@ from hexswarm.peer.edge.host import EdgeHost, load_or_create_key
 from hexswarm.peer.push import PushLinks, SwarmMembers
 from hexswarm.peer.server import PeerServer
 from hexswarm.peer.throughput import measure_or_load
-from hexswarm.swarm.dht_signing import SignedEntry, owner_marker, signed_value
-from hexswarm.swarm.model_spec import ModelSpec
-from hexswarm.swarm.records import MODELS_KEY, ModelEntry, PeerRecord, PeerState, model_key
-from hexswarm.swarm.wire_tensors import DTYPE_NAMES
+from hexswarm.swarm.models.model_spec import ModelSpec
+from hexswarm.swarm.trust.dht_signing import SignedEntry, owner_marker, signed_value
+from hexswarm.swarm.trust.records import MODELS_KEY, ModelEntry, PeerRecord, PeerState, model_key
+from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
 logger = logging.getLogger(__name__)
 

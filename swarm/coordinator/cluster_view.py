@@ -56,7 +56,7 @@ from hexswarm.routing.scheduler.cluster import Cluster, Device, Network, build_c
 from hexswarm.routing.scheduler.cost_model import max_layers, stage_memory
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 from hexswarm.routing.scheduler.pipeline_layout.algorithm1 import TP_DEGREES
-from hexswarm.swarm.records import PeerRecord
+from hexswarm.swarm.trust.records import PeerRecord
 
 REGION_RTT_MS = 20.0  # peers closer than this are in one region (same city / cloud zone)
 DEFAULT_REGION = "default"

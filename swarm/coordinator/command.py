@@ -11,7 +11,7 @@ import asyncio
 import logging
 import signal
 
-from hexswarm.swarm import cli_args
+from hexswarm.swarm.commands import cli_args
 from hexswarm.swarm.coordinator.model_args import add_workload_arguments
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def coordinator_config(args: argparse.Namespace, model_dir: str):
     from hexswarm.swarm.coordinator.records import trust_from
     from hexswarm.swarm.coordinator.service import CoordinatorConfig
     from hexswarm.swarm.coordinator.triggers import ReplanPolicy
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.model_spec import load_model_spec
 
     return CoordinatorConfig(
         model_id=load_model_spec(model_dir).model_id,
@@ -128,9 +128,9 @@ def coordinator_config(args: argparse.Namespace, model_dir: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from hexswarm.swarm.dht import start_dht
-    from hexswarm.swarm.dht_process import shutdown_dht
-    from hexswarm.swarm.identity import load_or_create_identity
+    from hexswarm.swarm.net.dht import start_dht
+    from hexswarm.swarm.net.dht_process import shutdown_dht
+    from hexswarm.swarm.net.identity import load_or_create_identity
 
     cli_args.check_model(args.model)
     try:

@@ -24,7 +24,7 @@ import logging
 from hivemind.utils import get_dht_time
 
 from hexswarm.swarm.coordinator.records import Lease, Trust, current_holder, lease_key, read_leases
-from hexswarm.swarm.identity import Identity
+from hexswarm.swarm.net.identity import Identity
 
 logger = logging.getLogger(__name__)
 

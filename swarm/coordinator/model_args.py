@@ -7,7 +7,7 @@ import json
 import os
 
 from hexswarm.routing.scheduler.model_spec import OBJECTIVES
-from hexswarm.swarm import cli_args
+from hexswarm.swarm.commands import cli_args
 
 
 def add_workload_arguments(group) -> None:
@@ -33,8 +33,8 @@ def add_workload_arguments(group) -> None:
 def load_model(name_or_dir: str):
     """A preset by name, or the config.json of a built-in model, a GGUF file or a checkpoint directory."""
     from hexswarm.routing.scheduler.model_spec import PRESETS, ModelSpec, preset
-    from hexswarm.swarm.builtin_models import BUILTIN_MODELS
-    from hexswarm.swarm.model_spec import resolve_checkpoint
+    from hexswarm.swarm.models.builtin_models import BUILTIN_MODELS
+    from hexswarm.swarm.models.model_spec import resolve_checkpoint
 
     if name_or_dir in BUILTIN_MODELS or os.path.isfile(name_or_dir):
         folder = resolve_checkpoint(name_or_dir)  # a GGUF file's converted config

@@ -22,7 +22,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from hexswarm.routing.scheduler.cluster import Device
-from hexswarm.swarm.records import PeerRecord
+from hexswarm.swarm.trust.records import PeerRecord
 
 
 class Placement(NamedTuple):

@@ -25,8 +25,9 @@ import logging
 import os
 
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS
-from hexswarm.swarm import cli_args, log_setup
+from hexswarm.swarm.commands import cli_args
 from hexswarm.swarm.coordinator.model_args import add_workload_arguments, load_model, read_json_object
+from hexswarm.swarm.tools import log_setup
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ def hepti_split(path: str, model: str | None):
     ValueError (HeptiInfeasibleError when no split fits) or OSError, with the path in them."""
     from hexswarm.routing.hepti.problem import LayerShape
     from hexswarm.routing.hepti.split import plan_split, problem_from_dict
-    from hexswarm.swarm.model_spec import resolve_checkpoint
+    from hexswarm.swarm.models.model_spec import resolve_checkpoint
 
     raw = read_json_object(path)
     layers = raw.get("layers")

@@ -58,7 +58,7 @@ from hexswarm.swarm.coordinator.cluster_view import (
 )
 from hexswarm.swarm.coordinator.moves import Placement, kind_of, rematch
 from hexswarm.swarm.coordinator.redundancy import served_counts, widen
-from hexswarm.swarm.records import PeerRecord
+from hexswarm.swarm.trust.records import PeerRecord
 
 if TYPE_CHECKING:
     from hexswarm.routing.disaggregation.choice import Choice

@@ -1,6 +1,6 @@
 """The coordinator's DHT records: the lease (who coordinates a model) and the plan (what to serve).
 
-Layout, signed like peer records (swarm/records.py): each writer owns one subkey protected by
+Layout, signed like peer records (swarm/trust/records.py): each writer owns one subkey protected by
 its key, and readers drop entries whose stated peer id is not the signer's.
 
     hexswarm/v1/coordinator/<model_id>  subkey [owner:<key>]  ->  msgpack Lease   (one per candidate)
@@ -30,7 +30,7 @@ from typing import Any
 import msgpack
 
 from hexswarm.routing.scheduler.model_spec import OBJECTIVES
-from hexswarm.swarm.records import ROLES, block_ranges, parse_signed_entries, unpack_map, warn_once
+from hexswarm.swarm.trust.records import ROLES, block_ranges, parse_signed_entries, unpack_map, warn_once
 
 logger = logging.getLogger(__name__)
 
@@ -359,7 +359,7 @@ def read_coordination_sync(
     """`read_coordination` for synchronous callers (`hexswarm status`, the monitor); each of its
     two reads waits at most `timeout` seconds (swarm.dht_read.DHT_READ_TIMEOUT_S), and a read
     that does not finish in time counts as no entries."""
-    from hexswarm.swarm.dht_read import get_latest
+    from hexswarm.swarm.net.dht_read import get_latest
 
     leases = parse_signed_entries(get_latest(dht, lease_key(model_id), timeout), Lease.from_bytes)
     entries = parse_signed_entries(get_latest(dht, plan_key(model_id), timeout), PlanRecord.from_bytes)

@@ -20,7 +20,6 @@ from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 from hexswarm.routing.scheduler.plan import Plan
 from hexswarm.routing.scheduler.search.genetic import SearchConfig
 from hexswarm.routing.scheduler.search.search_result import NoFeasiblePlanError
-from hexswarm.swarm import speed_reports
 from hexswarm.swarm.coordinator.lease import LeaseKeeper
 from hexswarm.swarm.coordinator.moves import Placement, diff
 from hexswarm.swarm.coordinator.planner import (
@@ -40,8 +39,10 @@ from hexswarm.swarm.coordinator.records import (
     uncovered_text,
 )
 from hexswarm.swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, beats
-from hexswarm.swarm.identity import Identity
-from hexswarm.swarm.records import (
+from hexswarm.swarm.net.identity import Identity
+from hexswarm.swarm.tools.terminal_text import printable
+from hexswarm.swarm.trust import speed_reports
+from hexswarm.swarm.trust.records import (
     PeerRecord,
     PeerState,
     block_ranges,
@@ -49,7 +50,6 @@ from hexswarm.swarm.records import (
     online_peers_per_block,
     peer_records_from,
 )
-from hexswarm.swarm.terminal_text import printable
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class Coordinator:
 
     async def _as_observed(self, records: list[PeerRecord]) -> list[PeerRecord]:
         """`records`, each peer that announces itself over twice as fast as clients observe it
-        slowed to what they observe (swarm/speed_reports.py), logged once per peer and figure."""
+        slowed to what they observe (swarm/trust/speed_reports.py), logged once per peer and figure."""
         now = time.monotonic()
         if (
             now - self.observed_at >= self.config.period

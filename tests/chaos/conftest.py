@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hexswarm.swarm.chaos import LAYOUT, ChaosSwarm
-from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.tools.chaos import LAYOUT, ChaosSwarm
+from hexswarm.swarm.tools.launcher import LocalSwarm
 
 RUNS_PER_CLIENT = 5  # a fresh client now and then, so its bans of healed peers do not pile up
 

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from hexswarm.swarm.chaos import chaos_run, child_processes, group_members
+from hexswarm.swarm.tools.chaos import chaos_run, child_processes, group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.chaos]
 
@@ -39,7 +39,7 @@ def test_spent_budget_raises_an_error_that_lists_what_was_tried(chaos, local_mod
     from transformers import StoppingCriteriaList
 
     from hexswarm.client import DistributedModelForCausalLM, FailoverError, RetryPolicy
-    from hexswarm.swarm.chaos import ChaosMonkey
+    from hexswarm.swarm.tools.chaos import ChaosMonkey
 
     chaos.settle(max_starting=0)
     model = DistributedModelForCausalLM.from_pretrained(

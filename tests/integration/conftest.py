@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import StoppingCriteria
 
-from hexswarm.swarm.launcher import LocalSwarm, Managed
+from hexswarm.swarm.tools.launcher import LocalSwarm, Managed
 
 # name -> (layers, extra run-peer flags). p2 and p3 overlap on 3:6 so a chain survives either
 # leaving; "guard" has tight limits for the bad-input tests.
@@ -95,7 +95,7 @@ def swarm(shared_swarm) -> Swarm:
 
 
 def peer_id_of(model, name: str) -> str:
-    from hexswarm.swarm.records import read_peer_records
+    from hexswarm.swarm.trust.records import read_peer_records
 
     ids = [r.peer_id for r in read_peer_records(model.swarm.dht, model.spec.model_id) if r.name == name]
     if not ids:

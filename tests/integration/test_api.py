@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from hexswarm.swarm.launcher import free_port
-from hexswarm.swarm.records import read_peer_records
+from hexswarm.swarm.tools.launcher import free_port
+from hexswarm.swarm.trust.records import read_peer_records
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ def start_api(swarm, name: str, model_dir, *extra: str):
     args = [
         sys.executable,
         "-m",
-        "hexswarm.swarm.cli",
+        "hexswarm.swarm.commands.cli",
         "api",
         "--initial-peers",
         *swarm.initial_peers,

@@ -13,12 +13,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hexswarm.swarm.architectures import SUPPORTED_FAMILIES
-from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.models.architectures import SUPPORTED_FAMILIES
+from hexswarm.swarm.tools.launcher import LocalSwarm
 
 pytestmark = pytest.mark.integration
 
-# arch -> what it adds over Llama (see swarm/architectures.py)
+# arch -> what it adds over Llama (see swarm/models/architectures.py)
 FAMILIES = {
     "qwen2": "sharded checkpoint, attention biases",
     "mistral": "one sliding window for all layers",

@@ -12,8 +12,9 @@ from hivemind.p2p import PeerID
 
 from hexswarm.client.remote import PeerConnection, PeerError
 from hexswarm.client.worker import run_sync
-from hexswarm.swarm.frames import encode, read_frame
-from hexswarm.swarm.protocol import (
+from hexswarm.swarm.trust.records import read_peer_records
+from hexswarm.swarm.wire.frames import encode, read_frame
+from hexswarm.swarm.wire.protocol import (
     PROTOCOL_VERSION,
     SESSION_PROTOCOL,
     Close,
@@ -27,7 +28,6 @@ from hexswarm.swarm.protocol import (
     Step,
     StepResult,
 )
-from hexswarm.swarm.records import read_peer_records
 from tests.integration.conftest import peer_id_of
 
 pytestmark = pytest.mark.integration
@@ -220,7 +220,7 @@ def test_flood_of_garbage_streams(model, local_model):
 
 
 def test_abandoned_session_is_freed_on_disconnect(model):
-    from hexswarm.swarm.records import read_peer_records
+    from hexswarm.swarm.trust.records import read_peer_records
 
     def guard_record():
         return next(r for r in read_peer_records(model.swarm.dht, model.spec.model_id) if r.name == "guard")

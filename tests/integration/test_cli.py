@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.tools.launcher import LocalSwarm
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ def test_status_exits_nonzero_when_blocks_are_missing(swarm, make_model):
         [
             sys.executable,
             "-m",
-            "hexswarm.swarm.cli",
+            "hexswarm.swarm.commands.cli",
             "status",
             "--initial-peers",
             *swarm.initial_peers,
@@ -48,7 +48,7 @@ def test_demo_generates_and_leaves_nothing_running(tmp_path, flags):
         [
             sys.executable,
             "-m",
-            "hexswarm.swarm.cli",
+            "hexswarm.swarm.commands.cli",
             "demo",
             "--max-new-tokens",
             "16",

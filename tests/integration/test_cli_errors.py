@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hexswarm.swarm.launcher import free_port
+from hexswarm.swarm.tools.launcher import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ MALFORMED = "127.0.0.1:31337"
 def _command(name: str, model) -> list[str]:
     if name == "run-peer":
         return [sys.executable, "-m", "hexswarm.peer.cli", str(model), "--layers", "0:2"]
-    verb = [sys.executable, "-m", "hexswarm.swarm.cli", name]
+    verb = [sys.executable, "-m", "hexswarm.swarm.commands.cli", name]
     return {
         "generate": [*verb, str(model), "--max-new-tokens", "2"],
         "status": verb,

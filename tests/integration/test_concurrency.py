@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from hexswarm.swarm.launcher import LocalSwarm
+from hexswarm.swarm.tools.launcher import LocalSwarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

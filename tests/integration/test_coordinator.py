@@ -26,9 +26,9 @@ from hexswarm.swarm.coordinator.records import (
     plan_key,
     read_coordination_sync,
 )
-from hexswarm.swarm.identity import load_or_create_identity
-from hexswarm.swarm.launcher import LOOPBACK, LocalSwarm
-from hexswarm.swarm.records import online_peers_per_block, read_peer_records
+from hexswarm.swarm.net.identity import load_or_create_identity
+from hexswarm.swarm.tools.launcher import LOOPBACK, LocalSwarm
+from hexswarm.swarm.trust.records import online_peers_per_block, read_peer_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -104,7 +104,7 @@ class Coordinated:
         args = [
             sys.executable,
             "-m",
-            "hexswarm.swarm.cli",
+            "hexswarm.swarm.commands.cli",
             "coordinator",
             "--initial-peers",
             *self.local.initial_peers,
@@ -125,8 +125,8 @@ class Coordinated:
 
 @pytest.fixture(scope="module")
 def coordinated(make_model, tmp_path_factory):
-    from hexswarm.swarm.dht import start_dht
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.model_spec import load_model_spec
+    from hexswarm.swarm.net.dht import start_dht
 
     model_dir = make_model(arch="llama", layers=BLOCKS)
     model_id = load_model_spec(model_dir).model_id
@@ -179,7 +179,7 @@ def test_status_shows_the_plan_as_text_and_json(coordinated):
     args = [
         sys.executable,
         "-m",
-        "hexswarm.swarm.cli",
+        "hexswarm.swarm.commands.cli",
         "status",
         "--initial-peers",
         *coordinated.local.initial_peers,
@@ -371,8 +371,8 @@ def test_without_coordinator_auto_peers_cover_the_model_by_petals_rule_until_one
         ]
         for proc in peers:
             local.wait_for_log(proc, "online:", timeout=240)
-        from hexswarm.swarm.dht import start_dht
-        from hexswarm.swarm.model_spec import load_model_spec
+        from hexswarm.swarm.models.model_spec import load_model_spec
+        from hexswarm.swarm.net.dht import start_dht
 
         dht = start_dht(local.initial_peers, None, host_maddrs=[LOOPBACK], client_mode=True)
         try:

@@ -30,7 +30,15 @@ class Demo:
 
     def __init__(self, tmp_path):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}
-        command = [sys.executable, "-m", "hexswarm.swarm.cli", "demo", "--tiny", "--max-new-tokens", "16"]
+        command = [
+            sys.executable,
+            "-m",
+            "hexswarm.swarm.commands.cli",
+            "demo",
+            "--tiny",
+            "--max-new-tokens",
+            "16",
+        ]
         self.popen = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
         )
@@ -135,14 +143,17 @@ def test_demo_stops_everything_and_removes_its_folder_on_a_signal(tmp_path, sig,
     try:
         if when == "serving":  # every peer online, and the client generating through them
             demo.wait_until(
-                lambda: "swarm up" in demo.output() and demo.running_module("hexswarm.swarm.cli", "generate"),
+                lambda: (
+                    "swarm up" in demo.output()
+                    and demo.running_module("hexswarm.swarm.commands.cli", "generate")
+                ),
                 START_TIMEOUT_S,
             )
         else:  # the bootstrap node up, the peers loading
             demo.wait_until(lambda: demo.running_module("hexswarm.peer.cli") == 3, START_TIMEOUT_S)
         assert (
             "[demo] bootstrap:" in demo.output()
-            and demo.running_module("hexswarm.swarm.cli", "bootstrap") == 1
+            and demo.running_module("hexswarm.swarm.commands.cli", "bootstrap") == 1
         )
         demo.popen.send_signal(sig)
 

@@ -14,11 +14,11 @@ import pytest
 
 from hexswarm.client.swarm_client import MIN_READ_TIMEOUT_S, MissingBlocksError, SwarmClient
 from hexswarm.swarm.coordinator.records import read_coordination_sync
-from hexswarm.swarm.dht import start_dht
-from hexswarm.swarm.dht_process import shutdown_dht
-from hexswarm.swarm.launcher import LocalSwarm
-from hexswarm.swarm.records import MODELS_KEY, read_models, read_peer_records
-from hexswarm.swarm.reports import read_reports
+from hexswarm.swarm.net.dht import start_dht
+from hexswarm.swarm.net.dht_process import shutdown_dht
+from hexswarm.swarm.tools.launcher import LocalSwarm
+from hexswarm.swarm.trust.records import MODELS_KEY, read_models, read_peer_records
+from hexswarm.swarm.trust.reports import read_reports
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +71,7 @@ def test_a_frozen_dht_really_does_not_answer(reader):
     ids=["models", "peer_records", "reports", "coordination", "client_records"],
 )
 def test_a_read_of_a_frozen_dht_comes_back_empty_in_time(reader, read, keys, caplog):
-    caplog.set_level(logging.WARNING, logger="hexswarm.swarm.dht_read")
+    caplog.set_level(logging.WARNING, logger="hexswarm.swarm.net.dht_read")
     with frozen(reader):
         result, took = timed(lambda: read(reader))
     assert not result

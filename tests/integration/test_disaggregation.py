@@ -87,7 +87,7 @@ def test_keys_and_values_from_a_peer_that_was_not_the_prefill_peer_are_refused(c
     """A decode session names its prefill peers; anyone else's KV_PUSH gets UNKNOWN_SESSION, the
     same answer as for a session that does not exist, and the session keeps waiting."""
     from hexswarm.client.worker import run_sync
-    from hexswarm.swarm.protocol import ErrorCode, KvPush, Open, Opened, PushAck
+    from hexswarm.swarm.wire.protocol import ErrorCode, KvPush, Open, Opened, PushAck
 
     records = {r.name: r for r in client.swarm.online_records(client.spec.model_id, client.spec.num_blocks)}
     kv_from = (records["p"].peer_id,)
@@ -139,9 +139,9 @@ def test_a_disaggregated_coordinator_gives_auto_peers_their_roles(make_model, tm
     from transformers import AutoModelForCausalLM
 
     from hexswarm.client import DistributedModelForCausalLM
-    from hexswarm.swarm.launcher import LOOPBACK, LocalSwarm
-    from hexswarm.swarm.model_spec import load_model_spec
-    from hexswarm.swarm.records import read_peer_records
+    from hexswarm.swarm.models.model_spec import load_model_spec
+    from hexswarm.swarm.tools.launcher import LOOPBACK, LocalSwarm
+    from hexswarm.swarm.trust.records import read_peer_records
 
     model_dir = make_model(arch="llama")
     model_id = load_model_spec(model_dir).model_id

@@ -18,16 +18,17 @@ import pytest
 import torch
 
 from hexswarm.client.worker import run_sync
-from hexswarm.swarm.dht_signing import (
+from hexswarm.swarm.net.identity import load_or_create_identity
+from hexswarm.swarm.tools.launcher import EDGE_PYTHON, LocalSwarm
+from hexswarm.swarm.trust.dht_signing import (
     ANNOUNCE_PROTOCOL,
     SignedEntry,
     decode_reply,
     encode_announce,
     signed_value,
 )
-from hexswarm.swarm.identity import load_or_create_identity
-from hexswarm.swarm.launcher import EDGE_PYTHON, LocalSwarm
-from hexswarm.swarm.protocol import (
+from hexswarm.swarm.trust.records import PeerRecord, model_key, read_peer_records
+from hexswarm.swarm.wire.protocol import (
     PROTOCOL_VERSION,
     Error,
     ErrorCode,
@@ -38,7 +39,6 @@ from hexswarm.swarm.protocol import (
     Step,
     StepResult,
 )
-from hexswarm.swarm.records import PeerRecord, model_key, read_peer_records
 from tests.integration.conftest import SignalHopPeer
 from tests.integration.test_bad_input import HIDDEN, RawStream
 

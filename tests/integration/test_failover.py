@@ -12,7 +12,7 @@ import torch
 from transformers import StoppingCriteriaList
 
 from hexswarm.client.worker import Cancelled
-from hexswarm.swarm.records import read_peer_records
+from hexswarm.swarm.trust.records import read_peer_records
 from tests.integration.conftest import PEERS, SignalHopPeer, swarm_of
 
 pytestmark = pytest.mark.integration

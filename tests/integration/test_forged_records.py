@@ -4,9 +4,9 @@ import pytest
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.utils import get_dht_time
 
-from hexswarm.swarm.dht import start_dht
-from hexswarm.swarm.identity import load_or_create_identity
-from hexswarm.swarm.records import PeerRecord, PeerState, model_key, read_peer_records
+from hexswarm.swarm.net.dht import start_dht
+from hexswarm.swarm.net.identity import load_or_create_identity
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, model_key, read_peer_records
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ def _victim(model, name="p1") -> PeerRecord:
 
 def _victim_subkey(model, victim: PeerRecord) -> bytes:
     value = model.swarm.dht.get(model_key(model.spec.model_id), latest=True).value
-    from hexswarm.swarm.identity import peer_id_from_owner_marker
+    from hexswarm.swarm.net.identity import peer_id_from_owner_marker
 
     return next(s for s in value if peer_id_from_owner_marker(s).to_base58() == victim.peer_id)
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from hexswarm.swarm.records import read_peer_records
+from hexswarm.swarm.trust.records import read_peer_records
 from tests.integration.conftest import PEERS
 
 pytestmark = pytest.mark.integration
@@ -38,7 +38,14 @@ def test_seeded_sampling_equals_local(model, local_model):
 
 def test_status_lists_peers_and_full_coverage(swarm):
     result = subprocess.run(
-        [sys.executable, "-m", "hexswarm.swarm.cli", "status", "--initial-peers", *swarm.initial_peers],
+        [
+            sys.executable,
+            "-m",
+            "hexswarm.swarm.commands.cli",
+            "status",
+            "--initial-peers",
+            *swarm.initial_peers,
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -48,7 +55,7 @@ def test_status_lists_peers_and_full_coverage(swarm):
         assert name in result.stdout
     assert "coverage: 2 2 3 2 2 2" in result.stdout
     as_json = subprocess.run(
-        [sys.executable, "-m", "hexswarm.swarm.cli", "status", "--initial-peers", *swarm.initial_peers, "--json"],
+        [sys.executable, "-m", "hexswarm.swarm.commands.cli", "status", "--initial-peers", *swarm.initial_peers, "--json"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     (model,) = [

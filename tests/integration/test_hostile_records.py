@@ -4,7 +4,7 @@ dropped alone: every router keeps working for every client, and generation stays
 import pytest
 import torch
 
-from hexswarm.swarm.records import model_key, parse_signed_entries, read_peer_records
+from hexswarm.swarm.trust.records import model_key, parse_signed_entries, read_peer_records
 
 pytestmark = pytest.mark.integration
 

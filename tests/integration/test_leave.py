@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from hexswarm.swarm.protocol import Error, ErrorCode, Open
-from hexswarm.swarm.records import read_peer_records
+from hexswarm.swarm.trust.records import read_peer_records
+from hexswarm.swarm.wire.protocol import Error, ErrorCode, Open
 from tests.integration.conftest import peer_id_of
 from tests.integration.test_bad_input import RawStream
 

@@ -12,10 +12,10 @@ from hivemind.p2p import PeerID
 
 from hexswarm.client.swarm_client import SwarmClient
 from hexswarm.client.worker import event_loop, run_sync
-from hexswarm.swarm.frames import read_frame, write_frame
-from hexswarm.swarm.launcher import LocalSwarm
-from hexswarm.swarm.protocol import SESSION_PROTOCOL, Error, ErrorCode, Open, Opened, Step, StepResult
-from hexswarm.swarm.records import read_peer_records
+from hexswarm.swarm.tools.launcher import LocalSwarm
+from hexswarm.swarm.trust.records import read_peer_records
+from hexswarm.swarm.wire.frames import read_frame, write_frame
+from hexswarm.swarm.wire.protocol import SESSION_PROTOCOL, Error, ErrorCode, Open, Opened, Step, StepResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

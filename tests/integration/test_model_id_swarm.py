@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hexswarm.swarm.launcher import LOOPBACK, LocalSwarm
-from hexswarm.swarm.records import read_models, read_peer_records
+from hexswarm.swarm.tools.launcher import LOOPBACK, LocalSwarm
+from hexswarm.swarm.trust.records import read_models, read_peer_records
 from tests.integration.test_coordinator import wait_until
 from tests.unit.test_model_id import flip_bit
 
@@ -25,8 +25,8 @@ def test_one_checkpoint_in_two_folders_forms_one_swarm(make_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from hexswarm.client import DistributedModelForCausalLM
-    from hexswarm.swarm.dht import start_dht
-    from hexswarm.swarm.model_spec import model_identity
+    from hexswarm.swarm.models.model_spec import model_identity
+    from hexswarm.swarm.net.dht import start_dht
 
     original = Path(make_model(arch="llama", layers=4, seed=41))
     folders = [

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from hexswarm.swarm.launcher import free_port
+from hexswarm.swarm.tools.launcher import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ def start_monitor(swarm, refresh: float = 1.0):
     args = [
         sys.executable,
         "-m",
-        "hexswarm.swarm.cli",
+        "hexswarm.swarm.commands.cli",
         "monitor",
         "--initial-peers",
         *swarm.initial_peers,
@@ -108,7 +108,7 @@ def extra_model(shared_swarm, make_model):
 
 
 def test_monitor_page_shows_peers_and_coverage_live(swarm, extra_model, tmp_path):
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.model_spec import load_model_spec
 
     model_dir, extra_peers = extra_model
     main_id, extra_id = load_model_spec(swarm.model_dir).model_id, load_model_spec(model_dir).model_id

@@ -1,7 +1,7 @@
 """A peer that announces itself 100x faster than it computes (client/observed.py): the client
 times its decode steps, routes it by what it observed from the next generation on, and the
 honest peer's announcement stands. Three clients, each with a key of its own, publish what they
-observed, and `hexswarm status` flags the boaster (swarm/speed_reports.py). Real run-peer
+observed, and `hexswarm status` flags the boaster (swarm/trust/speed_reports.py). Real run-peer
 processes and real clients on 127.0.0.1."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 import pytest
 import torch
 
-from hexswarm.swarm.launcher import LocalSwarm
-from hexswarm.swarm.records import read_peer_records
+from hexswarm.swarm.tools.launcher import LocalSwarm
+from hexswarm.swarm.trust.records import read_peer_records
 from tests.integration.test_status_escapes import run_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -61,7 +61,7 @@ def test_a_peer_slower_than_it_announces_is_routed_by_what_is_observed(make_mode
             boaster = next(p for p, n in names.items() if n == "boaster")
             assert model.swarm.observed.ms_per_block(boaster) >= 30  # 100 ms a step over 2 blocks, less ping
         finally:
-            model.shutdown()  # it publishes what it observed (swarm/speed_reports.py)
+            model.shutdown()  # it publishes what it observed (swarm/trust/speed_reports.py)
         _two_more_clients_observe_it(model_dir, local.initial_peers)
         status = run_status(local.initial_peers)
         text = status.stdout.decode()

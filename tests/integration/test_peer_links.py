@@ -24,14 +24,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from hexswarm.swarm.dht import start_dht
-from hexswarm.swarm.dht_process import shutdown_dht
-from hexswarm.swarm.frames import read_frame, write_frame
-from hexswarm.swarm.identity import load_or_create_identity
-from hexswarm.swarm.launcher import LOOPBACK, LocalSwarm
-from hexswarm.swarm.model_spec import load_model_spec
-from hexswarm.swarm.protocol import SESSION_PROTOCOL, ErrorCode, Ping, Pong, PushAck, Step
-from hexswarm.swarm.records import PeerRecord, PeerState, model_key, read_peer_records
+from hexswarm.swarm.models.model_spec import load_model_spec
+from hexswarm.swarm.net.dht import start_dht
+from hexswarm.swarm.net.dht_process import shutdown_dht
+from hexswarm.swarm.net.identity import load_or_create_identity
+from hexswarm.swarm.tools.launcher import LOOPBACK, LocalSwarm
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, model_key, read_peer_records
+from hexswarm.swarm.wire.frames import read_frame, write_frame
+from hexswarm.swarm.wire.protocol import SESSION_PROTOCOL, ErrorCode, Ping, Pong, PushAck, Step
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -192,7 +192,7 @@ def test_a_chain_naming_a_peer_outside_the_swarm_is_never_dialed_and_is_relayed(
     from transformers import AutoModelForCausalLM
 
     from hexswarm.client import hop_links
-    from hexswarm.swarm.protocol import NextHop
+    from hexswarm.swarm.wire.protocol import NextHop
 
     _, model_dir, model_id = links_swarm
     stranger = outsider()

@@ -2,7 +2,7 @@
 
 Two bootstraps on the "internet" relay for peers at home; the client sits in a third home.
 Nothing here is mocked: real p2pd daemons, real dial-backs, real TCP port relays on the
-bootstraps (swarm/port_relay.py; swarm/netlab.py draws the topology). The tests run in file order on one lab and build on each other.
+bootstraps (swarm/nat/port_relay.py; swarm/nat/netlab.py draws the topology). The tests run in file order on one lab and build on each other.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 import pytest
 import torch
 
-from hexswarm.swarm import netlab
-from hexswarm.swarm.launcher import LocalSwarm
-from hexswarm.swarm.records import PeerState, read_peer_records
+from hexswarm.swarm.nat import netlab
+from hexswarm.swarm.tools.launcher import LocalSwarm
+from hexswarm.swarm.trust.records import PeerState, read_peer_records
 from tests.integration.conftest import SignalHopPeer
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.slow]
@@ -184,7 +184,15 @@ def test_a_peer_no_relay_takes_stays_joining_and_says_why(lab, tmp_path):
         assert "no relay gave a working slot" in peer.log()
         status = alone.start_command(
             "status",
-            [*public, sys.executable, "-m", "hexswarm.swarm.cli", "status", "--initial-peers", bootstrap],
+            [
+                *public,
+                sys.executable,
+                "-m",
+                "hexswarm.swarm.commands.cli",
+                "status",
+                "--initial-peers",
+                bootstrap,
+            ],
             ready="stranded",
             timeout=60,
         )

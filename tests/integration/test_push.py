@@ -62,7 +62,7 @@ def client(push_swarm):
 def avoid(model, *names: str) -> None:
     """Leaves these peers out of the client's routes; one an earlier test killed (the middle
     peer of the failover test is b or r) has no record left and needs no leaving out."""
-    from hexswarm.swarm.records import read_peer_records
+    from hexswarm.swarm.trust.records import read_peer_records
 
     ids = {r.name: r.peer_id for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
     model.swarm.distrusted.update(ids[name] for name in names if name in ids)

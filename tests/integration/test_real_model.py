@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hexswarm.swarm.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path
-from hexswarm.swarm.launcher import LocalSwarm, free_port
+from hexswarm.swarm.models.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path
+from hexswarm.swarm.tools.launcher import LocalSwarm, free_port
 from tests.integration.test_coordinator import wait_until
 
 pytestmark = pytest.mark.integration
@@ -133,7 +133,7 @@ class TestTwoUnevenPeers:
         port = free_port()
         api = two_peers.start_command(
             "api",
-            [sys.executable, "-m", "hexswarm.swarm.cli", "api", "--model", DEFAULT_MODEL, "--port", str(port),
+            [sys.executable, "-m", "hexswarm.swarm.commands.cli", "api", "--model", DEFAULT_MODEL, "--port", str(port),
              "--initial-peers", *two_peers.initial_peers],
             ready="api: serving",
             timeout=180,
@@ -269,15 +269,15 @@ def test_gguf_of_an_unsupported_architecture_exits_2(tmp_path):
 
 @pytest.fixture(scope="class")
 def coordinated(tmp_path_factory):
-    from hexswarm.swarm.dht import start_dht
-    from hexswarm.swarm.dht_process import shutdown_dht
-    from hexswarm.swarm.launcher import LOOPBACK
-    from hexswarm.swarm.model_spec import model_identity
+    from hexswarm.swarm.models.model_spec import model_identity
+    from hexswarm.swarm.net.dht import start_dht
+    from hexswarm.swarm.net.dht_process import shutdown_dht
+    from hexswarm.swarm.tools.launcher import LOOPBACK
 
     layout = {f"auto{i}": ("auto", ("--max-blocks", "15")) for i in range(3)}  # default flags otherwise
     local = start_swarm(tmp_path_factory, layout)
     try:
-        coordinator = [sys.executable, "-m", "hexswarm.swarm.cli", "coordinator", "--initial-peers", *local.initial_peers,
+        coordinator = [sys.executable, "-m", "hexswarm.swarm.commands.cli", "coordinator", "--initial-peers", *local.initial_peers,
                        "--model", DEFAULT_MODEL, "--host-maddrs", LOOPBACK]  # fmt: skip
         local.start_command("coordinator", coordinator, ready="coordinator candidate", timeout=120)
         dht = start_dht(local.initial_peers, None, host_maddrs=[LOOPBACK], client_mode=True)
@@ -293,7 +293,7 @@ class TestCoordinatorKeepsTheModelCovered:
 
     def test_the_swarm_is_covered_again_within_10_s_and_exact(self, coordinated, reference):
         from hexswarm.swarm.coordinator.records import read_coordination_sync
-        from hexswarm.swarm.records import PeerState, online_peers_per_block, read_peer_records
+        from hexswarm.swarm.trust.records import PeerState, online_peers_per_block, read_peer_records
 
         local, dht, model_id = coordinated
 

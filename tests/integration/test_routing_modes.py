@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from hexswarm.swarm.records import read_peer_records
+from hexswarm.swarm.trust.records import read_peer_records
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hexswarm.swarm.dht_process import child_pids
-from hexswarm.swarm.launcher import LocalSwarm, Managed
+from hexswarm.swarm.net.dht_process import child_pids
+from hexswarm.swarm.tools.launcher import LocalSwarm, Managed
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -13,11 +13,11 @@ import sys
 import pytest
 from hivemind.utils import get_dht_time
 
-from hexswarm.swarm.dht import start_dht
-from hexswarm.swarm.dht_process import shutdown_dht
-from hexswarm.swarm.identity import load_or_create_identity
-from hexswarm.swarm.launcher import LocalSwarm
-from hexswarm.swarm.records import MODELS_KEY, DeviceInfo, ModelEntry, PeerRecord, model_key
+from hexswarm.swarm.net.dht import start_dht
+from hexswarm.swarm.net.dht_process import shutdown_dht
+from hexswarm.swarm.net.identity import load_or_create_identity
+from hexswarm.swarm.tools.launcher import LocalSwarm
+from hexswarm.swarm.trust.records import MODELS_KEY, DeviceInfo, ModelEntry, PeerRecord, model_key
 from tests.unit.record_cases import make_record
 
 pytestmark = pytest.mark.integration
@@ -64,7 +64,15 @@ def hostile_swarm(tmp_path_factory):
 
 def run_status(initial_peers: list[str], *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "hexswarm.swarm.cli", "status", "--initial-peers", *initial_peers, *flags],
+        [
+            sys.executable,
+            "-m",
+            "hexswarm.swarm.commands.cli",
+            "status",
+            "--initial-peers",
+            *initial_peers,
+            *flags,
+        ],
         capture_output=True,
         timeout=120,
     )

@@ -1,4 +1,4 @@
-"""One machine posing as many, across real networks (swarm/netlab.py namespaces): identities
+"""One machine posing as many, across real networks (swarm/nat/netlab.py namespaces): identities
 from one home's address share one IP group's allowance of a peer's sessions (peer/admission.py),
 while a client from another home is served exactly. Nothing is mocked: real p2pd daemons behind
 a MASQUERADE router, a real peer on the "internet"."""
@@ -12,11 +12,11 @@ import torch
 
 from hexswarm.client.swarm_client import SwarmClient
 from hexswarm.client.worker import run_sync
-from hexswarm.swarm import netlab
-from hexswarm.swarm.frames import read_frame, write_frame
-from hexswarm.swarm.launcher import LocalSwarm
-from hexswarm.swarm.protocol import SESSION_PROTOCOL, Error, ErrorCode, Open, Opened
-from hexswarm.swarm.records import read_peer_records
+from hexswarm.swarm.nat import netlab
+from hexswarm.swarm.tools.launcher import LocalSwarm
+from hexswarm.swarm.trust.records import read_peer_records
+from hexswarm.swarm.wire.frames import read_frame, write_frame
+from hexswarm.swarm.wire.protocol import SESSION_PROTOCOL, Error, ErrorCode, Open, Opened
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.slow]
 
@@ -109,7 +109,7 @@ def test_identities_from_one_home_share_one_allowance(make_model, tmp_path):
 def _a_router_sees_one_record_of_the_machine(swarm: SwarmClient, model_dir) -> None:
     """Both peers run on the public host: one IP group, so a client capped at one record per
     group per block (client/group_cap.py) routes through one of them, and pings only it."""
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.model_spec import load_model_spec
 
     spec = load_model_spec(model_dir)
     records = swarm.online_records(spec.model_id, spec.num_blocks)
@@ -121,7 +121,7 @@ def _a_router_sees_one_record_of_the_machine(swarm: SwarmClient, model_dir) -> N
 
 
 def _target(swarm: SwarmClient, model_dir):
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.model_spec import load_model_spec
 
     spec = load_model_spec(model_dir)
     (record,) = [r for r in read_peer_records(swarm.dht, spec.model_id) if r.name == "target"]

@@ -19,9 +19,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hexswarm.swarm.launcher import LocalSwarm
-from hexswarm.swarm.protocol import ErrorCode
-from hexswarm.swarm.records import read_peer_records
+from hexswarm.swarm.tools.launcher import LocalSwarm
+from hexswarm.swarm.trust.records import read_peer_records
+from hexswarm.swarm.wire.protocol import ErrorCode
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

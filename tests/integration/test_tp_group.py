@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from hexswarm.peer.blocks import BlockStack
-from hexswarm.peer.tp_group import TPGroup
-from hexswarm.peer.tp_profile import Slowdown
-from hexswarm.peer.tp_shard import Partition
-from hexswarm.swarm.model_spec import load_model_spec
-from hexswarm.swarm.protocol import ErrorCode, ProtocolError
+from hexswarm.peer.tp.group import TPGroup
+from hexswarm.peer.tp.messages import Slowdown
+from hexswarm.peer.tp.shard import Partition
+from hexswarm.swarm.models.model_spec import load_model_spec
+from hexswarm.swarm.wire.protocol import ErrorCode, ProtocolError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from hexswarm.swarm.coordinator.records import Assignment, Lease, PlanRecord, lease_key, plan_key
-from hexswarm.swarm.launcher import LOOPBACK, LocalSwarm
-from hexswarm.swarm.records import read_peer_records
+from hexswarm.swarm.tools.launcher import LOOPBACK, LocalSwarm
+from hexswarm.swarm.trust.records import read_peer_records
 from tests.integration.test_coordinator import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -34,9 +34,9 @@ def test_a_tp_peer_moves_to_its_planned_range_and_serves_it_exactly(make_model, 
     from transformers import AutoModelForCausalLM
 
     from hexswarm.client import DistributedModelForCausalLM
-    from hexswarm.swarm.dht import start_dht
-    from hexswarm.swarm.identity import load_or_create_identity
-    from hexswarm.swarm.model_spec import load_model_spec
+    from hexswarm.swarm.models.model_spec import load_model_spec
+    from hexswarm.swarm.net.dht import start_dht
+    from hexswarm.swarm.net.identity import load_or_create_identity
 
     model_dir = make_model(arch="llama", layers=BLOCKS)
     model_id = load_model_spec(model_dir).model_id

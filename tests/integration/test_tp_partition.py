@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, StoppingCriteria
 
-from hexswarm.swarm.launcher import LocalSwarm
-from hexswarm.swarm.records import read_peer_records
+from hexswarm.swarm.tools.launcher import LocalSwarm
+from hexswarm.swarm.trust.records import read_peer_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -112,7 +112,7 @@ def test_bad_uneven_groups_exit_2_before_loading(make_model, capsys, flags, mess
 
 def test_a_split_that_fits_no_rank_exits_2_before_loading(make_model, capsys, monkeypatch):
     """Ranks with 64 KiB free each: no share of the layers fits, said in one line."""
-    import hexswarm.peer.tp_profile as tp_profile
+    import hexswarm.peer.tp.profile as tp_profile
     from hexswarm.peer.cli import main
 
     monkeypatch.setattr(tp_profile, "free_bytes", lambda device, tp: 64 * 1024)

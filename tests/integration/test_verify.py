@@ -16,12 +16,12 @@ import torch
 
 import hexswarm.client.verify as verify_module
 from hexswarm.client.verify import VerificationError
-from hexswarm.swarm.bans import load_bans
-from hexswarm.swarm.evidence import evidence_dir
-from hexswarm.swarm.evidence_wire import read_holdings
-from hexswarm.swarm.launcher import LocalSwarm
-from hexswarm.swarm.records import read_peer_records
-from hexswarm.swarm.reports import read_reports
+from hexswarm.swarm.tools.launcher import LocalSwarm
+from hexswarm.swarm.trust.bans import load_bans
+from hexswarm.swarm.trust.evidence import evidence_dir
+from hexswarm.swarm.trust.evidence_wire import read_holdings
+from hexswarm.swarm.trust.records import read_peer_records
+from hexswarm.swarm.trust.reports import read_reports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -113,7 +113,14 @@ def test_corrupting_peer_is_caught_banned_and_reported(verify_swarm, reference):
         )
         assert recheck.returncode == 0 and "PROVEN" in recheck.stdout, recheck.stdout + recheck.stderr
         status = subprocess.run(
-            [sys.executable, "-m", "hexswarm.swarm.cli", "status", "--initial-peers", *local.initial_peers],
+            [
+                sys.executable,
+                "-m",
+                "hexswarm.swarm.commands.cli",
+                "status",
+                "--initial-peers",
+                *local.initial_peers,
+            ],
             capture_output=True,
             text=True,
             timeout=120,

@@ -1,6 +1,6 @@
 """A well-formed PeerRecord for tests, with any field overridden."""
 
-from hexswarm.swarm.records import PeerRecord, PeerState
+from hexswarm.swarm.trust.records import PeerRecord, PeerState
 
 
 def make_record(**overrides) -> PeerRecord:

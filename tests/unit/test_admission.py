@@ -3,7 +3,7 @@
 import pytest
 
 from hexswarm.peer.admission import Admission, AdmissionLimits
-from hexswarm.swarm.protocol import ErrorCode, ProtocolError
+from hexswarm.swarm.wire.protocol import ErrorCode, ProtocolError
 
 
 def _code(call, *args):

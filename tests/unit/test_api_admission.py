@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from hexswarm.client.api_admission import MAX_RETRY_AFTER_S, Admission, AdmissionLimits
-from hexswarm.client.api_schema import ApiError
+from hexswarm.client.api.admission import MAX_RETRY_AFTER_S, Admission, AdmissionLimits
+from hexswarm.client.api.schema import ApiError
 
 
 def run(coroutine):
@@ -112,7 +112,7 @@ def test_a_request_queued_past_the_timeout_gets_503_with_retry_after():
 
 
 def test_retry_after_follows_how_long_slots_are_held(monkeypatch):
-    import hexswarm.client.api_admission as module
+    import hexswarm.client.api.admission as module
 
     async def scenario():
         admission = Admission(AdmissionLimits(max_running=2, max_queued=0))

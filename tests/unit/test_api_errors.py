@@ -15,7 +15,7 @@ import pytest
 
 from hexswarm.client.session import SequenceTooLongError
 from hexswarm.client.swarm_client import MissingBlocksError
-from hexswarm.swarm.launcher import free_port
+from hexswarm.swarm.tools.launcher import free_port
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def served(make_model):
     import uvicorn
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hexswarm.client.api_server import ApiConfig, create_app
+    from hexswarm.client.api.server import ApiConfig, create_app
 
     directory = make_model(arch="llama", layers=2)
     model = AutoModelForCausalLM.from_pretrained(directory)
@@ -67,7 +67,7 @@ def raising(error: Exception):
 def test_a_value_error_inside_generation_is_a_500_with_a_logged_traceback(served, monkeypatch, caplog):
     url, model, _ = served
     monkeypatch.setattr(model, "generate", raising(ValueError("view has a peer with throughput nan")))
-    with caplog.at_level(logging.ERROR, logger="hexswarm.client.api_server"):
+    with caplog.at_level(logging.ERROR, logger="hexswarm.client.api.server"):
         status, body = post(f"{url}/v1/completions", COMPLETION)
     assert status == 500 and body["error"]["type"] == "server_error"
     assert "ValueError" in body["error"]["message"] and "nan" not in body["error"]["message"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hexswarm.client.api_generation import SamplingSettings, generation_kwargs
+from hexswarm.client.api.generation import SamplingSettings, generation_kwargs
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hexswarm.client.api_text import TextAssembler
+from hexswarm.client.api.text import TextAssembler
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_a_possible_stop_prefix_is_held_back(tokenizer):
 
 
 def test_requests_may_name_the_model_as_status_shows_it():
-    from hexswarm.client.api_server import served_names
+    from hexswarm.client.api.server import served_names
 
     assert served_names("smollm2-135m", "smollm2-135M-b83433b02745") == {
         "smollm2-135m",

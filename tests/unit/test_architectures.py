@@ -1,13 +1,13 @@
-"""Per-family settings read from configs and checkpoints (swarm/architectures.py), without processes."""
+"""Per-family settings read from configs and checkpoints (swarm/models/architectures.py), without processes."""
 
 import pytest
 import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
-from hexswarm.peer.tp_shard import TPDegreeError, check_degree
-from hexswarm.swarm import architectures
-from hexswarm.swarm.checkpoint import load_tensors
-from hexswarm.swarm.model_spec import ModelSpecError, config_for_blocks, load_model_spec
+from hexswarm.peer.tp.shard import TPDegreeError, check_degree
+from hexswarm.swarm.models import architectures
+from hexswarm.swarm.models.checkpoint import load_tensors
+from hexswarm.swarm.models.model_spec import ModelSpecError, config_for_blocks, load_model_spec
 
 TP_FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"]
 NO_TP_FAMILIES = ["phi3", "mixtral", "qwen3_moe"]  # fused or packed projections, experts

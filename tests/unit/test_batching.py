@@ -14,8 +14,8 @@ from hexswarm.peer import batch_forward
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore, PeerLimits
 from hexswarm.peer.scheduler import BatchPolicy, StepScheduler
-from hexswarm.swarm.model_spec import load_model_spec
-from hexswarm.swarm.protocol import Open, Step
+from hexswarm.swarm.models.model_spec import load_model_spec
+from hexswarm.swarm.wire.protocol import Open, Step
 
 CPU = torch.device("cpu")
 HIDDEN = 128

@@ -14,7 +14,7 @@ import pytest
 
 from hexswarm.peer.cli import build_parser as run_peer_parser
 from hexswarm.swarm import __version__
-from hexswarm.swarm.cli import SUBCOMMANDS, build_parser, main
+from hexswarm.swarm.commands.cli import SUBCOMMANDS, build_parser, main
 
 UNREACHABLE = ["--initial-peers", "/ip4/127.0.0.1/tcp/9/p2p/QmUnreachable"]  # never contacted
 HIDDEN = {
@@ -85,8 +85,8 @@ def test_help_answers_in_under_a_second():
     commands = {
         "run-peer": ["-m", "hexswarm.peer.cli"],
         "python -m hexswarm": ["-m", "hexswarm"],
-        "hexswarm": ["-m", "hexswarm.swarm.cli"],
-        **{f"hexswarm {verb}": ["-m", "hexswarm.swarm.cli", verb] for verb in SUBCOMMANDS},
+        "hexswarm": ["-m", "hexswarm.swarm.commands.cli"],
+        **{f"hexswarm {verb}": ["-m", "hexswarm.swarm.commands.cli", verb] for verb in SUBCOMMANDS},
     }
     times = {}
     for name, argv in commands.items():
@@ -241,7 +241,7 @@ def test_run_peer_defaults_are_those_of_the_peer():
 def test_verify_defaults_to_the_public_rate_only_with_public():
     import argparse
 
-    from hexswarm.swarm import cli_args
+    from hexswarm.swarm.commands import cli_args
 
     assert cli_args.client_verify(argparse.Namespace(verify=None, public=True)) == cli_args.PUBLIC_VERIFY_RATE
     assert cli_args.client_verify(argparse.Namespace(verify=None, public=False)) == 0.0

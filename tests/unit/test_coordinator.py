@@ -23,7 +23,7 @@ from hexswarm.swarm.coordinator.records import (
     plans_from,
 )
 from hexswarm.swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, beats
-from hexswarm.swarm.records import DeviceInfo, PeerRecord, PeerState
+from hexswarm.swarm.trust.records import DeviceInfo, PeerRecord, PeerState
 
 MODEL = ModelSpec("tiny", 8, 128, 4)
 # Searches stop after a set number of generations (or a stall), never on the clock: a wall-clock

@@ -17,7 +17,7 @@ from hexswarm.swarm.coordinator.records import (
     trust_from,
     trusted_only,
 )
-from hexswarm.swarm.identity import load_or_create_identity
+from hexswarm.swarm.net.identity import load_or_create_identity
 from tests.unit.record_cases import make_record
 
 

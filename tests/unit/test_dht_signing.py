@@ -1,4 +1,4 @@
-"""swarm/dht_signing.py signs without hivemind; hivemind's own validator must accept it."""
+"""swarm/trust/dht_signing.py signs without hivemind; hivemind's own validator must accept it."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
 from hivemind.utils import MSGPackSerializer
 
-from hexswarm.swarm import dht_signing
-from hexswarm.swarm.identity import load_or_create_identity
-from hexswarm.swarm.wire_checks import ProtocolError
+from hexswarm.swarm.net.identity import load_or_create_identity
+from hexswarm.swarm.trust import dht_signing
+from hexswarm.swarm.wire.checks import ProtocolError
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +73,8 @@ def test_announce_requests_round_trip_and_reject_garbage():
 def test_the_relay_checks_key_expiration_and_record(identity):
     import time
 
-    from hexswarm.swarm.announce_relay import AnnounceRelay
-    from hexswarm.swarm.records import MODELS_KEY, ModelEntry
+    from hexswarm.swarm.nat.announce_relay import AnnounceRelay
+    from hexswarm.swarm.trust.records import MODELS_KEY, ModelEntry
 
     relay = AnnounceRelay(None, identity)
     key = identity.private_key._private_key
@@ -125,9 +125,9 @@ async def test_the_relay_takes_only_a_senders_own_records_one_at_a_time_at_a_bou
     import asyncio
     import time
 
-    from hexswarm.swarm import announce_relay
-    from hexswarm.swarm.announce_relay import AnnounceRelay
-    from hexswarm.swarm.records import MODELS_KEY, ModelEntry
+    from hexswarm.swarm.nat import announce_relay
+    from hexswarm.swarm.nat.announce_relay import AnnounceRelay
+    from hexswarm.swarm.trust.records import MODELS_KEY, ModelEntry
 
     relay = AnnounceRelay(None, identity)
     expiration = time.time() + 30

@@ -23,7 +23,7 @@ from hexswarm.routing.scheduler.plan_eval import plan_layouts
 from hexswarm.routing.scheduler.search.genetic import SearchConfig
 from hexswarm.routing.scheduler.simulation.interference import MEASURED
 from hexswarm.swarm.coordinator.planner import choose_planned, compute_disaggregated_plan, compute_plan
-from hexswarm.swarm.records import DeviceInfo, PeerRecord, PeerState
+from hexswarm.swarm.trust.records import DeviceInfo, PeerRecord, PeerState
 
 MODEL = preset("Llama-2-7B")
 WORKLOAD = Workload(s_in=512, s_out=16, max_batch=16, objective="throughput")  # prompts dominate
@@ -132,7 +132,7 @@ def test_the_coordinator_disaggregates_only_where_it_pays_unless_forced(force, c
     """The two CPU peers above serve more colocated: `--disaggregated` keeps the colocated
     plan and logs one line with both figures; `--force-disaggregated` keeps the roles."""
     from hexswarm.swarm.coordinator.service import Coordinator, CoordinatorConfig
-    from hexswarm.swarm.identity import load_or_create_identity
+    from hexswarm.swarm.net.identity import load_or_create_identity
 
     workload = Workload(s_in=128, s_out=32, objective="throughput")
     config = CoordinatorConfig(

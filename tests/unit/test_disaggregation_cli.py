@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from hexswarm.routing.disaggregation.plan_record import DisaggregatedPlan
-from hexswarm.swarm.cli import main
+from hexswarm.swarm.commands.cli import main
 
 
 def cluster_file(tmp_path):

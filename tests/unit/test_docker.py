@@ -102,7 +102,7 @@ def parser_for(service: dict) -> tuple[argparse.ArgumentParser, list[str]]:
     """The CLI parser a service's command goes to, and the command's arguments for it."""
     command = [str(a) for a in service["command"]]
     if service.get("entrypoint") == ["hexswarm"]:
-        from hexswarm.swarm.cli import SUBCOMMANDS
+        from hexswarm.swarm.commands.cli import SUBCOMMANDS
 
         module = importlib.import_module(SUBCOMMANDS[command[0]][0])
         parser = argparse.ArgumentParser(prog=f"hexswarm {command[0]}")

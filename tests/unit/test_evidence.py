@@ -1,4 +1,4 @@
-"""Signed commitments (swarm/commitments.py) and evidence anyone can re-check (swarm/evidence.py):
+"""Signed commitments (swarm/wire/commitments.py) and evidence anyone can re-check (swarm/trust/evidence.py):
 a real PeerServer signs its sessions' steps, and a wrong output it signed is proven by
 recomputing it; a tampered file proves nothing."""
 
@@ -12,7 +12,10 @@ import torch
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore, PeerLimits
 from hexswarm.peer.server import PeerServer
-from hexswarm.swarm.commitments import (
+from hexswarm.swarm.models.model_spec import load_model_spec
+from hexswarm.swarm.net.identity import load_or_create_identity
+from hexswarm.swarm.trust.evidence import Evidence, recheck
+from hexswarm.swarm.wire.commitments import (
     SIGN_EVERY,
     CommitmentLog,
     SessionId,
@@ -20,10 +23,7 @@ from hexswarm.swarm.commitments import (
     tensor_digest,
     verify_signature,
 )
-from hexswarm.swarm.evidence import Evidence, recheck
-from hexswarm.swarm.identity import load_or_create_identity
-from hexswarm.swarm.model_spec import load_model_spec
-from hexswarm.swarm.protocol import Attest, Attested, Open, Opened, Step, StepResult
+from hexswarm.swarm.wire.protocol import Attest, Attested, Open, Opened, Step, StepResult
 from tests.unit.test_push import HIDDEN, Stream
 
 CLIENT = "QmClient"
@@ -90,7 +90,7 @@ def _evidence(spec, identity, lie: float) -> tuple[Evidence, torch.Tensor]:
                 output = output + lie * output.std() * torch.randn_like(output)
             log.add(end - first, tensor_digest(inputs[:, first:end]), tensor_digest(output))
         full = stack(inputs, stack.new_cache("w"), 0, 0, 2)
-    from hexswarm.swarm.commitments import statement
+    from hexswarm.swarm.wire.commitments import statement
 
     signature = identity.private_key.sign(statement(log.session, log.position, log.chain))
     evidence = Evidence(

@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 
 from hexswarm.peer.evidence_service import EvidenceLimits, EvidenceService
-from hexswarm.swarm.bans import load_bans
-from hexswarm.swarm.evidence_wire import CANNOT_CHECK, NOT_PROVEN, PROVEN, Holding
-from hexswarm.swarm.identity import load_or_create_identity
-from hexswarm.swarm.wire_checks import ErrorCode, ProtocolError
+from hexswarm.swarm.net.identity import load_or_create_identity
+from hexswarm.swarm.trust.bans import load_bans
+from hexswarm.swarm.trust.evidence_wire import CANNOT_CHECK, NOT_PROVEN, PROVEN, Holding
+from hexswarm.swarm.wire.checks import ErrorCode, ProtocolError
 from tests.unit.test_evidence import _evidence, _signing_server, identity, spec  # noqa: F401 (fixtures)
 
 REMOTE = "QmSubmitter"

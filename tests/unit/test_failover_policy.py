@@ -19,7 +19,7 @@ from hexswarm.client.retry import (
     backoff_delay,
     rate_limit_wait,
 )
-from hexswarm.swarm.protocol import ErrorCode
+from hexswarm.swarm.wire.protocol import ErrorCode
 
 
 class Clock:

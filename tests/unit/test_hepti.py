@@ -79,7 +79,7 @@ def test_milp_step_time_is_optimal_against_brute_force(seed, memory):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_every_device_keeps_a_unit_of_each_block_and_stays_optimal(seed):
-    """What a live group asks (peer/tp_partition.py): no rank with zero heads or columns."""
+    """What a live group asks (peer/tp/partition.py): no rank with zero heads or columns."""
     rng = np.random.default_rng(100 + seed)
     problem = dataclasses.replace(random_problem(rng, kv_heads=4), every_device=True)
     groups, tiles = solve_milp(problem, memory=False)

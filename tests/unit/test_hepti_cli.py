@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hexswarm.swarm.cli import main
+from hexswarm.swarm.commands.cli import main
 
 LLAMA_8B = {
     "hidden_size": 4096,

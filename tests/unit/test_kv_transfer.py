@@ -9,9 +9,9 @@ import torch
 
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore, PeerLimits
-from hexswarm.swarm.frames import decode, encode
-from hexswarm.swarm.model_spec import load_model_spec
-from hexswarm.swarm.protocol import ErrorCode, KvPush, KvTarget, Open, ProtocolError, Step
+from hexswarm.swarm.models.model_spec import load_model_spec
+from hexswarm.swarm.wire.frames import decode, encode
+from hexswarm.swarm.wire.protocol import ErrorCode, KvPush, KvTarget, Open, ProtocolError, Step
 
 CPU = torch.device("cpu")
 PREFILL_PEER = "QmPrefill"

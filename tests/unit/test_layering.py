@@ -4,15 +4,22 @@ docs/architecture.md#folder-layout describes stays true.
 Bottom to top: `routing/` (pure solvers) -> `swarm/` (what every role shares) -> `peer/` and
 `client/` (the roles, which never import each other) -> the commands. A command lives in the
 package of the role it runs, so the commands are a floor of modules rather than a folder: no
-other module imports one. The `hexswarm` dispatcher (swarm/cli.py) sits above everything: it
-names every command's module in its table and imports it only when that verb runs.
+other module imports one. The `hexswarm` dispatcher (swarm/commands/cli.py) sits above
+everything: it names every command's module in its table and imports it only when that verb runs.
+
+Inside a floor, its parts (sub-packages) say what they may import of each other as data
+(PARTS): `swarm/` from its tools at the bottom, through the wire protocol, models, the DHT
+node, trust and crossing NATs, to the coordinator and the commands; `peer/tp/` and
+`peer/edge/` stand on the peer's own modules, `client/api/` on the client's. No two modules
+import each other, not even for a type checker (a `typing.Protocol` or a type moved to the
+module both use ends such a pair).
 
 Inside `routing/`, the solver packages a live swarm calls (`routing.scheduler`: placement, for
 the coordinator and `hexswarm plan`; `routing.chains`: chain routing, for the client) stand on
 nothing that only measures them: the seeded scenarios, the simulators of a swarm over time and
 the baselines sit on floors above them. `routing/` imports nothing of ours above it and no
 library beyond its numeric ones (no torch, no network), and no import in it runs in a circle;
-nor does any import that runs elsewhere (only `if TYPE_CHECKING:` imports may).
+nor does any import elsewhere, `if TYPE_CHECKING:` imports included.
 
 Every import counts: at module level, inside a function, and `importlib.import_module` with a
 literal name. The four folders install as `hexswarm.routing`, `hexswarm.swarm`, `hexswarm.peer`
@@ -40,7 +47,7 @@ NAMESPACE = "hexswarm"
 # package -> floor; a module may import from its own floor and the ones below
 FLOORS = {"routing": 0, "swarm": 1, "peer": 2, "client": 2}
 ROLES = ("peer", "client")
-DISPATCHER = "hexswarm.swarm.cli"
+DISPATCHER = "hexswarm.swarm.commands.cli"
 
 # routing's packages -> floor: the solvers a live swarm calls at the bottom, then what only
 # benchmarks and tests use; a module may import from its own floor and the ones below
@@ -52,6 +59,32 @@ ROUTING_FLOORS = {
     "hexswarm.routing.scenarios": 1,  # seeded clusters, swarms and churn
     "hexswarm.routing.sim": 2,  # simulators of a swarm over time
     "hexswarm.routing.baselines": 3,  # what the benchmarks compare the solvers with
+}
+# a floor's parts -> the parts of the same floor its modules may import besides their own ("":
+# the floor's modules outside every part; a floor without "" has none but its `__init__`). A
+# module may always import its floor's package itself (`hexswarm.swarm.__version__`).
+PARTS: dict[str, dict[str, set[str]]] = {
+    "swarm": {  # bottom to top
+        "tools": set(),  # logging, threads, cache files, process launchers: nothing of ours
+        "wire": set(),  # the protocol, frames, tensors, commitments
+        "models": {"tools"},  # spec, checkpoints, content hashes
+        "net": {"tools"},  # the DHT node, identity, addresses, dialing
+        "trust": {"tools", "wire", "net"},  # records, evidence, bans, reports, rates
+        "nat": {"tools", "wire", "net", "trust"},  # dial-backs, relays, the announce relay
+        "commands": {"tools", "wire", "models", "net", "trust", "nat"},  # bootstrap, models, demo ...
+        # the coordinator role; of the commands it reads only cli_args, the flags its two commands
+        # share with every command (test_only_commands_import_commands keeps the rest apart)
+        "coordinator": {"tools", "wire", "models", "net", "trust", "nat", "commands"},
+    },
+    "peer": {
+        "": {"tp"},  # the peer's own modules: serving, runtime, blocks, ...
+        "tp": {""},  # tensor-parallel groups
+        "edge": {""},  # the edge peer over py-libp2p: no tensor parallelism
+    },
+    "client": {
+        "": set(),  # the client's own modules: sessions, discovery, observers
+        "api": {""},  # the OpenAI-compatible API, above the rest of the client
+    },
 }
 SOLVERS = tuple(package for package, floor in ROUTING_FLOORS.items() if floor == 0)
 # DESIGN.md: routing/ is pure algorithms on these libraries, besides Python's own modules but
@@ -73,7 +106,7 @@ def module_name(path: Path) -> str:
 
 
 def path_of(name: str) -> Path:
-    """`hexswarm.swarm.records` -> ROOT/swarm/records (no suffix): where setup.cfg maps it."""
+    """`hexswarm.swarm.trust.records` -> ROOT/swarm/trust/records (no suffix): where setup.cfg maps it."""
     parts = name.split(".")
     return ROOT.joinpath(*(parts[1:] if parts[0] == NAMESPACE and len(parts) > 1 else parts))
 
@@ -189,11 +222,11 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def dispatched_modules() -> dict[str, str]:
     """The dispatcher's table, read without importing it: verb -> command module."""
-    tree = ast.parse((ROOT / "swarm" / "cli.py").read_text())
+    tree = ast.parse((ROOT / "swarm" / "commands" / "cli.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "SUBCOMMANDS":
             return {verb: module for verb, (module, _) in ast.literal_eval(node.value).items()}
-    raise AssertionError("swarm/cli.py has no SUBCOMMANDS table")
+    raise AssertionError("swarm/commands/cli.py has no SUBCOMMANDS table")
 
 
 def command_modules() -> set[str]:
@@ -207,19 +240,29 @@ def command_modules() -> set[str]:
     return commands
 
 
+def part_of(name: str) -> str | None:
+    """The part of its floor (PARTS) that module `name` is in: the longest that holds it, "" for
+    the floor's own modules, None outside the floors with parts."""
+    floor = top(name)
+    if floor not in PARTS or not name.startswith(f"{NAMESPACE}.{floor}"):
+        return None
+    parts = sorted((p for p in PARTS[floor] if p), key=len, reverse=True)
+    return next((p for p in parts if package_of(name, [f"{NAMESPACE}.{floor}.{p}"])), "")
+
+
 def test_imports_of_reads_every_kind_of_import(tmp_path):
     path = tmp_path / "example.py"
     path.write_text(
         "import os.path\n"
-        "from hexswarm.swarm import records\n"
+        "from hexswarm.swarm.trust import records\n"
         "def later():\n"
         "    from hexswarm.client.swarm_client import SwarmClient\n"
         "    importlib.import_module('hexswarm.peer.cli')\n"
     )
     assert imports_of(path) == {
         "os.path",
-        "hexswarm.swarm",
-        "hexswarm.swarm.records",
+        "hexswarm.swarm.trust",
+        "hexswarm.swarm.trust.records",
         "hexswarm.client.swarm_client",
         "hexswarm.peer.cli",
     }
@@ -281,7 +324,7 @@ def test_the_dispatcher_imports_its_commands_only_by_name():
     each verb's module (the only names above it) is imported when that verb runs."""
     upward = [
         imported
-        for imported in imports_of(ROOT / "swarm" / "cli.py")
+        for imported in imports_of(ROOT / "swarm" / "commands" / "cli.py")
         if top(imported) in FLOORS and FLOORS[top(imported)] > FLOORS["swarm"]
     ]
     assert not upward
@@ -355,11 +398,68 @@ def test_no_import_circle_in_routing():
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
-def test_no_import_circle_anywhere_that_runs():
-    """Two modules that import each other (even inside functions) are one module split in the
-    wrong place; imports only a type checker reads do not count."""
-    found = circles(import_graph(NAMESPACE, type_checking=False))
+def test_no_import_circle_anywhere():
+    """Modules that import each other in a circle (even inside functions, even only for a type
+    checker) are one module split in the wrong place."""
+    found = circles(import_graph(NAMESPACE))
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_two_modules_import_each_other():
+    """The shortest circle, named pair by pair: `if TYPE_CHECKING:` imports count too (a
+    `typing.Protocol`, or the shared type moved to the module both import, ends one)."""
+    graph = import_graph(NAMESPACE)
+    pairs = sorted(
+        {tuple(sorted((a, b))) for a, imported in graph.items() for b in imported if a in graph.get(b, ())}
+    )
+    assert not pairs, "modules that import each other:\n" + "\n".join(f"{a} <-> {b}" for a, b in pairs)
+
+
+def test_each_part_imports_only_the_parts_it_may():
+    """PARTS, module by module: an import of another part of the same floor is one that part's
+    row allows (a part's own modules, and the floor's package itself, are always allowed)."""
+    wrong = []
+    for name, path in package_modules():
+        own = part_of(name)
+        if own is None or name == DISPATCHER:
+            continue
+        floor = top(name)
+        for imported in sorted(imports_of(path)):
+            other = part_of(imported)
+            if top(imported) != floor or other is None or imported == f"{NAMESPACE}.{floor}" or other == own:
+                continue
+            if other not in PARTS[floor][own]:
+                wrong.append(
+                    f"{name} ({floor}/{own or '.'}) imports {imported} ({floor}/{other or '.'}); "
+                    f"{floor}/{own or '.'} may import {sorted(PARTS[floor][own]) or 'no other part'}"
+                )
+    assert not wrong, "imports across the parts of a floor that PARTS does not allow:\n" + "\n".join(wrong)
+
+
+def test_every_module_of_a_floor_with_parts_is_in_one():
+    """A floor with no "" row (swarm/) keeps nothing beside its parts but its `__init__`; a new
+    module goes in the part of its concern, a new part gets a row in PARTS."""
+    homeless = [
+        name
+        for name, path in package_modules()
+        if part_of(name) == "" and "" not in PARTS[top(name)] and name != f"{NAMESPACE}.{top(name)}"
+    ]
+    unlisted = [
+        f"{floor}/{path.relative_to(ROOT / floor).parent}"
+        for floor in PARTS
+        for path in sorted((ROOT / floor).glob("*/__init__.py"))
+        if path.parent.name not in PARTS[floor]
+    ]
+    assert not homeless + unlisted, "\n".join(homeless + unlisted)
+
+
+def test_the_parts_of_a_floor_stand_in_order():
+    """PARTS itself has no circle between parts (a floor's own modules aside), so that the parts
+    read bottom to top."""
+    for floor, rows in PARTS.items():
+        graph = {part: set(allowed) - {""} for part, allowed in rows.items() if part}
+        assert not circles(graph), f"{floor}: {circles(graph)}"
+        assert all(set(allowed) <= set(rows) for allowed in rows.values()), floor
 
 
 def test_setup_cfg_installs_every_package_under_the_namespace():

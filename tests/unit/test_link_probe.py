@@ -16,9 +16,9 @@ import pytest
 
 import hexswarm.peer.link_probe as link_probe
 from hexswarm.peer.link_probe import LinkProbe
-from hexswarm.swarm.frames import read_frame, write_frame
-from hexswarm.swarm.protocol import Error, ErrorCode, Ping, Pong
-from hexswarm.swarm.records import PeerState
+from hexswarm.swarm.trust.records import PeerState
+from hexswarm.swarm.wire.frames import read_frame, write_frame
+from hexswarm.swarm.wire.protocol import Error, ErrorCode, Ping, Pong
 from tests.unit.record_cases import make_record
 
 pytestmark = pytest.mark.asyncio

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from hexswarm.peer.cli import build_parser as run_peer_parser
-from hexswarm.swarm import log_setup
-from hexswarm.swarm.cli import SUBCOMMANDS, main
+from hexswarm.swarm.commands.cli import SUBCOMMANDS, main
+from hexswarm.swarm.tools import log_setup
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +104,7 @@ def test_p2pd_closing_its_own_socket_is_not_logged_as_an_error(caplog):
     """p2pd's accept loop reports its own clean stop at ERROR; hexswarm's logs stay quiet about it."""
     import hivemind.p2p.p2p_daemon as p2p_daemon
 
-    import hexswarm.swarm.dht_process  # noqa: F401 (installs the filter)
+    import hexswarm.swarm.net.dht_process  # noqa: F401 (installs the filter)
 
     line = (
         '{"level":"error","ts":"2026-11-28T02:00:00.000Z","logger":"p2pd","caller":"go-libp2p-daemon/daemon.go:198",'

@@ -1,4 +1,4 @@
-"""Model ids hash the whole checkpoint, cached by file identity (swarm/model_id.py, swarm/content_hash.py).
+"""Model ids hash the whole checkpoint, cached by file identity (swarm/models/model_id.py, swarm/models/content_hash.py).
 
 Every checkpoint here is a real one written by save_pretrained (safetensors); the cache is a
 real file in a temporary folder."""
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hexswarm.swarm import content_hash
-from hexswarm.swarm.cache_files import CACHE_ENV
-from hexswarm.swarm.model_id import ID_HASH_CHARS, size_label
-from hexswarm.swarm.model_spec import ModelSpecError, load_model_spec, model_identity
+from hexswarm.swarm.models import content_hash
+from hexswarm.swarm.models.model_id import ID_HASH_CHARS, size_label
+from hexswarm.swarm.models.model_spec import ModelSpecError, load_model_spec, model_identity
+from hexswarm.swarm.tools.cache_files import CACHE_ENV
 
 WEIGHTS = "model.safetensors"
 

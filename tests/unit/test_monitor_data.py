@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 from hexswarm.client.monitor_data import estimated_decode_tokens_per_s, model_entry, peer_entry
-from hexswarm.swarm.records import DeviceInfo, PeerState
+from hexswarm.swarm.trust.records import DeviceInfo, PeerState
 from tests.unit.record_cases import make_record
 
 
@@ -65,7 +65,7 @@ def test_collect_shows_the_lease_only_of_trusted_coordinator_keys():
 
     from hexswarm.client.monitor_data import collect
     from hexswarm.swarm.coordinator.records import Lease, lease_key
-    from hexswarm.swarm.identity import load_or_create_identity
+    from hexswarm.swarm.net.identity import load_or_create_identity
 
     stranger = load_or_create_identity(None)
     claim = Lease("m-1", stranger.peer_id.to_base58(), 0.0)

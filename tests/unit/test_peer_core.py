@@ -6,8 +6,8 @@ from transformers import AutoModelForCausalLM
 
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore, PeerLimits
-from hexswarm.swarm.model_spec import load_model_spec
-from hexswarm.swarm.protocol import Close, ErrorCode, Open, ProtocolError, Step
+from hexswarm.swarm.models.model_spec import load_model_spec
+from hexswarm.swarm.wire.protocol import Close, ErrorCode, Open, ProtocolError, Step
 
 CPU = torch.device("cpu")
 

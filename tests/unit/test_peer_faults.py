@@ -7,8 +7,8 @@ from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.cli import build_parser
 from hexswarm.peer.core import PeerCore, PeerLimits
 from hexswarm.peer.faults import FaultInjector, FaultPlan, plan_from_args
-from hexswarm.swarm.model_spec import load_model_spec
-from hexswarm.swarm.protocol import ErrorCode, Open, ProtocolError, Step
+from hexswarm.swarm.models.model_spec import load_model_spec
+from hexswarm.swarm.wire.protocol import ErrorCode, Open, ProtocolError, Step
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from hexswarm.peer.config import PeerConfig
 from hexswarm.peer.core import PeerLimits
 from hexswarm.peer.peer_record import RecordSource, peer_record
 from hexswarm.peer.reachability import Reach
-from hexswarm.swarm.model_spec import ModelSpec
-from hexswarm.swarm.records import PeerState
+from hexswarm.swarm.models.model_spec import ModelSpec
+from hexswarm.swarm.trust.records import PeerState
 
 ROOT = Path(__file__).resolve().parents[2]
 WIRING = ROOT / "peer" / "runtime.py"

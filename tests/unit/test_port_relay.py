@@ -1,4 +1,4 @@
-"""The TCP relay for peers behind NAT (swarm/port_relay.py), on 127.0.0.1: a slot, a tunnel per
+"""The TCP relay for peers behind NAT (swarm/nat/port_relay.py), on 127.0.0.1: a slot, a tunnel per
 connection, the limits. The libp2p stream that carries the slot's control messages is stood in
 for by a loopback TCP connection; everything else is the real code."""
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from hexswarm.swarm.port_relay import RelayLimits, RelayService, Slot, _frame, _open_tunnel, _read_message
+from hexswarm.swarm.nat.port_relay import RelayLimits, RelayService, Slot, _frame, _open_tunnel, _read_message
 
 pytestmark = pytest.mark.asyncio
 

@@ -8,8 +8,8 @@ import msgpack
 import pytest
 import torch
 
-from hexswarm.swarm.frames import FrameTooLarge, decode, encode, read_frame
-from hexswarm.swarm.protocol import (
+from hexswarm.swarm.wire.frames import FrameTooLarge, decode, encode, read_frame
+from hexswarm.swarm.wire.protocol import (
     PROTOCOL_VERSION,
     Close,
     Error,

@@ -20,9 +20,9 @@ from hexswarm.peer.core import PeerCore, PeerLimits
 from hexswarm.peer.faults import FaultInjector, FaultPlan
 from hexswarm.peer.push import PushLinks
 from hexswarm.peer.server import PeerServer
-from hexswarm.swarm.frames import decode, encode, write_frame
-from hexswarm.swarm.model_spec import load_model_spec
-from hexswarm.swarm.protocol import (
+from hexswarm.swarm.models.model_spec import load_model_spec
+from hexswarm.swarm.wire.frames import decode, encode, write_frame
+from hexswarm.swarm.wire.protocol import (
     MAX_CHAIN,
     PROTOCOL_VERSION,
     Close,

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from hexswarm.peer.push import Backoff, NotAMemberError, PushLinks, SwarmMembers
-from hexswarm.swarm.frames import read_frame, write_frame
-from hexswarm.swarm.protocol import PushAck, Step
+from hexswarm.swarm.wire.frames import read_frame, write_frame
+from hexswarm.swarm.wire.protocol import PushAck, Step
 
 pytestmark = pytest.mark.asyncio
 

@@ -19,7 +19,7 @@ from hexswarm.peer.quant import (
     quantize_model,
     weight_bytes,
 )
-from hexswarm.swarm.model_spec import load_model_spec
+from hexswarm.swarm.models.model_spec import load_model_spec
 
 CPU = torch.device("cpu")
 
@@ -106,7 +106,7 @@ def test_the_default_cache_leaves_room_for_quantized_weights(monkeypatch, make_m
 
     import hexswarm.peer.devices as devices
     from hexswarm.peer.cli import default_cache_tokens
-    from hexswarm.swarm.records import DeviceInfo
+    from hexswarm.swarm.trust.records import DeviceInfo
 
     spec = load_model_spec(make_model(arch="llama"))
     # a GPU just big enough for the weights in float32 and a little cache

@@ -27,7 +27,7 @@ from hexswarm.routing.scheduler.plan import PipelinePlan, Plan, PlanError, Stage
 from hexswarm.routing.scheduler.search.genetic import SearchConfig
 from hexswarm.routing.scheduler.search.pinned_stages import free_devices, pinned_pipelines
 from hexswarm.routing.scheduler.weight_formats import bytes_per_weight
-from hexswarm.swarm.cli import main
+from hexswarm.swarm.commands.cli import main
 from hexswarm.swarm.coordinator.cluster_view import build_view
 from hexswarm.swarm.coordinator.moves import kind_of
 from hexswarm.swarm.coordinator.planner import compute_plan

@@ -14,18 +14,18 @@ from hexswarm.peer.reachability import (
     nat_message,
     reached_addrs,
 )
-from hexswarm.swarm.dialing import dialable
-from hexswarm.swarm.maddrs import ip_group, peer_id_of, tcp_addr, with_peer_id, without_peer_id
-from hexswarm.swarm.reachability import (
+from hexswarm.swarm.nat.reachability.client import reachable_verdict
+from hexswarm.swarm.nat.reachability.messages import (
     MAX_ADDRS,
     DialBackReply,
     decode_reply,
     decode_request,
-    dial_targets,
     encode_reply,
     encode_request,
-    reachable_verdict,
 )
+from hexswarm.swarm.nat.reachability.service import dial_targets
+from hexswarm.swarm.net.dialing import dialable
+from hexswarm.swarm.net.maddrs import ip_group, peer_id_of, tcp_addr, with_peer_id, without_peer_id
 from tests.unit.record_cases import make_record
 
 ME = "QmAsker"

@@ -3,8 +3,8 @@
 import msgpack
 import pytest
 
-from hexswarm.swarm.identity import load_or_create_identity, peer_id_from_owner_marker
-from hexswarm.swarm.records import DeviceInfo, PeerRecord, PeerState
+from hexswarm.swarm.net.identity import load_or_create_identity, peer_id_from_owner_marker
+from hexswarm.swarm.trust.records import DeviceInfo, PeerRecord, PeerState
 from tests.unit.record_cases import make_record
 
 GPU = DeviceInfo(type="cuda", name="NVIDIA H100", memory_bytes=80 << 30, cores=132)
@@ -60,7 +60,7 @@ def test_uneven_split_fields_round_trip_and_default_to_even():
 
 def test_the_partitions_a_record_may_name_are_heptis_modes():
     from hexswarm.routing.hepti.split import MODES
-    from hexswarm.swarm.records import TP_PARTITIONS
+    from hexswarm.swarm.trust.records import TP_PARTITIONS
 
     assert TP_PARTITIONS == ("even", *MODES)
 
@@ -218,7 +218,7 @@ def test_bad_identity_file(tmp_path):
 def test_a_bad_record_drops_its_peer_alone_and_is_logged_once(caplog):
     from types import SimpleNamespace
 
-    from hexswarm.swarm.records import peer_records_from
+    from hexswarm.swarm.trust.records import peer_records_from
 
     good, bad = load_or_create_identity(None), load_or_create_identity(None)
     good_record = make_record(peer_id=good.peer_id.to_base58())
@@ -251,14 +251,14 @@ def test_a_joining_peer_may_announce_before_it_has_measured():
     ],
 )
 def test_malformed_model_entries_are_rejected(body):
-    from hexswarm.swarm.records import ModelEntry
+    from hexswarm.swarm.trust.records import ModelEntry
 
     with pytest.raises(ValueError):
         ModelEntry.from_bytes(msgpack.packb({**body, "schema": 1}))
 
 
 def test_a_models_block_count_is_the_one_most_signers_announce():
-    from hexswarm.swarm.records import ModelEntry, models_from
+    from hexswarm.swarm.trust.records import ModelEntry, models_from
 
     honest = [(f"Qm{i}", ModelEntry("m-1", 30)) for i in range(2)]
     hostile = [("QmX", ModelEntry("m-1", 100_000)), ("QmX", ModelEntry("other-2", 8))]

@@ -1,4 +1,4 @@
-"""Verification reports (swarm/reports.py): kept only when they name their evidence."""
+"""Verification reports (swarm/trust/reports.py): kept only when they name their evidence."""
 
 import dataclasses
 
@@ -6,7 +6,7 @@ import msgpack
 import pytest
 import torch
 
-from hexswarm.swarm.reports import Report, tensor_hash
+from hexswarm.swarm.trust.reports import Report, tensor_hash
 
 H1, H2, H3 = (tensor_hash(torch.full((1, 2), float(i))) for i in range(3))
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hexswarm.routing.scheduler.plan import Plan
-from hexswarm.swarm.cli import main
+from hexswarm.swarm.commands.cli import main
 
 
 def write_cluster(tmp_path, devices, name="cluster.json"):

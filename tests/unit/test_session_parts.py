@@ -16,7 +16,7 @@ from hexswarm.client.remote import PeerError
 from hexswarm.client.retry import BanList, RetryPolicy
 from hexswarm.client.span_repair import Replacement, SpanRepair
 from hexswarm.routing.chains.swarm_view import Hop, Route
-from hexswarm.swarm.protocol import ErrorCode
+from hexswarm.swarm.wire.protocol import ErrorCode
 
 
 class _Conn:

@@ -1,8 +1,8 @@
-"""Observed speeds shared between clients (swarm/speed_reports.py): plain data."""
+"""Observed speeds shared between clients (swarm/trust/speed_reports.py): plain data."""
 
 import pytest
 
-from hexswarm.swarm import speed_reports as sr
+from hexswarm.swarm.trust import speed_reports as sr
 from tests.unit.record_cases import make_record
 
 

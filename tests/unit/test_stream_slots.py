@@ -12,9 +12,9 @@ import torch
 from hexswarm.peer.blocks import BlockStack
 from hexswarm.peer.core import PeerCore, PeerLimits
 from hexswarm.peer.server import PeerServer
-from hexswarm.swarm.frames import read_frame, write_frame
-from hexswarm.swarm.model_spec import load_model_spec
-from hexswarm.swarm.protocol import Error, ErrorCode, Open, Opened, Ping, Pong
+from hexswarm.swarm.models.model_spec import load_model_spec
+from hexswarm.swarm.wire.frames import read_frame, write_frame
+from hexswarm.swarm.wire.protocol import Error, ErrorCode, Open, Opened, Ping, Pong
 
 SLOTS = 4
 

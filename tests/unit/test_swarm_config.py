@@ -1,7 +1,7 @@
 """Where a node finds the swarm, and how missing blocks are named."""
 
 from hexswarm.client.swarm_client import MissingBlocksError, uncovered_blocks
-from hexswarm.swarm.dht import INITIAL_PEERS_ENV, public_coordinator_keys, public_initial_peers
+from hexswarm.swarm.net.dht import INITIAL_PEERS_ENV, public_coordinator_keys, public_initial_peers
 from tests.unit.record_cases import make_record
 
 
@@ -14,7 +14,7 @@ def test_the_shipped_list_is_data_with_comments_and_coordinator_keys(monkeypatch
     monkeypatch.delenv(INITIAL_PEERS_ENV, raising=False)
     listing = tmp_path / "public_peers.txt"
     listing.write_text("# comment\n/ip4/1.2.3.4/tcp/1/p2p/QmA\n\ncoordinator QmC\n")
-    monkeypatch.setattr("hexswarm.swarm.dht.PUBLIC_PEERS_FILE", listing)
+    monkeypatch.setattr("hexswarm.swarm.net.dht.PUBLIC_PEERS_FILE", listing)
     assert public_initial_peers() == ["/ip4/1.2.3.4/tcp/1/p2p/QmA"]
     assert public_coordinator_keys() == ["QmC"]
 

@@ -1,8 +1,8 @@
-"""hexswarm.swarm.terminal_text.printable: peer-supplied text shown without driving the terminal."""
+"""hexswarm.swarm.tools.terminal_text.printable: peer-supplied text shown without driving the terminal."""
 
 import pytest
 
-from hexswarm.swarm.terminal_text import printable
+from hexswarm.swarm.tools.terminal_text import printable
 
 
 @pytest.mark.parametrize(

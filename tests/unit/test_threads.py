@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import torch
 
 from hexswarm.peer.devices import cpu_cores, default_cpu_threads
-from hexswarm.swarm.threads import torch_threads
+from hexswarm.swarm.tools.threads import torch_threads
 
 
 def test_small_models_run_on_one_thread_and_larger_ones_on_every_core():

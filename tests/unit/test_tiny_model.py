@@ -4,7 +4,7 @@ import hashlib
 
 from transformers import AutoTokenizer
 
-from hexswarm.swarm.cli import main as hexswarm
+from hexswarm.swarm.commands.cli import main as hexswarm
 
 
 def _digest(directory):

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from hexswarm.peer.tp_partition import (
+from hexswarm.peer.tp.messages import Slowdown
+from hexswarm.peer.tp.partition import (
     DriftPolicy,
     RankProfile,
     Repartitioner,
@@ -19,7 +20,7 @@ from hexswarm.peer.tp_partition import (
     predicted_compute_s,
     step_time_s,
 )
-from hexswarm.peer.tp_profile import ComputeClock, Slowdown, parse_slowdown
+from hexswarm.peer.tp.profile import ComputeClock, parse_slowdown
 from hexswarm.routing.hepti.split import plan_split
 
 SMOLLM2 = {  # SmolLM2-135M's shape (the real model of the benchmark)

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from hexswarm.peer.devices import DeviceError, parse_devices, threads_per_rank
-from hexswarm.peer.tp_shard import ShardPlan, TPDegreeError, check_degree, shard_config
-from hexswarm.swarm.checkpoint import load_tensors
-from hexswarm.swarm.model_spec import load_model_spec
+from hexswarm.peer.tp.shard import ShardPlan, TPDegreeError, check_degree, shard_config
+from hexswarm.swarm.models.checkpoint import load_tensors
+from hexswarm.swarm.models.model_spec import load_model_spec
 
 CPU = torch.device("cpu")
 

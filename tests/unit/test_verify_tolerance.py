@@ -1,4 +1,4 @@
-"""The per-token comparison of swarm/verify_tolerance.py, and the bans file of swarm/bans.py."""
+"""The per-token comparison of swarm/trust/verify_tolerance.py, and the bans file of swarm/trust/bans.py."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import torch
 
-from hexswarm.swarm.bans import add_ban, load_bans, new_ban
-from hexswarm.swarm.verify_tolerance import TOLERANCES, coarsest, compare, token_errors, topk_agreement
+from hexswarm.swarm.trust.bans import add_ban, load_bans, new_ban
+from hexswarm.swarm.trust.verify_tolerance import TOLERANCES, coarsest, compare, token_errors, topk_agreement
 
 
 def _hidden(tokens: int = 16, size: int = 64, seed: int = 0) -> torch.Tensor:

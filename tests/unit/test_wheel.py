@@ -42,4 +42,6 @@ def test_the_wheel_installs_everything_under_one_name(tmp_path):
     assert tops == {"hexswarm"}
     entry_points = next(name for name in names if name.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "run-peer = hexswarm.peer.cli:main" in text and "hexswarm = hexswarm.swarm.cli:main" in text
+    assert (
+        "run-peer = hexswarm.peer.cli:main" in text and "hexswarm = hexswarm.swarm.commands.cli:main" in text
+    )

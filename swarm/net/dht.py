@@ -1,0 +1,159 @@
+"""Starting hivemind DHT nodes the way every hexswarm role needs them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hexswarm.swarm.net.maddrs import initial_peer_problem
+
+if (
+    TYPE_CHECKING
+):  # hivemind loads when a node starts: `--help` of the commands that join does not wait for it
+    from hexswarm.swarm.net.identity import Identity
+
+# The public swarm's bootstrap nodes ship as data (swarm/net/public_peers.txt), overridable with
+# HEXSWARM_INITIAL_PEERS (space- or comma-separated multiaddrs).
+PUBLIC_PEERS_FILE = Path(__file__).with_name("public_peers.txt")
+INITIAL_PEERS_ENV = "HEXSWARM_INITIAL_PEERS"
+NO_PUBLIC_PEERS = (
+    "no public bootstrap peers are known (the list shipped with hexswarm is empty and "
+    f"{INITIAL_PEERS_ENV} is unset): start one with `hexswarm bootstrap --public` and set "
+    f"{INITIAL_PEERS_ENV} to the address it prints, or join a private swarm with --initial-peers"
+)
+
+DEFAULT_HOST_MADDRS = ("/ip4/0.0.0.0/tcp/0",)
+
+
+def public_initial_peers() -> list[str]:
+    """The public swarm's bootstrap addresses: HEXSWARM_INITIAL_PEERS, else the shipped list
+    (possibly empty: the caller says what to do then)."""
+    from_env = os.environ.get(INITIAL_PEERS_ENV, "")
+    peers = [p for p in from_env.replace(",", " ").split() if p]
+    return peers or [line for kind, line in _public_list() if kind == "peer"]
+
+
+def public_coordinator_keys() -> list[str]:
+    """Coordinator keys the shipped list names: the only plans --public peers follow."""
+    return [line for kind, line in _public_list() if kind == "coordinator"]
+
+
+def _public_list() -> list[tuple[str, str]]:
+    entries = []
+    for line in PUBLIC_PEERS_FILE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            kind, _, rest = line.partition(" ")
+            entries.append(("coordinator", rest.strip()) if kind == "coordinator" else ("peer", line))
+    return entries
+
+
+class InitialPeersError(RuntimeError):
+    """The swarm cannot be joined through the initial peers given: one is malformed, or none of
+    them answered. Commands print it as one line and exit 2; the Python client raises it."""
+
+
+def check_initial_peers(initial_peers: Sequence[str]) -> None:
+    """InitialPeersError for the first initial peer that is not a multiaddr with a peer id."""
+    for text in initial_peers:
+        problem = initial_peer_problem(text)
+        if problem:
+            raise InitialPeersError(problem)
+
+
+def start_dht(
+    initial_peers: Sequence[str],
+    identity: Identity | None,
+    host_maddrs: Sequence[str] = DEFAULT_HOST_MADDRS,
+    announce_maddrs: Sequence[str] = (),
+    client_mode: bool = False,
+    wait_timeout: float = 30,
+    listen: bool = True,
+    await_ready: bool = True,
+):
+    """A running hivemind DHT node that signs with `identity` and validates every record it sees.
+
+    Every role installs the signature validator: nodes without it would store forged records.
+    With `await_ready` False it returns as soon as the node's process is forked; the caller
+    then waits with `wait_until_joined`.
+    """
+    from hivemind.dht.crypto import RSASignatureValidator
+    from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+
+    from hexswarm.swarm.net.dht_process import OwnedDHT
+
+    validator = RSASignatureValidator(identity.private_key if identity else None)
+    kwargs = dict(
+        initial_peers=list(initial_peers),
+        host_maddrs=list(host_maddrs),
+        client_mode=client_mode,
+        record_validators=[validator],
+        start=True,
+        await_ready=await_ready,
+        wait_timeout=wait_timeout,
+    )
+    if announce_maddrs:
+        kwargs["announce_maddrs"] = list(announce_maddrs)
+    if not listen:  # a client that only dials out: no open port, and no NAT port mapping asked for
+        kwargs.update(no_listen=True, nat_port_map=False, host_maddrs=[])
+    if identity is not None:
+        kwargs["identity_path"] = str(identity.identity_path)
+    check_initial_peers(initial_peers)
+    with _children_ignore_ctrl_c():
+        try:
+            return OwnedDHT(**kwargs)
+        except P2PDaemonError as e:
+            raise _joining_error(e, initial_peers) from None
+
+
+def wait_until_joined(dht, initial_peers: Sequence[str], timeout: float) -> None:
+    """Waits for a node `start_dht(await_ready=False)` forked to join; InitialPeersError if
+    none of `initial_peers` answered (the node is shut down then)."""
+    from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+
+    try:
+        dht.wait_until_ready(timeout)
+    except P2PDaemonError as e:
+        from hexswarm.swarm.net.dht_process import shutdown_dht
+
+        shutdown_dht(dht, 5.0)
+        raise _joining_error(e, initial_peers) from None
+
+
+def _joining_error(error: Exception, initial_peers: Sequence[str]) -> Exception:
+    """What p2pd's failure to start says about the initial peers, in one line (or `error`
+    itself when it is about something else)."""
+    text = str(error)
+    if "failed to connect to bootstrap peers" in text:
+        shown = ", ".join(initial_peers[:3]) + (
+            f" and {len(initial_peers) - 3} more" if len(initial_peers) > 3 else ""
+        )
+        return InitialPeersError(
+            f"none of the initial peers answered ({shown}): is that node running, and can this "
+            f"machine reach its address? (`hexswarm bootstrap` prints the address to give)"
+        )
+    if "failed to parse multiaddr" in text:
+        return InitialPeersError(
+            f"p2pd cannot read an initial peer: {text.split('failed to parse', 1)[1].strip()}"
+        )
+    return error
+
+
+@contextlib.contextmanager
+def _children_ignore_ctrl_c():
+    """Ctrl-C in a terminal reaches the whole process group. The DHT child process and its
+    p2pd inherit "ignore SIGINT" from here, so they stay up while the parent announces that
+    it is leaving, and the parent shuts them down itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
