@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up (first run only) and runs the whole test suite.
 # Quick run without the slow multi-process TP suite: bash scripts/test.sh -m "not slow"
+# One file: bash scripts/test.sh tests/integration/test_generate.py
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ROOT"
@@ -30,4 +31,7 @@ fi
 # Lint and formatting are part of the suite: CI runs this script.
 ruff check .
 ruff format --check .
-exec python -m pytest -q "$@"
+# Two test files at a time (pytest-xdist; a file's tests stay on one worker and share its swarm):
+# a swarm test mostly waits on real processes (a peer takes ~8 s to come online on ~4 s of CPU),
+# so two workers keep both cores busy. HEXSWARM_TEST_WORKERS=0 runs everything in one process.
+exec python -m pytest -q -n "${HEXSWARM_TEST_WORKERS:-2}" --dist loadfile "$@"

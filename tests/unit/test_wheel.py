@@ -38,6 +38,7 @@ def test_the_wheel_installs_everything_under_one_name(tmp_path):
     }
     assert expected <= names, sorted(expected - names)[:10]
     assert "hexswarm/client/monitor_page.html" in names
+    assert "hexswarm/swarm/net/public_peers.txt" in names  # --public reads the bootstrap list
     tops = {name.split("/")[0] for name in names if not name.startswith("hexswarm-")}
     assert tops == {"hexswarm"}
     entry_points = next(name for name in names if name.endswith("entry_points.txt"))
