@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from hexswarm.swarm.tools.chaos import LAYOUT, ChaosSwarm
+from hexswarm.swarm.tools.chaos import LAYOUT, ChaosSwarm, child_processes
 from hexswarm.swarm.tools.launcher import LocalSwarm
 
 RUNS_PER_CLIENT = 5  # a fresh client now and then, so its bans of healed peers do not pile up
 
 
 @pytest.fixture(scope="module")
-def chaos(make_model, tmp_path_factory):
+def bystanders() -> frozenset[int]:
+    """This process's children from before the chaos swarm (another file's shared swarm, when
+    the test worker ran one first): not the chaos tests' to stop."""
+    return frozenset(child_processes())
+
+
+@pytest.fixture(scope="module")
+def chaos(make_model, tmp_path_factory, bystanders):
     model_dir = make_model(arch="llama")
     with LocalSwarm(tmp_path_factory.mktemp("chaos")) as local:
         local.start_bootstrap()

@@ -360,43 +360,44 @@ def test_a_coordinator_stopped_cleanly_hands_over_before_its_lease_expires(coord
 
 @pytest.mark.slow
 def test_without_coordinator_auto_peers_cover_the_model_by_petals_rule_until_one_appears(
-    make_model, tmp_path_factory
+    coordinated, make_model
 ):
-    model_dir = make_model(arch="llama", layers=BLOCKS)
-    with LocalSwarm(tmp_path_factory.mktemp("fallback")) as local:
-        local.start_bootstrap()
-        peers = [
-            local.start_peer(model_dir, "auto", f"b{i}", "--max-blocks", "3", *PEER_FLAGS, wait=False)
-            for i in range(3)
-        ]
+    """Another model on the module's bootstrap, which no coordinator plans (yet)."""
+    from hexswarm.swarm.models.model_spec import load_model_spec
+
+    local, dht = coordinated.local, coordinated.dht
+    model_dir = make_model(arch="llama", layers=BLOCKS, seed=41)
+    model_id = load_model_spec(model_dir).model_id
+    peers = [
+        local.start_peer(model_dir, "auto", f"b{i}", "--max-blocks", "3", *PEER_FLAGS, wait=False)
+        for i in range(3)
+    ]
+    try:
         for proc in peers:
             local.wait_for_log(proc, "online:", timeout=240)
-        from hexswarm.swarm.models.model_spec import load_model_spec
-        from hexswarm.swarm.net.dht import start_dht
-
-        dht = start_dht(local.initial_peers, None, host_maddrs=[LOOPBACK], client_mode=True)
-        try:
-            model_id = load_model_spec(model_dir).model_id
-            wait_until(
-                lambda: all(online_peers_per_block(read_peer_records(dht, model_id), BLOCKS)),
-                RESTORE_BOUND_S,
-                "auto peers cover all blocks without a coordinator",
-            )
-            assert read_coordination_sync(dht, model_id).holder is None
-            # A coordinator that appears later takes over: here a fourth auto peer that runs one
-            # (`run-peer --coordinator`); every auto peer follows its plan.
+        wait_until(
+            lambda: all(online_peers_per_block(read_peer_records(dht, model_id), BLOCKS)),
+            RESTORE_BOUND_S,
+            "auto peers cover all blocks without a coordinator",
+        )
+        assert read_coordination_sync(dht, model_id).holder is None
+        # A coordinator that appears later takes over: here a fourth auto peer that runs one
+        # (`run-peer --coordinator`); every auto peer follows its plan.
+        peers.append(
             local.start_peer(
                 model_dir, "auto", "b3", "--max-blocks", "3", *PEER_FLAGS, "--coordinator", *COORDINATOR_FLAGS
             )
+        )
 
-            def followed() -> bool:
-                plan, records = read_coordination_sync(dht, model_id).plan, read_peer_records(dht, model_id)
-                return (
-                    plan is not None
-                    and all(r.plan_version == plan.version for r in records)
-                    and all(online_peers_per_block(records, BLOCKS))
-                )
+        def followed() -> bool:
+            plan, records = read_coordination_sync(dht, model_id).plan, read_peer_records(dht, model_id)
+            return (
+                plan is not None
+                and all(r.plan_version == plan.version for r in records)
+                and all(online_peers_per_block(records, BLOCKS))
+            )
 
-            wait_until(followed, PLAN_BOUND_S, "the late coordinator's plan is followed and covers the model")
-        finally:
-            dht.shutdown()
+        wait_until(followed, PLAN_BOUND_S, "the late coordinator's plan is followed and covers the model")
+    finally:
+        for proc in peers:
+            local.stop(proc)

@@ -291,19 +291,23 @@ def _wait_for_holders(model, liar: str, timeout: float) -> set[str]:
     return set()
 
 
-def test_with_no_third_opinion_nobody_is_blamed(make_model, tmp_path_factory):
-    model_dir = make_model(arch="llama", layers=2, seed=33)
-    with LocalSwarm(tmp_path_factory.mktemp("verify-two")) as local:
-        local.start_bootstrap()
-        local.start_peer(model_dir, "0:2", "honest", *FAST)
-        _start_liar(local, model_dir, "noise")
-        model = _client(local, model_dir, verify=1.0)
-        try:
-            for _ in range(4):
-                model.generate(torch.tensor([[7, 8, 9, 10]]), max_new_tokens=4, do_sample=False)
-            stats = model.verify_stats
-            print(stats.describe())
-            assert not _banned(model, _names(model)) and stats.liars == 0
-            assert stats.mismatches > 0 and stats.uncompared[verify_module.DISPUTED] > 0
-        finally:
-            model.shutdown()
+def test_with_no_third_opinion_nobody_is_blamed(verify_swarm, make_model):
+    """Two peers of another model on the module's bootstrap: one honest, one liar, no third."""
+    local = verify_swarm[0]
+    model_dir = make_model(arch="llama", layers=2, seed=34)
+    peers = [
+        local.start_peer(model_dir, "0:2", "honest-only", *FAST),
+        _start_liar(local, model_dir, "noise", "liar-alone"),
+    ]
+    model = _client(local, model_dir, verify=1.0)
+    try:
+        for _ in range(4):
+            model.generate(torch.tensor([[7, 8, 9, 10]]), max_new_tokens=4, do_sample=False)
+        stats = model.verify_stats
+        print(stats.describe())
+        assert not _banned(model, _names(model)) and stats.liars == 0
+        assert stats.mismatches > 0 and stats.uncompared[verify_module.DISPUTED] > 0
+    finally:
+        model.shutdown()
+        for proc in peers:
+            local.stop(proc)
