@@ -1,6 +1,6 @@
 """Chaos benchmark: greedy generations while peers of the chain are killed, stopped or made to fail.
 
-Starts a bootstrap and five redundant peers of a tiny 6-block model (swarm.chaos.LAYOUT) on
+Starts a bootstrap and five redundant peers of a tiny 6-block model (swarm.tools.chaos.LAYOUT) on
 127.0.0.1. Each run generates from a seeded prompt; after seeded tokens a peer of the chain
 in use is SIGKILLed, SIGSTOPped or made to answer errors/NaN (peer.faults); the client fails
 over; the peers are healed (killed ones restarted) before the next run. Prints one JSON line:
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench_results import save
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm.launcher)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm.tools.launcher)
 
 import numpy as np
 

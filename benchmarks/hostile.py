@@ -59,7 +59,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm.launcher)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm.tools.launcher)
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
@@ -97,7 +97,7 @@ class Bench:
 
     local: LocalSwarm
     model: str  # what peers and clients are given: a folder or a built-in name
-    spec: object  # swarm.model_spec.ModelSpec
+    spec: object  # swarm.models.model_spec.ModelSpec
     args: argparse.Namespace
     workdir: Path
     prompts: list[torch.Tensor] = field(default_factory=list)

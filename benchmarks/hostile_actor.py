@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm.launcher)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm.tools.launcher)
 
 import torch  # noqa: E402
 

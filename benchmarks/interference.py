@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# Before torch loads: the client and the peer share this machine's cores (see swarm.launcher).
+# Before torch loads: the client and the peer share this machine's cores (see swarm.tools.launcher).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402

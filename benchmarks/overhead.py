@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# Before torch loads: local baseline, client and peers share this machine's cores (see swarm.launcher).
+# Before torch loads: local baseline, client and peers share this machine's cores (see swarm.tools.launcher).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch

@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm.launcher)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm.tools.launcher)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402

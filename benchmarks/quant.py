@@ -48,7 +48,7 @@ from pathlib import Path
 from bench_results import save
 
 # Before torch loads: the local models, the client and the peers share this machine's cores
-# (see swarm.launcher.COLOCATED_ENV).
+# (see swarm.tools.launcher.COLOCATED_ENV).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch

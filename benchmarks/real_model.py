@@ -36,7 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-# Before torch loads: local baseline, client and peers share this machine's cores (see swarm.launcher).
+# Before torch loads: local baseline, client and peers share this machine's cores (see swarm.tools.launcher).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-# Before torch loads: the client and the peer's ranks share this machine's cores (see swarm.launcher).
+# Before torch loads: the client and the peer's ranks share this machine's cores (see swarm.tools.launcher).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402

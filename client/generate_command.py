@@ -11,7 +11,7 @@ from hexswarm.swarm.commands import cli_args
 from hexswarm.swarm.tools import log_setup
 
 LOG_LEVEL = "warning"  # the output is the generated text; a library's INFO lines would bury it
-EXIT_AT_ONCE = True  # run() stops the DHT (and the client) it starts: swarm.cli.exit_at_once
+EXIT_AT_ONCE = True  # run() stops the DHT (and the client) it starts: swarm.commands.cli.exit_at_once
 DEFAULT_PROMPT = "A swarm of volunteers"
 
 

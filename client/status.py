@@ -21,8 +21,8 @@ if TYPE_CHECKING:  # hivemind loads when the command runs, not for --help
     from hexswarm.swarm.trust.records import PeerRecord
     from hexswarm.swarm.trust.reports import Report
 
-EXIT_AT_ONCE = True  # run() stops the DHT (and the client) it starts: swarm.cli.exit_at_once
-# Peer-supplied text is escaped (swarm.terminal_text) and cut to these lengths, in characters.
+EXIT_AT_ONCE = True  # run() stops the DHT (and the client) it starts: swarm.commands.cli.exit_at_once
+# Peer-supplied text is escaped (swarm.tools.terminal_text) and cut to these lengths, in characters.
 MODEL_ID_LIMIT = 120
 ADDRESS_LIMIT = 80
 

@@ -125,22 +125,23 @@ class SwarmMembers:
         """Returns if `peer_id` announces this model; raises NotAMemberError if not.
 
         An id not known re-reads the records if a read is due; if it is still not known and the
-        next read is due within `wait_s`, it waits for that read: a record that entered the DHT
-        a moment ago may be missing from one read (a replica that has not stored it yet)."""
+        next read is due within `wait_s`, it waits for that one read more: a record that entered
+        the DHT a moment ago may be missing from one read (a replica that has not stored it yet)."""
         give_up_at = self.clock() + wait_s
-        while not self.knows(peer_id):
+        for _ in range(2):  # the read due now, and at most one more
+            if self.knows(peer_id):
+                return
+            due_in = self.read_at + self.refresh_after_s - self.clock()
+            if due_in > 0:
+                if self.clock() + due_in > give_up_at:
+                    break
+                await asyncio.sleep(due_in)
             async with self.lock:  # one re-read at a time; the others wait for its answer
-                if self.knows(peer_id):
-                    return
-                due_in = self.read_at + self.refresh_after_s - self.clock()
-                if due_in > 0 and self.clock() + due_in > give_up_at:
-                    raise NotAMemberError(
-                        f"...{peer_id[-8:]} does not announce this model in the DHT: not dialed"
-                    )
-                if due_in > 0:
-                    await asyncio.sleep(due_in)
-                self.read_at = self.clock()  # before the read: a failing DHT is not asked again at once
-                self.update(await self.read())
+                if not self.knows(peer_id) and self.clock() - self.read_at >= self.refresh_after_s:
+                    self.read_at = self.clock()  # before the read: a failing DHT is not asked again at once
+                    self.update(await self.read())
+        if not self.knows(peer_id):
+            raise NotAMemberError(f"...{peer_id[-8:]} does not announce this model in the DHT: not dialed")
 
 
 class Backoff:
@@ -212,7 +213,8 @@ class PushLinks:
         if self.members is None:
             return ""
         try:
-            await asyncio.wait_for(self.members.check(peer_id, timeout), timeout)
+            # half the deadline at most: the connect and the PUSH_ACK need the rest
+            await asyncio.wait_for(self.members.check(peer_id, timeout / 2), timeout)
         except NotAMemberError as e:
             return str(e)
         except TimeoutError:

@@ -4,7 +4,8 @@ At start (docs/architecture.md, "Crossing NATs"):
 1. A few reachable nodes (the initial peers first, then direct peers of the model) dial the
    peer back (swarm/nat/reachability/); a peer that listens on loopback only serves this machine
    and asks no one. If at least half of those that answer reach it, it is
-   `direct` and announces the addresses they reached it at (a forwarded port included).
+   `direct` and announces the addresses at least half of them reached it at (a forwarded port
+   included).
 2. Otherwise its DHT node restarts in client mode (it stores nothing for others), and it asks
    up to WANT_RELAYS reachable nodes, those that answered first, for a relay slot
    (swarm/nat/port_relay.py). It is `relayed` once a helper has dialed it through a slot's port,
@@ -88,19 +89,24 @@ def direct_peers(records: Sequence) -> list:
 
 def reached_addrs(replies: Sequence[DialBackReply | None], peer_id: str) -> tuple[str, ...]:
     """The addresses helpers reached us at, each with our id."""
-    dialed = [dialed for r in replies if r is not None for _, dialed in r.reached]
-    # a loopback address is worth announcing only when nothing else was reached (one machine)
-    remote = [a for a in dialed if not ipaddress.ip_address(tcp_addr(a).ip).is_loopback]
-    return tuple(dict.fromkeys(with_peer_id(a, peer_id) for a in remote or dialed))
+    return _announceable([dialed for r in replies if r is not None for _, dialed in r.reached], peer_id)
 
 
 def agreed_addrs(replies: Sequence[DialBackReply | None], peer_id: str) -> tuple[str, ...]:
-    """The addresses at least half of the helpers that answered reached us at (as `reachable_verdict`
-    counts): a lying helper cannot, alone, choose what a direct peer announces."""
+    """The addresses at least half of the helpers that answered reached us at (as
+    `reachable_verdict` counts), so that among three or more answers one lying helper cannot
+    choose what a direct peer announces (of two, a tie keeps both). If no address has half the
+    votes (the helpers reached different ones), every address reached."""
     answered = [r for r in replies if r is not None and not r.error]
     votes = Counter(dialed for r in answered for dialed in dict.fromkeys(d for _, d in r.reached))
-    agreed = [(None, addr) for addr, n in votes.items() if 2 * n >= len(answered)]
-    return reached_addrs([DialBackReply("agreed", tuple(agreed))], peer_id)
+    agreed = [addr for addr, n in votes.items() if 2 * n >= len(answered)]
+    return _announceable(agreed, peer_id) if agreed else reached_addrs(replies, peer_id)
+
+
+def _announceable(dialed: list[str], peer_id: str) -> tuple[str, ...]:
+    # a loopback address is worth announcing only when nothing else was reached (one machine)
+    remote = [a for a in dialed if not ipaddress.ip_address(tcp_addr(a).ip).is_loopback]
+    return tuple(dict.fromkeys(with_peer_id(a, peer_id) for a in remote or dialed))
 
 
 def nat_message(listen_addrs: Sequence[str], relays: Sequence[str]) -> str:

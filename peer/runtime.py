@@ -192,17 +192,17 @@ class _Peer:
     def _record(self, state: PeerState) -> PeerRecord:
         """The record it announces in `state`, from what it serves, its reach, role and move."""
         source = RecordSource(
-            self.config,
-            self.peer_id,
-            self.name,
-            self.serving,
-            self.reach,
-            self.role,
-            self.stacks.device_info,
-            self.stacks.group,
-            self.mover.next_range,
-            self.probe.published(),
-            self.follower.followed if self.follower else 0,
+            config=self.config,
+            peer_id=self.peer_id,
+            name=self.name,
+            serving=self.serving,
+            reach=self.reach,
+            role=self.role,
+            device_info=self.stacks.device_info,
+            group=self.stacks.group,
+            next_range=self.mover.next_range,
+            rtt_ms=self.probe.published(),
+            plan_version=self.follower.followed if self.follower else 0,
         )
         return peer_record(source, state)
 

@@ -93,7 +93,7 @@ class PeerServer:
         self.tasks: set[asyncio.Task] = set()  # pushed steps being computed
         # The peer's identity (swarm/net/identity.py): signs its sessions' commitments; None signs nothing.
         self.signer = None
-        self.format = "float32"  # the format it computes in, named in what it signs (set by the runtime)
+        self.format = ""  # the format it computes in, named in what it signs: none set, nothing signed
         self.banned: set[str] = set()  # peers proven to lie (peer/evidence_service.py): refused
         self.group_of = None  # async: remote peer id -> its IP group, None on loopback (set by the runtime)
 
@@ -245,8 +245,13 @@ class PeerServer:
         signature = self._sign(session) if session.steps % SIGN_EVERY == 0 else b""
         return replace(result, digest=input_digest, signature=signature)
 
+    @property
+    def signs(self) -> bool:
+        """Whether it signs its sessions' commitments: an identity, and the format they name."""
+        return self.signer is not None and bool(self.format)
+
     def _sign(self, session) -> bytes:
-        if self.signer is None:
+        if not self.signs:
             return b""
         core = self.core
         about = SessionId(
@@ -375,7 +380,7 @@ class PeerServer:
                     limits.max_sessions,
                 )
                 opened = self.core.open(message, remote)
-                if self.signer is not None:
+                if self.signs:
                     opened = replace(opened, owner_marker=self.signer.owner_marker, format=self.format)
                 key = session_key(remote, message.session_id)
                 self.admission.opened(remote, key)
@@ -385,7 +390,7 @@ class PeerServer:
             case Attest():
                 self._check_owned(message.session_id, owned)
                 session = self.core.get(message.session_id, remote)
-                if self.signer is None or session.busy:
+                if not self.signs or session.busy:
                     raise ProtocolError(ErrorCode.BAD_STATE, "this peer signs no commitments now")
                 return Attested(message.session_id, session.position, self._sign(session))
             case Close():

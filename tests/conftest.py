@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-# Before torch loads: the test process shares 2 cores with the swarm's peers (see swarm.launcher).
+# Before torch loads: the test process shares 2 cores with the swarm's peers (see swarm.tools.launcher).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

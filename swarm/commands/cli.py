@@ -2,7 +2,7 @@
 
 Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int` (and may set
 `LOG_LEVEL`, its default log level). Every subcommand's parser comes from
-`swarm.cli_args.new_parser`: --version, -v / --quiet / --log-level (set up before it runs),
+`swarm.commands.cli_args.new_parser`: --version, -v / --quiet / --log-level (set up before it runs),
 defaults in --help, and one line with exit status 2 for a bad value, found by the parser or
 raised by `run` as `UsageError`.
 """

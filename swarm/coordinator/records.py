@@ -357,7 +357,7 @@ def read_coordination_sync(
     dht, model_id: str, timeout: float | None = None, trust: Trust = None
 ) -> Coordination:
     """`read_coordination` for synchronous callers (`hexswarm status`, the monitor); each of its
-    two reads waits at most `timeout` seconds (swarm.dht_read.DHT_READ_TIMEOUT_S), and a read
+    two reads waits at most `timeout` seconds (swarm.net.dht_read.DHT_READ_TIMEOUT_S), and a read
     that does not finish in time counts as no entries."""
     from hexswarm.swarm.net.dht_read import get_latest
 

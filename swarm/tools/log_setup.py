@@ -1,7 +1,7 @@
 """Logging and progress bars for every command: `-v`, `--quiet`, `--log-level`, and who a line is about.
 
 Every command (run-peer and each `hexswarm` subcommand) gets the flags from
-`add_log_arguments` (through `swarm.cli_args.new_parser`) and calls `setup_logging` once it
+`add_log_arguments` (through `swarm.commands.cli_args.new_parser`) and calls `setup_logging` once it
 knows what it is about. Each log line then starts with that context, e.g. `peer alice
 tiny-3f2a[0:4)`, so lines from many processes of one swarm can be told apart. A peer learns
 its name only after joining the DHT and updates the context then (`set_context`).

@@ -220,7 +220,7 @@ class ModelEntry:
 
 def read_peer_records(dht, model_id: str, timeout: float | None = None) -> list[PeerRecord]:
     """Every well-formed, correctly signed record of `model_id` currently in the DHT; none (logged)
-    if the DHT does not answer within `timeout` seconds (swarm.dht_read.DHT_READ_TIMEOUT_S)."""
+    if the DHT does not answer within `timeout` seconds (swarm.net.dht_read.DHT_READ_TIMEOUT_S)."""
     from hexswarm.swarm.net.dht_read import get_latest
 
     return peer_records_from(get_latest(dht, model_key(model_id), timeout), model_id)
@@ -245,7 +245,7 @@ def peer_records_from(value, model_id: str) -> list[PeerRecord]:
 
 def read_models(dht, timeout: float | None = None) -> dict[str, int]:
     """model_id -> number of blocks, for every model some peer announced; none (logged) if the
-    DHT does not answer within `timeout` seconds (swarm.dht_read.DHT_READ_TIMEOUT_S)."""
+    DHT does not answer within `timeout` seconds (swarm.net.dht_read.DHT_READ_TIMEOUT_S)."""
     from hexswarm.swarm.net.dht_read import get_latest
 
     value = get_latest(dht, MODELS_KEY, timeout)

@@ -118,7 +118,7 @@ def publish_report(dht, owner_marker: bytes, report: Report, expiration: float):
 
 def read_reports(dht, model_id: str, timeout: float | None = None) -> list[Report]:
     """Every well-formed report of `model_id` whose reporter is the key that signed it; none (logged)
-    if the DHT does not answer within `timeout` seconds (swarm.dht_read.DHT_READ_TIMEOUT_S)."""
+    if the DHT does not answer within `timeout` seconds (swarm.net.dht_read.DHT_READ_TIMEOUT_S)."""
     value = get_latest(dht, reports_key(model_id), timeout)
     reports = []
     for owner, report in parse_signed_entries(value, Report.from_bytes, _owner_prefix):

@@ -22,6 +22,7 @@ from hexswarm.swarm.wire.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     MAX_ACK_MS,
     MAX_CHAIN,
+    MAX_FORMAT_CHARS,
     PROTOCOL_VERSION,
     Attest,
     Attested,
@@ -44,8 +45,6 @@ from hexswarm.swarm.wire.protocol import (
 from hexswarm.swarm.wire.tensors import decode_tensor, encode_tensor
 
 _LENGTH = struct.Struct(">I")
-
-MAX_FORMAT_CHARS = 16  # a compute format's name in OPENED (float32, bfloat16, int8 ...)
 
 
 def encode(message: Message) -> bytes:

@@ -36,7 +36,8 @@ import torch
 
 from hexswarm.swarm.wire.checks import ErrorCode, ProtocolError  # noqa: F401  (the protocol's error: its users import it from here)
 
-PROTOCOL_VERSION = 1
+# 2: a signing peer's OPENED names the format it computes in, and its signed statements cover it
+PROTOCOL_VERSION = 2
 SESSION_PROTOCOL = "/hexswarm/session/1"  # hivemind stream handler name
 DEFAULT_MAX_FRAME_BYTES = 64 << 20
 
@@ -200,3 +201,4 @@ Message = (
 
 MAX_CHAIN = 64  # hops a pushed step may still travel
 MAX_ACK_MS = 60_000
+MAX_FORMAT_CHARS = 16  # a compute format's name in OPENED (float32, bfloat16, int8 ...)

@@ -1,4 +1,4 @@
-"""A chaos swarm: a bootstrap and five redundant peers that the tests hurt and heal (swarm.chaos)."""
+"""A chaos swarm: a bootstrap and five redundant peers that the tests hurt and heal (swarm.tools.chaos)."""
 
 from __future__ import annotations
 

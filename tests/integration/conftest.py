@@ -64,15 +64,15 @@ def shared_swarm(make_model, tmp_path_factory):
 def _healthy_shared_swarm(request):
     """Before each test that uses the shared swarm: every peer runs (a test that stopped or
     killed one and failed before starting it again does not break the tests after it)."""
-    if not {"swarm", "model"} & set(request.fixturenames):
+    if not {"swarm", "model", "shared_swarm"} & set(request.fixturenames):
         return
     swarm = request.getfixturevalue("shared_swarm")
-    if not swarm.local.processes[0].alive:
+    if not swarm.local.processes[0].alive():
         pytest.fail("the shared swarm's bootstrap is gone; the tests after this one cannot run")
     for name, proc in list(swarm.peers.items()):
         if _stopped(proc):  # SIGSTOPped by a test that did not resume it
             os.kill(proc.popen.pid, signal.SIGCONT)
-        if not proc.alive:
+        if not proc.alive():
             layers, extra = PEERS[name]
             print(f"[shared swarm] peer {name} was gone after the last test: starting it again")
             swarm.peers[name] = swarm.local.start_peer(

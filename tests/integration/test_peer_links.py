@@ -163,8 +163,9 @@ def test_probes_go_to_peer_ids_through_p2p_and_never_to_an_announced_address(lin
         return b.peer_id in dict(a.rtt_ms) and a.peer_id in dict(b.rtt_ms)
 
     wait_for(measured_each_other, 30, "a and b publish round trips to each other")
-    # the peers read the hostile record and probe it: at its peer id, through p2p, as PINGs
-    wait_for(lambda: hostile.frames["Ping"] >= 2, 30, "the honest peers probe the hostile peer")
+    # the peers read the hostile record and probe it, round after round: at its peer id, through
+    # p2p, as PINGs (each peer probes it once a round: 6 PINGs are about 3 rounds of both)
+    wait_for(lambda: hostile.frames["Ping"] >= 6, 60, "the honest peers probe the hostile peer for 3 rounds")
     assert hostile.tcp_connections == 0
     records = honest_records(hostile, model_id)
     for name, other in (("a", "b"), ("b", "a")):

@@ -43,7 +43,7 @@ def _signing_server(spec, identity) -> PeerServer:
     blocks = BlockStack.load(spec, 0, 2, torch.float32, torch.device("cpu"))
     core = PeerCore(blocks, spec.model_id, PeerLimits(max_sessions=2, max_length=128, max_batch=1))
     server = PeerServer(core, 1 << 22, max_streams=4)
-    server.signer = identity
+    server.signer, server.format = identity, "float32"
     return server
 
 
@@ -53,6 +53,7 @@ async def test_a_peer_signs_its_sessions_commitments_every_64_steps_and_when_ask
     client = Stream(server, CLIENT)
     opened = await client.ask(Open("s", spec.model_id, 0, 2, 128, 1, "float32"))
     assert isinstance(opened, Opened) and opened.owner_marker == identity.owner_marker
+    assert opened.format == "float32"  # what its signed statements name
     log = CommitmentLog(SessionId(spec.model_id, CLIENT, "s", 0, 2, "float32"))
     signatures = []
     for position in range(SIGN_EVERY + 3):

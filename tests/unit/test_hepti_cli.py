@@ -1,4 +1,4 @@
-"""`hexswarm plan --hepti GROUP.json` through the real dispatcher (swarm.cli.main)."""
+"""`hexswarm plan --hepti GROUP.json` through the real dispatcher (swarm.commands.cli.main)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`hexswarm plan` through the real dispatcher (swarm.cli.main)."""
+"""`hexswarm plan` through the real dispatcher (swarm.commands.cli.main)."""
 
 from __future__ import annotations
 

@@ -140,13 +140,13 @@ def test_the_clock_counts_compute_apart_from_collectives_and_applies_the_slowdow
 
 def test_a_delayed_slowdown_starts_after_the_first_step():
     # Bounds on what the step itself took, not on the clock: a busy machine may preempt the
-    # busy loop (it failed at 0.045 s under two test workers), never for the 0.3 s before the slowdown.
+    # busy loop (it failed at 0.045 s under two test workers), not for the 0.3 s before the slowdown.
     clock = ComputeClock(Slowdown(3.0, after_s=0.3))
     clock.begin_step()
     began = time.perf_counter()
     busy(0.02)
     took = time.perf_counter() - began
-    assert clock.end_step() < took + 0.01  # not slowed yet: no sleep added (slowed: 3 x took)
+    assert clock.end_step() < 2 * took  # not slowed yet: no sleep added (slowed: 3 x took)
     time.sleep(0.3)
     clock.begin_step()
     busy(0.02)
