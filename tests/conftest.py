@@ -35,3 +35,34 @@ def make_model(tmp_path_factory):
         return made[key]
 
     return make
+
+
+# The files that take longest (seconds of a serial run, docs/testing.md), in that order. The
+# two test workers take whole files in collection order (--dist loadfile), so these start first
+# and the many short unit files fill the end, instead of one worker idling behind a long file.
+LONGEST_FIRST = (
+    "tests/integration/test_real_model.py",  # 261 s
+    "tests/integration/test_coordinator.py",  # 145
+    "tests/integration/test_public_swarm.py",  # 106
+    "tests/integration/test_verify.py",  # 100
+    "tests/integration/test_observed_speed.py",  # 95
+    "tests/integration/test_quant.py",  # 93
+    "tests/integration/test_cli.py",  # 91
+    "tests/integration/test_disaggregation.py",  # 83
+    "tests/integration/test_demo_signals.py",  # 74
+    "tests/integration/test_shutdown.py",  # 71
+    "tests/chaos/test_chaos.py",  # 68
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The longest files first, then the other swarm tests, then the unit tests; a file's tests
+    keep their order and stay together (the sort is stable)."""
+
+    def rank(item) -> tuple[int, int]:
+        path = item.nodeid.split("::")[0]
+        if path in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(path)
+        return (2 if path.startswith("tests/unit/") else 1), 0
+
+    items.sort(key=rank)
