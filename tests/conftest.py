@@ -52,6 +52,7 @@ LONGEST_FIRST = (
     "tests/integration/test_demo_signals.py",  # 74
     "tests/integration/test_shutdown.py",  # 71
     "tests/chaos/test_chaos.py",  # 68
+    "tests/unit/test_gguf_checkpoint.py",  # 37 (the real model's GGUF: 70 s beside a second worker)
 )
 
 
