@@ -34,5 +34,7 @@ ruff format --check .
 # Two test files at a time (pytest-xdist; a file's tests stay on one worker and share its swarm):
 # a swarm test mostly waits on real processes (a peer takes ~8 s to come online on ~4 s of CPU),
 # so two workers keep both cores busy. HEXSWARM_TEST_WORKERS=0 runs everything in one process.
-# The slowest 25 are listed at the end: where the suite's minutes go.
-exec python -m pytest -q -n "${HEXSWARM_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"
+# Files go to the workers in collection order, longest first (tests/conftest.py), not xdist's
+# default of most tests first. The slowest 25 are listed at the end: where the minutes go.
+exec python -m pytest -q -n "${HEXSWARM_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+    --durations=25 "$@"
