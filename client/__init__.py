@@ -18,12 +18,14 @@ _EXPORTS = {
     "DistributedModelForCausalLM": "hexswarm.client.model",
     "PeerError": "hexswarm.client.remote",
     "FailoverError": "hexswarm.client.retry",
+    "SpanUnservedError": "hexswarm.client.retry",
     "RetryPolicy": "hexswarm.client.retry",
     "MissingBlocksError": "hexswarm.client.swarm_client",
     "ModelMismatchError": "hexswarm.client.swarm_client",
     "FormatMismatchError": "hexswarm.client.swarm_client",
     "NoChainError": "hexswarm.client.chain_choice",
     "InitialPeersError": "hexswarm.swarm.net.dht",
+    "NotComparedError": "hexswarm.client.verify_records",
 }
 
 __all__ = list(_EXPORTS)

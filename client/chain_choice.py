@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from hexswarm.client.known_peers import KnownPeers
 from hexswarm.client.peer_failures import PeerFailures
+from hexswarm.client.retry import SpanUnservedError
 from hexswarm.client.swarm_client import PING_TIMEOUT_S, MissingBlocksError, SwarmClient
 from hexswarm.routing.chains.span import route_span
 from hexswarm.routing.chains.swarm_view import NoRouteError, Route, Router, RouteRequest
@@ -99,7 +100,10 @@ class ChainChooser:
 
     async def wait_for_peers(self, start: int, end: int) -> None:
         """Polls the DHT until peers other than this call's failed ones cover [start, end),
-        for at most the time budget left: a peer restarting or joining counts one attempt."""
+        for at most the time budget left: a peer restarting or joining counts one attempt.
+        Once the session is open, a span that no peer announces at all is waited for only
+        `replacement_wait_s` (then SpanUnservedError), so that a dead span is told in seconds."""
+        began = time.monotonic()
         while True:
             await asyncio.to_thread(self.peers.refresh)
             served = {
@@ -108,8 +112,16 @@ class ChainChooser:
                 if r.peer_id not in self.failures.failed_here
                 for b in range(r.start, r.end)
             }
-            out_of_time = self.failures.budget.seconds_left() <= WAIT_POLL_S or self.no_route_past_deadline()
-            if served >= set(range(start, end)) or out_of_time:
+            if served >= set(range(start, end)):
+                return
+            waited = time.monotonic() - began
+            if self.no_route_deadline is None and waited >= self.failures.policy.replacement_wait_s:
+                unserved = sorted(set(range(start, end)) - served)
+                first, last = unserved[0], unserved[-1] + 1
+                raise SpanUnservedError(
+                    self.failures.budget.attempts, self.spec.model_id, first, last, waited
+                )
+            if self.failures.budget.seconds_left() <= WAIT_POLL_S or self.no_route_past_deadline():
                 return
             await asyncio.sleep(WAIT_POLL_S)
 

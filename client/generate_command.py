@@ -36,6 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         help="seconds to wait for every block to be served (a line says what is missing after 2 s)",
     )
+    parser.add_argument(
+        "--replacement-wait",
+        type=cli_args.non_negative_float,
+        default=3.0,
+        metavar="SECONDS",
+        help="when no peer serves some blocks any more mid-generation, wait this long for one to "
+        "join before stopping with what was generated (default: 3)",
+    )
     cli_args.add_client_quant(parser)
     cli_args.add_client_verify(parser)
 
@@ -45,7 +53,13 @@ def run(args: argparse.Namespace) -> int:
     log_setup.set_context(f"client {os.path.basename(os.path.normpath(args.model))}")
     from transformers import AutoTokenizer
 
-    from hexswarm.client import DistributedModelForCausalLM, FailoverError, MissingBlocksError
+    from hexswarm.client import (
+        DistributedModelForCausalLM,
+        FailoverError,
+        MissingBlocksError,
+        NotComparedError,
+        RetryPolicy,
+    )
     from hexswarm.client.verify_records import VerificationError
     from hexswarm.swarm.models.model_spec import ModelSpecError
 
@@ -55,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
             initial_peers=args.initial_peers,
             quant=args.quant,
             verify=cli_args.client_verify(args),
+            verify_min_compared=args.verify_min_compared,
             coverage_timeout=args.coverage_timeout,
+            retry=RetryPolicy(replacement_wait_s=args.replacement_wait),
         )
     except ModelSpecError as e:
         raise cli_args.UsageError(str(e)) from None
@@ -71,7 +87,14 @@ def run(args: argparse.Namespace) -> int:
             input_ids = _chat_ids(tokenizer, messages)
             _generate(model, tokenizer, "chat", args.chat, input_ids, args)
         return 0
+    except NotComparedError as e:  # the output exists, unchecked: shown as such, and exit 1
+        text = tokenizer.decode(e.output[0, e.prompt_length :], skip_special_tokens=True)
+        print(f"output (NOT VERIFIED): {text!r}")
+        print(f"verified: {model.verify_stats.describe()}", flush=True)
+        print(f"hexswarm generate: {e}", file=sys.stderr)
+        return 1
     except (MissingBlocksError, FailoverError, VerificationError) as e:  # one line, not a traceback
+        print_partial_output(tokenizer, e, model.verify)
         print(f"hexswarm generate: {e}", file=sys.stderr)
         return 1
     finally:
@@ -111,6 +134,16 @@ def _generate(model, tokenizer, kind: str, text: str, input_ids, args) -> None:
     print(f"{new_tokens} tokens in {elapsed:.2f} s: {new_tokens / elapsed:.1f} tokens/s{first}", flush=True)
     if model.verify:
         print(f"verified: {model.verify_stats.describe()}", flush=True)
+
+
+def print_partial_output(tokenizer, error: Exception, verified: bool) -> None:
+    """What was generated before the swarm failed, when it was not streamed already."""
+    tokens = getattr(error, "partial_output", None)
+    prompt_length = getattr(error, "prompt_length", None)
+    if tokens is None or prompt_length is None or not verified or tokens.shape[1] <= prompt_length:
+        return
+    text = tokenizer.decode(tokens[0, prompt_length:], skip_special_tokens=True)
+    print(f"output so far (not all of it verified): {text!r}", flush=True)
 
 
 def output_printer(tokenizer):

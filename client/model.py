@@ -22,19 +22,20 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers import AutoModelForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hexswarm.client.evidence_sync import EVIDENCE_ROUND_S, EvidenceSync
 from hexswarm.client.peer_failures import Failover
+from hexswarm.client.remote import PeerError
 from hexswarm.client.retry import BanList, RetryPolicy
 from hexswarm.client.session import InferenceSession
 from hexswarm.client.swarm_client import SwarmClient
 from hexswarm.client.verify import Verifier
-from hexswarm.client.verify_records import RollbackNeeded, VerifyStats
+from hexswarm.client.verify_records import NotComparedError, RollbackNeeded, VerifyStats, short_spans
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.chains.swarm_view import Router
-from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMATS, check_quant
+from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, accepted_formats
 from hexswarm.swarm.commands.cli_args import PUBLIC_VERIFY_RATE
 from hexswarm.swarm.models import architectures
 from hexswarm.swarm.models.checkpoint import load_tensors
@@ -162,6 +163,7 @@ class DistributedMixin:
         self._threads.cancel = kwargs.pop("cancel", None)
         if (self.verify if self._threads.verify is None else self._threads.verify) > 0:
             self._evidence_round_due()
+        prompt = inputs if inputs is not None else kwargs.get("input_ids")
         try:
             for rollbacks in itertools.count():
                 try:
@@ -174,6 +176,11 @@ class DistributedMixin:
                     ):
                         raise e.error from None  # tokens already out (or too many liars): the error
                     inputs, kwargs = self._rolled_back(e.position, inputs, kwargs)
+        except (PeerError, NotComparedError) as e:  # what was generated is the caller's
+            if isinstance(e, PeerError):
+                e.partial_output = self._threads.tokens  # prompt and new tokens, (batch, length)
+            e.prompt_length = prompt.shape[1] if prompt is not None else None
+            raise
         finally:
             self._threads.verify = self._threads.cancel = self._threads.tokens = None
 
@@ -199,7 +206,17 @@ class DistributedMixin:
             output = super().generate(inputs, *args, **kwargs)
             if self.session is not None and kwargs.get("streamer") is None:
                 self.session.finish_verification()
+                self._require_compared(output)
             return output
+
+    def _require_compared(self, output: torch.Tensor) -> None:
+        """NotComparedError when verification compared too little of some span (see
+        `verify_min_compared` in from_pretrained)."""
+        verifier = self.session.verifier
+        short = short_spans(verifier.tally, self.verify_min_compared) if verifier is not None else {}
+        if short:
+            why = "; ".join(f"{n} {reason}" for reason, n in self.verify_stats.uncompared.most_common())
+            raise NotComparedError(short, self.verify_min_compared, why, output)
 
     def _rolled_back(self, position: int, inputs, kwargs):
         """The generation's inputs and arguments to start again from: the tokens up to and
@@ -336,6 +353,7 @@ class DistributedModelForCausalLM:
         retry: RetryPolicy | None = None,
         host_maddrs: Sequence[str] | None = None,
         verify: float | None = None,
+        verify_min_compared: float | None = None,
         push: bool = True,
         threads: int | None = None,
         quant: str | Sequence[str] = (DEFAULT_QUANT,),
@@ -357,7 +375,10 @@ class DistributedModelForCausalLM:
         `verify` in [0, 1]: at that share of hop steps, a second peer recomputes the span's steps
         not checked yet, and a non-streaming generate() checks the rest before it returns
         (client/verify.py); default 0.05 with `public=True`, else 0. `generate(..., verify=p)`
-        overrides it for one call.
+        overrides it for one call. A non-streaming generate() with verification raises
+        NotComparedError (its `output` holds the unchecked output) when a span had no step
+        compared, e.g. because no second peer serves it in that format; `verify_min_compared`
+        in [0, 1] asks for that share of each span's steps instead (0 accepts anything).
         `generate(..., cancel=event)` (a threading.Event): once another thread sets it, the call
         stops within 0.1 s, even mid-step or mid-failover, raising client.worker.Cancelled, and
         closes its session on every peer (the API server sets it when its client leaves).
@@ -393,9 +414,12 @@ class DistributedModelForCausalLM:
             verify = PUBLIC_VERIFY_RATE if public else 0.0
         if not 0.0 <= verify <= 1.0:
             raise ValueError(f"verify must be in [0, 1], got {verify}")
+        if verify_min_compared is not None and not 0.0 <= verify_min_compared <= 1.0:
+            raise ValueError(f"verify_min_compared must be in [0, 1], got {verify_min_compared}")
         swarm = SwarmClient.connect(peers, host_maddrs, accepted)
         model._init_swarm(spec, swarm, router, coverage_timeout, retry or RetryPolicy(), dtype)
         model.verify, model.verify_stats, model.push = verify, VerifyStats(), push
+        model.verify_min_compared = verify_min_compared
         model.threads = threads if threads is not None else (1 if openmp_spins() else None)
         return model
 
@@ -416,23 +440,6 @@ def _build_local_parts(spec: ModelSpec, dtype: torch.dtype):
     still_meta = [name for name, p in model.named_parameters() if p.is_meta]
     if still_meta:
         raise ValueError(f"{spec.path} lacks tensors the client needs: {still_meta}")
-    model.generation_config = _generation_config(spec)
+    model.generation_config = spec.generation_config()
     model.eval()
     return model
-
-
-def _generation_config(spec: ModelSpec) -> GenerationConfig:
-    try:
-        return GenerationConfig.from_pretrained(spec.path)
-    except OSError:
-        return GenerationConfig.from_model_config(spec.config)
-
-
-def accepted_formats(quant: str | Sequence[str]) -> tuple[str, ...]:
-    """The weight formats a client named (one or several), checked; ValueError names the known ones."""
-    names = (quant,) if isinstance(quant, str) else tuple(quant)
-    if not names:
-        raise ValueError(f"quant must name at least one weight format of {', '.join(QUANT_FORMATS)}")
-    for name in names:
-        check_quant(name)
-    return tuple(dict.fromkeys(names))

@@ -33,9 +33,9 @@ TOKENS_PER_S_NOTE = (
 )
 
 
-def peer_entry(record: PeerRecord, rtt_ms: float | None) -> dict[str, Any]:
+def peer_entry(record: PeerRecord, rtt_ms: float | None, ping_error: str | None = None) -> dict[str, Any]:
     """A record as JSON, with every field it has (so fields added to PeerRecord later show up too),
-    with one label per TP rank's device and the monitor's round trip."""
+    with one label per TP rank's device and the monitor's round trip (or why it got none)."""
     entry = dataclasses.asdict(record)
     entry["state"] = record.state.value
     entry["addrs"] = list(record.addrs)
@@ -43,6 +43,7 @@ def peer_entry(record: PeerRecord, rtt_ms: float | None) -> dict[str, Any]:
     entry["device_info"] = entry.pop("devices")  # one map per TP rank (type, name, memory, cores)
     entry["devices"] = device_labels(record)
     entry["rtt_ms"] = rtt_ms
+    entry["ping_error"] = ping_error
     return entry
 
 
@@ -89,16 +90,23 @@ def model_entry(
     rtts: dict[str, float],
     coordination: Coordination | None = None,
     observed: dict[str, speed_reports.Observed] | None = None,
+    silent: dict[str, str] | None = None,
 ) -> dict:
-    """One model's JSON; `observed`: what clients observed of its peers (swarm/trust/speed_reports.py)."""
-    coverage = online_peers_per_block(records, num_blocks)
+    """One model's JSON; `observed`: what clients observed of its peers (swarm/trust/speed_reports.py);
+    `silent`: peers announced online that did not answer a ping, and why (left out of coverage)."""
+    silent = silent or {}
+    coverage = online_peers_per_block([r for r in records if r.peer_id not in silent], num_blocks)
     peers = sorted(records, key=lambda r: (r.start, r.end, r.name))
     return {
         "model_id": model_id,
         "num_blocks": num_blocks,
         "coverage": coverage,
         "missing": [b for b, n in enumerate(coverage) if n == 0],
-        "peers": [observed_entry(peer_entry(r, rtts.get(r.peer_id)), r, observed or {}) for r in peers],
+        "single_peer": [b for b, n in enumerate(coverage) if n == 1],
+        "peers": [
+            observed_entry(peer_entry(r, rtts.get(r.peer_id), silent.get(r.peer_id)), r, observed or {})
+            for r in peers
+        ],
         "open_sessions": sum(r.open_sessions for r in records),  # a leaving peer still serves its own
         "estimated_tokens_per_s": estimated_decode_tokens_per_s(records, num_blocks),
         **plan_data(coordination or Coordination(None, None, 0), records),
@@ -112,10 +120,14 @@ def collect(swarm, only: dict[str, int] | None = None, trust: Trust = None) -> d
     models = []
     for model_id, num_blocks in sorted((only if only is not None else read_models(swarm.dht)).items()):
         records = [r for r in read_peer_records(swarm.dht, model_id) if r.end <= num_blocks]
-        rtts = swarm.round_trips([r for r in records if r.state != PeerState.JOINING])
+        pinged = [r for r in records if r.state != PeerState.JOINING]
+        rtts = swarm.round_trips(pinged)
+        silent = {
+            r.peer_id: swarm.ping_errors.get(r.peer_id, "no answer") for r in pinged if r.peer_id not in rtts
+        }
         coordination = read_coordination_sync(swarm.dht, model_id, trust=trust)
         observed = speed_reports.combine(speed_reports.read(swarm.dht, model_id))
-        models.append(model_entry(model_id, num_blocks, records, rtts, coordination, observed))
+        models.append(model_entry(model_id, num_blocks, records, rtts, coordination, observed, silent))
     rates = [m["estimated_tokens_per_s"] for m in models if m["estimated_tokens_per_s"] is not None]
     return {
         "time": time.time(),

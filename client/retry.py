@@ -15,6 +15,9 @@
 - Each `generate()` call (one session) may spend at most `max_retries` failed attempts and
   `retry_budget_s` seconds on failovers; then it raises `FailoverError`, which lists every
   attempt (peer, blocks, error).
+- When no peer serves a span any more (its peers failed and no other announces it), the call
+  waits `replacement_wait_s` for one to appear and then raises `SpanUnservedError`, naming the
+  blocks; a user who would rather wait for a peer to come back allows longer.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ class RetryPolicy:
     rate_limit_wait_s: float = 5.0
     # A peer that is full (BUSY, REMOTE_LIMIT) is routed around this long, with no ban.
     busy_avoid_s: float = 5.0
+    # No peer serves a span any more: how long a call waits for one to join before it says so.
+    replacement_wait_s: float = 3.0
 
     def __post_init__(self) -> None:
         if self.max_retries < 0 or self.retry_budget_s <= 0:
@@ -74,8 +79,8 @@ class RetryPolicy:
             raise ValueError("push_first_extra_s must be in [0, 60]")
         if not self.min_link_bytes_per_s > 0:
             raise ValueError("min_link_bytes_per_s must be > 0")
-        if self.rate_limit_wait_s < 0 or self.busy_avoid_s < 0:
-            raise ValueError("rate_limit_wait_s and busy_avoid_s must be >= 0")
+        if self.rate_limit_wait_s < 0 or self.busy_avoid_s < 0 or self.replacement_wait_s < 0:
+            raise ValueError("rate_limit_wait_s, busy_avoid_s and replacement_wait_s must be >= 0")
 
 
 def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> float:
@@ -161,6 +166,26 @@ class FailoverError(PeerError):
             ErrorCode.PEER_FAILED,
             f"failover gave up ({reason}) after {len(attempts)} failed attempts: {tried}",
         )
+
+
+class SpanUnservedError(FailoverError):
+    """No peer serves blocks [start, end) any more, and none joined within the wait allowed."""
+
+    def __init__(self, attempts: list[Attempt], model_id: str, start: int, end: int, waited_s: float):
+        self.attempts, self.start, self.end = list(attempts), start, end
+        failed = [a for a in attempts if a.peer != "(none)"]
+        cause = (
+            f" (the last peer that served them, {failed[-1].peer}, failed: {failed[-1].error})"
+            if failed
+            else ""
+        )
+        message = (
+            f"no peer serves blocks {start}:{end} of {model_id} now{cause}; waited {waited_s:.1f} s "
+            "for another to join (allow longer with RetryPolicy(replacement_wait_s=...) or "
+            "--replacement-wait SECONDS)"
+        )
+        PeerError.__init__(self, failed[-1].peer if failed else "(none)", ErrorCode.PEER_FAILED, message)
+        self.args = (message,)  # the message alone: no one peer "refused"
 
 
 @dataclass

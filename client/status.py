@@ -1,6 +1,10 @@
 """`hexswarm status`: the peers of a swarm and the block coverage of each model.
 
-Exits 0 when every block of every listed model has an online peer, 1 otherwise.
+A record says what a peer claims; status also pings every peer announced online, the way a
+client would (at the record's addresses, through its relays), and counts only those that
+answer: a peer reachable only through a relay that died is shown as not answering, with why.
+Exits 0 when every block of every listed model has an online peer that answered (with
+--no-ping: that announces itself online), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -40,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: any member of the swarm)",
     )
     parser.add_argument(
+        "--no-ping",
+        action="store_true",
+        help="trust the records: do not ping the peers (faster, but a peer whose relay died still looks online)",
+    )
+    parser.add_argument(
         "--timeout",
         type=cli_args.positive_float,
         default=DHT_READ_TIMEOUT_S,
@@ -55,10 +64,9 @@ def run(args: argparse.Namespace) -> int:
     watched = None if args.model is None else dict([cli_args.model_identity(args.model)])
 
     from hexswarm.client.monitor_data import model_entry
+    from hexswarm.client.swarm_client import SwarmClient
     from hexswarm.swarm.coordinator.records import read_coordination_sync, trust_from
     from hexswarm.swarm.models.builtin_models import builtin_names
-    from hexswarm.swarm.net.dht import start_dht
-    from hexswarm.swarm.net.dht_process import shutdown_dht
     from hexswarm.swarm.trust import speed_reports
     from hexswarm.swarm.trust.records import read_models, read_peer_records
     from hexswarm.swarm.trust.reports import read_reports
@@ -67,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         trust = trust_from(args.coordinator_key)
     except ValueError as e:
         raise cli_args.UsageError(str(e)) from None
-    dht = start_dht(args.initial_peers, identity=None, client_mode=True, listen=False)
+    swarm = SwarmClient.connect(args.initial_peers)
+    dht = swarm.dht
     try:
         models = read_models(dht, args.timeout) if watched is None else watched
         if not models and not args.json:
@@ -77,17 +86,18 @@ def run(args: argparse.Namespace) -> int:
         aliases = {} if args.json else builtin_names()  # read once: a cache lookup per built-in
         for model_id, num_blocks in sorted(models.items()):
             records = read_peer_records(dht, model_id, args.timeout)
+            silent = {} if args.no_ping else not_answering(swarm, records, args.timeout)
             coordination = read_coordination_sync(dht, model_id, args.timeout, trust)
             reports = read_reports(dht, model_id, args.timeout)
             observed = speed_reports.combine(speed_reports.read(dht, model_id, args.timeout))
             if args.json:
-                report.append(
-                    model_entry(model_id, num_blocks, records, {}, coordination, observed)
-                )  # the monitor's shape
-                report[-1]["reports"] = [asdict(r) for r in reports]
-                complete &= all(report[-1]["coverage"])
+                rtts = {p: ms for p, (ms, _) in swarm.rtt_ms.items()}
+                entry = model_entry(model_id, num_blocks, records, rtts, coordination, observed, silent)
+                entry["reports"] = [asdict(r) for r in reports]
+                report.append(entry)  # the monitor's shape
+                complete &= all(entry["coverage"])
             else:
-                complete &= print_model(model_id, num_blocks, records, aliases.get(model_id))
+                complete &= print_model(model_id, num_blocks, records, aliases.get(model_id), silent)
                 print_over_announcers(records, observed)
                 print_plan(coordination, records)
                 print_reports(reports, {r.peer_id: r.name for r in records})
@@ -95,12 +105,31 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"models": report}, indent=2))
         return 0 if complete else 1
     finally:
-        shutdown_dht(dht, 5)
+        swarm.shutdown()
 
 
-def print_model(model_id: str, num_blocks: int, records: list[PeerRecord], alias: str | None = None) -> bool:
-    """Prints the peer table and coverage line of one model (`alias`: the name users type for it);
-    True if every block has an online peer."""
+def not_answering(swarm, records: list[PeerRecord], timeout: float) -> dict[str, str]:
+    """Peer id -> why it did not answer a ping, of the records announced online."""
+    from hexswarm.swarm.trust.records import PeerState
+
+    online = [r for r in records if r.state == PeerState.ONLINE]
+    answered = swarm.round_trips(online, timeout)
+    return {
+        r.peer_id: swarm.ping_errors.get(r.peer_id, "no answer") for r in online if r.peer_id not in answered
+    }
+
+
+def print_model(
+    model_id: str,
+    num_blocks: int,
+    records: list[PeerRecord],
+    alias: str | None = None,
+    silent: dict[str, str] | None = None,
+) -> bool:
+    """Prints the peer table and coverage line of one model (`alias`: the name users type for it;
+    `silent`: peers announced online that did not answer, and why); True if every block has an
+    online peer that answered."""
+    silent = silent or {}
     print(f"model {printable(model_id, MODEL_ID_LIMIT)}{f' ({alias})' if alias else ''}: {num_blocks} blocks")
     print(
         f"  {'peer id':<14} {'name':<16} {'layers':<9} {'role':<7} {'state':<8} {'tp':>9} {'devices':<14} {'tok/s/blk':>9} {'ms/blk':>7} "
@@ -109,18 +138,37 @@ def print_model(model_id: str, num_blocks: int, records: list[PeerRecord], alias
     for r in sorted(records, key=lambda r: (r.start, r.end, r.name)):
         address = describe_address(r)
         print(
-            f"  {short_id(r.peer_id):<14} {printable(r.name, 16):<16} {f'{r.start}:{r.end}':<9} {r.role:<7} {r.state.value:<8} "
+            f"  {short_id(r.peer_id):<14} {printable(r.name, 16):<16} {f'{r.start}:{r.end}':<9} {r.role:<7} {state_of(r, silent):<8} "
             f"{describe_tp(r):>9} {printable(describe_devices(r), 14):<14} {r.throughput:>9.0f} {r.decode_ms_per_block:>7.2f} {r.open_sessions:>8} {r.cache_tokens_left:>10}  "
             f"{r.reachability or '-':<11} {address}"
         )
     from hexswarm.swarm.trust.records import block_ranges, online_peers_per_block
 
-    online = online_peers_per_block(records, num_blocks)
+    for r in records:
+        if r.peer_id in silent:
+            print(
+                f"  NO ANSWER: {printable(r.name, 16)} ({short_id(r.peer_id)}) announces itself online but "
+                f"did not answer a ping from here: {printable(silent[r.peer_id], 160)}"
+            )
+    answering = [r for r in records if r.peer_id not in silent]
+    online = online_peers_per_block(answering, num_blocks)
     missing = [b for b, n in enumerate(online) if n == 0]
-    print("  coverage: " + " ".join(str(min(n, 9)) for n in online) + "  (online peers per block)")
+    single = [b for b, n in enumerate(online) if n == 1]
+    counted = "online peers per block" + (", those that answered" if silent else "")
+    print("  coverage: " + " ".join(str(min(n, 9)) for n in online) + f"  ({counted})")
     if missing:
-        print(f"  MISSING: blocks {block_ranges(missing)} have no online peer")
+        print(f"  MISSING: blocks {block_ranges(missing)} have no online peer that answers")
+    if single:
+        print(
+            f"  ONE PEER ONLY: blocks {block_ranges(single)}: if it fails they stop, and --verify "
+            "cannot check them (a second peer recomputes a step)"
+        )
     return not missing
+
+
+def state_of(record: PeerRecord, silent: dict[str, str]) -> str:
+    """The record's state, or 'silent' for one announced online that did not answer a ping."""
+    return "silent" if record.peer_id in silent else record.state.value
 
 
 def print_over_announcers(records: list[PeerRecord], observed: dict) -> None:

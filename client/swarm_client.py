@@ -113,6 +113,7 @@ class SwarmClient:
     # slow peers expire
     distrusted: set[str] = field(default_factory=set)
     silent: set[str] = field(default_factory=set)  # peers whose failed ping was logged (once each)
+    ping_errors: dict[str, str] = field(default_factory=dict)  # peer -> why its last ping failed
     # weight formats this client routes through (a peer's record says its own: swarm/trust/records.py)
     quants: tuple[str, ...] = (DEFAULT_QUANT,)
     _last_snapshot: tuple | None = None
@@ -276,7 +277,9 @@ class SwarmClient:
         return speed_reports.publish(self.dht, marker, self.observed_model, figures, get_dht_time())
 
     def round_trips(self, records: list[PeerRecord], timeout: float = PING_TIMEOUT_S) -> dict[str, float]:
-        """peer id -> round trip in ms (a PING, re-measured after RTT_TTL_S); silent peers are left out."""
+        """peer id -> round trip in ms (a PING, re-measured after RTT_TTL_S), dialed at the
+        records' addresses; silent peers are left out (`ping_errors` says why)."""
+        self.dialer.learn(records)
         return run_sync(self._measure_rtts(records, timeout), timeout=timeout + 5)
 
     async def _measure_rtts(self, records: list[PeerRecord], timeout: float) -> dict[str, float]:
@@ -287,11 +290,15 @@ class SwarmClient:
             if isinstance(result, float):
                 self.rtt_ms[record.peer_id] = (result, now)
                 self.silent.discard(record.peer_id)
+                self.ping_errors.pop(record.peer_id, None)
             else:
                 self.rtt_ms.pop(record.peer_id, None)
+                reason = (str(result).splitlines() or [type(result).__name__])[0][:200] or type(
+                    result
+                ).__name__
+                self.ping_errors[record.peer_id] = reason
                 if record.peer_id not in self.silent:  # one line per peer until it answers again
                     self.silent.add(record.peer_id)
-                    reason = (str(result).splitlines() or [type(result).__name__])[0][:200]
                     logger.info(
                         "peer %s does not answer pings (%s); leaving it out", printable(record.name), reason
                     )

@@ -57,6 +57,7 @@ from hexswarm.client.verify_records import (
     Run,
     Served,
     Shadow,
+    SpanTally,
     VerificationError,
     VerifyStats,
 )
@@ -104,6 +105,7 @@ class Verifier:
         self.served: dict[tuple[int, int], list[Served]] = {}
         self.witness_steps: dict[str, Served] = {}  # witness -> its last shadow step (for evidence)
         self.quants: dict[tuple[int, int], str] = {}
+        self.tally: dict[tuple[int, int], SpanTally] = {}  # this session's steps and comparisons per span
         self._records: tuple[float, list[PeerRecord]] = (-RECORDS_TTL_S, [])
 
     async def after_hop(
@@ -115,6 +117,7 @@ class Verifier:
         quantized, which is not a lie)."""
         start, end = hop.start, hop.end
         self.stats.steps += 1
+        self.tally.setdefault((start, end), SpanTally()).steps += 1
         served = self.served.setdefault((start, end), [])
         served.append(Served(position, hop.conn.peer_id, output, hop.conn, hop.session_id))
         self.quants[start, end] = hop.quant
@@ -154,7 +157,7 @@ class Verifier:
             return
         first = self._compare(run.outputs, theirs, [*run.servers, witness.peer_id])
         if first.agree:
-            self.stats.compared += len(run.served)
+            self._compared(run)
             return
         self.stats.mismatches += 1
         logger.info(
@@ -165,6 +168,10 @@ class Verifier:
             first.describe(),
         )
         await self._settle(run, witness, theirs, first)
+
+    def _compared(self, run: Run) -> None:
+        self.stats.compared += len(run.served)
+        self.tally.setdefault((run.start, run.end), SpanTally()).compared += len(run.served)
 
     def _witness(self, run: Run, records: list[PeerRecord]) -> PeerRecord:
         """The span's witness so far if it still qualifies (its shadow has caught up), else a new one."""
@@ -235,7 +242,7 @@ class Verifier:
         return run.served[0]
 
     async def _convict(self, bad: Served, run: Run, verdict, third: PeerRecord, first: Comparison) -> None:
-        self.stats.compared += len(run.served)  # settled: the third peer sided with one of the two
+        self._compared(run)  # settled: the third peer sided with one of the two
         self.stats.liars += 1
         offset = max(0, bad.position - run.first)
         good = verdict[:, offset : offset + bad.output.shape[1]]

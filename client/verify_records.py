@@ -31,6 +31,50 @@ class VerificationError(PeerError):
         self.args = (f"peer {peer} failed verification: {message}",)
 
 
+@dataclass
+class SpanTally:
+    """One span's hop steps in a session, and how many of them a witness compared."""
+
+    steps: int = 0
+    compared: int = 0
+
+
+class NotComparedError(RuntimeError):
+    """Verification was asked for, but too few of some span's steps were compared (by default:
+    none), usually because no other peer serves its blocks in that format. The output was
+    computed but nobody checked it: `output` has it, for a caller who accepts that."""
+
+    def __init__(
+        self, short: dict[tuple[int, int], SpanTally], min_compared: float | None, why: str, output=None
+    ):
+        self.spans, self.output = dict(short), output
+        told = ", ".join(
+            f"blocks {s}:{e} ({t.compared} of {t.steps} steps compared)"
+            for (s, e), t in sorted(short.items())
+        )
+        wanted = (
+            "at least one comparison per span"
+            if min_compared is None
+            else f"{min_compared:.0%} of each span's steps"
+        )
+        super().__init__(
+            f"verification asked for {wanted}, but got less on {told}"
+            + (f"; not compared: {why}" if why else "")
+            + ". A span needs two peers that serve it in the same format for one to check the other; "
+            "accept unverified output with --verify-min-compared 0 (Python: verify_min_compared=0)"
+        )
+
+
+def short_spans(
+    tally: dict[tuple[int, int], SpanTally], min_compared: float | None
+) -> dict[tuple[int, int], SpanTally]:
+    """The spans whose compared steps fall short: none compared (`min_compared` None), or fewer
+    than that share of their steps."""
+    if min_compared is None:
+        return {span: t for span, t in tally.items() if t.steps and not t.compared}
+    return {span: t for span, t in tally.items() if t.steps and t.compared < min_compared * t.steps}
+
+
 class RollbackNeeded(Exception):
     """A lie was found in an earlier step than the current one: the tokens after `position`
     came from wrong hidden states. The caller starts again from there without the liar

@@ -1,4 +1,5 @@
-"""A peer's first step, taken before its model code loads: its identity and its DHT node.
+"""A peer's first step, taken before its model code loads: its identity and its DHT node; and
+finding the DHT again while it serves (`Rejoin`), when the nodes it joined through restarted.
 
 Loading the model code (torch, transformers, the peer's modules) takes a peer 2-3 s; joining
 the DHT (a forked child process that starts p2pd and reaches the initial peers) takes another
@@ -10,12 +11,18 @@ The fork also happens before the model code loads, so the DHT child carries none
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from hexswarm.swarm.net.dht import start_dht, wait_until_joined
 from hexswarm.swarm.net.dht_process import shutdown_dht
 from hexswarm.swarm.net.identity import Identity, load_or_create_identity
+from hexswarm.swarm.net.rejoin import contacts_from, ping_missing
+from hexswarm.swarm.trust.records import PeerRecord, PeerState
+
+logger = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 30.0  # as start_dht's own wait
 ABANDON_TIMEOUT_S = 5.0  # shutting down a node the peer will not serve on (a usage error)
@@ -51,3 +58,43 @@ def start_joining(
     identity = load_or_create_identity(identity_path)
     dht = start_dht(initial_peers, identity, host_maddrs, announce_maddrs, await_ready=False)
     return Joining(identity, dht, initial_peers)
+
+
+@dataclass
+class Rejoin:
+    """Each announce period (swarm/net/rejoin.py): pings the contacts missing from the node's
+    routing table, the initial peers first, then direct peers of the model. While this peer's
+    own record is missing from what it read, it pings every contact and says so at WARNING: a
+    record nobody can read is a peer nobody routes to."""
+
+    peer_id: str
+    initial_peers: tuple[str, ...]
+    unreadable: int = 0  # periods in a row whose read missed this peer's own record
+    answered: set[str] = field(default_factory=set)  # contacts that answered the last ping
+
+    async def step(self, dht, records: Sequence[PeerRecord]) -> None:
+        own_seen = any(r.peer_id == self.peer_id for r in records)
+        self.unreadable = 0 if own_seen else self.unreadable + 1
+        direct = [
+            (r.peer_id, r.addrs)
+            for r in records
+            if r.reachability == "direct" and r.state == PeerState.ONLINE
+        ]
+        contacts = contacts_from(self.initial_peers, direct, self.peer_id)
+        try:
+            pinged, answered = await ping_missing(dht, contacts, everyone=self.unreadable > 0)
+        except Exception as e:  # a DHT process that does not answer: the next period tries again
+            logger.warning("re-joining the DHT failed: %s", type(e).__name__)
+            return
+        if self.unreadable:
+            logger.warning(
+                "this peer's record was not readable in the DHT (%d announce period(s) in a row); "
+                "re-joining through %d of %d known node(s) that answered",
+                self.unreadable, len(answered), len(contacts),
+            )  # fmt: skip
+        elif set(answered) - self.answered:
+            logger.info(
+                "back in touch with %s (missing from the routing table)",
+                ", ".join("..." + p[-8:] for p in answered),
+            )
+        self.answered = set(answered) if pinged else self.answered

@@ -14,7 +14,10 @@ At start (docs/architecture.md, "Crossing NATs"):
 
 While it serves, `recheck` (each announce period) re-dials its slots, drops a relay that is
 gone, and asks another reachable node for a slot, so a relay that leaves is replaced within
-one or two periods.
+one or two periods. The helpers it asks are chosen afresh each time from the initial peers and
+the model's direct peers, relays it holds a slot on first and nodes that just failed it last:
+the node that dialed it back at start may be the relay that died. A relay whose slot is gone
+takes its address out of the record at once, even when no helper answers.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ MAX_HELPERS = 3  # nodes asked to dial back at once
 WANT_RELAYS = 2  # slots a peer behind NAT holds, so that one relay may leave
 RELAY_WAIT_S = 15.0  # how long slots get before the peer calls itself unreachable
 RELAY_RETRY_S = 0.5
+FAILED_RELAY_S = 60.0  # a node whose slot or dial just failed is asked last for this long
 
 
 @dataclass(frozen=True)
@@ -109,13 +113,22 @@ def _announceable(dialed: list[str], peer_id: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(with_peer_id(a, peer_id) for a in remote or dialed))
 
 
-def nat_message(listen_addrs: Sequence[str], relays: Sequence[str]) -> str:
+def nat_message(listen_addrs: Sequence[str], relays: Sequence[str], pinned: bool = True) -> str:
+    """The line that tells a volunteer behind NAT how to be reached directly. A port the system
+    chose (`pinned` False: --host-maddrs ends in /tcp/0) changes each start, so forwarding it
+    would stop working at the next one: the line says to pin a port first."""
     ports = sorted({a.port for a in map(tcp_addr, listen_addrs) if a is not None})
-    port_hint = f"TCP port {ports[0]}" if ports else "a fixed TCP port (--host-maddrs /ip4/0.0.0.0/tcp/PORT)"
+    if ports and pinned:
+        advice = f"forward TCP port {ports[0]} on your router to this machine"
+    else:
+        example = ports[0] if ports else 31337
+        advice = (
+            f"start it with a fixed port (--host-maddrs /ip4/0.0.0.0/tcp/{example}; the port it has "
+            "now was chosen for this start only) and forward that TCP port on your router to this machine"
+        )
     return (
         f"behind NAT: no node could dial this peer, so it serves through relay(s) "
-        f"{', '.join('...' + r[-8:] for r in relays)}; for a direct path, forward {port_hint} "
-        f"on your router to this machine"
+        f"{', '.join('...' + r[-8:] for r in relays)}; for a direct path, {advice}"
     )
 
 
@@ -137,14 +150,18 @@ class Reachability:
         started: float,
         restart_dht: Callable[[], Awaitable],
         limits: RelayLimits | None = None,
+        pinned_port: bool = True,
     ):
         self.peer_id, self.mode, self.started = peer_id, mode, started
+        self.pinned_port = pinned_port  # whether its listening port stays across restarts
         self.restart_dht = restart_dht  # () -> a new DHT in client mode, the old one shut down
         self.limits = limits or RelayLimits()
         self.helpers: list[Candidate] = []
         self.relays: list[Candidate] = []  # whom to ask for slots, in order
         self.slots: dict[str, Slot] = {}  # relay id -> its live slot
         self.holders: dict[str, asyncio.Task] = {}  # relay id -> the task holding its slot
+        self.failed_at: dict[str, float] = {}  # node id -> when holding a slot on it last failed
+        self.initial_peers: tuple[str, ...] = ()
         self.p2p = self.dialer = self.local = None
 
     async def run(
@@ -153,6 +170,7 @@ class Reachability:
         """(the DHT to serve on, how this peer is reached); `read_records` reads the model's
         records, for direct peers to ask, only when the peer asks anyone."""
         listen = tuple(str(a) for a in dht.get_visible_maddrs())
+        self.initial_peers = tuple(initial_peers)
         if self.mode == "direct":
             return dht, Reach("direct", listen, reason="--reachability direct: not checked")
         if self.mode == "auto" and listen and all(_is_loopback(a) for a in listen):
@@ -184,7 +202,7 @@ class Reachability:
         self.local = local_endpoint([str(a) for a in dht.get_visible_maddrs()])
         reach = await self._first_slots(known)
         if reach.mode == "relayed":
-            logger.warning(nat_message(listen, reach.relays))
+            logger.warning(nat_message(listen, reach.relays, self.pinned_port))
             logger.info(
                 "reachability known %.1f s, relay slot confirmed %.1f s after start",
                 reach.known_s,
@@ -226,6 +244,7 @@ class Reachability:
             ip = tcp_addr(relay.addr).ip
             await hold_slot(self.p2p, relay.peer_id, ip, self.local, self._on_slot, self.limits)
         except Exception as e:
+            self.failed_at[relay.peer_id] = time.monotonic()
             logger.info("relay ...%s: %s: %s", relay.peer_id[-8:], type(e).__name__, str(e)[:200])
         finally:
             self.slots.pop(relay.peer_id, None)
@@ -234,6 +253,7 @@ class Reachability:
 
     def _on_slot(self, slot: Slot) -> None:
         self.slots[slot.relay_id] = slot
+        self.failed_at.pop(slot.relay_id, None)
 
     async def _verified(self) -> tuple[str, ...] | None:
         """Slot addresses a helper dialed us through; None if no helper answered."""
@@ -254,16 +274,40 @@ class Reachability:
             return reach
         for peer_id in [p for p, task in self.holders.items() if task.done()]:
             del self.holders[peer_id]
+        everyone = candidates(self.initial_peers, direct_peers(records))
+        everyone = [c for c in everyone if c.peer_id != self.peer_id]
         known = {r.peer_id for r in self.relays}
-        fresh = candidates((), [r for r in direct_peers(records) if r.peer_id != self.peer_id])
-        self.relays += [c for c in fresh if c.peer_id not in known]
+        self.relays += [c for c in everyone if c.peer_id not in known]
+        self.helpers = self._helpers(everyone)
         self._ask_for_slots()
         addrs = await self._verified() if self.slots else ()
-        if addrs is None:  # nobody could check: no news is not bad news
-            return reach
+        if addrs is None:  # nobody could check: no news is not bad news, but a gone slot is
+            return self._without_gone_slots(reach)
         if addrs:
             return self._relayed(addrs, reach.known_s, reach.relayed_s)
         return Reach("unreachable", (), reason="no relay slot could be dialed", known_s=reach.known_s)
+
+    def _helpers(self, everyone: list[Candidate]) -> list[Candidate]:
+        """Who dials back this period: relays holding a slot for it (alive a moment ago), then
+        the others, those that failed it within FAILED_RELAY_S last."""
+        now = time.monotonic()
+
+        def rank(c: Candidate) -> tuple[bool, bool]:
+            recently_failed = now - self.failed_at.get(c.peer_id, float("-inf")) < FAILED_RELAY_S
+            return c.peer_id not in self.slots, recently_failed
+
+        return sorted(everyone, key=rank)[:MAX_HELPERS]
+
+    def _without_gone_slots(self, reach: Reach) -> Reach:
+        """`reach` less the addresses of slots that are gone (their relay died or closed them)."""
+        live = {slot.addr(self.peer_id) for slot in self.slots.values()}
+        kept = tuple(a for a in reach.addrs if a in live)
+        if kept == reach.addrs:
+            return reach
+        if kept:
+            return self._relayed(kept, reach.known_s, reach.relayed_s)
+        reason = "every relay it held a slot on is gone, and no node answered a dial-back"
+        return Reach("unreachable", (), reason=reason, known_s=reach.known_s)
 
     def close(self) -> None:
         for task in self.holders.values():
@@ -292,6 +336,9 @@ async def become_reachable(config, dht, identity, started: float):
     async def records() -> list[PeerRecord]:
         return peer_records_from(await dht_get(dht, model_key(config.spec.model_id)), config.spec.model_id)
 
-    check = Reachability(identity.peer_id.to_base58(), config.reachability, started, restart_dht)
+    pinned = not any(maddr.rstrip("/").endswith("/tcp/0") for maddr in config.host_maddrs)
+    check = Reachability(
+        identity.peer_id.to_base58(), config.reachability, started, restart_dht, pinned_port=pinned
+    )
     dht, reach = await check.run(dht, config.initial_peers, records)
     return dht, reach, check

@@ -26,7 +26,7 @@ from hexswarm.peer.core import PeerCore
 from hexswarm.peer.debug import tampered_encoder, with_debug_faults
 from hexswarm.peer.evidence_service import EvidenceService
 from hexswarm.peer.faults import FaultInjector
-from hexswarm.peer.joining import DHT_CLOSE_S, Joining, start_joining
+from hexswarm.peer.joining import DHT_CLOSE_S, Joining, Rejoin, start_joining
 from hexswarm.peer.link_probe import LinkProbe
 from hexswarm.peer.peer_record import RecordSource, peer_record
 from hexswarm.peer.plan_follower import PlanFollower, follower_trust, join_range
@@ -139,6 +139,7 @@ class _Peer:
         self.config, self.dht, self.identity, self.name = config, dht, identity, name
         self.peer_id = identity.peer_id.to_base58()
         self.reach, self.reachability_check = reach, check
+        self.rejoin = Rejoin(self.peer_id, config.initial_peers)
         self.dialer: Dialer | None = None  # once p2p is up
         self.relay: RelayService | None = None  # a direct peer relays for peers behind NAT
         self.stop = stop
@@ -355,17 +356,19 @@ class _Peer:
             except TimeoutError:
                 self.serving.core.expire_idle()
                 upkeep.log_hop_cost(self.serving.server)
-                await self._recheck_reachability()
+                records = await routine.records_now()  # read once, for every step below
+                await self._recheck_reachability(records)
                 await self.announcer.announce(self.serving_state())
-                await routine.coordinate()
+                await self.rejoin.step(self.dht, records)
+                await routine.coordinate(records or None)  # none read: it tries once more itself
 
     def serving_state(self) -> PeerState:
         """ONLINE only while others can reach it, directly or through a relay."""
         return PeerState.JOINING if self.reach.mode == "unreachable" else PeerState.ONLINE
 
-    async def _recheck_reachability(self) -> None:
+    async def _recheck_reachability(self, records: list[PeerRecord]) -> None:
         try:
-            reach = await self.reachability_check.recheck(self.reach, await self.read_records())
+            reach = await self.reachability_check.recheck(self.reach, records)
         except Exception:  # remote input must not stop serving
             logger.exception("re-checking the relays failed")
             return

@@ -40,10 +40,19 @@ class Upkeep:
     follower: PlanFollower | None  # an auto peer's
     moving: Callable[[], bool]  # whether a range move runs (the plan waits for it)
 
-    async def coordinate(self) -> None:
-        """Measures round trips and, for an auto peer, follows the plan (or Petals' rule)."""
+    async def records_now(self) -> list[PeerRecord]:
+        """The model's records, read once for a period's steps; none if the read failed."""
         try:
-            records = await self.read_records()
+            return await self.read_records()
+        except Exception as e:  # remote input, or a DHT process that does not answer
+            logger.warning("reading the swarm's records failed: %s", type(e).__name__)
+            return []
+
+    async def coordinate(self, records: list[PeerRecord] | None = None) -> None:
+        """Measures round trips and, for an auto peer, follows the plan (or Petals' rule);
+        `records`: the model's records if the caller read them this period."""
+        try:
+            records = await self.read_records() if records is None else records
             self.members.update(r.peer_id for r in records)
             await self.probe.step(records)
             if self.follower is not None and not self.moving():

@@ -146,6 +146,12 @@ def _layer_plan(config: PretrainedConfig) -> dict[str, str]:
         layer_plan[pattern.removeprefix("layers.*.")] = style
     if not layer_plan:
         raise TPDegreeError(f"{config.model_type} has no tensor-parallel plan in its config")
+    if getattr(config, "num_local_experts", 0) or getattr(config, "num_experts", 0):
+        # Recent transformers list only attention (or a dense MLP's names) in a mixture-of-experts
+        # model's plan: whole experts on every rank would be summed K times by the all-reduce
+        raise TPDegreeError(
+            f"{config.model_type} cannot be split with --tp: its mixture-of-experts layers are not supported"
+        )
     return layer_plan
 
 

@@ -47,6 +47,18 @@ def route_span(
         route = router.choose(span_view(view, start, end), request, exclude)
     except NoRouteError as e:
         missing = [b + start for b in e.missing_blocks]
-        raise NoRouteError(missing, f"in blocks [{start}, {end}), numbered from {start}: {e}") from None
+        told = f"no eligible peer serves blocks {_ranges(missing)}" if missing else str(e)
+        raise NoRouteError(missing, f"{told} (repairing blocks {start}:{end})") from None
     hops = tuple(Hop(h.peer_id, h.start + start, h.end + start) for h in route.hops)
     return replace(route, hops=hops)
+
+
+def _ranges(blocks: list[int]) -> str:
+    """'3:6, 9:10': sorted block numbers as start:end ranges, in the model's numbering."""
+    ranges: list[list[int]] = []
+    for b in sorted(set(blocks)):
+        if ranges and ranges[-1][1] == b:
+            ranges[-1][1] = b + 1
+        else:
+            ranges.append([b, b + 1])
+    return ", ".join(f"{a}:{b}" for a, b in ranges)

@@ -16,6 +16,8 @@ the records that announce a peer's format.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 QUANT_FORMATS = ("none", "int8", "nf4")
 DEFAULT_QUANT = "none"
 
@@ -45,3 +47,13 @@ def bytes_per_weight(quant: str, dtype_bytes: float) -> float:
     """Bytes one linear weight takes in `quant`, for a peer computing in `dtype_bytes`-byte floats."""
     check_quant(quant)
     return float(dtype_bytes) if quant == "none" else _QUANTIZED_BYTES_PER_WEIGHT[quant]
+
+
+def accepted_formats(quant: str | Sequence[str]) -> tuple[str, ...]:
+    """The weight formats a client named (one or several), checked; ValueError names the known ones."""
+    names = (quant,) if isinstance(quant, str) else tuple(quant)
+    if not names:
+        raise ValueError(f"quant must name at least one weight format of {', '.join(QUANT_FORMATS)}")
+    for name in names:
+        check_quant(name)
+    return tuple(dict.fromkeys(names))

@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hexswarm.swarm.net.dht import INITIAL_PEERS_ENV, start_dht
+    from hexswarm.swarm.net.dht import start_dht
     from hexswarm.swarm.net.dht_process import shutdown_dht
     from hexswarm.swarm.net.identity import load_or_create_identity
 
@@ -57,37 +57,73 @@ def run(args: argparse.Namespace) -> int:
     dht = start_dht(
         args.initial_peers, identity, host_maddrs=args.host_maddrs, announce_maddrs=args.announce_maddrs
     )
-    for maddr in dht.get_visible_maddrs():
+    for maddr in sorted(map(str, dht.get_visible_maddrs()), key=is_loopback):  # what others can use first
         print(maddr, flush=True)
-    services = serve_in_thread(dht, identity, None if args.no_relay else relay_limits(args))
+    services = Services(dht, identity, None if args.no_relay else relay_limits(args))
     relaying = "no relaying" if args.no_relay else f"relaying for peers behind NAT ({relay_limits(args)})"
     logger.info("bootstrap node %s is up, %s; Ctrl-C stops it", identity.peer_id, relaying)
-    if args.public and not args.initial_peers:
-        logger.info(
-            "the first node of a public swarm: others join it with %s set to an address above",
-            INITIAL_PEERS_ENV,
-        )
+    for line in advice(args):
+        logger.info("%s", line)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    services.set()
+    logger.info("stopping: relay slots and dial-backs first, then the DHT node")
+    services.stop()
     shutdown_dht(dht, 5)
+    logger.info("stopped")
     return 0
 
 
-def serve_in_thread(dht, identity, limits) -> threading.Event:
-    """Serves the announce relay, dial-backs and (with `limits`) relay slots on `dht`'s p2p
-    daemon from a thread of its own; set the event to stop."""
-    stop = threading.Event()
-    threading.Thread(
-        target=asyncio.run,
-        args=(_serve(dht, identity, limits, stop),),
-        name="bootstrap-services",
-        daemon=True,
-    ).start()
-    return stop
+def is_loopback(maddr: str) -> bool:
+    return maddr.startswith(("/ip4/127.", "/ip6/::1/"))
+
+
+def advice(args: argparse.Namespace) -> list[str]:
+    """What the operator of a bootstrap should know and cannot see from its addresses."""
+    from hexswarm.swarm.net.dht import INITIAL_PEERS_ENV
+
+    lines = []
+    if not args.initial_peers:
+        lines.append(
+            "run a second bootstrap on another machine with --initial-peers set to an address above, "
+            f"and give both addresses to everyone (--initial-peers, or {INITIAL_PEERS_ENV} with --public): "
+            "the swarm then keeps serving while either is down, and one that restarts is found again"
+        )
+    if any(a.endswith("/tcp/0") for a in args.host_maddrs):
+        lines.append(
+            "this node listens on a new port each start: pin one (--host-maddrs /ip4/0.0.0.0/tcp/PORT) "
+            "and keep --identity, so that the address you hand out stays valid across restarts"
+        )
+    if not args.no_relay:
+        lines.append(
+            "relay slots are served on ephemeral TCP ports: a firewall in front of this machine must "
+            "let in the range in /proc/sys/net/ipv4/ip_local_port_range, besides the port above"
+        )
+    return lines
+
+
+class Services:
+    """The announce relay, dial-backs and relay slots, served from a thread of their own."""
+
+    STOP_TIMEOUT_S = 5.0
+
+    def __init__(self, dht, identity, limits):
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(
+            target=asyncio.run,
+            args=(_serve(dht, identity, limits, self.stopping),),
+            name="bootstrap-services",
+            daemon=True,
+        )
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Closes the relay's slots and waits for the thread, before the DHT node (and its
+        daemon, which the services' streams run on) goes."""
+        self.stopping.set()
+        self.thread.join(self.STOP_TIMEOUT_S)
 
 
 async def _serve(dht, identity, limits, stop: threading.Event) -> None:

@@ -222,6 +222,15 @@ def add_client_verify(parser: argparse.ArgumentParser) -> None:
         "steps not checked yet, and the rest before a generation returns "
         f"(default: {PUBLIC_VERIFY_RATE} with --public, else 0; docs/reliability.md)",
     )
+    parser.add_argument(
+        "--verify-min-compared",
+        type=fraction,
+        default=None,
+        metavar="SHARE",
+        help="with --verify, fail (exit 1; the API answers an error) when less than this share of "
+        "some span's steps could be compared, e.g. because no second peer serves it; 0 accepts "
+        "unchecked output (default: at least one comparison per span)",
+    )
 
 
 def client_verify(args: argparse.Namespace) -> float:

@@ -41,6 +41,15 @@ class ModelSpec:
     hidden_size: int
     config: PretrainedConfig
 
+    def generation_config(self):
+        """The checkpoint's generation_config.json, else the defaults its config implies."""
+        from transformers import GenerationConfig
+
+        try:
+            return GenerationConfig.from_pretrained(self.path)
+        except OSError:
+            return GenerationConfig.from_model_config(self.config)
+
     def check_range(self, start: int, end: int) -> None:
         if not (0 <= start < end <= self.num_blocks):
             raise ModelSpecError(f"layer range {start}:{end} is not inside 0:{self.num_blocks}")

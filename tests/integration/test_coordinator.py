@@ -243,7 +243,7 @@ def test_a_stolen_lease_and_a_huge_plan_version_move_nobody(coordinated):
 def test_killed_peer_is_replaced_and_generation_finishes(coordinated):
     from transformers import AutoModelForCausalLM
 
-    from hexswarm.client import DistributedModelForCausalLM
+    from hexswarm.client import DistributedModelForCausalLM, RetryPolicy
 
     version = first_plan(coordinated).version
     records = coordinated.records()
@@ -257,7 +257,10 @@ def test_killed_peer_is_replaced_and_generation_finishes(coordinated):
         prompt, max_new_tokens=24, do_sample=False
     )
     client = DistributedModelForCausalLM.from_pretrained(
-        coordinated.model_dir, initial_peers=coordinated.local.initial_peers, coverage_timeout=120
+        coordinated.model_dir,
+        initial_peers=coordinated.local.initial_peers,
+        coverage_timeout=120,
+        retry=RetryPolicy(replacement_wait_s=RESTORE_BOUND_S),  # the user waits for the new plan
     )
     outputs, errors = [], []
 

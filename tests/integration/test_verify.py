@@ -47,11 +47,11 @@ def reference(verify_swarm):
     return AutoModelForCausalLM.from_pretrained(verify_swarm[1])
 
 
-def _client(local, model_dir, verify: float):
+def _client(local, model_dir, verify: float, **kwargs):
     from hexswarm.client import DistributedModelForCausalLM
 
     return DistributedModelForCausalLM.from_pretrained(
-        model_dir, initial_peers=local.initial_peers, verify=verify
+        model_dir, initial_peers=local.initial_peers, verify=verify, **kwargs
     )
 
 
@@ -142,6 +142,26 @@ def test_the_generate_command_verifies_and_says_how_much(verify_swarm):
     assert result.returncode == 0, result.stderr
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("verified:")]
     assert "4 hop steps, 4 sampled, 4 compared" in line and "0 liar(s)" in line, line  # one hop
+
+
+def test_verification_that_compared_nothing_exits_non_zero_and_names_the_spans(verify_swarm, make_model):
+    """One peer serves another model's blocks: nothing can check it, and the command says so."""
+    local = verify_swarm[0]
+    model_dir = make_model(arch="llama", layers=2, seed=35)
+    alone = local.start_peer(model_dir, "0:2", "alone", *FAST)
+    command = [sys.executable, "-m", "hexswarm", "generate", str(model_dir), "--initial-peers",
+               *local.initial_peers, "--verify", "1", "--max-new-tokens", "4"]  # fmt: skip
+    try:
+        refused = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "blocks 0:2 (0 of 4 steps compared)" in refused.stderr, refused.stderr
+        assert "NOT VERIFIED" in refused.stdout and "0 compared" in refused.stdout, refused.stdout
+        accepted = subprocess.run(
+            [*command, "--verify-min-compared", "0"], capture_output=True, text=True, timeout=120
+        )
+        assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    finally:
+        local.stop(alone)
 
 
 def _start_liar(local, model_dir, lie: str, name: str = "liar"):
@@ -299,7 +319,7 @@ def test_with_no_third_opinion_nobody_is_blamed(verify_swarm, make_model):
         local.start_peer(model_dir, "0:2", "honest-only", *FAST),
         _start_liar(local, model_dir, "noise", "liar-alone"),
     ]
-    model = _client(local, model_dir, verify=1.0)
+    model = _client(local, model_dir, verify=1.0, verify_min_compared=0)  # disputed steps stay unchecked
     try:
         for _ in range(4):
             model.generate(torch.tensor([[7, 8, 9, 10]]), max_new_tokens=4, do_sample=False)

@@ -161,6 +161,9 @@ def test_a_tunnel_reaches_the_daemon_on_loopback_first():
 def test_the_nat_line_names_the_relay_and_the_port_to_forward():
     line = nat_message(["/ip4/192.168.1.2/tcp/4242/p2p/QmX"], ["QmRelayAAAAAAAA"])
     assert "...AAAAAAAA" in line and "forward TCP port 4242" in line
+    # a port the system chose for this start only: pin one first, or the forward breaks at the next
+    line = nat_message(["/ip4/192.168.1.2/tcp/4242/p2p/QmX"], ["QmRelayAAAAAAAA"], pinned=False)
+    assert "--host-maddrs /ip4/0.0.0.0/tcp/4242" in line and "forward that TCP port" in line
 
 
 def test_a_record_is_dialed_only_at_its_own_tcp_addresses():
