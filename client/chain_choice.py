@@ -28,6 +28,7 @@ from hexswarm.swarm.trust.records import PeerRecord
 logger = logging.getLogger(__name__)
 
 WAIT_POLL_S = 0.5  # how often the DHT is read while no chain exists
+REVIVE_PING_S = 1.5  # how long a peer that failed on a span gets to answer a ping again
 
 
 class NoChainError(MissingBlocksError):
@@ -98,12 +99,33 @@ class ChainChooser:
         view = self.swarm.view(allowed, self.spec.num_blocks, self.spec.hidden_size, self.ping_timeout)
         return route_span(self.router, view, self.request, start, end, exclude)
 
+    def _failed_ones_answer(self, start: int, end: int) -> bool:
+        """Pings the peers that failed in this call on blocks [start, end); forgives those that
+        answer (dialed at any of their record's addresses, e.g. another relay's port)."""
+        failed = [
+            r
+            for r in self.peers.records.values()
+            if r.peer_id in self.failures.failed_here and r.start < end and r.end > start
+        ]
+        answered = self.swarm.round_trips(failed, REVIVE_PING_S) if failed else {}
+        for peer_id in answered:
+            logger.info(
+                "peer %s answers again after failing; it may serve blocks [%d:%d)",
+                self.peers.name(peer_id),
+                start,
+                end,
+            )
+            self.failures.forgive(peer_id)
+        return bool(answered)
+
     async def wait_for_peers(self, start: int, end: int) -> None:
         """Polls the DHT until peers other than this call's failed ones cover [start, end),
         for at most the time budget left: a peer restarting or joining counts one attempt.
         Once the session is open, a span that no peer announces at all is waited for only
-        `replacement_wait_s` (then SpanUnservedError), so that a dead span is told in seconds."""
-        began = time.monotonic()
+        `replacement_wait_s` (then SpanUnservedError), so that a dead span is told in seconds;
+        first, though, the peers that failed on it are pinged once, and one that answers (its
+        relay died, not the peer) may serve it again."""
+        began, pinged = time.monotonic(), False
         while True:
             await asyncio.to_thread(self.peers.refresh)
             served = {
@@ -114,6 +136,10 @@ class ChainChooser:
             }
             if served >= set(range(start, end)):
                 return
+            if not pinged and self.no_route_deadline is None:
+                pinged = True
+                if await asyncio.to_thread(self._failed_ones_answer, start, end):
+                    return
             waited = time.monotonic() - began
             if self.no_route_deadline is None and waited >= self.failures.policy.replacement_wait_s:
                 unserved = sorted(set(range(start, end)) - served)

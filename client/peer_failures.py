@@ -77,6 +77,12 @@ class PeerFailures:
             )
         self.budget.spend(Attempt(name, start, end, error))
 
+    def forgive(self, peer_id: str) -> None:
+        """A peer that failed in this call answers again (e.g. its connection went through a
+        relay that died, and another relay reaches it): it may serve this call again."""
+        self.failed_here.discard(peer_id)
+        self.bans.lift(peer_id)
+
     def new_failover(self, peer_id: str | None, start: int, end: int, error: PeerError) -> Failover:
         """The record of a recovery that starts now, from `error` on blocks [start, end)."""
         name = self.peers.name(peer_id) if peer_id else "?"

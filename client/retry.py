@@ -135,6 +135,11 @@ class BanList:
         with self._lock:
             self._until[peer_id] = max(self._until.get(peer_id, 0.0), self.clock() + seconds)
 
+    def lift(self, peer_id: str) -> None:
+        """Ends `peer_id`'s ban now (it answers again); its failure count stays."""
+        with self._lock:
+            self._until.pop(peer_id, None)
+
     def banned(self) -> frozenset[str]:
         """Peers banned right now."""
         now = self.clock()

@@ -29,6 +29,7 @@ from hexswarm.swarm.net.dht import start_dht
 from hexswarm.swarm.net.dht_process import shutdown_dht
 from hexswarm.swarm.net.dht_read import DHT_READ_TIMEOUT_S
 from hexswarm.swarm.net.dialing import Dialer
+from hexswarm.swarm.net.rejoin import contacts_from, ping_missing
 from hexswarm.swarm.tools.terminal_text import printable
 from hexswarm.swarm.trust import speed_reports
 from hexswarm.swarm.trust.bans import load_bans
@@ -97,6 +98,7 @@ MISMATCH_GRACE_S = 5.0
 # A DHT read near the coverage deadline still gets this long: a swarm that answers in time is not
 # read as empty just because the caller's clock has almost run out.
 MIN_READ_TIMEOUT_S = 1.0
+REJOIN_TIMEOUT_S = 20.0  # swarm/net/rejoin.py's own step bound, and a margin
 BACKGROUND_DRAIN_S = 20.0
 
 
@@ -125,6 +127,7 @@ class SwarmClient:
     # a router sees at most this many records of one IP group per block (client/group_cap.py)
     records_per_group: int = RECORDS_PER_GROUP
     seed: bytes = field(default_factory=lambda: secrets.token_bytes(16))  # which of a group it sees
+    initial_peers: tuple[str, ...] = ()  # pinged again while the swarm looks empty (swarm/net/rejoin.py)
 
     def __post_init__(self) -> None:
         if self.dialer is None:
@@ -145,7 +148,7 @@ class SwarmClient:
         else:
             dht = start_dht(initial_peers, identity=None, host_maddrs=host_maddrs, client_mode=True)
         p2p = run_sync(dht.replicate_p2p(), timeout=30)
-        return cls(dht=dht, p2p=p2p, quants=tuple(quants))
+        return cls(dht=dht, p2p=p2p, quants=tuple(quants), initial_peers=tuple(initial_peers))
 
     def spawn(self, coro) -> None:
         """Runs `coro` on the client loop in the background (from any thread); `shutdown` gives
@@ -215,7 +218,19 @@ class SwarmClient:
                 self._raise_on_a_mismatch(model_id, num_blocks, missing, waited, read_timeout())
             if time.monotonic() - began >= timeout:
                 raise MissingBlocksError(model_id, missing, time.monotonic() - began)
+            self.rejoin()
             time.sleep(0.5)
+
+    def rejoin(self) -> None:
+        """Pings the initial peers missing from this node's routing table: a bootstrap that
+        restarted is not found again otherwise (swarm/net/rejoin.py)."""
+        contacts = contacts_from(self.initial_peers, [], own_id="")
+        if not contacts or self.dht is None:
+            return
+        try:
+            run_sync(ping_missing(self.dht, contacts), timeout=REJOIN_TIMEOUT_S)
+        except Exception as e:  # the next poll tries again
+            logger.debug("re-joining the DHT: %s", type(e).__name__)
 
     def _raise_on_a_mismatch(
         self, model_id: str, num_blocks: int, missing: list[int], waited: float, timeout: float

@@ -131,6 +131,7 @@ async def _serve(dht, identity, limits, stop: threading.Event) -> None:
     from hexswarm.swarm.nat.reachability.service import ip_group_of, serve_helpers
     from hexswarm.swarm.trust.dht_signing import ANNOUNCE_PROTOCOL
 
+    asyncio.get_running_loop().set_exception_handler(_quiet_on_cancel)
     p2p = await dht.replicate_p2p()
     relay = AnnounceRelay(dht, identity, partial(ip_group_of, p2p))
     await p2p.add_binary_stream_handler(ANNOUNCE_PROTOCOL, relay.handle_stream)
@@ -140,3 +141,11 @@ async def _serve(dht, identity, limits, stop: threading.Event) -> None:
         await asyncio.sleep(0.2)
     if relay is not None:
         relay.close()
+
+
+def _quiet_on_cancel(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """The services' loop's error handler: a stream handler cancelled because the node stops is
+    not an error (asyncio's stream server reports it as one: it reads every handler's exception)."""
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        return
+    loop.default_exception_handler(context)

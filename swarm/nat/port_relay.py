@@ -134,6 +134,8 @@ class RelayService:
             await reader.read()  # the slot lasts until the peer closes the stream or is gone
         except (ValueError, TimeoutError, ConnectionError, asyncio.IncompleteReadError) as e:
             logger.debug("relay slot for ...%s: %s: %s", peer_id[-8:], type(e).__name__, e)
+        except asyncio.CancelledError:  # the relay is stopping: not an error (see _client_arrived)
+            logger.debug("relay slot for ...%s: closed as the relay stops", peer_id[-8:])
         finally:
             slot = self.slots.get(peer_id)
             if slot is not None and slot.control is writer:
@@ -170,6 +172,10 @@ class RelayService:
             await splice((reader, writer), tunnel, self.limits.data_limit_bytes, self.limits.time_limit_s)
         except (TimeoutError, ConnectionError, OSError):
             writer.close()
+        except asyncio.CancelledError:
+            # The relay is stopping. This task is asyncio's server callback, which reads its
+            # exception when done: a re-raised cancellation would print as an error.
+            writer.close()
         finally:
             self.pending.pop(token, None)
             slot.connections -= 1
@@ -178,8 +184,8 @@ class RelayService:
         """The relayed peer's side of a connection: it names the token it was sent."""
         try:
             token = await asyncio.wait_for(reader.readexactly(TOKEN_BYTES), PAIRING_TIMEOUT_S)
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-            writer.close()
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            writer.close()  # a cancellation: the relay is stopping (see _client_arrived)
             return
         waiter = self.pending.pop(token, None)
         if waiter is None or waiter.done():
