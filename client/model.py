@@ -67,6 +67,7 @@ class _ThreadSessions(threading.local):
     last_failovers: list | None = None  # client.peer_failures.Failover of the last session
     last_hop_steps: dict | None = None  # hop steps sent by the client / pushed by peers, last session
     last_swarm_s: float = 0.0  # seconds the last session's steps waited on the chain
+    last_verification: dict | None = None  # what the last session's verifier compared, per span
     tokens: torch.Tensor | None = None  # what this generation's session was fed (for a rollback)
 
 
@@ -142,8 +143,15 @@ class DistributedMixin:
         its generate() was the client's own work (embeddings, LM head, sampling)."""
         return self._threads.last_swarm_s
 
+    @property
+    def last_verification(self) -> dict | None:
+        """This thread's last session, verified: steps and comparisons per span (None: unverified)."""
+        return self._threads.last_verification
+
     def _close_session(self) -> None:
         if self.session is not None:
+            verifier = self.session.verifier
+            self._threads.last_verification = verifier.summary() if verifier is not None else None
             self._threads.last_failovers = self.session.failovers
             self._threads.last_hop_steps = dict(self.session.hop_steps)
             self._threads.last_swarm_s = self.session.swarm_s
@@ -152,10 +160,8 @@ class DistributedMixin:
             self.session = None
 
     def generate(self, inputs: torch.Tensor | None = None, *args, **kwargs):
-        if (
-            kwargs.get("num_beams", 1) > 1
-            or (getattr(kwargs.get("generation_config"), "num_beams", 1) or 1) > 1
-        ):
+        beams = max(kwargs.get("num_beams", 1), getattr(kwargs.get("generation_config"), "num_beams", 1) or 1)
+        if beams > 1:
             raise NotImplementedError(
                 "beam search would reorder the swarm's KV caches; use greedy or sampling"
             )
@@ -387,10 +393,9 @@ class DistributedModelForCausalLM:
         (docs/reliability.md "Push between peers"). Settable later as `model.push`.
         `host_maddrs`: None (the default) dials out only: the client opens no port and asks no
         router for a NAT port mapping; give addresses to listen on, e.g. ["/ip4/0.0.0.0/tcp/0"].
-        `threads` is the number of torch threads `generate` and `forward` use for the client's
-        own ops; by default 1 when torch was imported before this package with OpenMP's
-        default (spinning) wait policy, so that idle spinning threads do not take the cores of
-        peers on the same machine while the client waits for them, else the process's setting.
+        `threads`: torch threads for the client's own ops; by default 1 when torch was imported
+        first with OpenMP spinning (idle spinning threads would take the cores of peers on the
+        same machine), else the process's setting.
         `quant` names the weight formats of peers this client accepts ("none", "int8", "nf4"; a
         name or a tuple). The default, full precision only, gives exactly the model; accepting a
         quantized format lets routes use peers that store its blocks in fewer bytes, whose

@@ -169,6 +169,19 @@ class Verifier:
         )
         await self._settle(run, witness, theirs, first)
 
+    def summary(self) -> dict:
+        """This session's steps and comparisons, per span and in all (the API reports it)."""
+        spans = [
+            {"blocks": f"{start}:{end}", "steps": t.steps, "compared": t.compared}
+            for (start, end), t in sorted(self.tally.items())
+        ]
+        return {
+            "steps": sum(s["steps"] for s in spans),
+            "compared": sum(s["compared"] for s in spans),
+            "unchecked_spans": [s["blocks"] for s in spans if s["steps"] and not s["compared"]],
+            "spans": spans,
+        }
+
     def _compared(self, run: Run) -> None:
         self.stats.compared += len(run.served)
         self.tally.setdefault((run.start, run.end), SpanTally()).compared += len(run.served)

@@ -49,6 +49,7 @@ LONGEST_FIRST = (
     "tests/integration/test_quant.py",  # 93
     "tests/integration/test_cli.py",  # 91
     "tests/integration/test_disaggregation.py",  # 83
+    "tests/integration/test_bootstrap_outage.py",  # 77
     "tests/integration/test_demo_signals.py",  # 74
     "tests/integration/test_shutdown.py",  # 71
     "tests/chaos/test_chaos.py",  # 68

@@ -146,6 +146,7 @@ class TokenStream:
     queue: asyncio.Queue
     cancel: threading.Event
     error: BaseException | None = None
+    verification: dict | None = None  # the model's last_verification, once generate returned
 
     async def __aiter__(self) -> AsyncIterator:
         while True:
@@ -185,6 +186,7 @@ def start_generation(
             pass
         except BaseException as e:  # handed to the request, which answers with an error
             outcome = e
+        stream.verification = getattr(model, "last_verification", None)  # read before the end marker
         loop.call_soon_threadsafe(stream.queue.put_nowait, outcome)
         if hooks.on_finished is not None:
             loop.call_soon_threadsafe(hooks.on_finished)

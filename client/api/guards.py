@@ -139,6 +139,16 @@ class CoverageProbe:
         self._answer: tuple[float, list[int] | None] | None = None  # (monotonic time, answer)
         self._check: asyncio.Task | None = None  # the one check in flight, owned here
 
+    @property
+    def answered(self) -> bool:
+        """Whether any check has finished yet."""
+        return self._answer is not None
+
+    def start(self) -> None:
+        """Starts the first check now (on the running loop), without waiting for it."""
+        if self._check is None and self._answer is None:
+            self._check = asyncio.create_task(self._run_check())
+
     async def missing(self) -> list[int] | None:
         """The uncovered blocks ([] when every block is served); None when the check failed."""
         if self._answer is not None and time.monotonic() - self._answer[0] < self.ttl_s:
@@ -149,7 +159,8 @@ class CoverageProbe:
             async with asyncio.timeout(self.timeout_s):
                 return await asyncio.shield(self._check)
         except TimeoutError:
-            logger.warning("health: the coverage check took over %g s", self.timeout_s)
+            if self._answer is not None:  # not the first: a slow read is worth a line
+                logger.warning("health: the coverage check took over %g s", self.timeout_s)
             return None
 
     async def _run_check(self) -> list[int] | None:

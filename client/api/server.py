@@ -114,7 +114,9 @@ class ApiService:
         load = {"generating": self.admission.running, "queued": self.admission.queued}
         if missing == []:
             return JSONResponse({"status": "ok", **load})
-        if missing is None:
+        if missing is None and not self.coverage.answered:
+            reason = "starting: the first read of the swarm's coverage has not finished yet"
+        elif missing is None:
             reason = "the swarm's coverage could not be read in time (the API's log says why)"
         else:
             reason = f"no online peer serves blocks {block_ranges(missing)} of the model"
@@ -210,6 +212,7 @@ def create_app(model, tokenizer, config: ApiConfig, on_ready=None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        service.coverage.start()  # so that the first /health finds an answer, not a slow read
         if on_ready is not None:
             on_ready()
         yield
@@ -376,7 +379,17 @@ async def _whole(first, pieces: AsyncIterator, shape: ResponseShape, prompt_toke
         raise
     finally:
         cancel.set()  # a no-op once generation ended; stops it if this handler was cancelled
-    return shape.whole("".join(text), piece.reason, prompt_tokens, piece.completion_tokens)
+    return with_extension(
+        shape.whole("".join(text), piece.reason, prompt_tokens, piece.completion_tokens), piece
+    )
+
+
+def with_extension(body: dict, finished: Finished) -> dict:
+    """`body` with hexswarm's own field, which OpenAI clients ignore: with --verify, how many of
+    the answer's hop steps a second peer compared, per span, and the spans none was compared on."""
+    if finished.verification is not None:
+        body["hexswarm"] = {"verification": finished.verification}
+    return body
 
 
 def _event(body: dict) -> bytes:
@@ -393,7 +406,7 @@ async def _sse(first, pieces, shape: ResponseShape, prompt_tokens: int, include_
             yield _event(shape.chunk(piece))
             sent += 1
             piece = await _next_piece(pieces)
-        yield _event(shape.chunk(None, finish_reason=piece.reason))
+        yield _event(with_extension(shape.chunk(None, finish_reason=piece.reason), piece))
         if include_usage:
             yield _event(shape.usage_chunk(prompt_tokens, piece.completion_tokens))
         yield b"data: [DONE]\n\n"

@@ -27,6 +27,7 @@ class Finished:
 
     reason: str
     completion_tokens: int
+    verification: dict | None = None  # with --verify: what was compared (client/verify.py summary)
 
 
 @dataclass(frozen=True)
@@ -111,4 +112,4 @@ async def text_deltas(
     if tail:
         yield tail
     ended_by_model = assembler.stopped or last in eos_ids
-    yield Finished("stop" if ended_by_model or count < max_tokens else "length", count)
+    yield Finished("stop" if ended_by_model or count < max_tokens else "length", count, stream.verification)

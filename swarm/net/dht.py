@@ -134,8 +134,9 @@ def _joining_error(error: Exception, initial_peers: Sequence[str]) -> Exception:
             f" and {len(initial_peers) - 3} more" if len(initial_peers) > 3 else ""
         )
         return InitialPeersError(
-            f"none of the initial peers answered ({shown}): is that node running, and can this "
-            f"machine reach its address? (`hexswarm bootstrap` prints the address to give)"
+            f"none of the initial peers answered ({shown}): is that node running, can this "
+            f"machine reach its address, and is the /p2p/ part its current peer id? (a node started "
+            f"without --identity gets a new one each start; `hexswarm bootstrap` prints the address to give)"
         )
     if "failed to parse multiaddr" in text:
         return InitialPeersError(

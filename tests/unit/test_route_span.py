@@ -44,3 +44,5 @@ def test_route_span_names_missing_blocks_in_model_numbers():
     with pytest.raises(NoRouteError) as info:
         route_span(make_router("min_latency"), _view(), RouteRequest(16, 0), 4, 8, exclude=frozenset({"d"}))
     assert info.value.missing_blocks == [6, 7]
+    # the message too: blocks 6:8 of the model, not 2:4 of the span being repaired
+    assert "no eligible peer serves blocks 6:8 (repairing blocks 4:8)" == str(info.value), str(info.value)
