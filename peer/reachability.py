@@ -8,7 +8,7 @@ At start (docs/architecture.md, "Crossing NATs"):
    included).
 2. Otherwise its DHT node restarts in client mode (it stores nothing for others), and it asks
    up to WANT_RELAYS reachable nodes, those that answered first, for a relay slot
-   (swarm/nat/port_relay.py). It is `relayed` once a helper has dialed it through a slot's port,
+   (swarm/nat/port_relay.py), at most one of them a bootstrap while direct peers can relay. It is `relayed` once a helper has dialed it through a slot's port,
    and it announces those ports.
 3. With no slot that works it is `unreachable`: it stays joining and says why.
 
@@ -17,7 +17,8 @@ gone, and asks another reachable node for a slot, so a relay that leaves is repl
 one or two periods. The helpers it asks are chosen afresh each time from the initial peers and
 the model's direct peers, relays it holds a slot on first and nodes that just failed it last:
 the node that dialed it back at start may be the relay that died. A relay whose slot is gone
-takes its address out of the record at once, even when no helper answers.
+takes its address out of the record at once, even when no helper answers, and a slot that
+ends (its relay died) is replaced at once, not a period later.
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ class Reachability:
         self.holders: dict[str, asyncio.Task] = {}  # relay id -> the task holding its slot
         self.failed_at: dict[str, float] = {}  # node id -> when holding a slot on it last failed
         self.initial_peers: tuple[str, ...] = ()
+        self.closing = False
         self.p2p = self.dialer = self.local = None
 
     async def run(
@@ -229,13 +231,18 @@ class Reachability:
             await asyncio.sleep(RELAY_RETRY_S)
 
     def _ask_for_slots(self) -> None:
-        """Starts holding slots on the first relays not yet asked, up to WANT_RELAYS live ones."""
-        for relay in self.relays:
-            if len(self.holders) >= WANT_RELAYS:
+        """Starts holding slots on the first relays not yet asked, up to WANT_RELAYS live ones,
+        at most one of them on a bootstrap while a direct peer is there to ask: the bootstraps
+        then carry less of the swarm's traffic, and losing one costs a peer one slot, not two."""
+        boots = {peer_id_of(a) for a in self.initial_peers}
+        while len(self.holders) < WANT_RELAYS and not self.closing:
+            free = [r for r in self.relays if r.peer_id not in self.holders]
+            if not free:
                 return
-            if relay.peer_id not in self.holders:
-                task = asyncio.create_task(self._hold(relay), name=f"relay-slot-{relay.peer_id[-8:]}")
-                self.holders[relay.peer_id] = task
+            on_a_boot = any(p in boots for p in self.holders)
+            relay = min(free, key=lambda r: on_a_boot and r.peer_id in boots)  # the first of the best
+            task = asyncio.create_task(self._hold(relay), name=f"relay-slot-{relay.peer_id[-8:]}")
+            self.holders[relay.peer_id] = task
 
     async def _hold(self, relay: Candidate) -> None:
         try:
@@ -247,9 +254,12 @@ class Reachability:
             self.failed_at[relay.peer_id] = time.monotonic()
             logger.info("relay ...%s: %s: %s", relay.peer_id[-8:], type(e).__name__, str(e)[:200])
         finally:
-            self.slots.pop(relay.peer_id, None)
+            had_slot = self.slots.pop(relay.peer_id, None) is not None
             # the relay is spent: ask the others first next time
             self.relays = [r for r in self.relays if r.peer_id != relay.peer_id] + [relay]
+            if had_slot and not self.closing:  # a relay that died: take another slot now, not next period
+                self.holders.pop(relay.peer_id, None)
+                self._ask_for_slots()
 
     def _on_slot(self, slot: Slot) -> None:
         self.slots[slot.relay_id] = slot
@@ -310,6 +320,7 @@ class Reachability:
         return Reach("unreachable", (), reason=reason, known_s=reach.known_s)
 
     def close(self) -> None:
+        self.closing = True
         for task in self.holders.values():
             task.cancel()
 
