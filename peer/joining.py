@@ -11,6 +11,7 @@ The fork also happens before the model code loads, so the DHT child carries none
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -71,6 +72,17 @@ class Rejoin:
     initial_peers: tuple[str, ...]
     unreadable: int = 0  # periods in a row whose read missed this peer's own record
     answered: set[str] = field(default_factory=set)  # contacts that answered the last ping
+    task: asyncio.Task | None = None  # the step in flight
+
+    def poke(self, dht, records: Sequence[PeerRecord]) -> None:
+        """Starts a step in the background unless one still runs: a contact that hangs (a
+        stopped bootstrap) must not hold up the peer's announce period."""
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self.step(dht, records), name="rejoin")
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
 
     async def step(self, dht, records: Sequence[PeerRecord]) -> None:
         own_seen = any(r.peer_id == self.peer_id for r in records)

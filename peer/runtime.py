@@ -359,7 +359,7 @@ class _Peer:
                 records = await routine.records_now()  # read once, for every step below
                 await self._recheck_reachability(records)
                 await self.announcer.announce(self.serving_state())
-                await self.rejoin.step(self.dht, records)
+                self.rejoin.poke(self.dht, records)
                 await routine.coordinate(records or None)  # none read: it tries once more itself
 
     def serving_state(self) -> PeerState:
@@ -420,6 +420,7 @@ class _Peer:
         and the relay, the server (its last hop costs logged) and its push links, the
         tensor-parallel ranks, the p2p handle, the DHT node."""
         self.mover.cancel()  # a move or drain in progress ends with the peer
+        self.rejoin.close()
         self.reachability_check.close()
         if self.relay is not None:
             self.relay.close()
