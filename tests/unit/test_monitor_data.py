@@ -26,6 +26,19 @@ def test_model_entry_maps_coverage_and_missing_blocks():
     json.dumps(entry)  # all plain JSON
 
 
+def test_a_peer_that_did_not_answer_is_shown_with_why_and_covers_nothing():
+    records = [
+        make_record(peer_id="A", name="a", start=0, end=4),
+        make_record(peer_id="B", name="b", start=2, end=4),
+    ]
+    entry = model_entry("m-1", 4, records, rtts={"A": 1.5}, silent={"B": "all dials failed"})
+    assert entry["coverage"] == [1, 1, 1, 1] and entry["single_peer"] == [0, 1, 2, 3]
+    b = next(p for p in entry["peers"] if p["name"] == "b")
+    assert b["state"] == "online" and b["rtt_ms"] is None and b["ping_error"] == "all dials failed"
+    entry = model_entry("m-1", 4, records, rtts={"B": 1.0}, silent={"A": "timeout"})
+    assert entry["missing"] == [0, 1]
+
+
 def test_estimate_takes_the_fastest_online_peer_per_block():
     records = [
         make_record(peer_id="A", start=0, end=4, decode_ms_per_block=2.0),
