@@ -79,10 +79,14 @@ async def splice(a: tuple, b: tuple, data_limit: int, time_limit: float) -> None
 @dataclass
 class _Slot:
     peer_id: str
-    server: asyncio.AbstractServer
+    server: asyncio.AbstractServer | None  # None while its port is being opened
     control: asyncio.StreamWriter
     group: str = ""
     connections: int = 0
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
 
 
 @dataclass
@@ -106,7 +110,7 @@ class RelayService:
 
     def close(self) -> None:
         for slot in list(self.slots.values()):
-            slot.server.close()
+            slot.close()
         if self.tunnel is not None:
             self.tunnel.close()
 
@@ -118,14 +122,13 @@ class RelayService:
             if request.get("want") != "slot":
                 raise ValueError("expected {'want': 'slot'}")
             if peer_id in self.slots:
-                self.slots.pop(peer_id).server.close()  # its previous slot's stream is stale
+                self.slots.pop(peer_id).close()  # its previous slot's stream is stale
             group = await self.group_of(peer_id) if self.group_of else peer_id
             refusal = self._refusal(group)
             if refusal:
                 writer.write(_frame({"error": refusal}))
                 return
-            slot = await self._open_slot(peer_id, writer)
-            slot.group = group
+            slot = await self._open_slot(peer_id, writer, group)
             writer.write(
                 _frame({"port": slot.server.sockets[0].getsockname()[1], "tunnel_port": self.tunnel_port})
             )
@@ -140,7 +143,7 @@ class RelayService:
             slot = self.slots.get(peer_id)
             if slot is not None and slot.control is writer:
                 del self.slots[peer_id]
-                slot.server.close()
+                slot.close()
                 logger.info("stopped relaying ...%s", peer_id[-8:])
             writer.close()
 
@@ -151,10 +154,20 @@ class RelayService:
             return f"{self.limits.max_slots_per_group} slots from {group} already"
         return ""
 
-    async def _open_slot(self, peer_id: str, control: asyncio.StreamWriter) -> _Slot:
-        slot = _Slot(peer_id, None, control)  # type: ignore[arg-type]
-        slot.server = await asyncio.start_server(lambda r, w: self._client_arrived(slot, r, w), self.host, 0)
+    async def _open_slot(self, peer_id: str, control: asyncio.StreamWriter, group: str) -> _Slot:
+        """The slot is counted before the first await: the limits were checked just before,
+        with no await between, so concurrent requests cannot all pass the same check."""
+        slot = _Slot(peer_id, None, control)
+        slot.group = group
         self.slots[peer_id] = slot
+        try:
+            slot.server = await asyncio.start_server(
+                lambda r, w: self._client_arrived(slot, r, w), self.host, 0
+            )
+        except BaseException:
+            if self.slots.get(peer_id) is slot:
+                del self.slots[peer_id]
+            raise
         return slot
 
     async def _client_arrived(self, slot: _Slot, reader, writer) -> None:

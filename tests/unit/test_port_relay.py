@@ -146,3 +146,33 @@ async def test_a_full_relay_or_ip_group_is_refused_a_slot(limits, refusal):
         await asyncio.wait_for(handled, 5)
         writer.close()
         server.close()
+
+
+async def test_concurrent_requests_from_one_ip_group_get_no_more_slots_than_its_limit():
+    """40 identities of one /24 ask at once: the limit is checked and the slot taken with no
+    await between, so at most max_slots_per_group are granted (issue 49's race)."""
+    relay = RelayService(host="127.0.0.1", limits=RelayLimits(max_slots_per_group=8), group_of=same_machine)
+    await relay.start()
+    accepted: asyncio.Queue = asyncio.Queue()
+    server = await asyncio.start_server(lambda r, w: accepted.put_nowait((r, w)), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    clients, handlers = [], []
+    for i in range(40):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        clients.append((reader, writer))
+        relay_side = await accepted.get()
+        handlers.append(
+            asyncio.create_task(relay.handle_stream(StreamInfo(FakePeerId(f"QmSybil{i}")), *relay_side))
+        )
+    for _, writer in clients:
+        writer.write(_frame({"want": "slot"}))
+    replies = await asyncio.gather(*(_read_message(reader, 5) for reader, _ in clients))
+    granted = [r for r in replies if "port" in r]
+    assert len(granted) == 8, [r.get("error") for r in replies if "error" in r][:3]
+    assert all("8 slots from 203.0.113.0/24 already" in r["error"] for r in replies if "error" in r)
+    for _, writer in clients:
+        writer.close()
+    await asyncio.wait_for(asyncio.gather(*handlers), 5)
+    assert not relay.slots
+    relay.close()
+    server.close()
