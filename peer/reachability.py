@@ -108,6 +108,15 @@ def agreed_addrs(replies: Sequence[DialBackReply | None], peer_id: str) -> tuple
     return _announceable(agreed, peer_id) if agreed else reached_addrs(replies, peer_id)
 
 
+def chosen_first(replies: Sequence[DialBackReply | None], initial_peers: Sequence[str]) -> list:
+    """The answers of the initial peers, when any of them answered: the user chose those nodes,
+    while any stranger serving the model may be asked too, and a few Sybil helpers would
+    otherwise outvote the bootstrap and choose what the peer announces. Else every answer."""
+    chosen = {peer_id_of(a) for a in initial_peers}
+    theirs = [r for r in replies if r is not None and not r.error and r.helper in chosen]
+    return theirs or list(replies)
+
+
 def _announceable(dialed: list[str], peer_id: str) -> tuple[str, ...]:
     # a loopback address is worth announcing only when nothing else was reached (one machine)
     remote = [a for a in dialed if not ipaddress.ip_address(tcp_addr(a).ip).is_loopback]
@@ -188,12 +197,13 @@ class Reachability:
         known = time.monotonic() - self.started
         if self.mode == "auto":
             replies = await ask_many(await dht.replicate_p2p(), [h.peer_id for h in self.helpers], listen)
-            verdict, known = reachable_verdict(replies), time.monotonic() - self.started
+            counted = chosen_first(replies, self.initial_peers)
+            verdict, known = reachable_verdict(counted), time.monotonic() - self.started
             if verdict is None:
                 logger.warning("no node answered a dial-back; announcing as directly reachable, unverified")
                 return dht, Reach("direct", listen, reason="no node answered a dial-back", known_s=known)
             if verdict:
-                addrs = agreed_addrs(replies, self.peer_id)
+                addrs = agreed_addrs(counted, self.peer_id)
                 logger.info("reachable directly at %s (%.1f s after start)", ", ".join(addrs), known)
                 return dht, Reach("direct", addrs, known_s=known)
             answering = [h for h, r in zip(self.helpers, replies, strict=True) if r is not None]
@@ -271,7 +281,7 @@ class Reachability:
         replies = await ask_many(self.p2p, [h.peer_id for h in self.helpers], addrs)
         if all(r is None or r.error for r in replies):  # nobody could check (busy, gone)
             return None
-        return reached_addrs(replies, self.peer_id)
+        return reached_addrs(chosen_first(replies, self.initial_peers), self.peer_id)
 
     def _relayed(self, addrs: tuple[str, ...], known: float, relayed: float) -> Reach:
         relays = tuple(s.relay_id for s in self.slots.values() if s.addr(self.peer_id) in addrs)

@@ -10,6 +10,7 @@ from hexswarm.peer.reachability import (
     Candidate,
     agreed_addrs,
     candidates,
+    chosen_first,
     local_endpoint,
     nat_message,
     reached_addrs,
@@ -125,7 +126,16 @@ def test_one_liar_chooses_neither_the_verdict_nor_the_address_announced():
         "/ip4/203.0.113.66/tcp/4000/p2p/QmAsker",
     }  # one against one: as the verdict, a tie is not outvoted
     two_liars = [DialBackReply("QmL1", (lie,)), DialBackReply("QmL2", (lie,)), DialBackReply("QmBoot", ())]
-    assert "/ip4/203.0.113.66/tcp/4000/p2p/QmAsker" in agreed_addrs(two_liars, ME)  # Sybils: issue 49
+    assert "/ip4/203.0.113.66/tcp/4000/p2p/QmAsker" in agreed_addrs(two_liars, ME)  # counted alike...
+    # ... but a bootstrap the user named speaks for the swarm: Sybil helpers neither make a peer
+    # behind NAT "direct" nor choose its address while one of the initial peers answers
+    boot = ["/ip4/10.0.0.1/tcp/31337/p2p/QmBoot"]
+    assert reachable_verdict(chosen_first(two_liars, boot)) is False
+    two_liars_one_honest_boot = [*two_liars[:2], DialBackReply("QmBoot", (honest,))]
+    assert agreed_addrs(chosen_first(two_liars_one_honest_boot, boot), ME) == (
+        "/ip4/198.51.100.7/tcp/4000/p2p/QmAsker",
+    )
+    assert chosen_first(two_liars, []) == two_liars  # no initial peer answered: every answer counts
 
 
 def test_a_peer_announces_what_helpers_reached_and_loopback_only_alone():
