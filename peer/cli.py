@@ -12,6 +12,7 @@ import asyncio
 import os
 import sys
 
+from hexswarm.swarm.tools.open_files import raise_open_files_limit
 from hexswarm.swarm.tools.threads import configure_openmp
 
 configure_openmp()  # before torch loads (see swarm/tools/threads.py)
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     # before the DHT child forks, which keeps this set-up; the model's id replaces its name below
     log_setup.setup_logging(args, log_context(args.name, os.path.basename(args.model), f"[{args.layers}]"))
     joining = None
+    raise_open_files_limit()  # inherited by the DHT child and its p2pd
     try:
         cli_args.check_model(args.model)  # before the DHT node starts: a typo answers at once
         from hexswarm.peer.joining import start_joining  # hivemind: after --help and parse errors

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from hexswarm.peer.joining import DHT_CLOSE_S
 from hexswarm.swarm.coordinator.records import dht_get
-from hexswarm.swarm.nat.port_relay import RelayLimits, Slot, hold_slot
+from hexswarm.swarm.nat.port_relay import RelayLimits, Slot, TunnelSources, hold_slot
 from hexswarm.swarm.nat.reachability.client import ask_many, reachable_verdict
 from hexswarm.swarm.nat.reachability.messages import DialBackReply
 from hexswarm.swarm.net.dht import start_dht
@@ -173,6 +173,7 @@ class Reachability:
         self.failed_at: dict[str, float] = {}  # node id -> when holding a slot on it last failed
         self.initial_peers: tuple[str, ...] = ()
         self.closing = False
+        self.sources = TunnelSources()  # who is behind each tunnel, for limits per IP group
         self.p2p = self.dialer = self.local = None
 
     async def run(
@@ -259,7 +260,7 @@ class Reachability:
             self.dialer.addrs[relay.peer_id] = (relay.addr,)
             await self.dialer.connect(_peer(relay.peer_id))
             ip = tcp_addr(relay.addr).ip
-            await hold_slot(self.p2p, relay.peer_id, ip, self.local, self._on_slot, self.limits)
+            await hold_slot(self.p2p, relay.peer_id, ip, self.local, self._on_slot, self.limits, self.sources)
         except Exception as e:
             self.failed_at[relay.peer_id] = time.monotonic()
             logger.info("relay ...%s: %s: %s", relay.peer_id[-8:], type(e).__name__, str(e)[:200])

@@ -272,7 +272,8 @@ class _Peer:
         )
         server.signer = self.identity
         server.format = self.own_format()
-        server.group_of = partial(admission_group_of, self.p2p) if self.p2p is not None else None
+        sources = self.reachability_check.sources  # a relayed remote's IP, as its relay saw it
+        server.group_of = partial(admission_group_of, self.p2p, sources=sources) if self.p2p else None
         server.pusher = self.pusher  # links to next peers outlive a move
         if self.evidence is not None:  # re-checks run on the new blocks from now on
             self.evidence.core, self.evidence.scheduler = core, server.scheduler

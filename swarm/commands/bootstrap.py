@@ -52,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
     from hexswarm.swarm.net.dht import start_dht
     from hexswarm.swarm.net.dht_process import shutdown_dht
     from hexswarm.swarm.net.identity import load_or_create_identity
+    from hexswarm.swarm.tools.open_files import raise_open_files_limit
 
+    raise_open_files_limit()  # before the DHT child and its p2pd start: they inherit it
     identity = load_or_create_identity(args.identity)
     dht = start_dht(
         args.initial_peers, identity, host_maddrs=args.host_maddrs, announce_maddrs=args.announce_maddrs

@@ -364,6 +364,12 @@ def add_relay_limits(g) -> None:
         help="connections open at once to each relayed peer",
     )
     g.add_argument(
+        "--relay-max-connections-per-group",
+        type=positive_int,
+        default=limits.max_connections_per_group,
+        help="connections open at once to each relayed peer from one IP group (/24 of IPv4, /48 of IPv6)",
+    )
+    g.add_argument(
         "--relay-data-limit-gb",
         type=positive_float,
         default=limits.data_limit_bytes / 2**30,
@@ -384,6 +390,7 @@ def relay_limits(args):
         max_slots=args.relay_max_slots,
         max_slots_per_group=args.relay_max_slots_per_group,
         max_connections=args.relay_max_connections,
+        max_connections_per_group=args.relay_max_connections_per_group,
         data_limit_bytes=int(args.relay_data_limit_gb * 2**30),
         time_limit_s=args.relay_time_limit_min * 60,
     )

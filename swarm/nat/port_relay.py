@@ -16,20 +16,30 @@ bytes of 4 MiB. So reachable nodes relay at the TCP level instead:
 
 libp2p's handshake runs end to end through the splice, so the relay sees only ciphertext and
 cannot pose as the peer. Slots, connections, bytes and lifetimes are bounded (RelayLimits); a
-slot ends when its stream does.
+slot ends when its stream does. A slot's connections are also bounded per IP group of the
+client, so one machine's idle connections cannot lock a relayed peer out; the tunnel port takes
+connections only from machines the relay holds slots for (or loopback) and at most
+`max_connections` unpaired at a time from each.
+
+The relay names each client's IP in its "open" message, and the peer keeps it against the
+local port its tunnel reaches its own p2pd from (`TunnelSources`): to its daemon every relayed
+remote comes from loopback, and per-IP-group limits (peer/admission.py) would see one client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import secrets
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import msgpack
 
 from hexswarm.swarm.nat.relay_limits import RelayLimits
+from hexswarm.swarm.net.maddrs import ip_group
 from hexswarm.swarm.trust.records import unpack_map
 from hexswarm.swarm.wire.frames import framed, read_payload
 
@@ -83,6 +93,7 @@ class _Slot:
     control: asyncio.StreamWriter
     group: str = ""
     connections: int = 0
+    by_group: Counter = field(default_factory=Counter)  # open connections per client IP group
 
     def close(self) -> None:
         if self.server is not None:
@@ -99,6 +110,7 @@ class RelayService:
     group_of: Callable[[str], Awaitable[str]] | None = None
     slots: dict[str, _Slot] = field(default_factory=dict)
     pending: dict[bytes, asyncio.Future] = field(default_factory=dict)
+    unpaired: Counter = field(default_factory=Counter)  # tunnel connections without a token yet, per group
     tunnel: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -172,14 +184,21 @@ class RelayService:
 
     async def _client_arrived(self, slot: _Slot, reader, writer) -> None:
         """A connection to a relayed peer's port: ask the peer for a tunnel, then splice."""
-        if slot.connections >= self.limits.max_connections or self.slots.get(slot.peer_id) is not slot:
+        ip = _peer_ip(writer)
+        group = ip_group(ip) if ip else ""
+        if (
+            slot.connections >= self.limits.max_connections
+            or slot.by_group[group] >= self.limits.max_connections_per_group
+            or self.slots.get(slot.peer_id) is not slot
+        ):
             writer.close()
             return
         slot.connections += 1
+        slot.by_group[group] += 1
         token = secrets.token_bytes(TOKEN_BYTES)
         arrived = self.pending[token] = asyncio.get_running_loop().create_future()
         try:
-            slot.control.write(_frame({"open": token}))
+            slot.control.write(_frame({"open": token, "from": ip}))
             await slot.control.drain()
             tunnel = await asyncio.wait_for(arrived, PAIRING_TIMEOUT_S)
             await splice((reader, writer), tunnel, self.limits.data_limit_bytes, self.limits.time_limit_s)
@@ -192,14 +211,28 @@ class RelayService:
         finally:
             self.pending.pop(token, None)
             slot.connections -= 1
+            slot.by_group[group] -= 1
 
     async def _tunnel_arrived(self, reader, writer) -> None:
-        """The relayed peer's side of a connection: it names the token it was sent."""
+        """The relayed peer's side of a connection: it names the token it was sent. Only machines
+        this relay holds slots for (or this machine) may connect, a bounded number unpaired at once."""
+        ip = _peer_ip(writer)
+        group = ip_group(ip) if ip else ""
+        local = bool(ip) and ipaddress.ip_address(ip).is_loopback
+        if not local and (
+            all(slot.group != group for slot in self.slots.values())
+            or self.unpaired[group] >= self.limits.max_connections
+        ):
+            writer.close()
+            return
+        self.unpaired[group] += 1
         try:
             token = await asyncio.wait_for(reader.readexactly(TOKEN_BYTES), PAIRING_TIMEOUT_S)
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             writer.close()  # a cancellation: the relay is stopping (see _client_arrived)
             return
+        finally:
+            self.unpaired[group] -= 1
         waiter = self.pending.pop(token, None)
         if waiter is None or waiter.done():
             writer.close()  # an unknown or spent token: nobody's tunnel
@@ -228,6 +261,7 @@ async def hold_slot(
     local: tuple[str, int],
     on_slot: Callable[[Slot], None],
     limits: RelayLimits | None = None,
+    sources: TunnelSources | None = None,
 ) -> None:
     """The relayed peer's side: asks `relay_id` for a slot, calls `on_slot`, then opens a tunnel
     to `local` (its own p2pd's host and port) for each connection the relay announces. Returns when the
@@ -255,7 +289,8 @@ async def hold_slot(
                 and len(token) == TOKEN_BYTES
                 and len(tunnels) < limits.max_connections
             ):
-                task = asyncio.create_task(_open_tunnel(slot, token, local, limits))
+                source = _checked_ip(message.get("from"))
+                task = asyncio.create_task(_open_tunnel(slot, token, local, limits, sources, source))
                 tunnels.add(task)
                 task.add_done_callback(tunnels.discard)
     except (asyncio.IncompleteReadError, ConnectionError):
@@ -266,7 +301,14 @@ async def hold_slot(
             task.cancel()
 
 
-async def _open_tunnel(slot: Slot, token: bytes, local: tuple[str, int], limits: RelayLimits) -> None:
+async def _open_tunnel(
+    slot: Slot,
+    token: bytes,
+    local: tuple[str, int],
+    limits: RelayLimits,
+    sources: TunnelSources | None = None,
+    source: str = "",
+) -> None:
     try:
         relay = await asyncio.wait_for(
             asyncio.open_connection(slot.relay_ip, slot.tunnel_port), PAIRING_TIMEOUT_S
@@ -276,7 +318,40 @@ async def _open_tunnel(slot: Slot, token: bytes, local: tuple[str, int], limits:
     except (TimeoutError, OSError) as e:
         logger.debug("tunnel through ...%s: %s: %s", slot.relay_id[-8:], type(e).__name__, e)
         return
-    await splice(relay, daemon, limits.data_limit_bytes, limits.time_limit_s)
+    port = daemon[1].get_extra_info("sockname")[1]
+    if sources is not None and source:
+        sources.by_port[port] = source
+    try:
+        await splice(relay, daemon, limits.data_limit_bytes, limits.time_limit_s)
+    finally:
+        if sources is not None:
+            sources.by_port.pop(port, None)
+
+
+def _peer_ip(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    return peer[0] if isinstance(peer, tuple) and peer else ""
+
+
+class TunnelSources:
+    """The relayed peer's record of who is behind each tunnel: the local port a tunnel reaches
+    its own p2pd from -> the client's IP as the relay saw it (the relay the peer chose to hold a
+    slot on vouches for it). Bounded by the tunnels open at once."""
+
+    def __init__(self):
+        self.by_port: dict[int, str] = {}
+
+    def group_of_port(self, port: int) -> str | None:
+        ip = self.by_port.get(port)
+        return ip_group(ip) if ip else None
+
+
+def _checked_ip(value) -> str:
+    """An IP address from the relay's message (remote input), or "" if it is not one."""
+    try:
+        return str(ipaddress.ip_address(value)) if isinstance(value, str) else ""
+    except ValueError:
+        return ""
 
 
 def _is_port(value) -> bool:

@@ -15,5 +15,6 @@ class RelayLimits:
     max_slots: int = 128  # peers relayed at once
     max_slots_per_group: int = 8  # ... from one IP group (/24, /48): identities cost nothing, machines do
     max_connections: int = 16  # open connections to one relayed peer
+    max_connections_per_group: int = 4  # ... from one IP group: one machine cannot take them all
     data_limit_bytes: int = 64 << 30  # per connection and direction, then it is closed
     time_limit_s: float = 24 * 3600  # per connection, then it is closed

@@ -176,3 +176,61 @@ async def test_concurrent_requests_from_one_ip_group_get_no_more_slots_than_its_
     assert not relay.slots
     relay.close()
     server.close()
+
+
+async def test_one_machine_cannot_take_every_connection_of_a_relayed_peer():
+    """Idle connections from one IP group take at most max_connections_per_group of a slot's; a
+    client from another group still gets through, and its IP reaches the relayed peer."""
+    limits = RelayLimits(max_connections=16, max_connections_per_group=4)
+    async with relay_with_slot(limits) as (_, slot, control, _):
+        hoarded = [await asyncio.open_connection("127.0.0.1", slot.port) for _ in range(6)]
+        asked = [await _read_message(control, 5) for _ in range(4)]  # 4 tunnels asked for, no more
+        assert all(m["from"] == "127.0.0.1" for m in asked)
+        refused = [await asyncio.wait_for(reader.read(), 5) for reader, _ in hoarded[4:]]
+        assert refused == [b"", b""]  # the 5th and 6th were closed at once
+        _, other = await asyncio.open_connection("127.0.0.1", slot.port, local_addr=("127.1.0.1", 0))
+        assert (await _read_message(control, 5))["from"] == "127.1.0.1"
+        for _, writer in [*hoarded, (None, other)]:
+            writer.close()
+
+
+class FakeWriter:
+    def __init__(self, ip: str):
+        self.ip, self.closed = ip, False
+
+    def get_extra_info(self, name):
+        return (self.ip, 4242) if name == "peername" else None
+
+    def close(self):
+        self.closed = True
+
+
+async def test_the_tunnel_port_takes_only_machines_it_holds_slots_for():
+    async with relay_with_slot(RelayLimits()) as (relay, *_):
+        stranger = FakeWriter("198.51.100.9")  # no slot from 198.51.100.0/24
+        await relay._tunnel_arrived(asyncio.StreamReader(), stranger)
+        assert stranger.closed and not relay.unpaired["198.51.100.0/24"]
+
+
+async def test_a_relayed_remote_counts_under_the_ip_group_its_relay_named():
+    from hexswarm.swarm.nat.port_relay import TunnelSources
+    from hexswarm.swarm.nat.reachability.service import admission_group_of
+
+    @dataclass
+    class Info:
+        peer_id: FakePeerId
+        addrs: list
+
+    class P2P:
+        async def list_peers(self):
+            return [
+                Info(FakePeerId("QmTunneled"), ["/ip4/127.0.0.1/tcp/50001"]),
+                Info(FakePeerId("QmLocal"), ["/ip4/127.0.0.1/tcp/50002"]),
+                Info(FakePeerId("QmDirect"), ["/ip4/198.51.100.9/tcp/4001"]),
+            ]
+
+    sources = TunnelSources()
+    sources.by_port[50001] = "203.0.113.77"
+    assert await admission_group_of(P2P(), "QmTunneled", sources) == "203.0.113.0/24"
+    assert await admission_group_of(P2P(), "QmLocal", sources) is None  # this machine's own
+    assert await admission_group_of(P2P(), "QmDirect", sources) == "198.51.100.0/24"

@@ -9,6 +9,7 @@ import logging
 from collections import Counter
 from collections.abc import Iterable
 
+from hexswarm.swarm.nat.port_relay import TunnelSources
 from hexswarm.swarm.nat.reachability.messages import (
     BUSY,
     DIAL_TIMEOUT_S,
@@ -138,14 +139,22 @@ async def _connects(prober, peer, target: str) -> bool:
     return True
 
 
-async def _connection_ips(p2p, peer_id: str) -> list[str]:
-    """The IPs a connected peer's connections come from, sorted; none if it is not connected."""
+async def _connection_addrs(p2p, peer_id: str) -> list:
+    """The TCP addresses (ip, port) a connected peer's connections come from, sorted by IP;
+    none if it is not connected."""
     for info in await p2p.list_peers():
         if info.peer_id.to_base58() == peer_id:
-            ips = sorted(a.ip for a in (tcp_addr(str(m)) for m in info.addrs) if a is not None)
-            if ips:
-                return ips
+            addrs = sorted(
+                (a for a in (tcp_addr(str(m)) for m in info.addrs) if a is not None), key=lambda a: a.ip
+            )
+            if addrs:
+                return addrs
     return []
+
+
+async def _connection_ips(p2p, peer_id: str) -> list[str]:
+    """The IPs a connected peer's connections come from, sorted; none if it is not connected."""
+    return [a.ip for a in await _connection_addrs(p2p, peer_id)]
 
 
 async def ip_group_of(p2p, peer_id: str) -> str:
@@ -154,13 +163,16 @@ async def ip_group_of(p2p, peer_id: str) -> str:
     return ip_group(ips[0]) if ips else peer_id
 
 
-async def admission_group_of(p2p, peer_id: str) -> str | None:
+async def admission_group_of(p2p, peer_id: str, sources: TunnelSources | None = None) -> str | None:
     """The IP group a connected remote counts under for a peer's limits (peer/admission.py);
-    None when it connects over loopback (a swarm on one machine is one operator's)."""
-    ips = await _connection_ips(p2p, peer_id)
-    if ips and all(ipaddress.ip_address(ip).is_loopback for ip in ips):
-        return None
-    return ip_group(ips[0]) if ips else peer_id
+    for a peer behind NAT, whose remotes all reach its daemon through tunnels from loopback, the
+    group of the client IP its relay named for that tunnel (`sources`); None when it connects
+    over loopback otherwise (a swarm on one machine is one operator's)."""
+    addrs = await _connection_addrs(p2p, peer_id)
+    if addrs and all(ipaddress.ip_address(a.ip).is_loopback for a in addrs):
+        relayed = sorted(g for g in (sources.group_of_port(a.port) for a in addrs) if g) if sources else []
+        return relayed[0] if relayed else None
+    return ip_group(addrs[0].ip) if addrs else peer_id
 
 
 async def serve_helpers(p2p, limits):
