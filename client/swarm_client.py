@@ -111,7 +111,7 @@ class SwarmClient:
     rtt_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (ms, measured at)
     view_version: int = 0
     # peers caught returning wrong outputs (client/verify.py), by this client or an earlier one on
-    # this machine (swarm/trust/bans.py): left out of every route for good, unlike a session's BanList (client/retry.py), whose bans of failed or
+    # this machine (swarm/trust/bans.py): left out of every route for 30 days, unlike a session's BanList (client/retry.py), whose bans of failed or
     # slow peers expire
     distrusted: set[str] = field(default_factory=set)
     silent: set[str] = field(default_factory=set)  # peers whose failed ping was logged (once each)

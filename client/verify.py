@@ -11,7 +11,7 @@ SmolLM2 for the coarsest format involved (swarm/trust/verify_tolerance.py).
 Evidence, not accusations. When the server and the witness disagree, one witness's word is not
 enough: a third peer (of the same format, preferably from a third IP group) recomputes the
 step. The peer that the third one disagrees with, while agreeing with the other, is the liar:
-it is banned by this client and on this machine for good (swarm/trust/bans.py), and a signed report
+it is banned by this client and on this machine for 30 days (swarm/trust/bans.py), and a signed report
 naming the evidence (input hash, both output hashes) is published in the DHT (swarm/trust/reports.py).
 With no third opinion, or one that settles nothing, nobody is blamed: the step counts as
 "disputed" among the steps that could not be compared. If the liar is the serving peer, the

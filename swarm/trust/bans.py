@@ -6,7 +6,9 @@ other nodes' claims and never ban anyone here. Every client of this machine leav
 peer out of its routes, and a later client starts with the bans already in place.
 
 The file is a JSON map peer id -> Ban, at most MAX_BANS entries (the newest kept); writers
-merge under a lock and replace the file whole (swarm/tools/cache_files.py).
+merge under a lock and replace the file whole (swarm/tools/cache_files.py). A ban lasts
+BAN_TTL_S: a peer's operator may fix what made it wrong (a broken GPU, a bad driver), and a
+ban read on a false proof must not last forever; a liar that lies again is banned again.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from hexswarm.swarm.tools.cache_files import locked, write_atomically
 logger = logging.getLogger(__name__)
 
 MAX_BANS = 10_000
+BAN_TTL_S = 30 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,9 @@ def bans_path() -> Path:
     return Path(base) / "bans.json"
 
 
-def load_bans(path: Path | None = None) -> dict[str, Ban]:
-    """The bans on file; none if it is missing or unreadable (logged)."""
+def load_bans(path: Path | None = None, now: float | None = None) -> dict[str, Ban]:
+    """The bans on file younger than BAN_TTL_S; none if it is missing or unreadable (logged)."""
+    now = time.time() if now is None else now
     path = path or bans_path()
     try:
         raw = json.loads(path.read_text())
@@ -53,9 +57,11 @@ def load_bans(path: Path | None = None) -> dict[str, Ban]:
     bans = {}
     for peer_id, entry in raw.items() if isinstance(raw, dict) else ():
         try:
-            bans[peer_id] = Ban(**entry)
+            ban = Ban(**entry)
         except TypeError:
             continue
+        if isinstance(ban.time, int | float) and now - BAN_TTL_S <= ban.time <= now + BAN_TTL_S:
+            bans[peer_id] = ban
     return bans
 
 

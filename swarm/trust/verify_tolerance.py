@@ -86,11 +86,19 @@ def topk_agreement(ours: torch.Tensor, theirs: torch.Tensor, k: int = TOP_K) -> 
 
 
 def compare(ours: torch.Tensor, theirs: torch.Tensor, tolerance: Tolerance) -> Comparison:
-    """Whether `ours` is an honest computation of what the witness computed as `theirs`."""
+    """Whether `ours` is an honest computation of what the witness computed as `theirs`. A token
+    non-finite in `ours` but finite in `theirs` disagrees; tokens non-finite in `theirs` (its
+    computation overflowed, e.g. fp16 on huge inputs) are left out, since neither side can be
+    judged there; if that leaves nothing, the comparison agrees (nothing is proven)."""
     if ours.shape != theirs.shape or ours.numel() == 0:
         return Comparison(0, float("inf"), float("inf"), 0.0, False)
-    if not bool(torch.isfinite(ours).all()):
+    ours_bad, theirs_bad = ((~torch.isfinite(x)).any(dim=-1) for x in (ours, theirs))
+    if bool((ours_bad & ~theirs_bad).any()):  # non-finite where an honest computation is not
         return Comparison(ours.shape[:-1].numel(), float("inf"), float("inf"), 0.0, False)
+    judged = ~theirs_bad  # where the witness overflowed too (huge inputs in a narrow dtype), nobody can tell
+    if not bool(judged.any()):
+        return Comparison(0, float("nan"), float("nan"), float("nan"), True)
+    ours, theirs = ours[judged], theirs[judged]
     errors = token_errors(ours, theirs).flatten()
     agreement = float(topk_agreement(ours, theirs).mean())
     worst, mse = float(errors.max()), float((errors**2).mean())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -52,6 +54,21 @@ def test_shape_nan_and_topk_disagreement_fail():
     assert float(topk_agreement(shuffled, h).mean()) < 0.5
 
 
+def test_overflow_on_both_sides_proves_nothing_and_one_sided_overflow_is_wrong():
+    """An fp16 peer fed huge (finite) inputs overflows honestly; a recomputation cast to fp16
+    overflows alike, so those tokens are left out instead of counting as a lie (issue 49)."""
+    h = _hidden()
+    huge = h.clone()
+    huge[0, 1] *= 1e6  # one token past fp16's range
+    signed, recomputed = huge.to(torch.float16), huge.float().to(torch.float16)
+    assert torch.isinf(signed[0, 1]).any() and compare(signed, recomputed, TOLERANCES["float16"]).agree
+    everything = torch.full_like(signed, float("inf"))
+    assert compare(everything, everything, TOLERANCES["float16"]).agree  # nothing left to judge
+    lie = h.to(torch.float16).clone()
+    lie[0, 1, 0] = float("inf")  # non-finite where the honest value is small
+    assert not compare(lie, h.to(torch.float16), TOLERANCES["float16"]).agree
+
+
 def test_the_coarsest_format_sets_the_tolerance():
     assert coarsest(["float32", "bfloat16"]) == "bfloat16"
     assert coarsest(["float32", "int8", "float16"]) == "int8"
@@ -68,3 +85,13 @@ def test_bans_persist_and_merge(tmp_path):
     assert load_bans(path) == {}  # a broken file bans nobody, and says so in the log
     path.write_text(json.dumps({"QmC": {"peer_id": "QmC", "unexpected": 1}}))
     assert load_bans(path) == {}
+
+
+def test_a_ban_expires_after_its_time():
+    from hexswarm.swarm.trust.bans import BAN_TTL_S
+
+    path = Path(tempfile.mkdtemp()) / "bans.json"
+    add_ban(new_ban("QmOld", "m", 0, 15, "wrong output"), path)
+    now = load_bans(path)["QmOld"].time
+    assert set(load_bans(path, now=now + BAN_TTL_S - 1)) == {"QmOld"}
+    assert load_bans(path, now=now + BAN_TTL_S + 1) == {}
