@@ -9,6 +9,9 @@ applied to routing.
 Which records of a crowded group a client sees is drawn at random per client (`seed`), so
 different clients spread their load over all of a group's peers, and announcing better figures
 does not buy a place. Loopback addresses have no group: a swarm on one machine is one operator's.
+A relayed peer counts under the group its own record says its dial-back helpers saw (signed by
+the peer itself, so a liar can claim another group: the cap is weaker for relayed peers than
+for direct ones, whose addresses are dialed).
 A block that the cap would leave unserved gets its capped records back, so the cap never makes a
 request fail that would have run.
 """
@@ -33,8 +36,14 @@ def record_groups(record: PeerRecord | None) -> set[str]:
 
 
 def routable_groups(record: PeerRecord) -> set[str]:
-    """The groups a record counts under for routing: its addresses' groups, loopback left out."""
-    return {g for g in record_groups(record) if not ipaddress.ip_network(g).is_loopback}
+    """The groups a record counts under for routing: its addresses' groups, loopback left out;
+    for a relayed peer, whose addresses are its relays', the group its dial-back helpers saw it
+    connect from (else twenty homes relayed by two bootstraps would count as the bootstraps')."""
+    if record.reachability == "relayed" and record.observed_group:
+        groups = {record.observed_group}
+    else:
+        groups = record_groups(record)
+    return {g for g in groups if not ipaddress.ip_network(g, strict=False).is_loopback}
 
 
 def cap_per_group(records: Sequence[PeerRecord], limit: int, seed: bytes) -> list[PeerRecord]:

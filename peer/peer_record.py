@@ -65,6 +65,7 @@ def peer_record(source: RecordSource, state: PeerState) -> PeerRecord:
         addrs=source.reach.addrs,
         reachability=source.reach.mode,
         relays=source.reach.relays,
+        observed_group=source.reach.observed_group,
         tp=tp,
         devices=source.device_info[:tp],
         tp_choices=c.tp_choices,

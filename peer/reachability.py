@@ -39,7 +39,7 @@ from hexswarm.swarm.nat.reachability.messages import DialBackReply
 from hexswarm.swarm.net.dht import start_dht
 from hexswarm.swarm.net.dht_process import shutdown_dht
 from hexswarm.swarm.net.dialing import Dialer
-from hexswarm.swarm.net.maddrs import peer_id_of, tcp_addr, with_peer_id
+from hexswarm.swarm.net.maddrs import ip_group, peer_id_of, tcp_addr, with_peer_id
 from hexswarm.swarm.trust.records import PeerRecord, PeerState, model_key, peer_records_from
 
 logger = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class Reach:
     reason: str = ""  # why it is unreachable, or why direct was not verified
     known_s: float = 0.0  # seconds from the start until the dial-back answered
     relayed_s: float = 0.0  # ... until a relay's port was confirmed
+    observed_group: str = ""  # the IP group helpers saw it connect from (routers group it by that)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,22 @@ def chosen_first(replies: Sequence[DialBackReply | None], initial_peers: Sequenc
     chosen = {peer_id_of(a) for a in initial_peers}
     theirs = [r for r in replies if r is not None and not r.error and r.helper in chosen]
     return theirs or list(replies)
+
+
+def observed_group(replies: Sequence[DialBackReply | None]) -> str:
+    """The IP group most helpers saw this peer's connection come from ("" if none said)."""
+    seen = Counter(
+        ip_group(r.observed_ip) for r in replies if r is not None and not r.error and _is_ip(r.observed_ip)
+    )
+    return seen.most_common(1)[0][0] if seen else ""
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _announceable(dialed: list[str], peer_id: str) -> tuple[str, ...]:
@@ -174,6 +191,7 @@ class Reachability:
         self.initial_peers: tuple[str, ...] = ()
         self.closing = False
         self.sources = TunnelSources()  # who is behind each tunnel, for limits per IP group
+        self.observed_group = ""  # the IP group the dial-back helpers saw
         self.p2p = self.dialer = self.local = None
 
     async def run(
@@ -208,6 +226,7 @@ class Reachability:
                 logger.info("reachable directly at %s (%.1f s after start)", ", ".join(addrs), known)
                 return dht, Reach("direct", addrs, known_s=known)
             answering = [h for h, r in zip(self.helpers, replies, strict=True) if r is not None]
+            self.observed_group = observed_group(counted)
         self.relays = answering + [c for c in everyone if c not in answering]
         dht = await self.restart_dht()
         self.p2p = await dht.replicate_p2p()
@@ -286,7 +305,9 @@ class Reachability:
 
     def _relayed(self, addrs: tuple[str, ...], known: float, relayed: float) -> Reach:
         relays = tuple(s.relay_id for s in self.slots.values() if s.addr(self.peer_id) in addrs)
-        return Reach("relayed", addrs, relays, known_s=known, relayed_s=relayed)
+        return Reach(
+            "relayed", addrs, relays, known_s=known, relayed_s=relayed, observed_group=self.observed_group
+        )
 
     async def recheck(self, reach: Reach, records: Sequence = ()) -> Reach:
         """A relayed peer's slots, re-dialed: relays that are gone are replaced by other

@@ -20,6 +20,7 @@ included.
 from __future__ import annotations
 
 import enum
+import ipaddress
 from collections import Counter
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -156,6 +157,9 @@ class PeerRecord:
     # joining and says why); "" from a peer that predates the check.
     reachability: str = ""
     relays: tuple[str, ...] = ()
+    # The IP group (/24, /48) its dial-back helpers saw it connect from: what routers group a
+    # relayed peer by, whose addresses are its relays' (client/group_cap.py); "" when unknown.
+    observed_group: str = ""
     schema: int = RECORD_SCHEMA_VERSION
 
     def to_bytes(self) -> bytes:
@@ -315,6 +319,8 @@ def _check_ranges(record: PeerRecord) -> None:
         raise ValueError(f"unknown reachability {str(record.reachability)[:32]!r}")
     if len(record.relays) > MAX_ADDRS or any(len(r) > MAX_TEXT for r in record.relays):
         raise ValueError(f"at most {MAX_ADDRS} relays of at most {MAX_TEXT} characters")
+    if record.observed_group and not _is_network(record.observed_group):
+        raise ValueError(f"observed_group {str(record.observed_group)[:64]!r} is not an IP network")
     if record.devices and len(record.devices) != record.tp:
         raise ValueError(f"tp {record.tp} does not match its {len(record.devices)} devices")
     if record.tp_choices and record.tp not in record.tp_choices:
@@ -323,3 +329,14 @@ def _check_ranges(record: PeerRecord) -> None:
         raise ValueError(f"unknown tensor-parallel partition {str(record.tp_partition)[:32]!r}")
     if record.tp_shares and len(record.tp_shares) != record.tp:
         raise ValueError(f"tp {record.tp} does not match its {len(record.tp_shares)} tp_shares")
+
+
+def _is_network(text) -> bool:
+    """Whether `text` is an IP network in a short text form ("203.0.113.0/24")."""
+    if not isinstance(text, str) or len(text) > 64:
+        return False
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return False
+    return True

@@ -47,3 +47,28 @@ def test_loopback_has_no_group_and_zero_turns_the_cap_off():
     assert cap_per_group(local, 4, SEED) == local
     lan = [_home(i, "192.168.1.2") for i in range(10)]
     assert cap_per_group(lan, 0, SEED) == lan
+
+
+def test_relayed_peers_count_under_the_group_their_helpers_saw_not_their_relays():
+    """20 homes behind NAT, all relayed by two bootstraps: seen as 20 groups, not 2 (issue 49)."""
+    relays = ("/ip4/203.0.113.5/tcp/40001/p2p/QmA", "/ip4/203.0.113.6/tcp/40002/p2p/QmA")
+    homes = [
+        make_record(
+            peer_id=f"home-{i}", addrs=relays, reachability="relayed", observed_group=f"198.51.{i}.0/24"
+        )
+        for i in range(20)
+    ]
+    assert len(cap_per_group(homes, limit=4, seed=SEED)) == 20
+    unknown = [make_record(peer_id=f"old-{i}", addrs=relays, reachability="relayed") for i in range(8)]
+    assert len(cap_per_group(unknown, limit=4, seed=SEED)) == 4  # no group said: the relays' counts
+
+
+def test_a_record_names_an_ip_network_as_its_observed_group_or_nothing():
+    import pytest
+
+    from hexswarm.swarm.trust.records import PeerRecord
+
+    record = make_record(reachability="relayed", observed_group="198.51.100.0/24")
+    assert PeerRecord.from_bytes(record.to_bytes()).observed_group == "198.51.100.0/24"
+    with pytest.raises(ValueError, match="observed_group"):
+        PeerRecord.from_bytes(make_record(reachability="relayed", observed_group="x" * 80).to_bytes())

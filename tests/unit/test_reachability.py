@@ -184,3 +184,16 @@ def test_a_record_is_dialed_only_at_its_own_tcp_addresses():
         "/ip4/1.2.3.4/tcp/7",
     )
     assert dialable("QmMe", addrs) == ("/ip4/1.2.3.4/tcp/5/p2p/QmMe", "/ip4/1.2.3.4/tcp/7")
+
+
+def test_the_observed_group_is_what_most_helpers_saw():
+    from hexswarm.peer.reachability import observed_group
+
+    replies = [
+        DialBackReply("QmBoot", (), observed_ip="198.51.100.7"),
+        DialBackReply("QmB", (), observed_ip="198.51.100.9"),
+        DialBackReply("QmLiar", (), observed_ip="not an ip"),
+        None,
+    ]
+    assert observed_group(replies) == "198.51.100.0/24"
+    assert observed_group([None]) == ""
