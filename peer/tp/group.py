@@ -335,7 +335,10 @@ class TPGroup:
             self.send_all(Stop(), quiet=True)
         self._stopping.set()
         stop_processes(self._procs.values())
-        if self._joined and self.failure is None:
+        # A failed gloo group is torn down too: this process may start another group (a test, a
+        # retry). A failed NCCL one is left to the process's exit, as its teardown may wait on
+        # the dead rank.
+        if self._joined and (self.failure is None or dist.get_backend() == "gloo"):
             dist.destroy_process_group()
         self._joined = False
 

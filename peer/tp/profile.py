@@ -29,6 +29,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import psutil
@@ -49,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 PROFILE_WEIGHT_BYTES = 64 << 20  # more than a CPU's caches: decode streams its weights from memory
 PROFILE_SECONDS = 0.3
+ARRIVAL_TIMEOUT_S = 120.0  # how long ranks wait for one still loading or measuring (arrival_barrier)
 PING_ROUNDS = 20
 BANDWIDTH_BYTES = 1 << 20
 
@@ -150,12 +152,23 @@ def measure_flops_in_turn(
     """`measure_flops`, one rank at a time (collective): ranks that share a machine's cores
     would otherwise measure how the scheduler shared them out, not how fast each one is."""
     flops = 0.0
-    dist.barrier()  # every rank is done loading before the first one measures
+    arrival_barrier()  # every rank is done loading before the first one measures
     for turn in range(tp):
         if turn == rank:
             flops = measure_flops(device, dtype, hidden, width, clock)
-        dist.barrier()
+        arrival_barrier()  # the others wait out its turn (a slowed rank's is several times longer)
     return flops
+
+
+def arrival_barrier(timeout_s: float = ARRIVAL_TIMEOUT_S) -> None:
+    """A barrier that waits up to `timeout_s` for the slowest rank, not the group's collective
+    timeout: that one is sized for a step, while a rank still loading its shard or measuring in
+    its turn on a busy machine takes seconds longer (a 5 s test group's barrier timed out so).
+    gloo (CPU) has a barrier with its own timeout; NCCL's runs under the group's."""
+    if dist.get_backend() == "gloo":
+        dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+    else:
+        dist.barrier()
 
 
 def free_bytes(device: torch.device, tp: int) -> float:
