@@ -144,3 +144,30 @@ def swarm_of(model_dir, folder: Path, layout: dict) -> Iterator[tuple[LocalSwarm
     with LocalSwarm(folder) as local:
         local.start_bootstrap()
         yield local, local.start_peers(model_dir, layout, "--announce-period", "1", timeout=240)
+
+
+@contextlib.contextmanager
+def client_at_home(net, local: LocalSwarm, model_dir, home: int, coverage_timeout: float):
+    """A client whose DHT and p2pd live in home `home` of `net` (swarm/nat/netlab.py), behind NAT."""
+    from hexswarm.client import DistributedModelForCausalLM
+    from hexswarm.swarm.nat import netlab
+
+    # torch's shared-memory manager answers on an abstract Unix socket, which a network namespace
+    # scopes: start it here, or one started inside the home is lost to this process with the lab
+    torch.zeros(1).share_memory_()
+    with netlab.inside(net.home(home).host_ns):
+        model = DistributedModelForCausalLM.from_pretrained(
+            model_dir, initial_peers=local.initial_peers, coverage_timeout=coverage_timeout
+        )
+    try:
+        yield model
+    finally:
+        model.shutdown()
+
+
+def local_greedy(model_dir, prompt: list[list[int]], new_tokens: int) -> torch.Tensor:
+    """The same model's own greedy generate() in this process: what the swarm must equal."""
+    from transformers import AutoModelForCausalLM
+
+    local_model = AutoModelForCausalLM.from_pretrained(model_dir)
+    return local_model.generate(torch.tensor(prompt), max_new_tokens=new_tokens, do_sample=False)

@@ -22,6 +22,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from hexswarm.swarm.nat import netlab
 from hexswarm.swarm.tools.launcher import LocalSwarm
 from hexswarm.swarm.trust.records import read_peer_records
+from tests.integration.conftest import client_at_home, local_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.slow]
 
@@ -106,23 +107,13 @@ def lab(make_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(lab):
-    from hexswarm.client import DistributedModelForCausalLM
-
-    torch.zeros(1).share_memory_()  # see test_public_swarm.py: torch's manager outside the namespace
-    with netlab.inside(lab.net.home(3).host_ns):
-        model = DistributedModelForCausalLM.from_pretrained(
-            lab.model_dir, initial_peers=lab.local.initial_peers, coverage_timeout=HEAL_BOUND_S
-        )
-    yield model
-    model.shutdown()
+    with client_at_home(lab.net, lab.local, lab.model_dir, 3, coverage_timeout=HEAL_BOUND_S) as model:
+        yield model
 
 
 @pytest.fixture(scope="module")
 def expected(lab):
-    from transformers import AutoModelForCausalLM
-
-    local_model = AutoModelForCausalLM.from_pretrained(lab.model_dir)
-    return local_model.generate(torch.tensor(PROMPT), max_new_tokens=NEW_TOKENS, do_sample=False)
+    return local_greedy(lab.model_dir, PROMPT, NEW_TOKENS)
 
 
 class AtToken(StoppingCriteria):

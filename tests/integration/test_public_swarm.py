@@ -17,7 +17,7 @@ import torch
 from hexswarm.swarm.nat import netlab
 from hexswarm.swarm.tools.launcher import LocalSwarm
 from hexswarm.swarm.trust.records import PeerState, read_peer_records
-from tests.integration.conftest import SignalHopPeer
+from tests.integration.conftest import SignalHopPeer, client_at_home, local_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns, pytest.mark.slow]
 
@@ -86,25 +86,13 @@ def lab(make_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(lab):
-    from hexswarm.client import DistributedModelForCausalLM
-
-    # torch's shared-memory manager answers on an abstract Unix socket, which a network namespace
-    # scopes: start it here, or one started inside home 3 is lost to this process with the lab
-    torch.zeros(1).share_memory_()
-    with netlab.inside(lab.net.home(3).host_ns):  # the client's DHT and p2pd live in home 3
-        model = DistributedModelForCausalLM.from_pretrained(
-            lab.model_dir, initial_peers=lab.local.initial_peers, coverage_timeout=60
-        )
-    yield model
-    model.shutdown()
+    with client_at_home(lab.net, lab.local, lab.model_dir, 3, coverage_timeout=60) as model:
+        yield model
 
 
 @pytest.fixture(scope="module")
 def expected(lab):
-    from transformers import AutoModelForCausalLM
-
-    local_model = AutoModelForCausalLM.from_pretrained(lab.model_dir)
-    return local_model.generate(torch.tensor(PROMPT), max_new_tokens=NEW_TOKENS, do_sample=False)
+    return local_greedy(lab.model_dir, PROMPT, NEW_TOKENS)
 
 
 def generate(client, **kwargs):
