@@ -180,6 +180,8 @@ class Verifier:
             "compared": sum(s["compared"] for s in spans),
             "unchecked_spans": [s["blocks"] for s in spans if s["steps"] and not s["compared"]],
             "spans": spans,
+            "disagreed": self.stats.mismatches,  # steps where the server and a witness disagreed
+            "liars_caught": self.stats.liars,
         }
 
     def _compared(self, run: Run) -> None:

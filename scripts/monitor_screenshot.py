@@ -16,6 +16,8 @@ import threading
 import time
 from pathlib import Path
 
+from headless_browser import start_browser
+
 from hexswarm.swarm.commands.tiny_model import make_tiny_model
 from hexswarm.swarm.tools.launcher import LocalSwarm, free_port
 
@@ -24,9 +26,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("docs/monitor.png"))
     args = parser.parse_args()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
     with tempfile.TemporaryDirectory(prefix="hexswarm-shot-") as tmp:
         tmp = Path(tmp)
         demo = make_tiny_model(tmp / "tiny-llama", layers=8, seed=0)
@@ -83,17 +82,7 @@ def main() -> None:
             for thread in streams:
                 thread.start()
             time.sleep(6)  # sessions announced, snapshot refreshed
-            options = webdriver.ChromeOptions()
-            options.binary_location = "/usr/bin/chromium"
-            for arg in (
-                "--headless=new",
-                "--no-sandbox",
-                "--disable-dev-shm-usage",
-                "--window-size=1400,900",
-                "--hide-scrollbars",
-            ):
-                options.add_argument(arg)
-            browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+            browser = start_browser(1400, 900)
             try:
                 browser.get(f"http://127.0.0.1:{monitor_port}/")
                 deadline = time.monotonic() + 60

@@ -23,13 +23,14 @@ import secrets
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 from transformers.generation.streamers import BaseStreamer
 
+from hexswarm.client.api.answer_report import current_route
 from hexswarm.client.worker import Cancelled
 
 
@@ -120,13 +121,19 @@ class _QueueStreamer(BaseStreamer):
     """Forwards `on_token(id)` of each new token id (not the prompt, which `generate` puts first)
     to an asyncio queue."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, on_token: Callable):
-        self.loop, self.queue, self.on_token, self.prompt_seen = loop, queue, on_token, False
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, on_token: Callable, on_first: Callable
+    ):
+        self.loop, self.queue, self.on_token, self.on_first = loop, queue, on_token, on_first
+        self.prompt_seen = self.first_seen = False
 
     def put(self, value: torch.Tensor) -> None:
         if not self.prompt_seen:
             self.prompt_seen = True
             return
+        if not self.first_seen:  # before the token is queued, so its reader sees what on_first set
+            self.first_seen = True
+            self.on_first()
         for token in value.reshape(-1).tolist():
             self.loop.call_soon_threadsafe(self.queue.put_nowait, self.on_token(token))
 
@@ -147,6 +154,9 @@ class TokenStream:
     cancel: threading.Event
     error: BaseException | None = None
     verification: dict | None = None  # the model's last_verification, once generate returned
+    # The chain serving it: as it stood at the first token, then as it ended once generate returned.
+    route: str | None = None
+    failovers: list = field(default_factory=list)  # client.peer_failures.Failover, once generate returned
 
     async def __aiter__(self) -> AsyncIterator:
         while True:
@@ -171,7 +181,11 @@ def start_generation(
     loop = asyncio.get_running_loop()
     stream = TokenStream(queue=asyncio.Queue(), cancel=threading.Event())
     kwargs = generation_kwargs(model, settings)
-    kwargs["streamer"] = _QueueStreamer(loop, stream.queue, hooks.on_token)
+
+    def note_route() -> None:  # in the generation thread, whose session this is
+        stream.route = current_route(model)
+
+    kwargs["streamer"] = _QueueStreamer(loop, stream.queue, hooks.on_token, note_route)
     kwargs["stopping_criteria"] = StoppingCriteriaList([_Stop(stream.cancel, hooks.should_stop)])
 
     def work() -> None:
@@ -186,10 +200,18 @@ def start_generation(
             pass
         except BaseException as e:  # handed to the request, which answers with an error
             outcome = e
-        stream.verification = getattr(model, "last_verification", None)  # read before the end marker
+        else:  # read before the end marker; after an error they may be an earlier request's
+            _read_how_it_was_served(model, stream)
         loop.call_soon_threadsafe(stream.queue.put_nowait, outcome)
         if hooks.on_finished is not None:
             loop.call_soon_threadsafe(hooks.on_finished)
 
     loop.run_in_executor(executor, work)
     return stream
+
+
+def _read_how_it_was_served(model, stream: TokenStream) -> None:
+    """The generation thread's last session, as the model kept it when the session closed."""
+    stream.verification = getattr(model, "last_verification", None)
+    stream.route = getattr(model, "last_route", None) or stream.route
+    stream.failovers = list(getattr(model, "last_failovers", None) or [])

@@ -30,11 +30,13 @@ import jinja2
 import torch
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hexswarm.client.api.admission import Admission, AdmissionLimits, Ticket
-from hexswarm.client.api.generation import GenerationHooks, SamplingSettings, start_generation
+from hexswarm.client.api.answer_report import AnswerTiming, final_extension, live_extension, with_extension
+from hexswarm.client.api.chat_page import chat_page
+from hexswarm.client.api.generation import GenerationHooks, SamplingSettings, TokenStream, start_generation
 from hexswarm.client.api.guards import BodyLimit, BodyTooLarge, CoverageProbe, unless_client_leaves
 from hexswarm.client.api.schema import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -124,11 +126,14 @@ class ApiService:
 
     async def answer(self, request: Request, body: CompletionRequest | ChatRequest, chat: bool):
         """The answer to one request (see `_serve`); a bare 499 if its client left first."""
+        timing = AnswerTiming(time.monotonic())
         # 429 at once when every place is taken, or this client (its address) holds its share
         ticket = self.admission.admit(request.client.host if request.client else "")
-        return await unless_client_leaves(request, self._serve(ticket, body, chat))
+        return await unless_client_leaves(request, self._serve(ticket, body, chat, timing))
 
-    async def _serve(self, ticket: Ticket, body: CompletionRequest | ChatRequest, chat: bool):
+    async def _serve(
+        self, ticket: Ticket, body: CompletionRequest | ChatRequest, chat: bool, timing: AnswerTiming
+    ):
         """The whole answer, or a stream of server-sent events; ApiError for anything refused."""
         try:
             ids, max_tokens, stop = await self._prepare(body, chat)
@@ -154,9 +159,12 @@ class ApiService:
         except BaseException:
             stream.cancel.set()
             raise
+        if not isinstance(first, Finished):
+            timing.first_token_now()
+        answer = _Answer(first, pieces, shape, len(ids), stream, timing)
         if not body.stream:
-            return await _whole(first, pieces, shape, len(ids), stream.cancel)
-        events = _sse(first, pieces, shape, len(ids), body.include_usage_in_stream(), stream.cancel)
+            return await _whole(answer)
+        events = _sse(answer, body.include_usage_in_stream())
         return StreamingResponse(events, media_type="text/event-stream")
 
     async def _prepare(self, body, chat: bool) -> tuple[list[int], int, list[str]]:
@@ -237,6 +245,10 @@ def create_app(model, tokenizer, config: ApiConfig, on_ready=None) -> FastAPI:
         @app.get("/openapi.json", dependencies=keyed, include_in_schema=False)
         async def openapi() -> dict:
             return app.openapi()
+
+    @app.get("/", include_in_schema=False)  # no key: the page asks for it, and sends it with each request
+    async def page() -> HTMLResponse:
+        return chat_page()
 
     @app.get("/health")  # no key: load balancers and probes ask it
     async def health() -> JSONResponse:
@@ -368,47 +380,59 @@ def _internal_error(error: Exception) -> ApiError:
     return ApiError(500, message, "server_error")
 
 
-async def _whole(first, pieces: AsyncIterator, shape: ResponseShape, prompt_tokens: int, cancel) -> dict:
-    text, piece = [], first
+@dataclass
+class _Answer:
+    """One admitted request's generation while its response is written."""
+
+    first: str | Finished  # the first piece, already awaited (errors before it got their status)
+    pieces: AsyncIterator  # the rest: text deltas, then one Finished
+    shape: ResponseShape
+    prompt_tokens: int
+    stream: TokenStream  # its cancel stops the generation; its route is the chain so far
+    timing: AnswerTiming
+
+    async def next_piece(self) -> str | Finished:
+        return await _next_piece(self.pieces)
+
+
+async def _whole(answer: _Answer) -> dict:
+    text, piece, shape = [], answer.first, answer.shape
     try:
         while not isinstance(piece, Finished):
             text.append(piece)
-            piece = await _next_piece(pieces)
+            piece = await answer.next_piece()
     except asyncio.CancelledError:
         logger.info("%s: the client left; generation stopped, session closed", shape.id)
         raise
     finally:
-        cancel.set()  # a no-op once generation ended; stops it if this handler was cancelled
-    return with_extension(
-        shape.whole("".join(text), piece.reason, prompt_tokens, piece.completion_tokens), piece
-    )
-
-
-def with_extension(body: dict, finished: Finished) -> dict:
-    """`body` with hexswarm's own field, which OpenAI clients ignore: with --verify, how many of
-    the answer's hop steps a second peer compared, per span, and the spans none was compared on."""
-    if finished.verification is not None:
-        body["hexswarm"] = {"verification": finished.verification}
-    return body
+        answer.stream.cancel.set()  # a no-op once generation ended; stops it if this handler was cancelled
+    body = shape.whole("".join(text), piece.reason, answer.prompt_tokens, piece.completion_tokens)
+    return with_extension(body, final_extension(piece, answer.timing))
 
 
 def _event(body: dict) -> bytes:
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
-async def _sse(first, pieces, shape: ResponseShape, prompt_tokens: int, include_usage: bool, cancel):
+async def _sse(answer: _Answer, include_usage: bool):
     """Server-sent events; when the client goes away, closing this generator stops the generation."""
-    piece, sent, done = first, 0, False
+    piece, shape, sent, done = answer.first, answer.shape, 0, False
+    live = live_extension(answer.stream.route)  # the chain at the first token, for the first chunk
     try:
         if shape.chat:  # OpenAI's first chat chunk carries the role
-            yield _event(shape.chunk(None, first=True))
+            yield _event(with_extension(shape.chunk(None, first=True), live))
+            live = None
         while not isinstance(piece, Finished):
-            yield _event(shape.chunk(piece))
-            sent += 1
-            piece = await _next_piece(pieces)
-        yield _event(with_extension(shape.chunk(None, finish_reason=piece.reason), piece))
+            yield _event(with_extension(shape.chunk(piece), live))
+            live, sent = None, sent + 1
+            piece = await answer.next_piece()
+        yield _event(
+            with_extension(
+                shape.chunk(None, finish_reason=piece.reason), final_extension(piece, answer.timing)
+            )
+        )
         if include_usage:
-            yield _event(shape.usage_chunk(prompt_tokens, piece.completion_tokens))
+            yield _event(shape.usage_chunk(answer.prompt_tokens, piece.completion_tokens))
         yield b"data: [DONE]\n\n"
         done = True
     except ApiError as e:  # the status line is gone; say it in the stream, as OpenAI does
@@ -416,7 +440,7 @@ async def _sse(first, pieces, shape: ResponseShape, prompt_tokens: int, include_
         yield _event(e.body())
         done = True
     finally:
-        cancel.set()
+        answer.stream.cancel.set()
         if not done:
             logger.info(
                 "%s: the client left after %d chunks; generation stopped, session closed", shape.id, sent

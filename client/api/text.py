@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hexswarm.client.api.generation import TokenStream
 
@@ -28,6 +28,8 @@ class Finished:
     reason: str
     completion_tokens: int
     verification: dict | None = None  # with --verify: what was compared (client/verify.py summary)
+    route: str | None = None  # the chain that served it, as it ended (client/api/answer_report.py)
+    failovers: list = field(default_factory=list)  # client.peer_failures.Failover on the way
 
 
 @dataclass(frozen=True)
@@ -112,4 +114,5 @@ async def text_deltas(
     if tail:
         yield tail
     ended_by_model = assembler.stopped or last in eos_ids
-    yield Finished("stop" if ended_by_model or count < max_tokens else "length", count, stream.verification)
+    reason = "stop" if ended_by_model or count < max_tokens else "length"
+    yield Finished(reason, count, stream.verification, stream.route, stream.failovers)

@@ -3,7 +3,8 @@
 Starts a bootstrap node and three peers whose layer ranges overlap (real processes on
 127.0.0.1), then runs a client process that completes a prompt and answers a chat message,
 printing for each the chain of peers it used and its speed. `--tiny` serves a random 8-layer
-model instead (no package needed).
+model instead (no package needed). With `--chat` it runs `hexswarm api` instead of the client,
+prints its chat page's address and keeps the swarm up until Ctrl-C.
 
 Whatever ends the demo (the client finishing, an error, Ctrl-C, SIGTERM from a service manager
 or `kill`, SIGHUP from a closed terminal), it stops every process it started and removes the
@@ -93,9 +94,17 @@ class StopSignals:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to complete greedily")
     parser.add_argument(
-        "--chat",
+        "--message",
         default=DEFAULT_CHAT,
         help="a user message answered through the chat template (not with --tiny)",
+    )
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="serve the chat page (hexswarm api) instead, and keep the swarm up until Ctrl-C",
+    )
+    parser.add_argument(
+        "--port", type=cli_args.port, default=8000, help="the chat page's port, with --chat (default 8000)"
     )
     parser.add_argument(
         "--max-new-tokens", type=cli_args.positive_int, default=32, help="tokens to generate for each"
@@ -178,6 +187,9 @@ def _run_swarm(swarm: LocalSwarm, model, ranges, args: argparse.Namespace) -> in
     for proc, (name, layers) in zip(procs, ranges, strict=True):
         swarm.wait_for_log(proc, "online:", timeout=300)
         print(f"[demo] peer {name} serves layers [{layers.replace(':', ', ')})", flush=True)
+    if args.chat:
+        print(f"[demo] swarm up in {time.monotonic() - began:.1f} s", flush=True)
+        return _serve_chat_page(swarm, model, peers, args.port)
     print(f"[demo] swarm up in {time.monotonic() - began:.1f} s; generating", flush=True)
     generate = [
         sys.executable,
@@ -190,10 +202,22 @@ def _run_swarm(swarm: LocalSwarm, model, ranges, args: argparse.Namespace) -> in
     ]
     client = [*generate, "--prompt", args.prompt]
     if not args.tiny:
-        client += ["--chat", args.chat]
+        client += ["--chat", args.message]
     client += ["--max-new-tokens", str(args.max_new_tokens)]
     env = {**os.environ, **COLOCATED_ENV, "PYTHONWARNINGS": "ignore"}
     return _run_client(client, env)
+
+
+def _serve_chat_page(swarm: LocalSwarm, model, peers: list[str], port: int) -> int:
+    """`hexswarm api` over the demo's swarm until a stop signal (or until the API exits)."""
+    command = [sys.executable, "-m", "hexswarm.swarm.commands.cli", "api", "--model", str(model),
+               "--initial-peers", *peers, "--port", str(port)]  # fmt: skip
+    api = swarm.start_command("api", command, ready="api: serving", timeout=300)
+    print(f"[demo] chat page: http://127.0.0.1:{port}/ (Ctrl-C stops the swarm)", flush=True)
+    while (status := api.popen.poll()) is None:
+        time.sleep(0.5)
+    print(f"[demo] the API stopped (exit status {status}); its log: {api.log_path}", flush=True)
+    return 1
 
 
 def _run_client(command: list[str], env: dict[str, str]) -> int:

@@ -1,4 +1,4 @@
-"""`hexswarm demo` leaves nothing behind, whatever signal ends it.
+"""`hexswarm demo` leaves nothing behind, whatever signal ends it (its `--chat` page mode too).
 
 The real demo (`--tiny`) runs as a subprocess with its temporary folder under this test's own
 TMPDIR. The test watches every process the demo starts (its peers, their DHT processes and
@@ -8,15 +8,19 @@ are still starting. The demo must exit with 128 + the signal's number, no proces
 may outlive it, and its temporary folder must be gone.
 """
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import psutil  # installed with accelerate, a dependency of hexswarm
 import pytest
+
+from hexswarm.swarm.tools.launcher import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +32,7 @@ LEFTOVER_GRACE_S = 10  # a SIGKILLed process may take a moment to leave the proc
 class Demo:
     """The demo process, its output (read on a thread) and every descendant seen so far."""
 
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, chat_port: int | None = None):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}
         command = [
             sys.executable,
@@ -39,6 +43,8 @@ class Demo:
             "--max-new-tokens",
             "16",
         ]
+        if chat_port is not None:
+            command += ["--chat", "--port", str(chat_port)]
         self.popen = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
         )
@@ -135,13 +141,22 @@ def describe(procs: list[psutil.Process]) -> str:
 
 @pytest.mark.parametrize(
     "sig, when",
-    [(signal.SIGTERM, "serving"), (signal.SIGHUP, "serving"), (signal.SIGTERM, "starting")],
-    ids=["sigterm-while-serving", "sighup-while-serving", "sigterm-while-peers-start"],
+    [(signal.SIGTERM, "serving"), (signal.SIGHUP, "serving the chat page"), (signal.SIGTERM, "starting")],
+    ids=["sigterm-while-serving", "sighup-while-serving-the-chat-page", "sigterm-while-peers-start"],
 )
 def test_demo_stops_everything_and_removes_its_folder_on_a_signal(tmp_path, sig, when):
-    demo = Demo(tmp_path)
+    port = free_port()
+    demo = Demo(tmp_path, chat_port=port if when == "serving the chat page" else None)
     try:
-        if when == "serving":  # every peer online, and the client generating through them
+        if when == "serving the chat page":  # the swarm stays up while the page answers
+            demo.wait_until(lambda: f"chat page: http://127.0.0.1:{port}/" in demo.output(), START_TIMEOUT_S)
+            page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30).read().decode()
+            assert "<title>hexswarm chat</title>" in page
+            answer = ask_the_api(port)
+            assert answer["choices"][0]["message"]["content"] and answer["hexswarm"]["route"].startswith(
+                "alice["
+            )
+        elif when == "serving":  # every peer online, and the client generating through them
             demo.wait_until(
                 lambda: (
                     "swarm up" in demo.output()
@@ -170,3 +185,14 @@ def test_demo_stops_everything_and_removes_its_folder_on_a_signal(tmp_path, sig,
         assert not list(tmp_path.glob("hexswarm-demo-*")), list(tmp_path.iterdir())
     finally:
         demo.kill_all()
+
+
+def ask_the_api(port: int) -> dict:
+    """One chat completion from the demo's API, as the page would ask it (not streamed here)."""
+    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    return json.loads(urllib.request.urlopen(request, timeout=60).read())

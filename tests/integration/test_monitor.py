@@ -6,40 +6,17 @@ Needs Debian's `chromium` and `chromium-driver` (.ci/run installs them); skipped
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import time
 import urllib.request
 
 import pytest
 
 from hexswarm.swarm.tools.launcher import free_port
+from tests.integration.browser import skip_without_chromium, start_browser, wait_for
 
 pytestmark = pytest.mark.integration
 
-webdriver = pytest.importorskip("selenium.webdriver")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-if not (CHROMIUM and CHROMEDRIVER):
-    pytest.skip(
-        "needs chromium and chromedriver (apt-get install chromium chromium-driver)", allow_module_level=True
-    )
-
-
-def start_browser(width: int = 1400, height: int = 1000):
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        f"--window-size={width},{height}",
-    ):
-        options.add_argument(arg)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+skip_without_chromium()
 
 
 def start_monitor(swarm, refresh: float = 1.0):
@@ -58,20 +35,6 @@ def start_monitor(swarm, refresh: float = 1.0):
     ]
     proc = swarm.local.start_command("monitor", args, ready="monitor: http", timeout=120)
     return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = condition()
-            if value:
-                return value
-        except Exception:  # the page may be mid-redraw, or the server not up yet
-            value = None
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
 
 
 def page_state(browser, model_id: str) -> dict:

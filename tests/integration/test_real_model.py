@@ -21,6 +21,8 @@ import torch
 
 from hexswarm.swarm.models.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path
 from hexswarm.swarm.tools.launcher import LocalSwarm, free_port
+from hexswarm.swarm.trust.records import read_peer_records
+from tests.integration.browser import requires_chromium, start_browser, wait_for
 from tests.integration.test_coordinator import wait_until
 
 pytestmark = pytest.mark.integration
@@ -172,6 +174,145 @@ class TestTwoUnevenPeers:
             client.shutdown()
         assert two_peer_model.spec.model_id in str(caught.value) and client.spec.model_id in str(caught.value)
         assert two_peer_model.spec.model_id != client.spec.model_id
+
+    # The chat page `hexswarm api` serves, in headless Chromium at a phone's width (issue 52).
+    @requires_chromium
+    def test_chat_page_streams_an_answer_with_its_chain_and_a_second_turn_sees_the_first(self, chat_page):
+        index = ask(chat_page, "What is the capital of France?")
+        answer, seen = answer_when_done(chat_page, index, 120)
+        assert answer["state"] == "done" and "Paris" in answer["text"], answer
+        assert len(seen) >= 2, seen  # the text grew while it streamed, not all at once
+        assert "left[0:11)" in answer["route"] and "right[11:30)" in answer["route"], answer
+        assert "first token after" in answer["served"] and "tokens/s" in answer["served"], answer
+        index = ask(chat_page, "And of Italy?")
+        second, _ = answer_when_done(chat_page, index, 120)
+        assert second["state"] == "done" and second["sent"] == "3", second  # user, assistant, user
+
+    @requires_chromium
+    def test_chat_page_stop_ends_a_long_answer_and_frees_every_peers_session(self, chat_page, two_peer_model):
+        from selenium.webdriver.common.by import By
+
+        set_number(chat_page, "max-tokens", 1000)
+        index = ask(chat_page, "Write a long story about a dragon who learns to cook.")
+        wait_for(lambda: answer_at(chat_page, index)["chunks"] >= 3, 60, "three chunks of the answer")
+        wait_for(lambda: sum(open_sessions(two_peer_model).values()) >= 2, 30, "a session on each peer")
+        chat_page.find_element(By.ID, "stop").click()
+        wait_for(lambda: answer_at(chat_page, index)["state"] == "stopped", 10, "the page to stop")
+        wait_for(lambda: not any(open_sessions(two_peer_model).values()), 20, "every session closed")
+        set_number(chat_page, "max-tokens", 256)
+
+    @requires_chromium
+    def test_chat_page_shows_markup_in_an_answer_as_text(self, chat_page):
+        from selenium.common.exceptions import NoAlertPresentException
+
+        chat_page.find_element("id", "new-chat").click()
+        set_number(chat_page, "max-tokens", 100)
+        # SmolLM2's greedy answer has a <script> with alert() and an <img onerror="alert(...)">
+        index = ask(chat_page, "Show an XSS example in HTML using <script> and <img onerror>.")
+        answer, _ = answer_when_done(chat_page, index, 120)
+        set_number(chat_page, "max-tokens", 256)
+        assert answer["state"] == "done", answer
+        assert "<script>" in answer["text"] and "<img" in answer["text"] and "onerror=" in answer["text"], (
+            answer
+        )
+        assert (
+            chat_page.execute_script("return document.querySelectorAll('#turns img, #turns script').length")
+            == 0
+        )
+        with pytest.raises(NoAlertPresentException):  # no handler of the answer ran
+            _ = chat_page.switch_to.alert.text
+
+    @requires_chromium
+    def test_chat_page_says_in_words_when_blocks_have_no_peer(self, chat_page, two_peers):
+        # The class's last test: it stops the swarm's only peer of blocks 11:30.
+        two_peers.stop(next(p for p in two_peers.processes if p.name == "right"))
+        index = ask(chat_page, "What is the capital of Spain?")
+        answer, _ = answer_when_done(chat_page, index, 90)
+        assert answer["state"] == "error", answer
+        assert "no online peer serves blocks 11:30" in answer["problem"], answer
+        assert "Start a peer for those blocks" in answer["problem"], answer
+        wait_for(
+            lambda: "11:30" in chat_page.find_element("id", "health").text, 30, "the header's coverage line"
+        )
+
+
+CHAT_KEY = "chat-page-test-key"
+TURNS_JS = """
+return [...document.querySelectorAll("#turns .turn")].map(t => ({
+    role: t.dataset.role, state: t.dataset.state || "", text: t.querySelector(".bubble").textContent,
+    route: t.dataset.route || "", sent: t.dataset.sentMessages || "", chunks: Number(t.dataset.chunks || 0),
+    served: (t.querySelector(".served") || {}).textContent || "",
+    problem: (t.querySelector(".problem") || {}).textContent || ""}));
+"""
+
+
+@pytest.fixture(scope="class")
+def chat_page(two_peers):
+    """`hexswarm api` with a key, and its chat page open in headless Chromium, the key entered."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    port = free_port()
+    api = two_peers.start_command(
+        "chat-api",
+        [sys.executable, "-m", "hexswarm.swarm.commands.cli", "api", "--model", DEFAULT_MODEL, "--port", str(port),
+         "--initial-peers", *two_peers.initial_peers, "--api-key", CHAT_KEY],
+        ready="api: serving",
+        timeout=180,
+    )  # fmt: skip
+    browser = start_browser(width=420, height=900)  # a phone's width
+    try:
+        browser.get(f"http://127.0.0.1:{port}/")
+        wait_for(
+            lambda: browser.find_element(By.ID, "key-form").is_displayed(), 30, "the page to ask for the key"
+        )
+        browser.find_element(By.ID, "api-key").send_keys(CHAT_KEY + Keys.ENTER)
+        wait_for(lambda: browser.find_element(By.ID, "model").text == DEFAULT_MODEL, 30, "the model's name")
+        assert browser.execute_script("return sessionStorage.getItem('hexswarm-api-key')") == CHAT_KEY
+        assert CHAT_KEY not in browser.current_url
+        yield browser
+    finally:
+        browser.quit()
+        two_peers.stop(api)
+
+
+def ask(browser, text: str) -> int:
+    """Types `text` into the page's input and sends it with Enter, as a person does; returns the
+    index of the answer's turn on the page."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    shown = len(browser.execute_script(TURNS_JS))
+    browser.find_element(By.ID, "input").send_keys(text + Keys.ENTER)
+    wait_for(
+        lambda: len(browser.execute_script(TURNS_JS)) >= shown + 2, 10, "the question and its answer's place"
+    )
+    return shown + 1
+
+
+def answer_at(browser, index: int) -> dict:
+    return browser.execute_script(TURNS_JS)[index]
+
+
+def answer_when_done(browser, index: int, timeout: float) -> tuple[dict, list[str]]:
+    """The answer at `index` once it ended, and each distinct text it showed while it streamed."""
+    seen, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        answer = answer_at(browser, index)
+        if answer["state"] == "streaming" and answer["text"] and (not seen or seen[-1] != answer["text"]):
+            seen.append(answer["text"])
+        if answer["state"] != "streaming":
+            return answer, seen
+        time.sleep(0.05)
+    raise AssertionError(f"the answer did not end within {timeout} s: {answer_at(browser, index)}")
+
+
+def open_sessions(model) -> dict[str, int]:
+    return {r.name: r.open_sessions for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
+
+
+def set_number(browser, element_id: str, value: int) -> None:
+    browser.execute_script(f"document.getElementById('{element_id}').value = arguments[0]", value)
 
 
 class TestThreePeers:

@@ -4,7 +4,7 @@ and the API's report of what was compared."""
 
 import pytest
 
-from hexswarm.client.api.server import with_extension
+from hexswarm.client.api.answer_report import final_extension, with_extension
 from hexswarm.client.api.text import Finished
 from hexswarm.client.retry import Attempt, BanList, RetryPolicy, SpanUnservedError
 from hexswarm.client.verify_records import NotComparedError, SpanTally, short_spans
@@ -59,8 +59,8 @@ def test_spans_short_of_comparisons_by_default_none_compared_else_a_share():
 
 def test_the_api_reports_what_was_compared_in_its_own_field_only_when_verifying():
     summary = {"steps": 4, "compared": 0, "unchecked_spans": ["0:2"], "spans": []}
-    assert with_extension({"id": "x"}, Finished("stop", 4, summary)) == {
+    assert with_extension({"id": "x"}, final_extension(Finished("stop", 4, summary), None)) == {
         "id": "x",
         "hexswarm": {"verification": summary},
     }
-    assert with_extension({"id": "x"}, Finished("stop", 4)) == {"id": "x"}
+    assert with_extension({"id": "x"}, final_extension(Finished("stop", 4), None)) == {"id": "x"}

@@ -1,5 +1,5 @@
 """The wheel a user installs (`pip install .`, the Docker images): every module of the four
-folders lands under `hexswarm/`, with the monitor's page, and nothing at the top level but
+folders lands under `hexswarm/`, with the monitor's and the chat page's HTML, and nothing at the top level but
 `hexswarm` itself."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_the_wheel_installs_everything_under_one_name(tmp_path):
         for path in (ROOT / folder).rglob("*.py")
     }
     assert expected <= names, sorted(expected - names)[:10]
-    assert "hexswarm/client/monitor_page.html" in names
+    assert "hexswarm/client/monitor_page.html" in names and "hexswarm/client/api/chat_page.html" in names
     assert "hexswarm/swarm/net/public_peers.txt" in names  # --public reads the bootstrap list
     tops = {name.split("/")[0] for name in names if not name.startswith("hexswarm-")}
     assert tops == {"hexswarm"}
