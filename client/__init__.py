@@ -26,6 +26,7 @@ _EXPORTS = {
     "NoChainError": "hexswarm.client.chain_choice",
     "InitialPeersError": "hexswarm.swarm.net.dht",
     "NotComparedError": "hexswarm.client.verify_records",
+    "UnsettledDisputeError": "hexswarm.client.verify_records",
 }
 
 __all__ = list(_EXPORTS)

@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         MissingBlocksError,
         NotComparedError,
         RetryPolicy,
+        UnsettledDisputeError,
     )
     from hexswarm.client.verify_records import VerificationError
     from hexswarm.swarm.models.model_spec import ModelSpecError
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
             quant=args.quant,
             verify=cli_args.client_verify(args),
             verify_min_compared=args.verify_min_compared,
+            accept_unsettled=args.accept_unsettled,
             coverage_timeout=args.coverage_timeout,
             retry=RetryPolicy(replacement_wait_s=args.replacement_wait),
         )
@@ -87,9 +89,10 @@ def run(args: argparse.Namespace) -> int:
             input_ids = _chat_ids(tokenizer, messages)
             _generate(model, tokenizer, "chat", args.chat, input_ids, args)
         return 0
-    except NotComparedError as e:  # the output exists, unchecked: shown as such, and exit 1
+    except (NotComparedError, UnsettledDisputeError) as e:  # the output exists, unchecked: so shown, exit 1
         text = tokenizer.decode(e.output[0, e.prompt_length :], skip_special_tokens=True)
-        print(f"output (NOT VERIFIED): {text!r}")
+        disputed = "DISPUTED, " if isinstance(e, UnsettledDisputeError) else ""
+        print(f"output ({disputed}NOT VERIFIED): {text!r}")
         print(f"verified: {model.verify_stats.describe()}", flush=True)
         print(f"hexswarm generate: {e}", file=sys.stderr)
         return 1

@@ -26,13 +26,20 @@ from transformers import AutoModelForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hexswarm.client.evidence_sync import EVIDENCE_ROUND_S, EvidenceSync
+from hexswarm.client.generate_lengths import generation_length, rollback_arguments
 from hexswarm.client.peer_failures import Failover
 from hexswarm.client.remote import PeerError
 from hexswarm.client.retry import BanList, RetryPolicy
 from hexswarm.client.session import InferenceSession
 from hexswarm.client.swarm_client import SwarmClient
 from hexswarm.client.verify import Verifier
-from hexswarm.client.verify_records import NotComparedError, RollbackNeeded, VerifyStats, short_spans
+from hexswarm.client.verify_records import (
+    NotComparedError,
+    RollbackNeeded,
+    UnsettledDisputeError,
+    VerifyStats,
+    unchecked_output_error,
+)
 from hexswarm.client.worker import run_sync
 from hexswarm.routing.chains.swarm_view import Router
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, accepted_formats
@@ -78,6 +85,7 @@ class DistributedMixin:
     router: Router
     spec: ModelSpec
     verify: float = 0.0  # share of hop steps a second peer recomputes (client/verify.py)
+    accept_unsettled: bool = False  # return output whose disputes no third peer settled
     # Peers push outputs to the next peer (peer/push.py): a step crosses n + 1 links instead of
     # 2n, which saves one network latency per hop across real networks (docs/reliability.md
     # "Push between peers").
@@ -182,7 +190,11 @@ class DistributedMixin:
                     ):
                         raise e.error from None  # tokens already out (or too many liars): the error
                     inputs, kwargs = self._rolled_back(e.position, inputs, kwargs)
-        except (PeerError, NotComparedError) as e:  # what was generated is the caller's
+        except (
+            PeerError,
+            NotComparedError,
+            UnsettledDisputeError,
+        ) as e:  # what was generated is the caller's
             if isinstance(e, PeerError):
                 e.partial_output = self._threads.tokens  # prompt and new tokens, (batch, length)
             e.prompt_length = prompt.shape[1] if prompt is not None else None
@@ -207,49 +219,33 @@ class DistributedMixin:
         verifier has not checked yet is checked before the output returns."""
         with (
             torch_threads(self.threads),
-            self.inference_session(max_length=self._generation_length(inputs, kwargs)),
+            self.inference_session(max_length=generation_length(inputs, kwargs, self.generation_config)),
         ):
             output = super().generate(inputs, *args, **kwargs)
-            if self.session is not None and kwargs.get("streamer") is None:
-                self.session.finish_verification()
-                self._require_compared(output)
+            if self.session is not None:  # streamed: only disputes (the tokens are out, unchecked)
+                streamed = kwargs.get("streamer") is not None
+                if not streamed:
+                    self.session.finish_verification()
+                self._require_checked(output, min_compared=0.0 if streamed else self.verify_min_compared)
             return output
 
-    def _require_compared(self, output: torch.Tensor) -> None:
-        """NotComparedError when verification compared too little of some span (see
-        `verify_min_compared` in from_pretrained)."""
-        verifier = self.session.verifier
-        short = short_spans(verifier.tally, self.verify_min_compared) if verifier is not None else {}
-        if short:
-            why = "; ".join(f"{n} {reason}" for reason, n in self.verify_stats.uncompared.most_common())
-            raise NotComparedError(short, self.verify_min_compared, why, output)
+    def _require_checked(self, output: torch.Tensor, min_compared: float | None) -> None:
+        """UnsettledDisputeError or NotComparedError when verification could not vouch for the
+        output (see `accept_unsettled` and `verify_min_compared` in from_pretrained)."""
+        why = "; ".join(f"{n} {reason}" for reason, n in self.verify_stats.uncompared.most_common())
+        error = unchecked_output_error(
+            self.session.verifier, min_compared, self.accept_unsettled, why, output
+        )
+        if error is not None:
+            raise error
 
     def _rolled_back(self, position: int, inputs, kwargs):
         """The generation's inputs and arguments to start again from: the tokens up to and
         including `position` (the first whose hidden state was wrong came from right ones)."""
-        prompt = inputs if inputs is not None else kwargs.get("input_ids")
-        tokens = self._threads.tokens
-        keep = max(prompt.shape[1] if prompt is not None else 1, min(position + 1, tokens.shape[1]))
-        total = self._generation_length(inputs, kwargs)
-        kept = {k: v for k, v in kwargs.items() if k not in ("max_length", "input_ids", "attention_mask")}
-        kept["max_new_tokens"] = total - keep
-        if "attention_mask" in kwargs:
-            kept["attention_mask"] = torch.ones_like(tokens[:, :keep])
         logger.warning("a lie was found at token %d: generating again from there without the liar", position)
         self.verify_stats.rollbacks += 1
-        return tokens[:, :keep], kept
-
-    def _generation_length(self, inputs, kwargs) -> int:
-        prompt = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
-        prompt_len = prompt.shape[1] if prompt is not None else 1
-        config = kwargs.get("generation_config") or self.generation_config
-        if kwargs.get("max_new_tokens") is not None:
-            return prompt_len + kwargs["max_new_tokens"]
-        if kwargs.get("max_length") is not None:
-            return kwargs["max_length"]
-        if config.max_new_tokens is not None:
-            return prompt_len + config.max_new_tokens
-        return max(config.max_length, prompt_len + 1)
+        total = generation_length(inputs, kwargs, self.generation_config)
+        return rollback_arguments(inputs, kwargs, self._threads.tokens, position, total)
 
     def forward(
         self,
@@ -360,6 +356,7 @@ class DistributedModelForCausalLM:
         host_maddrs: Sequence[str] | None = None,
         verify: float | None = None,
         verify_min_compared: float | None = None,
+        accept_unsettled: bool = False,
         push: bool = True,
         threads: int | None = None,
         quant: str | Sequence[str] = (DEFAULT_QUANT,),
@@ -384,7 +381,9 @@ class DistributedModelForCausalLM:
         overrides it for one call. A non-streaming generate() with verification raises
         NotComparedError (its `output` holds the unchecked output) when a span had no step
         compared, e.g. because no second peer serves it in that format; `verify_min_compared`
-        in [0, 1] asks for that share of each span's steps instead (0 accepts anything).
+        in [0, 1] asks for that share of each span's steps instead (0 accepts anything). When a
+        server and a witness disagree and no third peer settles it, generate() raises
+        UnsettledDisputeError (streamed: once the tokens are out) unless `accept_unsettled`.
         `generate(..., cancel=event)` (a threading.Event): once another thread sets it, the call
         stops within 0.1 s, even mid-step or mid-failover, raising client.worker.Cancelled, and
         closes its session on every peer (the API server sets it when its client leaves).
@@ -424,7 +423,7 @@ class DistributedModelForCausalLM:
         swarm = SwarmClient.connect(peers, host_maddrs, accepted)
         model._init_swarm(spec, swarm, router, coverage_timeout, retry or RetryPolicy(), dtype)
         model.verify, model.verify_stats, model.push = verify, VerifyStats(), push
-        model.verify_min_compared = verify_min_compared
+        model.verify_min_compared, model.accept_unsettled = verify_min_compared, accept_unsettled
         model.threads = threads if threads is not None else (1 if openmp_spins() else None)
         return model
 

@@ -13,8 +13,12 @@ enough: a third peer (of the same format, preferably from a third IP group) reco
 step. The peer that the third one disagrees with, while agreeing with the other, is the liar:
 it is banned by this client and on this machine for 30 days (swarm/trust/bans.py), and a signed report
 naming the evidence (input hash, both output hashes) is published in the DHT (swarm/trust/reports.py).
-With no third opinion, or one that settles nothing, nobody is blamed: the step counts as
-"disputed" among the steps that could not be compared. If the liar is the serving peer, the
+Up to three third peers are asked in turn. With no third opinion that settles it, nobody is
+blamed: the steps count as "disputed" among those that could not be compared, and the
+generation raises UnsettledDisputeError instead of returning its output as checked, unless the
+caller accepts unsettled output. A third peer of the servers' or the witness's IP group still
+settles (a private swarm on one subnet has no other), and the verdict says it is the weaker
+guarantee. If the liar is the serving peer, the
 step fails with VerificationError, a PeerError naming that peer, so the session fails over to
 another peer (which recomputes the step from the kept inputs) or fails; if it is the witness,
 the generation goes on.
@@ -47,6 +51,7 @@ from hexswarm.client.remote import (
     close_sessions,
     random_session_id,
 )
+from hexswarm.client.verify_evidence import evidence_of_lie, publish_report_signed
 from hexswarm.client.verify_records import (
     DISPUTED,
     MAX_RUN_TOKENS,
@@ -54,6 +59,7 @@ from hexswarm.client.verify_records import (
     NOT_KEPT,
     PUSHED_CACHE,
     WITNESS_FAILED,
+    Dispute,
     Run,
     Served,
     Shadow,
@@ -62,19 +68,17 @@ from hexswarm.client.verify_records import (
     VerifyStats,
 )
 from hexswarm.client.worker import run_sync
-from hexswarm.swarm.net.identity import peer_id_from_owner_marker
 from hexswarm.swarm.trust.bans import add_ban, new_ban
-from hexswarm.swarm.trust.evidence import Evidence, save_evidence
 from hexswarm.swarm.trust.records import PeerRecord
-from hexswarm.swarm.trust.reports import REPORT_TTL_S, Report, publish_report, tensor_hash
+from hexswarm.swarm.trust.reports import Report, tensor_hash
 from hexswarm.swarm.trust.verify_tolerance import TOLERANCES, Comparison, coarsest, compare
 from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
 logger = logging.getLogger(__name__)
 
 RECORDS_TTL_S = 30.0  # how long the list of candidate witnesses is reused
-PUBLISH_TIMEOUT_S = 5.0
 WITNESS_TIMEOUT_S = 30.0  # opening a shadow session and catching it up (a replay of the span's inputs)
+MAX_THIRD_OPINIONS = 3  # third peers asked in turn to settle one disagreement
 
 
 class Verifier:
@@ -106,6 +110,7 @@ class Verifier:
         self.witness_steps: dict[str, Served] = {}  # witness -> its last shadow step (for evidence)
         self.quants: dict[tuple[int, int], str] = {}
         self.tally: dict[tuple[int, int], SpanTally] = {}  # this session's steps and comparisons per span
+        self.disputes: list[Dispute] = []  # runs no third peer settled: not checked output
         self._records: tuple[float, list[PeerRecord]] = (-RECORDS_TTL_S, [])
 
     async def after_hop(
@@ -182,6 +187,7 @@ class Verifier:
             "spans": spans,
             "disagreed": self.stats.mismatches,  # steps where the server and a witness disagreed
             "liars_caught": self.stats.liars,
+            "disputes": [d.describe() for d in self.disputes],  # disagreements nobody settled
         }
 
     def _compared(self, run: Run) -> None:
@@ -200,26 +206,41 @@ class Verifier:
 
     async def _settle(self, run: Run, witness: PeerRecord, theirs: torch.Tensor, first: Comparison) -> None:
         """The served outputs and the witness's disagree: a third peer's recomputation names the
-        liar, if it can."""
-        others = await self._candidates(run, exclude={*run.servers, witness.peer_id})
-        third = self._pick(others, avoid=[*run.servers, witness.peer_id]) if others else None
-        verdict = await self._recompute(third, run, fresh=True) if third is not None else None
-        if verdict is None:
-            self.stats.uncompared[DISPUTED] += len(run.served)
-            logger.warning(
-                "blocks [%d:%d): the server and witness %s disagree and no third peer could settle it; "
-                "blaming nobody",
-                run.start,
-                run.end,
-                witness.name,
-            )
-            return
-        sides_with_servers = self._compare(run.outputs, verdict, [*run.servers, third.peer_id]).agree
-        sides_with_witness = self._compare(theirs, verdict, [witness.peer_id, third.peer_id]).agree
-        if sides_with_servers == sides_with_witness:  # agrees with both, or with neither
-            self.stats.uncompared[DISPUTED] += len(run.served)
-            return
-        if sides_with_servers:
+        liar, if it can; up to MAX_THIRD_OPINIONS of them are asked in turn. Unsettled, the run
+        is a Dispute, which the generation may not return as checked (client/model.py)."""
+        asked, why = [*run.servers, witness.peer_id], "no third peer serves the blocks in that format"
+        for _ in range(MAX_THIRD_OPINIONS):
+            others = await self._candidates(run, exclude=set(asked))
+            if not others:
+                break
+            third = self._pick(others, avoid=asked)
+            asked.append(third.peer_id)
+            verdict = await self._recompute(third, run, fresh=True)
+            if verdict is None:
+                why = f"the third peer {third.name} failed"
+                continue
+            sides_with_servers = self._compare(run.outputs, verdict, [*run.servers, third.peer_id]).agree
+            sides_with_witness = self._compare(theirs, verdict, [witness.peer_id, third.peer_id]).agree
+            if sides_with_servers != sides_with_witness:
+                await self._settled(run, witness, theirs, first, third, verdict, sides_with_servers)
+                return
+            why = f"the third peer {third.name} agreed with {'both' if sides_with_servers else 'neither'}"
+        self.stats.uncompared[DISPUTED] += len(run.served)
+        servers = tuple(self.session.name(p) for p in sorted(run.servers))
+        self.disputes.append(Dispute(run.start, run.end, run.first, servers, witness.name, why))
+        logger.warning(
+            "blocks [%d:%d): the server and witness %s disagree and %s; blaming nobody",
+            run.start,
+            run.end,
+            witness.name,
+            why,
+        )
+
+    async def _settled(
+        self, run: Run, witness, theirs, first: Comparison, third, verdict, servers_right: bool
+    ):
+        """The third peer sided with one of the two: the other is the liar."""
+        if servers_right:
             served = self.witness_steps.get(witness.peer_id) or Served(run.first, witness.peer_id, theirs)
             await self._convict(served, run, verdict, third, first)
             self._forget_witness(run, witness.peer_id)
@@ -261,7 +282,7 @@ class Verifier:
         self.stats.liars += 1
         offset = max(0, bad.position - run.first)
         good = verdict[:, offset : offset + bad.output.shape[1]]
-        evidence = await self._evidence(bad, run)
+        evidence = await evidence_of_lie(bad, run)
         report = Report(
             reporter="",
             reported=bad.peer_id,
@@ -279,52 +300,28 @@ class Verifier:
             evidence=evidence.digest() if evidence is not None else "",
         )
         self._ban(bad.peer_id)
-        reason = f"wrong output for blocks [{run.start}:{run.end}) ({first.describe()})"
+        weaker = self._weaker_guarantee(third, [bad.peer_id, *run.servers])
+        reason = f"wrong output for blocks [{run.start}:{run.end}) ({first.describe()}){weaker}"
         add_ban(new_ban(bad.peer_id, self.spec.model_id, run.start, run.end, reason))
-        await self._publish(report)
+        await publish_report_signed(self.swarm.dht, report)
         if evidence is not None:  # peers that serve the blocks re-check it and pass it on
             self.swarm.spawn(share_evidence(self.swarm, evidence, self._records[1], self.rng))
         logger.warning(
-            "peer %s returned a wrong output for blocks [%d:%d) at token %d (%s agrees); banned and reported",
+            "peer %s returned a wrong output for blocks [%d:%d) at token %d (%s agrees%s); banned and reported",
             self.session.name(bad.peer_id),
             run.start,
             run.end,
             bad.position,
             third.name,
+            weaker,
         )
 
-    async def _evidence(self, bad: Served, run: Run) -> Evidence | None:
-        """The liar's signed commitments and the inputs, saved where `hexswarm recheck` reads
-        them; None if it signs nothing (an older peer) or will not sign now."""
-        log = bad.conn.logs.get(bad.session_id) if bad.conn is not None else None
-        end = bad.position + bad.output.shape[1]
-        step = next((i for i, r in enumerate(log.records) if r.position == end), None) if log else None
-        if step is None or not bad.conn.owner_marker:
-            return None
-        try:
-            signed = log.signed_after(end) or await bad.conn.attest(bad.session_id)
-        except PeerError as e:
-            logger.info("peer %s signs no statement of its wrong output: %s", bad.conn.peer_name, e)
-            return None
-        records = tuple(r for r in log.records if r.position <= signed.position)
-        evidence = Evidence(
-            log.session,
-            bad.peer_id,
-            bad.conn.owner_marker,
-            records,
-            signed,
-            step,
-            run.inputs[:, :end].contiguous(),
-            bad.output,
-        )
-        try:
-            evidence.check()
-        except ValueError as e:  # ours must hold together; if not, say so rather than publish it
-            logger.warning("evidence against %s does not hold together: %s", bad.conn.peer_name, e)
-            return None
-        path = await asyncio.to_thread(save_evidence, evidence)
-        logger.warning("evidence saved to %s (hexswarm recheck re-checks it)", path)
-        return evidence
+    def _weaker_guarantee(self, third: PeerRecord, involved: list[str]) -> str:
+        """What the verdict should say when the third peer is not of an IP group apart from the
+        others (`_pick` takes one apart where it can; else any other identity, which one machine
+        could run beside another of them)."""
+        shared = self._groups(third.peer_id) & {g for p in involved for g in self._groups(p)}
+        return f"; the third peer shares IP group {min(shared)}, a weaker guarantee" if shared else ""
 
     def _pick(self, records: list[PeerRecord], avoid: list[str]) -> PeerRecord:
         """A random one of `records`, from an IP group none of the `avoid` peers announce where
@@ -419,17 +416,6 @@ class Verifier:
             self.shadows.pop(key).conn.close()
         for span in [span for span, witness in self.witness_of.items() if witness == peer_id]:
             del self.witness_of[span]
-
-    async def _publish(self, report: Report) -> None:
-        from hivemind.dht.crypto import RSASignatureValidator
-
-        marker = RSASignatureValidator().local_public_key  # the key this process's DHT node signs with
-        report = Report(**{**report.__dict__, "reporter": peer_id_from_owner_marker(marker).to_base58()})
-        future = publish_report(self.swarm.dht, marker, report, get_dht_time() + REPORT_TTL_S)
-        try:
-            await asyncio.wait_for(asyncio.wrap_future(future), PUBLISH_TIMEOUT_S)
-        except Exception as e:  # the ban holds even if the DHT is unreachable
-            logger.warning("could not publish the report on %s: %s", report.reported, type(e).__name__)
 
     def close(self) -> None:
         if self.shadows:

@@ -75,6 +75,52 @@ def short_spans(
     return {span: t for span, t in tally.items() if t.steps and t.compared < min_compared * t.steps}
 
 
+@dataclass(frozen=True)
+class Dispute:
+    """Steps on which the server and a witness disagreed and no third peer settled who was right."""
+
+    start: int
+    end: int
+    position: int  # the first token of the disputed run
+    servers: tuple[str, ...]  # names of the peers that served the run
+    witness: str
+    why: str  # why nobody settled it
+
+    def describe(self) -> str:
+        return (
+            f"blocks {self.start}:{self.end} from token {self.position}: {', '.join(self.servers)} and "
+            f"witness {self.witness} disagree, and {self.why}"
+        )
+
+
+class UnsettledDisputeError(RuntimeError):
+    """Two peers computed different outputs for a span and no third peer could say which one was
+    right: the output is not delivered as checked. `output` has it, for a caller who accepts
+    unsettled output (accept_unsettled=True, which counts such steps as not compared)."""
+
+    def __init__(self, disputes: list[Dispute], output=None):
+        self.disputes, self.output = list(disputes), output
+        shown = "; ".join(d.describe() for d in self.disputes[:3])
+        more = f"; and {len(self.disputes) - 3} more" if len(self.disputes) > 3 else ""
+        super().__init__(
+            f"peers disagreed and nobody could settle who was right, so the output is not given as "
+            f"checked: {shown}{more}. Each of them may be the one that is wrong; a span needs a third "
+            "peer in the same format to settle it. Accept unsettled output with --accept-unsettled "
+            "(Python: accept_unsettled=True)"
+        )
+
+
+def unchecked_output_error(verifier, min_compared: float | None, accept_unsettled: bool, why: str, output):
+    """The error a verified generation raises instead of returning `output`, or None: an unsettled
+    dispute (unless accepted), else too few comparisons on some span (see NotComparedError)."""
+    if verifier is None:
+        return None
+    if verifier.disputes and not accept_unsettled:
+        return UnsettledDisputeError(verifier.disputes, output)
+    short = short_spans(verifier.tally, min_compared)
+    return NotComparedError(short, min_compared, why, output) if short else None
+
+
 class RollbackNeeded(Exception):
     """A lie was found in an earlier step than the current one: the tokens after `position`
     came from wrong hidden states. The caller starts again from there without the liar

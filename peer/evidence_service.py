@@ -1,29 +1,43 @@
 """A peer's side of travelling evidence (swarm/trust/evidence_wire.py): it re-checks what it is sent,
 bans proven liars, keeps their evidence and hands it out.
 
-A submission is remote input like any other: its size is capped before it is read, a remote
-and an IP group submit at a bounded rate, one re-check runs at a time (others wait in a short
-queue or are refused BUSY), and a digest already judged is answered from memory. A re-check
-is one prefill-shaped step of at most MAX_EVIDENCE_TOKENS tokens through this peer's own
-compute thread (peer/scheduler.py), as a session of an owner no remote can be, so it competes
-with the serving sessions on the same terms as any client and uses the same memory budget.
+A request is remote input like any other, and costs the peer nothing before its limits apply
+(peer/evidence_gate.py): its size is judged from its length prefix, and a slot and the rates of
+its remote and IP group are taken before its body is read (a GET, small, is read first and then
+counted the same way). Then the cheap part: the claim at the front of the evidence (who signed
+which steps) is unpacked without the tensors and its signature checked, and only then is the
+whole parsed and digested, on a worker thread, never on the serving event loop. A digest already
+judged is answered from memory; one re-check runs at a time (others wait in a short queue or are
+refused BUSY). A re-check is one prefill-shaped step of at most MAX_EVIDENCE_TOKENS tokens
+through this peer's own compute thread (peer/scheduler.py), as a session of an owner no remote
+can be, so it competes with the serving sessions on the same terms as any client and uses the
+same memory budget.
 
 Only what this peer proved itself changes anything: the liar goes into this machine's bans
 (swarm/trust/bans.py), its streams are refused from then on, and the evidence is kept (the newest
-MAX_KEPT) and announced in the DHT, where clients find it and re-check it their own way.
+MAX_KEPT, in the cache folder's evidence-received/, apart from what the operator's own clients
+proved) and announced in the DHT, where clients find it and re-check it their own way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from contextlib import ExitStack
 
 from hexswarm.peer.core import PeerCore, session_key
-from hexswarm.swarm.trust.bans import add_ban, load_bans, new_ban
-from hexswarm.swarm.trust.evidence import Evidence, evidence_dir, recheck, save_evidence
+from hexswarm.peer.evidence_gate import GET, SUBMIT, EvidenceGate, EvidenceLimits
+from hexswarm.swarm.trust.bans import BANS_REFRESH_S, add_ban, load_bans, new_ban
+from hexswarm.swarm.trust.evidence import (
+    Evidence,
+    read_claim,
+    received_evidence_dir,
+    recheck,
+    save_evidence,
+)
 from hexswarm.swarm.trust.evidence_wire import (
     CANNOT_CHECK,
     HOLDING_TTL_S,
@@ -36,11 +50,12 @@ from hexswarm.swarm.trust.evidence_wire import (
     encode_message,
     publish_holding,
 )
-from hexswarm.swarm.trust.rates import KeyedRate
 from hexswarm.swarm.wire.checks import ErrorCode, ProtocolError
-from hexswarm.swarm.wire.frames import read_payload
+from hexswarm.swarm.wire.frames import FrameTooLarge
 from hexswarm.swarm.wire.protocol import Open, Step
 from hexswarm.swarm.wire.tensors import DTYPE_NAMES
+
+__all__ = ["EvidenceLimits", "EvidenceService"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +64,7 @@ RECHECK_OWNER = "evidence-recheck"  # the namespace of re-check sessions: not a 
 MAX_KEPT = 64  # proven evidence kept and served (the newest), in memory and on disk
 MAX_KEPT_BYTES = 512 << 20
 MAX_VERDICTS = 1024  # digests remembered with their verdicts
-
-
-@dataclass(frozen=True)
-class EvidenceLimits:
-    """How much re-checking a peer does for others."""
-
-    submits_per_minute_per_remote: float = 2.0
-    submits_per_minute_per_group: float = 6.0  # identities cost nothing, machines do
-    gets_per_minute_per_remote: float = 6.0
-    max_waiting: int = 2  # re-checks queued behind the running one; more are refused BUSY
+_LENGTH = struct.Struct(">I")  # a frame's length prefix (swarm/wire/frames.py)
 
 
 class EvidenceService:
@@ -67,14 +73,13 @@ class EvidenceService:
     def __init__(self, core: PeerCore, scheduler, dht, identity, own_format: str, group_of, limits=None):
         self.core, self.scheduler, self.dht, self.identity = core, scheduler, dht, identity
         self.own_format = own_format  # the format this peer computes in (a dtype name, or "int8")
-        self.group_of = group_of  # async: remote peer id -> its IP group
+        self.group_of = group_of  # async: remote peer id -> its IP group (None: loopback)
         self.limits = limits or EvidenceLimits()
-        self.submits = KeyedRate(self.limits.submits_per_minute_per_remote)
-        self.group_submits = KeyedRate(self.limits.submits_per_minute_per_group)
-        self.gets = KeyedRate(self.limits.gets_per_minute_per_remote)
+        self.gate = EvidenceGate(self.limits)
         self.verdicts: OrderedDict[str, tuple[str, str]] = OrderedDict()  # digest -> (verdict, detail)
         self.kept: OrderedDict[str, bytes] = OrderedDict()  # digest -> proven evidence
-        self.banned: set[str] = set(load_bans())
+        self.on_file: set[str] = set(load_bans())  # the bans file as last read
+        self.banned: set[str] = set(self.on_file)  # refused by the stream server (peer/server.py)
         self.lock = asyncio.Lock()  # one re-check at a time
         self.waiting = 0
 
@@ -82,57 +87,81 @@ class EvidenceService:
         self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         remote = stream_info.peer_id.to_base58()
-        try:
+        with ExitStack() as slot:  # the gate's slot, held until the reply is sent
             try:
-                payload = await asyncio.wait_for(
-                    read_payload(reader, MAX_WIRE_EVIDENCE_BYTES + MAX_REQUEST_HEADER_BYTES),
-                    REQUEST_TIMEOUT_S,
-                )
-                reply = await self.answer(decode_message(payload), remote)
-            except ValueError as e:
-                raise ProtocolError(ErrorCode.MALFORMED, str(e)) from None
-        except ProtocolError as e:
-            logger.info("refused evidence request from ...%s: %s", remote[-8:], e)
-            reply = {"error": e.message, "code": int(e.code)}
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-            writer.close()
-            return
+                reply = await self._read_and_answer(reader, remote, slot)
+            except ProtocolError as e:
+                logger.info("refused evidence request from ...%s: %s", remote[-8:], e)
+                reply = {"error": e.message, "code": int(e.code)}
+            except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+                writer.close()
+                return
+            try:  # a reply with evidence is up to 64 MiB: framed off the loop
+                data = await asyncio.to_thread(encode_message, reply) if "evidence" in reply else None
+                writer.write(data or encode_message(reply))
+                await writer.drain()
+            except ConnectionError:
+                pass
+            finally:
+                writer.close()
+
+    async def _read_and_answer(self, reader: asyncio.StreamReader, remote: str, slot: ExitStack) -> dict:
+        """Reads one request, its limits taken before its body is read where it is large, and answers it."""
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        (size,) = _LENGTH.unpack(await asyncio.wait_for(reader.readexactly(_LENGTH.size), REQUEST_TIMEOUT_S))
+        if size > MAX_WIRE_EVIDENCE_BYTES + MAX_REQUEST_HEADER_BYTES:
+            raise FrameTooLarge(size, MAX_WIRE_EVIDENCE_BYTES + MAX_REQUEST_HEADER_BYTES)
+        group = await self.group_of(remote)
+        large = size > MAX_REQUEST_HEADER_BYTES  # only a submission is larger than a header
+        if large:
+            self._admit(SUBMIT, remote, group, slot)
+        payload = await asyncio.wait_for(reader.readexactly(size), max(0.0, deadline - time.monotonic()))
         try:
-            writer.write(encode_message(reply))
-            await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
+            request = await asyncio.to_thread(decode_message, payload) if large else decode_message(payload)
+        except ValueError as e:
+            raise ProtocolError(ErrorCode.MALFORMED, str(e)) from None
+        if large and request.get("op") != SUBMIT:
+            raise ProtocolError(ErrorCode.MALFORMED, "only a submission is larger than a header")
+        if not large:
+            self._admit(_kind(request), remote, group, slot)
+        return await self._answer(request, remote)
+
+    def _admit(self, kind: str, remote: str, group: str | None, slot: ExitStack) -> None:
+        self.gate.admit(kind, remote, group, time.monotonic())  # RATE_LIMITED, BUSY: nothing taken
+        slot.callback(self.gate.release, group)
 
     async def answer(self, request: dict, remote: str) -> dict:
+        """The reply to one request of `remote`, its limits taken as on a stream (without one)."""
+        group = await self.group_of(remote)
+        with ExitStack() as slot:
+            self._admit(_kind(request), remote, group, slot)
+            return await self._answer(request, remote)
+
+    async def _answer(self, request: dict, remote: str) -> dict:
         op = request.get("op")
-        if op == "get":
-            return self._get(request.get("digest"), remote)
-        if op == "submit" and isinstance(request.get("evidence"), bytes):
+        if op == GET:
+            return self._get(request.get("digest"))
+        if op == SUBMIT and isinstance(request.get("evidence"), bytes):
             return await self._submit(request["evidence"], remote)
         raise ProtocolError(ErrorCode.MALFORMED, "expected {op: submit, evidence} or {op: get, digest}")
 
-    def _get(self, digest, remote: str) -> dict:
-        if not self.gets.take(remote, time.monotonic()):
-            raise ProtocolError(ErrorCode.RATE_LIMITED, "too many evidence requests; retry in a minute")
+    def _get(self, digest) -> dict:
         if not isinstance(digest, str) or digest not in self.kept:
             raise ProtocolError(ErrorCode.UNKNOWN_SESSION, "no such evidence here")
         return {"evidence": self.kept[digest]}
 
     async def _submit(self, data: bytes, remote: str) -> dict:
-        try:
-            evidence = Evidence.from_bytes(data)
+        try:  # the claim first (no tensors decoded): evidence this peer cannot judge or a forged signature
+            claim = await asyncio.to_thread(read_claim, data)
+            if (why := self._cannot_check(claim.session, claim.peer_id, claim.session.format)) is not None:
+                return {"verdict": CANNOT_CHECK, "detail": why}
+            await asyncio.to_thread(claim.check)
+            evidence, digest = await asyncio.to_thread(_parse, data)
         except ValueError as e:
-            raise ProtocolError(ErrorCode.MALFORMED, str(e)) from None
-        digest = evidence.digest()
+            raise ProtocolError(ErrorCode.MALFORMED, f"the evidence does not hold together: {e}") from None
         if digest in self.verdicts:
             verdict, detail = self.verdicts[digest]
             return {"verdict": verdict, "detail": detail}
-        now = time.monotonic()
-        group = await self.group_of(remote)
-        if not self.submits.take(remote, now) or not self.group_submits.take(group, now):
-            raise ProtocolError(ErrorCode.RATE_LIMITED, "too much evidence from this remote or its network")
         if self.lock.locked() and self.waiting >= self.limits.max_waiting:
             raise ProtocolError(ErrorCode.BUSY, "re-checking other evidence; retry later")
         self.waiting += 1
@@ -153,21 +182,30 @@ class EvidenceService:
         )
         return {"verdict": verdict, "detail": detail}
 
+    def _cannot_check(self, session, peer_id: str, fmt: str) -> str | None:
+        """Why this peer cannot judge evidence about `session` of `peer_id` in format `fmt` (None: it can)."""
+        blocks = self.core.blocks
+        if (
+            session.model_id != self.core.model_id
+            or not blocks.start <= session.start < session.end <= blocks.end
+        ):
+            return f"this peer serves {self.core.model_id} blocks [{blocks.start}:{blocks.end})"
+        if (fmt == "int8") != (self.own_format == "int8"):
+            return f"the output is {fmt}, this peer computes in {self.own_format}"
+        if peer_id == self.identity.peer_id.to_base58():
+            return "it is about this peer"
+        return None
+
     async def _judge(self, evidence: Evidence) -> tuple[str, str]:
         """(verdict, detail): PROVEN when this peer's own recomputation disagrees with the signed output."""
-        s, blocks = evidence.session, self.core.blocks
-        if s.model_id != self.core.model_id or not blocks.start <= s.start < s.end <= blocks.end:
-            return CANNOT_CHECK, f"this peer serves {self.core.model_id} blocks [{blocks.start}:{blocks.end})"
-        if (evidence.format == "int8") != (self.own_format == "int8"):
-            return CANNOT_CHECK, f"the output is {evidence.format}, this peer computes in {self.own_format}"
-        if evidence.peer_id == self.identity.peer_id.to_base58():
-            return CANNOT_CHECK, "it is about this peer"
+        if (why := self._cannot_check(evidence.session, evidence.peer_id, evidence.format)) is not None:
+            return CANNOT_CHECK, why
         try:
-            evidence.check()
+            await asyncio.to_thread(evidence.check)  # hashes the inputs: off the loop
         except ValueError as e:
             raise ProtocolError(ErrorCode.MALFORMED, f"the evidence does not hold together: {e}") from None
         outputs = await self._recompute(evidence)
-        result = recheck(evidence, outputs, self.own_format)
+        result = await asyncio.to_thread(recheck, evidence, outputs, self.own_format)
         return (NOT_PROVEN if result.agree else PROVEN), result.describe()
 
     async def _recompute(self, evidence: Evidence):
@@ -201,7 +239,8 @@ class EvidenceService:
         self.banned.add(evidence.peer_id)
         reason = f"re-checked evidence {digest[:16]} sent by ...{remote[-8:]} ({detail})"
         await asyncio.to_thread(add_ban, new_ban(evidence.peer_id, s.model_id, s.start, s.end, reason))
-        await asyncio.to_thread(save_evidence, evidence, MAX_KEPT)
+        self.on_file.add(evidence.peer_id)  # on file now: lifting it there lifts it here
+        await asyncio.to_thread(save_evidence, evidence, MAX_KEPT, received_evidence_dir())
         self._remember(self.kept, digest, data, MAX_KEPT)
         while sum(map(len, self.kept.values())) > MAX_KEPT_BYTES and len(self.kept) > 1:
             self.kept.popitem(last=False)
@@ -211,12 +250,29 @@ class EvidenceService:
             s.model_id,
             s.start,
             s.end,
-            evidence_dir(),
+            received_evidence_dir(),
         )
         holding = Holding(
             self.identity.peer_id.to_base58(), evidence.peer_id, digest, s.start, s.end, len(data)
         )
         await self.announce(holding, s.model_id)
+
+    async def watch_bans(self, stop: asyncio.Event) -> None:
+        """Until `stop`, reads the bans file every BANS_REFRESH_S (`refresh_bans`)."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), BANS_REFRESH_S)
+            except TimeoutError:
+                await self.refresh_bans()
+
+    async def refresh_bans(self) -> None:
+        """Makes `banned` follow the bans file: a ban lifted there (`hexswarm bans --lift`) or
+        expired (BAN_TTL_S) stops refusing its peer, and one another process of this machine wrote
+        (its clients, `hexswarm recheck --ban`) starts. A ban proven here and not yet on file stays."""
+        bans = set(await asyncio.to_thread(load_bans))
+        self.banned.difference_update(self.on_file - bans)
+        self.banned.update(bans)
+        self.on_file = bans
 
     async def announce(self, holding: Holding, model_id: str) -> None:
         from hivemind.utils import get_dht_time
@@ -237,3 +293,14 @@ class EvidenceService:
         table.move_to_end(key)
         while len(table) > limit:
             table.popitem(last=False)
+
+
+def _kind(request: dict) -> str:
+    """The limits a request counts against: a GET's, or a submission's (anything else too)."""
+    return GET if request.get("op") == GET else SUBMIT
+
+
+def _parse(data: bytes) -> tuple[Evidence, str]:
+    """The evidence and its digest: the heavy part (tensors decoded, re-encoded, hashed)."""
+    evidence = Evidence.from_bytes(data)
+    return evidence, evidence.digest()

@@ -289,7 +289,7 @@ class _Peer:
             self.dht,
             self.identity,
             self.own_format(),
-            partial(ip_group_of, self.p2p),
+            partial(admission_group_of, self.p2p, sources=self.reachability_check.sources),
         )
         self.serving.server.banned = self.evidence.banned
         await self.p2p.add_binary_stream_handler(EVIDENCE_PROTOCOL, self.evidence.handle_stream)
@@ -345,6 +345,7 @@ class _Peer:
         """(name, coroutine) of each background service this peer runs while serving."""
         if self.follower is not None:  # an auto peer follows a new plan within PLAN_WATCH_S
             yield "plan watch", routine.watch_plans(stop)
+        yield "bans", self.evidence.watch_bans(stop)  # bans lifted or expired stop refusing within 10 s
         group = self.stacks.group
         if group is not None and group.repartitioner is not None:  # --partition auto
             parts = Rebalancing(group, self.current_serving, self.swap, self.announcer)

@@ -13,14 +13,17 @@ queued: it is tokenized and checked, then waits in arrival order for a slot, for
 never starts. A run slot is held until the generation's thread has ended, not merely until its
 client left: the step in flight and the session's close still use that thread.
 
-Queued requests are served fairly across clients (the address a request comes from): run
-slots go round-robin over the clients that have requests waiting, oldest first within each, so
-a client that floods the queue waits behind itself, not in front of everyone; and one client
-holds at most a quarter of the places (`max_places_per_client`; at least the run slots and one
-more), so it cannot fill the queue. One run slot in eight (`reserved_slots`) is kept for
-clients that hold none: no client runs more than `max_running - reserved_slots` generations at
-once, so a newcomer during a flood starts at once instead of waiting for one of the flood's
-generations to end (an API of under 8 slots reserves none: a lone user keeps all of them).
+Queued requests are served fairly across clients: run slots go round-robin over the clients
+that have requests waiting, oldest first within each, so a client that floods the queue waits
+behind itself, not in front of everyone; and one client holds at most a quarter of the places
+(`max_places_per_client`; at least the run slots and one more), so it cannot fill the queue. A
+client is the address a request comes from (`client_of`): an IPv4 address, but an IPv6 /64,
+since one host or home holds a /64 whole and draws new addresses from it at no cost (an IPv4
+/24 is not one client: many households share one behind carrier NAT). One run slot in eight
+(`reserved_slots`) is kept for clients that hold none: no client runs more than `max_running -
+reserved_slots` generations at once, so a newcomer during a flood starts at once instead of
+waiting for one of the flood's generations to end (an API of under 8 slots reserves none: a
+lone user keeps all of them).
 
 Everything here runs on the event loop; a generation thread hands its slot back through
 `loop.call_soon_threadsafe(ticket.done)`.
@@ -29,6 +32,7 @@ Everything here runs on the event loop; a generation thread hands its slot back 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import math
 import time
 from collections import OrderedDict, deque
@@ -75,6 +79,18 @@ class AdmissionLimits:
             raise ValueError(f"queue_timeout_s must be positive, got {self.queue_timeout_s}")
 
 
+def client_of(host: str) -> str:
+    """The client a request from `host` counts as: an IPv4 address, the /64 of an IPv6 one (an
+    IPv4-mapped one is its IPv4 address); anything that is no address (a name, "") as it is."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if address.version == 6 and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.ip_network(f"{address}/64", strict=False)) if address.version == 6 else str(address)
+
+
 class Admission:
     """Places and run slots of one API server (see the module docstring)."""
 
@@ -95,6 +111,7 @@ class Admission:
     def admit(self, client: str = "") -> Ticket:
         """A place for one request of `client`; ApiError 429 with Retry-After, at once, when
         none is left, or when this client holds its share of them."""
+        client = client_of(client)
         retry = self.retry_after_s()
         if self.places >= self.limits.max_running + self.limits.max_queued:
             raise ApiError(

@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
             host_maddrs=args.host_maddrs,
             quant=args.quant,
             verify=cli_args.client_verify(args),
+            verify_min_compared=args.verify_min_compared,
+            accept_unsettled=args.accept_unsettled,
         )
     except ModelSpecError as e:
         raise cli_args.UsageError(str(e)) from None

@@ -50,6 +50,7 @@ from hexswarm.client.api.text import Finished, TextAssembler, text_deltas
 from hexswarm.client.remote import PeerError
 from hexswarm.client.session import SequenceTooLongError
 from hexswarm.client.swarm_client import MissingBlocksError, uncovered_blocks
+from hexswarm.client.verify_records import UnsettledDisputeError
 from hexswarm.swarm.trust.records import block_ranges
 
 logger = logging.getLogger(__name__)
@@ -369,6 +370,8 @@ def _as_api_error(error: Exception) -> ApiError:
         return ApiError(503, str(error), "service_unavailable", code="missing_blocks")
     if isinstance(error, PeerError):
         return ApiError(503, str(error), "service_unavailable", code="peer_error")
+    if isinstance(error, UnsettledDisputeError):  # not the client's fault; another chain may settle it
+        return ApiError(503, str(error), "service_unavailable", code="unsettled_dispute")
     logger.error("generation failed", exc_info=error)
     return _internal_error(error)
 

@@ -44,6 +44,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "hexswarm.peer.recheck_command",
         "re-check evidence of a peer's lie by recomputing it here",
     ),
+    "bans": ("hexswarm.swarm.commands.bans_command", "list the peers this machine banned, or lift a ban"),
 }
 
 

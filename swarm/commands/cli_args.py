@@ -231,6 +231,12 @@ def add_client_verify(parser: argparse.ArgumentParser) -> None:
         "some span's steps could be compared, e.g. because no second peer serves it; 0 accepts "
         "unchecked output (default: at least one comparison per span)",
     )
+    parser.add_argument(
+        "--accept-unsettled",
+        action="store_true",
+        help="with --verify, give output on which a server and its witness disagreed and no third "
+        "peer settled who was right (default: an error that names them; exit 1)",
+    )
 
 
 def client_verify(args: argparse.Namespace) -> float:

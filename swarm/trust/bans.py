@@ -8,7 +8,10 @@ peer out of its routes, and a later client starts with the bans already in place
 The file is a JSON map peer id -> Ban, at most MAX_BANS entries (the newest kept); writers
 merge under a lock and replace the file whole (swarm/tools/cache_files.py). A ban lasts
 BAN_TTL_S: a peer's operator may fix what made it wrong (a broken GPU, a bad driver), and a
-ban read on a false proof must not last forever; a liar that lies again is banned again.
+ban read on a false proof must not last forever; a liar that lies again is banned again. An
+operator lists the bans and lifts one with `hexswarm bans [--lift PEER_ID]`
+(swarm/commands/bans_command.py); a running peer reads the file again every BANS_REFRESH_S
+(peer/evidence_service.py), a client when it starts.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 MAX_BANS = 10_000
 BAN_TTL_S = 30 * 24 * 3600.0
+BANS_REFRESH_S = 10.0  # how often a running peer reads the file again (a ban lifted, or expired)
 
 
 @dataclass(frozen=True)
@@ -72,11 +76,26 @@ def add_ban(ban: Ban, path: Path | None = None) -> None:
         with locked(path.with_name(".bans.lock")):
             bans = load_bans(path)
             bans[ban.peer_id] = ban
-            newest = sorted(bans.values(), key=lambda b: b.time)[-MAX_BANS:]
-            data = json.dumps({b.peer_id: asdict(b) for b in newest}, indent=1).encode()
-            write_atomically(path, data)
+            _write(path, bans)
     except OSError as e:
         logger.warning("could not save the ban of %s to %s: %s", ban.peer_id, path, e)
+
+
+def lift_ban(peer_id: str, path: Path | None = None) -> Ban | None:
+    """Removes the ban of `peer_id` from the file; the ban lifted, None if there was none.
+    Raises OSError if the file cannot be written."""
+    path = path or bans_path()
+    with locked(path.with_name(".bans.lock")):
+        bans = load_bans(path)
+        lifted = bans.pop(peer_id, None)
+        if lifted is not None:
+            _write(path, bans)
+    return lifted
+
+
+def _write(path: Path, bans: dict[str, Ban]) -> None:
+    newest = sorted(bans.values(), key=lambda b: b.time)[-MAX_BANS:]
+    write_atomically(path, json.dumps({b.peer_id: asdict(b) for b in newest}, indent=1).encode())
 
 
 def new_ban(peer_id: str, model_id: str, start: int, end: int, reason: str) -> Ban:

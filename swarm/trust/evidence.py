@@ -22,6 +22,7 @@ MAX_EVIDENCE_TOKENS tokens of the span, whoever sends it.
 from __future__ import annotations
 
 import hashlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,21 +71,7 @@ class Evidence:
 
     def check(self) -> None:
         """Raises ValueError naming what does not hold together."""
-        if self.session.format not in TOLERANCES:
-            raise ValueError(f"unknown format {self.session.format[:32]!r}")
-        if peer_id_from_owner_marker(self.owner_marker).to_base58() != self.peer_id:
-            raise ValueError("the public key is not the peer's")
-        if not self.records or self.records[-1].position != self.signed.position:
-            raise ValueError("the steps do not end where the signed statement does")
-        chain = b""
-        for record in self.records:
-            chain = next_chain(chain, record.position, record.input_digest, record.output_digest)
-        if chain != self.signed.chain:
-            raise ValueError("the steps do not hash to the signed chain")
-        if not verify_signature(
-            self.owner_marker, self.session, self.signed.position, chain, self.signed.signature
-        ):
-            raise ValueError("the peer's signature does not verify")
+        Claim(self.session, self.peer_id, self.owner_marker, self.records, self.signed).check()
         self._check_tensors()
 
     def _check_tensors(self) -> None:
@@ -133,11 +120,7 @@ class Evidence:
             if not isinstance(body, dict) or body.get("v") != EVIDENCE_VERSION:
                 raise ValueError("not hexswarm evidence of a known version")
             return cls(
-                session=SessionId(*_typed(body["session"], (str, str, str, int, int, str))),
-                peer_id=_typed([body["peer_id"]], (str,))[0],
-                owner_marker=_typed([body["owner_marker"]], (bytes,))[0],
-                records=tuple(StepRecord(*_typed(r, (int, bytes, bytes))) for r in body["records"]),
-                signed=Signed(*_typed(body["signed"], (int, bytes, bytes))),
+                **Claim.fields_of(body),
                 step=_typed([body["step"]], (int,))[0],
                 inputs=decode_tensor(body["inputs"]),
                 output=decode_tensor(body["output"]),
@@ -149,6 +132,80 @@ class Evidence:
 
     def digest(self) -> str:
         return hashlib.sha256(self.to_bytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What evidence claims, without its tensors: who signed which steps of which session. Read
+    from the front of the bytes (`read_claim`) and checked in well under a millisecond, so a
+    stranger's forged signature is refused before the inputs are decoded or hashed."""
+
+    session: SessionId
+    peer_id: str
+    owner_marker: bytes
+    records: tuple[StepRecord, ...]
+    signed: Signed
+
+    @staticmethod
+    def fields_of(body: dict) -> dict[str, Any]:
+        """The claim's fields of an unpacked evidence map, typed (KeyError, ValueError if not)."""
+        return {
+            "session": SessionId(*_typed(body["session"], (str, str, str, int, int, str))),
+            "peer_id": _typed([body["peer_id"]], (str,))[0],
+            "owner_marker": _typed([body["owner_marker"]], (bytes,))[0],
+            "records": tuple(StepRecord(*_typed(r, (int, bytes, bytes))) for r in body["records"]),
+            "signed": Signed(*_typed(body["signed"], (int, bytes, bytes))),
+        }
+
+    def check(self) -> None:
+        """Raises ValueError unless the peer's key signed these steps of this session."""
+        if self.session.format not in TOLERANCES:
+            raise ValueError(f"unknown format {self.session.format[:32]!r}")
+        if peer_id_from_owner_marker(self.owner_marker).to_base58() != self.peer_id:
+            raise ValueError("the public key is not the peer's")
+        if not self.records or self.records[-1].position != self.signed.position:
+            raise ValueError("the steps do not end where the signed statement does")
+        chain = b""
+        for record in self.records:
+            chain = next_chain(chain, record.position, record.input_digest, record.output_digest)
+        if chain != self.signed.chain:
+            raise ValueError("the steps do not hash to the signed chain")
+        if not verify_signature(
+            self.owner_marker, self.session, self.signed.position, chain, self.signed.signature
+        ):
+            raise ValueError("the peer's signature does not verify")
+
+
+_CLAIM_KEYS = ("v", "session", "peer_id", "owner_marker", "records", "signed")
+
+
+def read_claim(data: bytes) -> Claim:
+    """The claim of evidence `data`, unpacked field by field from its front and skipping the
+    tensors (to_bytes writes them last); ValueError if it is malformed."""
+    if len(data) > MAX_EVIDENCE_BYTES:
+        raise ValueError(f"evidence over {MAX_EVIDENCE_BYTES} bytes")
+    unpacker = msgpack.Unpacker(
+        io.BytesIO(data),  # shares `data`'s buffer: read as far as the claim goes, no further
+        raw=False,
+        strict_map_key=True,
+        max_bin_len=len(data),
+        max_buffer_size=max(len(data), 1 << 16),
+    )
+    body: dict[str, Any] = {}
+    try:
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if isinstance(key, str) and key in _CLAIM_KEYS:
+                body[key] = unpacker.unpack()
+            else:
+                unpacker.skip()
+            if len(body) == len(_CLAIM_KEYS):
+                break
+        if body.get("v") != EVIDENCE_VERSION:
+            raise ValueError("not hexswarm evidence of a known version")
+        return Claim(**Claim.fields_of(body))
+    except (KeyError, TypeError, ValueError, msgpack.UnpackException) as e:
+        raise ValueError(f"malformed evidence: {e}") from None
 
 
 def _typed(values: Any, kinds: tuple[type, ...]) -> list:
@@ -179,12 +236,20 @@ def evidence_dir() -> Path:
     return bans_path().parent / "evidence"
 
 
-def save_evidence(evidence: Evidence, keep: int | None = None) -> Path:
-    """Saves `evidence` in the cache folder; with `keep`, only the newest `keep` files stay
-    (a peer saves what strangers prove to it, and must not fill its disk with it)."""
+def received_evidence_dir() -> Path:
+    """Where a peer keeps evidence that remotes sent it and it proved (peer/evidence_service.py):
+    apart from what this machine's own clients proved (`evidence_dir`), so that pruning what
+    strangers send never removes the operator's own."""
+    return evidence_dir().with_name("evidence-received")
+
+
+def save_evidence(evidence: Evidence, keep: int | None = None, folder: Path | None = None) -> Path:
+    """Saves `evidence` in `folder` (the cache folder's evidence/ by default); with `keep`, only
+    the newest `keep` files of that folder stay (a peer saves what strangers prove to it, in
+    `received_evidence_dir()`, and must not fill its disk with it)."""
     from hexswarm.swarm.tools.cache_files import write_atomically
 
-    path = evidence_dir() / f"{evidence.digest()}.msgpack"
+    path = (folder or evidence_dir()) / f"{evidence.digest()}.msgpack"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, evidence.to_bytes())
     if keep is not None:

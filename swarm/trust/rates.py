@@ -16,6 +16,13 @@ class KeyedRate:
     per_minute: float
     buckets: OrderedDict = field(default_factory=OrderedDict)  # key -> (tokens, last refill)
 
+    def allows(self, key: str, now: float) -> bool:
+        """Whether `key` may make one more request at `now`, counting nothing (check several
+        buckets with this, then `take` from each: a refusal by one costs the others nothing)."""
+        burst = max(1.0, 2 * self.per_minute)
+        tokens, last = self.buckets.get(key, (burst, now))
+        return min(burst, tokens + (now - last) * self.per_minute / 60) >= 1
+
     def take(self, key: str, now: float) -> bool:
         """Whether `key` may make one more request at `now` (it is counted if so)."""
         burst = max(1.0, 2 * self.per_minute)

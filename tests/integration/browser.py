@@ -58,5 +58,6 @@ def wait_for(condition, timeout: float, what: str):
 
 
 requires_chromium = pytest.mark.skipif(
-    not (CHROMIUM and CHROMEDRIVER), reason="needs chromium and chromedriver (apt-get install chromium chromium-driver)"
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="needs chromium and chromedriver (apt-get install chromium chromium-driver)",
 )

@@ -2,7 +2,7 @@
 over 1,000 compared steps; a peer that corrupts its outputs is caught, banned and reported,
 whether it lies on every step, on one in twenty (the generation rolls back and equals the
 honest one), as a witness (the honest server is not blamed), or squats the client's session
-ids; and with no third opinion nobody is blamed."""
+ids; and with no third opinion nobody is blamed and the output is not given as checked."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch
 
 import hexswarm.client.verify as verify_module
 from hexswarm.client.verify import VerificationError
+from hexswarm.client.verify_records import UnsettledDisputeError
 from hexswarm.swarm.tools.launcher import LocalSwarm
 from hexswarm.swarm.trust.bans import load_bans
 from hexswarm.swarm.trust.evidence import evidence_dir
@@ -311,23 +312,48 @@ def _wait_for_holders(model, liar: str, timeout: float) -> set[str]:
     return set()
 
 
-def test_with_no_third_opinion_nobody_is_blamed(verify_swarm, make_model):
-    """Two peers of another model on the module's bootstrap: one honest, one liar, no third."""
+def test_with_no_third_opinion_nobody_is_blamed_and_the_output_is_not_given_as_checked(
+    verify_swarm, make_model
+):
+    """Two peers of another model on the module's bootstrap: one honest, one adding 1% noise to
+    every output, no third. Nobody is banned, and generate() does not return the output as
+    checked (streamed or not) unless the caller accepts unsettled output."""
     local = verify_swarm[0]
     model_dir = make_model(arch="llama", layers=2, seed=34)
     peers = [
         local.start_peer(model_dir, "0:2", "honest-only", *FAST),
         _start_liar(local, model_dir, "noise", "liar-alone"),
     ]
-    model = _client(local, model_dir, verify=1.0, verify_min_compared=0)  # disputed steps stay unchecked
+    model = _client(local, model_dir, verify=1.0)
+    prompt = torch.tensor([[7, 8, 9, 10]])
     try:
-        for _ in range(4):
-            model.generate(torch.tensor([[7, 8, 9, 10]]), max_new_tokens=4, do_sample=False)
+        with pytest.raises(UnsettledDisputeError) as unsettled:
+            model.generate(prompt, max_new_tokens=4, do_sample=False)
+        said = str(unsettled.value)
+        assert "blocks 0:2" in said and "honest-only" in said and "liar-alone" in said, said
+        assert "no third peer serves the blocks" in said and "--accept-unsettled" in said, said
+        assert unsettled.value.output.shape == (1, 8)  # kept for a caller who accepts it
+        with pytest.raises(UnsettledDisputeError):  # streamed (as the API does): once the tokens are out
+            model.generate(prompt, max_new_tokens=4, do_sample=False, streamer=_Sink())
+        model.accept_unsettled, model.verify_min_compared = True, 0  # disputed steps stay unchecked
+        for _ in range(3):
+            model.generate(prompt, max_new_tokens=4, do_sample=False)
         stats = model.verify_stats
         print(stats.describe())
         assert not _banned(model, _names(model)) and stats.liars == 0
         assert stats.mismatches > 0 and stats.uncompared[verify_module.DISPUTED] > 0
+        assert model.last_verification["disputes"] and model.last_verification["liars_caught"] == 0
     finally:
         model.shutdown()
         for proc in peers:
             local.stop(proc)
+
+
+class _Sink:
+    """A streamer that drops what it is given."""
+
+    def put(self, value) -> None:
+        pass
+
+    def end(self) -> None:
+        pass

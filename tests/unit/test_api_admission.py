@@ -193,3 +193,17 @@ def test_one_slot_in_eight_is_kept_for_a_client_running_nothing():
 
     run(scenario())
     assert AdmissionLimits(max_running=4).max_running_per_client == 4  # under 8 slots: none kept
+
+
+def test_a_client_is_an_ipv6_64_or_an_ipv4_address():
+    admission = Admission(AdmissionLimits(max_running=2, max_queued=6))  # a client's share: 3 places
+    for i in range(3):  # one host's /64 holds 2^64 addresses: new ones are the same client
+        admission.admit(f"2001:db8:1:2::{i + 1:x}")
+    with pytest.raises(ApiError) as refused:
+        admission.admit("2001:db8:1:2:ffff:1:2:3")
+    assert refused.value.status == 429 and refused.value.code == "client_queue_full"
+    admission.admit("2001:db8:1:3::1")  # the next /64 is another client
+    for i in range(3):  # IPv4 stays per address: a /24 holds many households behind NAT
+        admission.admit(f"198.51.100.{i + 1}")
+    admission.admit("::ffff:198.51.100.9")  # an IPv4 address written as IPv6 is that address
+    assert admission.places_of["198.51.100.9"] == 1

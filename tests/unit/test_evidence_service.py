@@ -102,7 +102,10 @@ async def test_tampered_evidence_is_refused_and_one_remote_is_rate_limited(spec,
     assert codes == [ErrorCode.MALFORMED, ErrorCode.MALFORMED, ErrorCode.RATE_LIMITED, ErrorCode.RATE_LIMITED]
     reply = await service.answer({"op": "submit", "evidence": evidence.to_bytes()}, "QmAnotherRemote")
     assert reply["verdict"] == PROVEN  # another remote (of a group under its limit) is served
-    with pytest.raises(ProtocolError) as e:
+    with pytest.raises(ProtocolError) as e:  # over its rate: refused before anything is parsed
         await service.answer({"op": "submit", "evidence": b"\x00garbage"}, REMOTE)
+    assert e.value.code == ErrorCode.RATE_LIMITED
+    with pytest.raises(ProtocolError) as e:
+        await service.answer({"op": "submit", "evidence": b"\x00garbage"}, "QmThird")
     assert e.value.code == ErrorCode.MALFORMED
     service.scheduler.stop()

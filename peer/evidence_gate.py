@@ -1,0 +1,86 @@
+"""What a stranger's evidence request may take of a peer, decided before its body is read.
+
+Who can reach it: any node of the swarm, under as many identities as it likes, from as many
+addresses as it owns. What it costs them: a few bytes (a length prefix announcing 64 MiB, or
+a ~100-byte GET that pulls 64 MiB back). What bounds it, each limit for one threat:
+
+- size: a request is at most MAX_WIRE_EVIDENCE_BYTES plus a header, judged from its length
+  prefix before a byte of it is read (peer/evidence_service.py);
+- slots: at most `max_held` requests hold evidence bytes at once (a submission from the moment
+  its length is read until it is answered; a fetch while its reply is sent), and at most
+  `max_held_per_group` of them come from one IP group: the memory is bounded by max_held x
+  64 MiB (plus the parsed copies), and one machine cannot take every slot;
+- rates: submissions and fetches a minute per remote and per IP group (token buckets,
+  swarm/trust/rates.py), taken before anything is parsed: identities cost nothing, addresses do.
+
+Every limit is checked and taken in one synchronous call (`admit`), so no await separates a
+check from its take. A remote on this machine's loopback has no group (peer/admission.py): only
+the limits per remote and the total apply to it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from hexswarm.swarm.trust.rates import KeyedRate
+from hexswarm.swarm.wire.checks import ErrorCode, ProtocolError
+
+SUBMIT, GET = "submit", "get"
+
+
+@dataclass(frozen=True)
+class EvidenceLimits:
+    """How much re-checking and handing out a peer does for others."""
+
+    submits_per_minute_per_remote: float = 2.0
+    submits_per_minute_per_group: float = 6.0  # identities cost nothing, machines do
+    gets_per_minute_per_remote: float = 6.0
+    gets_per_minute_per_group: float = 12.0  # each GET may send 64 MiB
+    max_waiting: int = 2  # re-checks queued behind the running one; more are refused BUSY
+    max_held: int = 4  # requests holding evidence bytes at once (each up to 64 MiB)
+    max_held_per_group: int = 2  # ... of them from one IP group
+
+
+class EvidenceGate:
+    """Counts the slots held per IP group and the rates per remote and group; refuses what is
+    over a limit with a typed error, counting nothing for it."""
+
+    def __init__(self, limits: EvidenceLimits):
+        self.limits = limits
+        self.rates = {  # kind -> (per remote, per group)
+            SUBMIT: (
+                KeyedRate(limits.submits_per_minute_per_remote),
+                KeyedRate(limits.submits_per_minute_per_group),
+            ),
+            GET: (KeyedRate(limits.gets_per_minute_per_remote), KeyedRate(limits.gets_per_minute_per_group)),
+        }
+        self.held: Counter[str | None] = Counter()  # IP group (None: loopback) -> slots it holds
+
+    def admit(self, kind: str, remote: str, group: str | None, now: float) -> None:
+        """Counts one request of `kind` (SUBMIT or GET) by `remote` from IP `group` and gives it a
+        slot, which the caller gives back with `release(group)`; raises RATE_LIMITED or BUSY."""
+        if kind not in self.rates:
+            raise ValueError(f"unknown kind of evidence request {kind!r}")
+        per_remote, per_group = self.rates[kind]
+        if not per_remote.allows(remote, now) or (group is not None and not per_group.allows(group, now)):
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED, "too many evidence requests from this remote or its network"
+            )
+        if sum(self.held.values()) >= self.limits.max_held:
+            raise ProtocolError(ErrorCode.BUSY, "handling other evidence requests; retry later")
+        if group is not None and self.held[group] >= self.limits.max_held_per_group:
+            raise ProtocolError(
+                ErrorCode.BUSY, f"the IP group {group} has {self.held[group]} evidence requests here"
+            )
+        per_remote.take(remote, now)
+        if group is not None:
+            per_group.take(group, now)
+        self.held[group] += 1
+
+    def release(self, group: str | None) -> None:
+        """Gives back a slot `admit` gave a request of IP `group`."""
+        if self.held[group] <= 1:
+            self.held.pop(group, None)
+        else:
+            self.held[group] -= 1
