@@ -13,6 +13,7 @@ deadline grows by that wait.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import torch
@@ -82,31 +83,47 @@ class HopLinks:
     ) -> list[LiveHop]:
         """Opens a session on each hop of `route`, the first taking pushes from `upstream`; with
         `kv_from` / `kv_to` (one entry per hop), decode sessions that take a prompt's keys and
-        values (of `prompt_length` tokens), or prefill sessions that send them. On any error,
-        the streams opened so far are dropped and the error raised."""
-        opened: list[LiveHop] = []
-        try:
-            for index, hop in enumerate(route.hops):
-                upstream = opened[-1].peer_id if opened else upstream
-                live = await self._dial(hop, upstream)
-                opened.append(live)
-                await live.conn.open(
-                    live.session_id,
-                    self.spec.model_id,
-                    hop.start,
-                    hop.end,
-                    self.request.prompt_tokens,
-                    self.request.batch_size,
-                    self.dtype,
-                    upstream,
-                    kv_from=kv_from[index] if kv_from else (),
-                    kv_to=kv_to[index] if kv_to else (),
-                    prompt_length=prompt_length if kv_from else 0,
-                )
-        except BaseException:
+        values (of `prompt_length` tokens), or prefill sessions that send them. The hops open
+        all at once (each names the peer before it in the route, known already), so a chain of
+        any length costs one round trip before its first step, not one per hop. On any error,
+        every stream opened is dropped and the first hop's error (in route order) raised."""
+        upstreams = [upstream, *(hop.peer_id for hop in route.hops[:-1])]
+        outcomes = await asyncio.gather(
+            *(
+                self._open_hop(index, hop, upstreams[index], kv_from, kv_to, prompt_length)
+                for index, hop in enumerate(route.hops)
+            ),
+            return_exceptions=True,
+        )
+        opened = [o for o in outcomes if isinstance(o, LiveHop)]
+        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if failed is not None:
             self.drop(opened)
-            raise
+            raise failed
         return opened
+
+    async def _open_hop(
+        self, index: int, hop: Hop, upstream: str, kv_from, kv_to, prompt_length: int
+    ) -> LiveHop:
+        live = await self._dial(hop, upstream)
+        try:
+            await live.conn.open(
+                live.session_id,
+                self.spec.model_id,
+                hop.start,
+                hop.end,
+                self.request.prompt_tokens,
+                self.request.batch_size,
+                self.dtype,
+                upstream,
+                kv_from=kv_from[index] if kv_from else (),
+                kv_to=kv_to[index] if kv_to else (),
+                prompt_length=prompt_length if kv_from else 0,
+            )
+        except BaseException:
+            live.conn.close()
+            raise
+        return live
 
     async def _dial(self, hop: Hop, upstream: str) -> LiveHop:
         timeout = self.deadline(hop.peer_id, 0, 1, 1)
