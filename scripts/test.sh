@@ -28,6 +28,10 @@ if ! command -v iptables >/dev/null; then
         echo "[test] no iptables: the NAT tests will be skipped"
     fi
 fi
+# The integration tests start hundreds of real processes (peers, bootstraps, commands), each importing
+# many of our modules: compile them once here, since an environment with PYTHONDONTWRITEBYTECODE set
+# would otherwise compile them from source in every process.
+python -m compileall -q swarm peer client routing hexswarm tests >/dev/null
 # Lint and formatting are part of the suite: CI runs this script.
 ruff check .
 ruff format --check .
