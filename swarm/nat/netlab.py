@@ -21,7 +21,10 @@ A home's link can be made slower: `shape` caps its upload (tc tbf), and `delay_h
 one-way delay to every TCP connection its host opens (this kernel has no netem): the router
 redirects them to a small proxy of ours in its namespace (`python -m hexswarm.swarm.nat.netlab
 delay PORT MS`), which reads each connection's original destination, connects there, and
-forwards each chunk both ways `MS` milliseconds after it arrived.
+forwards each chunk both ways `MS` milliseconds after it arrived. `add_host` puts more hosts on
+the internet with no NAT, and `delay_host` delays every connection such a host opens to another
+(its own proxy, whose connections are marked so they pass): a WAN without NAT, where every
+round trip between two hosts is twice the delay (benchmarks/wan.py).
 """
 
 from __future__ import annotations
@@ -135,21 +138,39 @@ class NetLab:
         self._run(
             home.router_ns, f"iptables -t nat -A PREROUTING -i lan0 -p tcp -j REDIRECT --to-ports {port}"
         )
-        args = [
-            *self.exec_prefix(home.router_ns),
-            sys.executable,
-            "-m",
-            "hexswarm.swarm.nat.netlab",
-            "delay",
-            str(port),
-            str(one_way_ms),
-        ]
+        return self._start_delay_proxy(home.router_ns, one_way_ms, port)
+
+    def _start_delay_proxy(self, ns: str, one_way_ms: float, port: int, mark: int = 0) -> subprocess.Popen:
+        args = [*self.exec_prefix(ns), sys.executable, "-m", "hexswarm.swarm.nat.netlab", "delay"]
+        args += [str(port), str(one_way_ms), str(mark)]
         proxy = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
         if proxy.stdout.readline().strip() != b"ready":
-            raise NetLabError(f"the delay proxy in {home.router_ns} did not start")
+            raise NetLabError(f"the delay proxy in {ns} did not start")
         return proxy
+
+    def add_host(self, k: int) -> tuple[str, str]:
+        """Another host on the internet with no NAT in front: (its namespace, its address
+        10.77.0.(2 + k)). Host 0 is the public host."""
+        if not 1 <= k <= 200:
+            raise NetLabError(f"host number {k} is outside 1..200")
+        ns, ip = f"{self.prefix}-w{k}", f"{INTERNET_PREFIX}.{2 + k}"
+        self._add_ns(ns)
+        self._plug_into_internet(ns, f"w{k}", f"{ip}/16")
+        return ns, ip
+
+    def delay_host(self, ns: str, own_ip: str, one_way_ms: float, port: int = 7070) -> subprocess.Popen:
+        """Adds `one_way_ms` each way to every TCP connection the host in `ns` opens to another
+        host (an OUTPUT redirect to a delay proxy in its own namespace, whose own connections
+        carry DELAY_MARK and pass); connections to itself are not delayed."""
+        self._run(ns, f"iptables -t nat -A OUTPUT -p tcp -d {own_ip} -j RETURN")
+        self._run(
+            ns,
+            f"iptables -t nat -A OUTPUT -p tcp -d {INTERNET_PREFIX[:-2]}.0.0/16 -m mark ! --mark {DELAY_MARK} "
+            f"-j REDIRECT --to-ports {port}",
+        )
+        return self._start_delay_proxy(ns, one_way_ms, port, DELAY_MARK)
 
     def close(self) -> None:
         for ns in reversed(self.namespaces):
@@ -239,9 +260,11 @@ def _kill_processes_in(ns: str) -> None:
 # --- the delay proxy (runs inside a router's namespace)
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h: where a REDIRECTed connection was going
+SO_MARK = 36  # asm-generic/socket.h: the firewall mark of a socket's packets
+DELAY_MARK = 0x77  # a host's delay proxy marks its own connections so they are not redirected again
 
 
-async def _serve_delay(port: int, one_way_s: float) -> None:
+async def _serve_delay(port: int, one_way_s: float, mark: int = 0) -> None:
     import asyncio
 
     async def forward(reader, writer) -> None:
@@ -269,7 +292,7 @@ async def _serve_delay(port: int, one_way_s: float) -> None:
         raw = writer.get_extra_info("socket").getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
         destination = (socket.inet_ntoa(raw[4:8]), struct.unpack(">H", raw[2:4])[0])
         try:
-            upstream = await asyncio.open_connection(*destination)
+            upstream = await _connect(destination, mark)
         except OSError:
             writer.close()
             return
@@ -283,9 +306,27 @@ async def _serve_delay(port: int, one_way_s: float) -> None:
         await server.serve_forever()
 
 
-if __name__ == "__main__":  # python -m hexswarm.swarm.nat.netlab delay PORT MS
+async def _connect(destination: tuple[str, int], mark: int):
+    """A connection to `destination`, its packets marked with `mark` (0: unmarked)."""
     import asyncio
 
-    if len(sys.argv) != 4 or sys.argv[1] != "delay":
-        sys.exit("usage: python -m hexswarm.swarm.nat.netlab delay PORT ONE_WAY_MS")
-    asyncio.run(_serve_delay(int(sys.argv[2]), float(sys.argv[3]) / 1000))
+    if not mark:
+        return await asyncio.open_connection(*destination)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_MARK, mark)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, destination)
+    except BaseException:
+        sock.close()
+        raise
+    return await asyncio.open_connection(sock=sock)
+
+
+if __name__ == "__main__":  # python -m hexswarm.swarm.nat.netlab delay PORT MS [MARK]
+    import asyncio
+
+    if len(sys.argv) not in (4, 5) or sys.argv[1] != "delay":
+        sys.exit("usage: python -m hexswarm.swarm.nat.netlab delay PORT ONE_WAY_MS [MARK]")
+    mark = int(sys.argv[4]) if len(sys.argv) == 5 else 0
+    asyncio.run(_serve_delay(int(sys.argv[2]), float(sys.argv[3]) / 1000, mark))

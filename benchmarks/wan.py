@@ -1,0 +1,188 @@
+"""hexswarm on an emulated WAN: what a token costs when every link between hosts has a delay.
+
+Four hosts in network namespaces with no NAT (swarm/nat/netlab.py `add_host`): the bootstrap,
+peer `left` (SmolLM2-135M-Instruct blocks 0:15), peer `right` (15:30) and the client. With
+`--delays`, every TCP connection a host opens to another goes through a delay proxy in that
+host's namespace (`delay_host`), so every round trip between two hosts is twice the one-way
+delay; 0 is the LAN control on the same namespaces. For each delay a fresh swarm serves each
+workload, greedy, `--repeats` times:
+
+- `chat`: short questions through the chat template; `rewrite`: a ~300-token passage of
+  Dickens to be repeated with one change (the case where drafting from the context would pay).
+
+One JSON line per delay and workload: `system`, `speculate`, `one_way_ms`, `rtt_ms_measured`
+(median PING round trip from the client to `left` over its session stream), `workload`,
+`ms_per_token` (median after the first), `ttft_s` (median time to the first token, the
+session's opening included), `crossings_per_token` ((ms/token at this delay − at 0) ÷ the
+one-way delay: how many one-way trips a token pays), `tokens_per_step` (1: no speculation yet),
+`exact` (every output equal to local transformers' greedy output).
+
+Needs root, iproute2 and iptables. Run:
+    python benchmarks/wan.py [--delays 0 25 75] [--repeats 3] [--new-tokens 32] [--save]
+(--save: also write the lines to benchmarks/results/wan.json). Petals' side of issue 51's
+comparison is not run here yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm.tools.launcher)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from bench_results import save  # noqa: E402
+from public_swarm import ping_ms  # noqa: E402
+from real_model import TEXT  # noqa: E402
+
+from hexswarm.swarm.models import gguf_checkpoint  # noqa: E402
+from hexswarm.swarm.models.builtin_models import DEFAULT_MODEL  # noqa: E402
+from hexswarm.swarm.nat import netlab  # noqa: E402
+from hexswarm.swarm.tools.launcher import LocalSwarm  # noqa: E402
+
+ANY = "/ip4/0.0.0.0/tcp/0"
+QUESTIONS = ("What is the capital of France?", "Name three uses of copper.", "Why is the sky blue?")
+REWRITE = "Repeat this passage exactly, but write 'finest' instead of 'best':\n\n"
+
+
+def workloads(tokenizer) -> dict[str, list[torch.Tensor]]:
+    def chat(text: str) -> torch.Tensor:
+        messages = [{"role": "user", "content": text}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+        return ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+
+    passage = tokenizer.decode(tokenizer(TEXT).input_ids[:300])
+    return {"chat": [chat(q) for q in QUESTIONS], "rewrite": [chat(REWRITE + passage)]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--delays", type=float, nargs="+", default=[0.0, 25.0, 75.0], help="one way, ms")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--pings", type=int, default=50)
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/wan.json")
+    args = parser.parse_args()
+    why_not = netlab.available()
+    if why_not:
+        sys.exit(f"wan: {why_not}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hexswarm.swarm.models.model_spec import load_model_spec
+
+    spec = load_model_spec(DEFAULT_MODEL)
+    gguf_checkpoint.materialize_all(spec.path)  # every weight file, for the local baseline
+    prompts = workloads(AutoTokenizer.from_pretrained(spec.path))
+    local = AutoModelForCausalLM.from_pretrained(spec.path).eval()
+    expected = {
+        name: [local.generate(ids, max_new_tokens=args.new_tokens, do_sample=False) for ids in ids_list]
+        for name, ids_list in prompts.items()
+    }
+    del local
+    lines, lan = [], {}
+    for one_way_ms in sorted(args.delays):
+        for line in run_at(one_way_ms, spec, prompts, expected, args):
+            if one_way_ms == 0:
+                lan[line["workload"]] = line["ms_per_token"]
+            base = lan.get(line["workload"])
+            crossings = (line["ms_per_token"] - base) / one_way_ms if one_way_ms and base else None
+            line["crossings_per_token"] = None if crossings is None else round(crossings, 2)
+            print(json.dumps(line), flush=True)
+            lines.append(line)
+    if args.save:
+        save("wan", {"bench": "wan", "model": spec.model_id, "lines": lines})
+
+
+def run_at(one_way_ms: float, spec, prompts: dict, expected: dict, args) -> list[dict]:
+    """Every workload through a fresh swarm on namespaces whose links add `one_way_ms`."""
+    with tempfile.TemporaryDirectory(prefix="hexswarm-wan-") as tmp, netlab.NetLab(homes=0) as net:
+        hosts = {"bootstrap": (net.public_ns, netlab.PUBLIC_HOST_IP)}
+        hosts.update({name: net.add_host(k) for k, name in enumerate(("left", "right", "client"), start=1)})
+        if one_way_ms:
+            for ns, ip in hosts.values():
+                net.delay_host(ns, ip, one_way_ms)
+        with LocalSwarm(Path(tmp)) as swarm:
+            swarm.start_bootstrap(
+                120,
+                launcher=net.exec_prefix(hosts["bootstrap"][0]),
+                host_maddrs=ANY,
+                address_prefix=f"/ip4/{netlab.PUBLIC_HOST_IP}/",
+            )
+            peers = [
+                swarm.start_peer(spec.path, layers, name, "--host-maddrs", ANY, wait=False,
+                                 launcher=net.exec_prefix(hosts[name][0]))
+                for name, layers in (("left", "0:15"), ("right", "15:30"))
+            ]  # fmt: skip
+            for proc in peers:
+                swarm.wait_for_log(proc, "online:", 300)
+            return measure(swarm, hosts["client"][0], spec, prompts, expected, one_way_ms, args)
+
+
+def measure(
+    swarm: LocalSwarm, client_ns: str, spec, prompts, expected, one_way_ms: float, args
+) -> list[dict]:
+    from hexswarm.client import DistributedModelForCausalLM
+
+    torch.zeros(1).share_memory_()  # torch's shm manager in this namespace (see netlab.inside)
+    with netlab.inside(client_ns):
+        model = DistributedModelForCausalLM.from_pretrained(spec.path, initial_peers=swarm.initial_peers)
+    try:
+        left = _wait_online(model)
+        rtt = ping_ms(model, left, args.pings)
+        lines = []
+        for name, ids_list in prompts.items():
+            per_token, first, exact = [], [], True
+            for _ in range(args.repeats):
+                for ids, want in zip(ids_list, expected[name], strict=True):
+                    began = time.perf_counter()
+                    model.generate(ids, max_new_tokens=1, do_sample=False)
+                    ttft = time.perf_counter() - began
+                    began = time.perf_counter()
+                    out = model.generate(ids, max_new_tokens=args.new_tokens, do_sample=False)
+                    new = out.shape[1] - ids.shape[1]
+                    first.append(ttft)
+                    if new > 1:
+                        per_token.append(1000 * (time.perf_counter() - began - ttft) / (new - 1))
+                    exact &= bool(torch.equal(out, want))
+            lines.append(
+                {
+                    "bench": "wan",
+                    "system": "hexswarm",
+                    "speculate": False,
+                    "one_way_ms": one_way_ms,
+                    "rtt_ms_measured": round(rtt, 2),
+                    "workload": name,
+                    "ms_per_token": round(statistics.median(per_token), 2),
+                    "ttft_s": round(statistics.median(first), 3),
+                    "tokens_per_step": 1.0,
+                    "exact": exact,
+                    "chain": model.last_route,
+                }
+            )
+        return lines
+    finally:
+        model.shutdown()
+
+
+def _wait_online(model, timeout: float = 120) -> str:
+    """The `left` peer's id once both peers are online in the client's view."""
+    from hexswarm.swarm.trust.records import PeerState, read_peer_records
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = {r.name: r for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
+        if all(name in records and records[name].state == PeerState.ONLINE for name in ("left", "right")):
+            return records["left"].peer_id
+        time.sleep(0.5)
+    raise RuntimeError(f"left and right were not online within {timeout} s")
+
+
+if __name__ == "__main__":
+    main()
