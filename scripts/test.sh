@@ -3,30 +3,29 @@
 # Quick run without the slow multi-process TP suite: bash scripts/test.sh -m "not slow"
 # One file: bash scripts/test.sh tests/integration/test_generate.py
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-cd "$ROOT"
-# The monitor's browser test drives Debian's headless Chromium; install it where we may (root).
-if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+# System packages some tests need, installed where we may (root), beside the Python installs:
+# chromium and chromium-driver for the page tests (the monitor's, the chat page's), iptables for
+# the NAT tests' MASQUERADE routers (iproute2's ip and tc are on every machine here).
+wanted=()
+command -v chromium >/dev/null && command -v chromedriver >/dev/null || wanted+=(chromium chromium-driver)
+command -v iptables >/dev/null || wanted+=(iptables)
+APT_INSTALL=""
+if (( ${#wanted[@]} )); then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-        echo "[test] installing chromium and chromium-driver for the monitor's browser test"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq >/dev/null
-        apt-get install -y -qq chromium chromium-driver >/dev/null
+        echo "[test] installing ${wanted[*]} (beside the Python environments)"
+        apt_log=$(mktemp)
+        ( export DEBIAN_FRONTEND=noninteractive
+          apt-get update -qq && apt-get install -y -qq "${wanted[@]}" ) >"$apt_log" 2>&1 &
+        APT_INSTALL=$!
     else
-        echo "[test] no chromium/chromedriver: the monitor's browser test will be skipped"
+        echo "[test] cannot install ${wanted[*]}: the browser and NAT tests that need them will be skipped"
     fi
 fi
-# The NAT tests (tests/integration/test_public_swarm.py) build homes behind MASQUERADE routers
-# in network namespaces: they need iptables (iproute2's ip and tc are on every machine here).
-if ! command -v iptables >/dev/null; then
-    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-        echo "[test] installing iptables for the NAT tests"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq >/dev/null
-        apt-get install -y -qq iptables >/dev/null
-    else
-        echo "[test] no iptables: the NAT tests will be skipped"
-    fi
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$ROOT"
+if [[ -n "$APT_INSTALL" ]] && ! wait "$APT_INSTALL"; then
+    echo "[test] installing ${wanted[*]} failed; the tests that need them will be skipped:" >&2
+    tail -5 "$apt_log" >&2
 fi
 # The integration tests start hundreds of real processes (peers, bootstraps, commands), each importing
 # many of our modules: compile them once here, since an environment with PYTHONDONTWRITEBYTECODE set
