@@ -1,23 +1,27 @@
 """How a peer becomes reachable: directly, or through relays' ports when it is behind NAT.
 
 At start (docs/architecture.md, "Crossing NATs"):
-1. A few reachable nodes (the initial peers first, then direct peers of the model) dial the
-   peer back (swarm/nat/reachability/); a peer that listens on loopback only serves this machine
-   and asks no one. If at least half of those that answer reach it, it is
-   `direct` and announces the addresses at least half of them reached it at (a forwarded port
-   included).
+1. A few reachable nodes (the initial peers first, then direct peers of the model), one per IP
+   group first, dial the peer back (swarm/nat/reachability/); one that stays BUSY or does not
+   answer is replaced by another. A peer that listens on loopback only serves this machine and
+   asks no one. If at least half of those that answer reach it (only the initial peers' answers
+   count when one of them answered), it is `direct` and announces the addresses that helpers of
+   two IP groups reached (by its own connections to them; a forwarded port included), one of
+   them an initial peer when any answered. Where the initial peers all share one IP group (a
+   lab, a private swarm), their answers alone decide, as the user named them. A direct verdict
+   with no such address is treated as behind NAT: strangers of one group cannot place an
+   address in its record.
 2. Otherwise its DHT node restarts in client mode (it stores nothing for others), and it asks
    up to WANT_RELAYS reachable nodes, those that answered first, for a relay slot
-   (swarm/nat/port_relay.py), at most one of them a bootstrap while direct peers can relay. It is `relayed` once a helper has dialed it through a slot's port,
-   and it announces those ports.
+   (swarm/nat/port_relay.py), at most one of them a bootstrap while direct peers can relay. It
+   is `relayed` once a relay has dialed it through the slot it holds for it (a relay vouches for
+   its own slot: no helper dials another node's ports), and it announces those ports.
 3. With no slot that works it is `unreachable`: it stays joining and says why.
 
 While it serves, `recheck` (each announce period) re-dials its slots, drops a relay that is
 gone, and asks another reachable node for a slot, so a relay that leaves is replaced within
-one or two periods. The helpers it asks are chosen afresh each time from the initial peers and
-the model's direct peers, relays it holds a slot on first and nodes that just failed it last:
-the node that dialed it back at start may be the relay that died. A relay whose slot is gone
-takes its address out of the record at once, even when no helper answers, and a slot that
+one or two periods; nodes that just failed it are asked last. A relay whose slot is gone
+takes its address out of the record at once, even when no relay answers, and a slot that
 ends (its relay died) is replaced at once, not a period later.
 """
 
@@ -27,25 +31,29 @@ import asyncio
 import ipaddress
 import logging
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from hexswarm.peer.joining import DHT_CLOSE_S
 from hexswarm.swarm.coordinator.records import dht_get
 from hexswarm.swarm.nat.port_relay import RelayLimits, Slot, TunnelSources, hold_slot
-from hexswarm.swarm.nat.reachability.client import ask_many, reachable_verdict
-from hexswarm.swarm.nat.reachability.messages import DialBackReply
+from hexswarm.swarm.nat.reachability.client import ask, ask_many, helper_groups, reachable_verdict
+from hexswarm.swarm.nat.reachability.verdicts import (
+    chosen_first,
+    confirmed_addrs,
+    observed_group,
+    relay_verified,
+)
 from hexswarm.swarm.net.dht import start_dht
 from hexswarm.swarm.net.dht_process import shutdown_dht
 from hexswarm.swarm.net.dialing import Dialer
-from hexswarm.swarm.net.maddrs import ip_group, peer_id_of, tcp_addr, with_peer_id
+from hexswarm.swarm.net.maddrs import ip_group, peer_id_of, tcp_addr
 from hexswarm.swarm.trust.records import PeerRecord, PeerState, model_key, peer_records_from
 
 logger = logging.getLogger(__name__)
 
 MODES = ("auto", "direct", "relayed")
-MAX_HELPERS = 3  # nodes asked to dial back at once
+MAX_HELPERS = 3  # nodes asked to dial back at once (more stand by for those BUSY or gone)
 WANT_RELAYS = 2  # slots a peer behind NAT holds, so that one relay may leave
 RELAY_WAIT_S = 15.0  # how long slots get before the peer calls itself unreachable
 RELAY_RETRY_S = 0.5
@@ -88,56 +96,22 @@ def candidates(initial_peers: Sequence[str], direct_records: Sequence) -> list[C
     return [Candidate(peer, addr) for peer, addr in found.items()]
 
 
+def by_group(found: Sequence[Candidate]) -> list[Candidate]:
+    """`found` in order, one of each IP group (by the address it is dialed at) before any second:
+    helpers drawn from distinct groups, so that one group's many identities are asked once."""
+    seen: set[str] = set()
+    first, later = [], []
+    for c in found:
+        addr = tcp_addr(c.addr)
+        group = ip_group(addr.ip) if addr else c.peer_id
+        (later if group in seen else first).append(c)
+        seen.add(group)
+    return first + later
+
+
 def direct_peers(records: Sequence) -> list:
     """The model's online peers that others can dial directly: helpers and relays to ask."""
     return [r for r in records if r.reachability == "direct" and r.state == PeerState.ONLINE]
-
-
-def reached_addrs(replies: Sequence[DialBackReply | None], peer_id: str) -> tuple[str, ...]:
-    """The addresses helpers reached us at, each with our id."""
-    return _announceable([dialed for r in replies if r is not None for _, dialed in r.reached], peer_id)
-
-
-def agreed_addrs(replies: Sequence[DialBackReply | None], peer_id: str) -> tuple[str, ...]:
-    """The addresses at least half of the helpers that answered reached us at (as
-    `reachable_verdict` counts), so that among three or more answers one lying helper cannot
-    choose what a direct peer announces (of two, a tie keeps both). If no address has half the
-    votes (the helpers reached different ones), every address reached."""
-    answered = [r for r in replies if r is not None and not r.error]
-    votes = Counter(dialed for r in answered for dialed in dict.fromkeys(d for _, d in r.reached))
-    agreed = [addr for addr, n in votes.items() if 2 * n >= len(answered)]
-    return _announceable(agreed, peer_id) if agreed else reached_addrs(replies, peer_id)
-
-
-def chosen_first(replies: Sequence[DialBackReply | None], initial_peers: Sequence[str]) -> list:
-    """The answers of the initial peers, when any of them answered: the user chose those nodes,
-    while any stranger serving the model may be asked too, and a few Sybil helpers would
-    otherwise outvote the bootstrap and choose what the peer announces. Else every answer."""
-    chosen = {peer_id_of(a) for a in initial_peers}
-    theirs = [r for r in replies if r is not None and not r.error and r.helper in chosen]
-    return theirs or list(replies)
-
-
-def observed_group(replies: Sequence[DialBackReply | None]) -> str:
-    """The IP group most helpers saw this peer's connection come from ("" if none said)."""
-    seen = Counter(
-        ip_group(r.observed_ip) for r in replies if r is not None and not r.error and _is_ip(r.observed_ip)
-    )
-    return seen.most_common(1)[0][0] if seen else ""
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _announceable(dialed: list[str], peer_id: str) -> tuple[str, ...]:
-    # a loopback address is worth announcing only when nothing else was reached (one machine)
-    remote = [a for a in dialed if not ipaddress.ip_address(tcp_addr(a).ip).is_loopback]
-    return tuple(dict.fromkeys(with_peer_id(a, peer_id) for a in remote or dialed))
 
 
 def nat_message(listen_addrs: Sequence[str], relays: Sequence[str], pinned: bool = True) -> str:
@@ -211,22 +185,22 @@ class Reachability:
         except Exception:  # remote input; the initial peers alone can still check
             records = []
         everyone = [c for c in candidates(initial_peers, direct_peers(records)) if c.peer_id != self.peer_id]
-        self.helpers = everyone[:MAX_HELPERS]
         answering = everyone
         known = time.monotonic() - self.started
         if self.mode == "auto":
-            replies = await ask_many(await dht.replicate_p2p(), [h.peer_id for h in self.helpers], listen)
-            counted = chosen_first(replies, self.initial_peers)
-            verdict, known = reachable_verdict(counted), time.monotonic() - self.started
+            verdict, addrs, replies = await self._dial_back(await dht.replicate_p2p(), everyone, listen)
+            known = time.monotonic() - self.started
             if verdict is None:
                 logger.warning("no node answered a dial-back; announcing as directly reachable, unverified")
                 return dht, Reach("direct", listen, reason="no node answered a dial-back", known_s=known)
-            if verdict:
-                addrs = agreed_addrs(counted, self.peer_id)
+            if verdict and addrs:
                 logger.info("reachable directly at %s (%.1f s after start)", ", ".join(addrs), known)
                 return dht, Reach("direct", addrs, known_s=known)
-            answering = [h for h, r in zip(self.helpers, replies, strict=True) if r is not None]
-            self.observed_group = observed_group(counted)
+            if verdict:
+                logger.warning("dialed back from one IP group only: no address is confirmed; using relays")
+            answered = {r.helper for r in replies if r is not None}
+            answering = [c for c in everyone if c.peer_id in answered]
+            self.observed_group = observed_group(chosen_first(replies, self.initial_peers))
         self.relays = answering + [c for c in everyone if c not in answering]
         dht = await self.restart_dht()
         self.p2p = await dht.replicate_p2p()
@@ -243,6 +217,16 @@ class Reachability:
         else:
             logger.error("unreachable: %s", reach.reason)
         return dht, reach
+
+    async def _dial_back(self, p2p, everyone: list[Candidate], listen: tuple[str, ...]):
+        """(the verdict, the addresses confirmed, the replies) of helpers drawn one per IP group."""
+        ordered = by_group(everyone)
+        self.helpers = ordered[:MAX_HELPERS]
+        spares = [c.peer_id for c in ordered[MAX_HELPERS:]]
+        replies = await ask_many(p2p, [h.peer_id for h in self.helpers], listen, spares)
+        groups = await helper_groups(p2p, [r.helper for r in replies if r is not None])
+        verdict = reachable_verdict(chosen_first(replies, self.initial_peers))
+        return verdict, confirmed_addrs(replies, groups, self.initial_peers, self.peer_id), replies
 
     async def _first_slots(self, known: float) -> Reach:
         if self.local is None or not self.relays:
@@ -266,9 +250,12 @@ class Reachability:
         then carry less of the swarm's traffic, and losing one costs a peer one slot, not two."""
         boots = {peer_id_of(a) for a in self.initial_peers}
         while len(self.holders) < WANT_RELAYS and not self.closing:
+            now = time.monotonic()
             free = [r for r in self.relays if r.peer_id not in self.holders]
             if not free:
                 return
+            # nodes whose slot or dial just failed last (a stable sort keeps the order otherwise)
+            free.sort(key=lambda r: now - self.failed_at.get(r.peer_id, float("-inf")) < FAILED_RELAY_S)
             on_a_boot = any(p in boots for p in self.holders)
             relay = min(free, key=lambda r: on_a_boot and r.peer_id in boots)  # the first of the best
             task = asyncio.create_task(self._hold(relay), name=f"relay-slot-{relay.peer_id[-8:]}")
@@ -296,12 +283,12 @@ class Reachability:
         self.failed_at.pop(slot.relay_id, None)
 
     async def _verified(self) -> tuple[str, ...] | None:
-        """Slot addresses a helper dialed us through; None if no helper answered."""
-        addrs = [slot.addr(self.peer_id) for slot in self.slots.values()]
-        replies = await ask_many(self.p2p, [h.peer_id for h in self.helpers], addrs)
+        """Slot addresses their own relay dialed us through; None if no relay answered."""
+        slots = list(self.slots.values())
+        replies = await asyncio.gather(*(ask(self.p2p, s.relay_id, [s.addr(self.peer_id)]) for s in slots))
         if all(r is None or r.error for r in replies):  # nobody could check (busy, gone)
             return None
-        return reached_addrs(chosen_first(replies, self.initial_peers), self.peer_id)
+        return relay_verified(slots, replies, self.peer_id)
 
     def _relayed(self, addrs: tuple[str, ...], known: float, relayed: float) -> Reach:
         relays = tuple(s.relay_id for s in self.slots.values() if s.addr(self.peer_id) in addrs)
@@ -320,7 +307,6 @@ class Reachability:
         everyone = [c for c in everyone if c.peer_id != self.peer_id]
         known = {r.peer_id for r in self.relays}
         self.relays += [c for c in everyone if c.peer_id not in known]
-        self.helpers = self._helpers(everyone)
         self._ask_for_slots()
         addrs = await self._verified() if self.slots else ()
         if addrs is None:  # nobody could check: no news is not bad news, but a gone slot is
@@ -328,17 +314,6 @@ class Reachability:
         if addrs:
             return self._relayed(addrs, reach.known_s, reach.relayed_s)
         return Reach("unreachable", (), reason="no relay slot could be dialed", known_s=reach.known_s)
-
-    def _helpers(self, everyone: list[Candidate]) -> list[Candidate]:
-        """Who dials back this period: relays holding a slot for it (alive a moment ago), then
-        the others, those that failed it within FAILED_RELAY_S last."""
-        now = time.monotonic()
-
-        def rank(c: Candidate) -> tuple[bool, bool]:
-            recently_failed = now - self.failed_at.get(c.peer_id, float("-inf")) < FAILED_RELAY_S
-            return c.peer_id not in self.slots, recently_failed
-
-        return sorted(everyone, key=rank)[:MAX_HELPERS]
 
     def _without_gone_slots(self, reach: Reach) -> Reach:
         """`reach` less the addresses of slots that are gone (their relay died or closed them)."""

@@ -11,7 +11,8 @@ bytes of 4 MiB. So reachable nodes relay at the TCP level instead:
    the relay knows whose slot it is) and asks for a slot.
 2. The relay listens on a public TCP port for it and replies with that port and its tunnel port.
    The peer announces `/ip4/<relay ip>/tcp/<port>/p2p/<its own id>`: an ordinary address.
-3. For each connection to that port, the relay sends a one-time token on the stream; the peer
+3. For each connection to that port that sends its first byte within FIRST_BYTE_TIMEOUT_S
+   (others are closed unpaired), the relay sends a one-time token on the stream; the peer
    opens a TCP connection to the tunnel port, sends the token, and splices it to its own p2pd.
 
 libp2p's handshake runs end to end through the splice, so the relay sees only ciphertext and
@@ -49,6 +50,10 @@ RELAY_PROTOCOL = "/hexswarm/relay/1"
 MAX_MESSAGE_BYTES = 1024
 TOKEN_BYTES = 16
 PAIRING_TIMEOUT_S = 10.0  # a client's connection waits this long for the peer's tunnel
+# A libp2p dialer speaks first (multistream-select's header), so a connection that has sent
+# nothing by then is no client: it is closed before the peer is asked for a tunnel, and idle
+# connections cannot hold a slot's places (max_connections, ... per group) for longer.
+FIRST_BYTE_TIMEOUT_S = 3.0
 REQUEST_TIMEOUT_S = 5.0
 COPY_CHUNK = 1 << 16
 
@@ -62,20 +67,22 @@ async def _read_message(reader: asyncio.StreamReader, timeout: float | None) -> 
     return unpack_map(await asyncio.wait_for(read_payload(reader, MAX_MESSAGE_BYTES), timeout))
 
 
-async def splice(a: tuple, b: tuple, data_limit: int, time_limit: float) -> None:
+async def splice(a: tuple, b: tuple, data_limit: int, time_limit: float, first: bytes = b"") -> None:
     """Copies both ways between two (reader, writer) pairs until either side ends, a direction
-    passes `data_limit` bytes, or `time_limit` seconds pass; then closes both."""
+    passes `data_limit` bytes, or `time_limit` seconds pass; then closes both. `first`: what
+    was already read from `a`, sent to `b` first and counted."""
 
-    async def copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes = b"") -> None:
         sent = 0
-        while data := await reader.read(COPY_CHUNK):
+        while data := data or await reader.read(COPY_CHUNK):
             sent += len(data)
             if sent > data_limit:
                 return
             writer.write(data)
             await writer.drain()
+            data = b""
 
-    tasks = [asyncio.create_task(copy(a[0], b[1])), asyncio.create_task(copy(b[0], a[1]))]
+    tasks = [asyncio.create_task(copy(a[0], b[1], first)), asyncio.create_task(copy(b[0], a[1]))]
     try:
         await asyncio.wait(tasks, timeout=time_limit, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -196,12 +203,16 @@ class RelayService:
         slot.connections += 1
         slot.by_group[group] += 1
         token = secrets.token_bytes(TOKEN_BYTES)
-        arrived = self.pending[token] = asyncio.get_running_loop().create_future()
         try:
+            first = await asyncio.wait_for(reader.read(COPY_CHUNK), FIRST_BYTE_TIMEOUT_S)
+            if not first:
+                raise ConnectionError("closed before its first byte")
+            arrived = self.pending[token] = asyncio.get_running_loop().create_future()
             slot.control.write(_frame({"open": token, "from": ip}))
             await slot.control.drain()
             tunnel = await asyncio.wait_for(arrived, PAIRING_TIMEOUT_S)
-            await splice((reader, writer), tunnel, self.limits.data_limit_bytes, self.limits.time_limit_s)
+            limits = self.limits
+            await splice((reader, writer), tunnel, limits.data_limit_bytes, limits.time_limit_s, first)
         except (TimeoutError, ConnectionError, OSError):
             writer.close()
         except asyncio.CancelledError:

@@ -68,9 +68,9 @@ async def relay_with_slot(limits: RelayLimits, peer: str = "QmPeer", daemon_hand
 
 async def relayed_echo(slot, control, daemon, limits, payload: bytes) -> bytes:
     client_reader, client_writer = await asyncio.open_connection("127.0.0.1", slot.port)
-    message = await _read_message(control, 5)  # the relay asks the peer for a tunnel
+    client_writer.write(payload)  # a client speaks first, as libp2p's dialer does
+    message = await _read_message(control, 5)  # then the relay asks the peer for a tunnel
     tunnel = asyncio.create_task(_open_tunnel(slot, message["open"], daemon, limits))
-    client_writer.write(payload)
     await client_writer.drain()
     received = b""
     with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
@@ -108,9 +108,9 @@ async def test_a_connection_past_its_data_limit_is_closed():
 
     async with relay_with_slot(limits, daemon_handler=sink) as (_, slot, control, daemon):
         _, client_writer = await asyncio.open_connection("127.0.0.1", slot.port)
+        client_writer.write(b"x" * 1_000_000)
         message = await _read_message(control, 5)  # the relay asks the peer for a tunnel
         tunnel = asyncio.create_task(_open_tunnel(slot, message["open"], daemon, limits))
-        client_writer.write(b"x" * 1_000_000)
         with contextlib.suppress(ConnectionError):
             await client_writer.drain()
         await asyncio.wait_for(ended, 10)  # the tunnel closed the daemon's side: all it carried is in
@@ -184,11 +184,14 @@ async def test_one_machine_cannot_take_every_connection_of_a_relayed_peer():
     limits = RelayLimits(max_connections=16, max_connections_per_group=4)
     async with relay_with_slot(limits) as (_, slot, control, _):
         hoarded = [await asyncio.open_connection("127.0.0.1", slot.port) for _ in range(6)]
+        for _, writer in hoarded[:4]:
+            writer.write(b"/multistream/1.0.0\n")  # each speaks, as a dialer does
         asked = [await _read_message(control, 5) for _ in range(4)]  # 4 tunnels asked for, no more
         assert all(m["from"] == "127.0.0.1" for m in asked)
         refused = [await asyncio.wait_for(reader.read(), 5) for reader, _ in hoarded[4:]]
         assert refused == [b"", b""]  # the 5th and 6th were closed at once
         _, other = await asyncio.open_connection("127.0.0.1", slot.port, local_addr=("127.1.0.1", 0))
+        other.write(b"/multistream/1.0.0\n")
         assert (await _read_message(control, 5))["from"] == "127.1.0.1"
         for _, writer in [*hoarded, (None, other)]:
             writer.close()
@@ -234,3 +237,32 @@ async def test_a_relayed_remote_counts_under_the_ip_group_its_relay_named():
     assert await admission_group_of(P2P(), "QmTunneled", sources) == "203.0.113.0/24"
     assert await admission_group_of(P2P(), "QmLocal", sources) is None  # this machine's own
     assert await admission_group_of(P2P(), "QmDirect", sources) == "198.51.100.0/24"
+
+
+async def test_a_connection_that_sends_nothing_is_closed_within_seconds_and_frees_its_place():
+    """Idle TCP connections to a slot (no libp2p handshake, not one byte) are closed at the
+    relay's first-byte deadline, without a tunnel asked of the peer, so they cannot hold the
+    per-group cap; the per-group cap and max_connections still hold meanwhile."""
+    from hexswarm.swarm.nat.port_relay import FIRST_BYTE_TIMEOUT_S
+
+    limits = RelayLimits(max_connections=5, max_connections_per_group=4)
+    async with relay_with_slot(limits) as (_, slot, control, _):
+        began = asyncio.get_running_loop().time()
+        idle = [await asyncio.open_connection("127.0.0.1", slot.port) for _ in range(4)]
+        _, over = await asyncio.open_connection("127.0.0.1", slot.port)  # the group's 5th
+        other = [
+            await asyncio.open_connection("127.0.0.1", slot.port, local_addr=(f"127.1.0.{i}", 0))
+            for i in (1, 2)
+        ]  # another group: one place of max_connections is left, then none
+        closed = [await asyncio.wait_for(reader.read(), FIRST_BYTE_TIMEOUT_S + 2) for reader, _ in idle]
+        assert closed == [b""] * 4
+        assert asyncio.get_running_loop().time() - began < FIRST_BYTE_TIMEOUT_S + 1.5
+        assert await asyncio.wait_for(other[1][0].read(), 1) == b""  # over max_connections at once
+        with pytest.raises(TimeoutError):  # nothing was asked of the peer for a silent connection
+            await _read_message(control, 0.2)
+        # the places are free again: a client of the same group that speaks gets its tunnel
+        reader, writer = await asyncio.open_connection("127.0.0.1", slot.port)
+        writer.write(b"/multistream/1.0.0\n")
+        assert (await _read_message(control, 5))["from"] == "127.0.0.1"
+        for _, w in [*idle, (None, over), *other, (None, writer)]:
+            w.close()

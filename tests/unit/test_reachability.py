@@ -6,15 +6,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from hexswarm.peer.reachability import (
-    Candidate,
-    agreed_addrs,
-    candidates,
-    chosen_first,
-    local_endpoint,
-    nat_message,
-    reached_addrs,
-)
+from hexswarm.peer.reachability import Candidate, candidates, local_endpoint, nat_message
 from hexswarm.swarm.nat.reachability.client import reachable_verdict
 from hexswarm.swarm.nat.reachability.messages import (
     MAX_ADDRS,
@@ -25,6 +17,7 @@ from hexswarm.swarm.nat.reachability.messages import (
     encode_request,
 )
 from hexswarm.swarm.nat.reachability.service import dial_targets
+from hexswarm.swarm.nat.reachability.verdicts import agreed_addrs, chosen_first, reached_addrs
 from hexswarm.swarm.net.dialing import dialable
 from hexswarm.swarm.net.maddrs import ip_group, peer_id_of, tcp_addr, with_peer_id, without_peer_id
 from tests.unit.record_cases import make_record
@@ -52,22 +45,24 @@ def test_multiaddr_parts():
 
 
 def test_a_helper_dials_the_askers_own_ip_with_the_ports_it_names():
-    targets = dial_targets(["/ip4/192.168.1.2/tcp/4000", "/ip4/127.0.0.1/tcp/4000"], {"203.0.113.9"}, set())
-    assert targets == [("/ip4/192.168.1.2/tcp/4000", "/ip4/203.0.113.9/tcp/4000")]  # one dial, not two
+    targets = dial_targets(["/ip4/192.168.1.2/tcp/4000", "/ip4/127.0.0.1/tcp/4000"], {"203.0.113.9"})
+    dialed = "/ip4/203.0.113.9/tcp/4000"
+    assert targets == [("/ip4/192.168.1.2/tcp/4000", dialed, dialed)]  # one dial, not two
 
 
-def test_a_helper_dials_a_relays_port_as_it_is_and_nothing_else():
+def test_a_helper_dials_its_own_relays_slot_for_the_asker_and_nothing_else():
     relay_port = "/ip4/198.51.100.7/tcp/5000/p2p/QmAsker"
-    assert dial_targets([relay_port], {"203.0.113.9"}, {"198.51.100.7"}) == [
-        (relay_port, "/ip4/198.51.100.7/tcp/5000")
+    # this node's relay holds port 5000 for the asker: dialed where it listens, reported as asked
+    assert dial_targets([relay_port], {"203.0.113.9"}, {5000: "127.0.0.1"}) == [
+        (relay_port, "/ip4/127.0.0.1/tcp/5000", "/ip4/198.51.100.7/tcp/5000")
     ]
-    # an address at an unknown host is never dialed there: only at the asker's own IP
-    assert dial_targets(["/ip4/8.8.8.8/tcp/53"], {"203.0.113.9"}, {"198.51.100.7"}) == [
-        ("/ip4/8.8.8.8/tcp/53", "/ip4/203.0.113.9/tcp/53")
+    # any other address, a node's included, is dialed only at the asker's own IP
+    assert dial_targets(["/ip4/8.8.8.8/tcp/53"], {"203.0.113.9"}, {5000: "127.0.0.1"}) == [
+        ("/ip4/8.8.8.8/tcp/53", "/ip4/203.0.113.9/tcp/53", "/ip4/203.0.113.9/tcp/53")
     ]
-    assert dial_targets(["/ip4/8.8.8.8/tcp/53"], set(), set()) == []
+    assert dial_targets(["/ip4/8.8.8.8/tcp/53"], set()) == []
     many = [f"/ip4/10.0.0.1/tcp/{port}" for port in range(1000, 1100)]
-    assert len(dial_targets(many, {"203.0.113.9"}, set())) == MAX_ADDRS
+    assert len(dial_targets(many, {"203.0.113.9"})) == MAX_ADDRS
 
 
 def test_requests_and_replies_round_trip_and_reject_malformed_input():
@@ -183,7 +178,8 @@ def test_a_record_is_dialed_only_at_its_own_tcp_addresses():
         "/dns/x/tcp/5",
         "/ip4/1.2.3.4/tcp/7",
     )
-    assert dialable("QmMe", addrs) == ("/ip4/1.2.3.4/tcp/5/p2p/QmMe", "/ip4/1.2.3.4/tcp/7")
+    # only those that carry its own id (issue 49: a record's addresses are its own word)
+    assert dialable("QmMe", addrs) == ("/ip4/1.2.3.4/tcp/5/p2p/QmMe",)
 
 
 def test_the_observed_group_is_what_most_helpers_saw():

@@ -13,12 +13,15 @@ from hexswarm.swarm.nat.reachability.messages import (
     ASK_TIMEOUT_S,
     BUSY,
     BUSY_RETRY_S,
+    BUSY_TRIES,
     DIALBACK_PROTOCOL,
     MAX_REQUEST_BYTES,
+    MAX_SPARES,
     DialBackReply,
     decode_reply,
     encode_request,
 )
+from hexswarm.swarm.net.maddrs import ip_group, tcp_addr
 from hexswarm.swarm.wire.frames import framed, read_payload
 
 logger = logging.getLogger(__name__)
@@ -36,7 +39,9 @@ def reachable_verdict(replies: Sequence[DialBackReply | None]) -> bool | None:
 
 
 async def ask(p2p, helper: str, addrs: Sequence[str], timeout: float = ASK_TIMEOUT_S) -> DialBackReply | None:
-    """One helper's dial-back of `addrs`; None if it could not be asked or did not answer."""
+    """One helper's dial-back of `addrs`; None if it could not be asked or did not answer. A
+    BUSY helper is asked again after BUSY_RETRY_S, doubling, BUSY_TRIES times in all: peers
+    behind one NAT that start together must not read "busy" as "nobody could check"."""
     from hivemind.p2p import PeerID
 
     async def exchange() -> DialBackReply:
@@ -51,19 +56,45 @@ async def ask(p2p, helper: str, addrs: Sequence[str], timeout: float = ASK_TIMEO
             writer.close()
 
     deadline = time.monotonic() + timeout
-    while True:
+    wait = BUSY_RETRY_S
+    for tries in range(1, BUSY_TRIES + 1):
         try:
             reply = await asyncio.wait_for(exchange(), max(deadline - time.monotonic(), 0.1))
         except Exception as e:
             logger.debug("dial-back by ...%s: %s: %s", helper[-8:], type(e).__name__, e)
             return None
-        # a busy helper (its other requests, or one from our IP group) is asked again, not skipped:
-        # peers behind one NAT that start together must not read "busy" as "nobody could check"
-        if not reply.error.startswith(BUSY) or time.monotonic() + BUSY_RETRY_S >= deadline:
+        if not reply.error.startswith(BUSY) or tries == BUSY_TRIES or time.monotonic() + wait >= deadline:
             return reply
-        await asyncio.sleep(BUSY_RETRY_S * random.uniform(1, 2))
+        await asyncio.sleep(wait * random.uniform(1, 2))
+        wait *= 2
+    return None
 
 
-async def ask_many(p2p, helpers: Sequence[str], addrs: Sequence[str]) -> list[DialBackReply | None]:
-    """Asks every helper at once."""
-    return list(await asyncio.gather(*(ask(p2p, helper, addrs) for helper in helpers)))
+async def ask_many(
+    p2p, helpers: Sequence[str], addrs: Sequence[str], spares: Sequence[str] = ()
+) -> list[DialBackReply | None]:
+    """Asks every helper at once; one that stays busy or does not answer is replaced by the
+    next of `spares` (at most MAX_SPARES of them are asked), so that a jammed or gone helper
+    costs an answer, not the verdict."""
+    queue = list(spares)[:MAX_SPARES]
+
+    async def one(helper: str) -> DialBackReply | None:
+        reply = await ask(p2p, helper, addrs)
+        while (reply is None or reply.error.startswith(BUSY)) and queue:
+            reply = await ask(p2p, queue.pop(0), addrs)
+        return reply
+
+    return list(await asyncio.gather(*(one(helper) for helper in helpers)))
+
+
+async def helper_groups(p2p, helpers: Sequence[str]) -> dict[str, str]:
+    """helper id -> the IP group this node's own connection to it comes from (none for a helper
+    it has no connection to): what the helper cannot lie about."""
+    wanted = set(helpers)
+    groups: dict[str, str] = {}
+    for info in await p2p.list_peers():
+        helper = info.peer_id.to_base58()
+        ips = sorted(a.ip for a in (tcp_addr(str(m)) for m in info.addrs) if a is not None)
+        if helper in wanted and ips:
+            groups[helper] = ip_group(ips[0])
+    return groups

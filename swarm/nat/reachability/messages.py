@@ -9,8 +9,9 @@ address ranges decide it (a home network and the tests' "internet" both use priv
 
 The helper never becomes a tool to dial arbitrary hosts: an address is dialed at the IP address
 the asker's own connection comes from (with each port it names, so that a forwarded port is
-found), or as it is when its IP is that of a node this helper is connected to (a relay's port).
-Requests are small, bounded and few at a time.
+found), or, when its port is a slot this helper's own relay holds for the asker, at that slot.
+Requests are small, bounded, few at a time, and few a minute per IP group; the asker backs off
+on BUSY and asks another helper.
 
 This module is the protocol both sides share: its limits and its messages. The helper's side is
 service.py, the asker's client.py.
@@ -29,14 +30,19 @@ from hexswarm.swarm.trust.records import unpack_map
 DIALBACK_PROTOCOL = "/hexswarm/dialback/1"
 MAX_REQUEST_BYTES = 4096
 MAX_ADDRS = 8  # addresses one request may ask to be dialed at
-MAX_CONCURRENT = 2  # requests served at once; more are refused at once, not queued
+MAX_CONCURRENT = 4  # requests served at once; more are refused at once, not queued
 MAX_PER_GROUP = 1  # ... of which from one IP group (many identities on one machine share it)
-BUSY = "busy"  # a reply's error when the helper serves others: ask again after BUSY_RETRY_S
-BUSY_RETRY_S = 0.5
-REQUEST_TIMEOUT_S = 5.0  # to read a request
+GROUP_PER_MINUTE = 12  # requests one IP group may make a minute (bursts of 24): rechecks come
+# once an announce period (15 s) per peer, and a group's silent streams hold a place 1 s each
+BUSY = "busy"  # a reply's error when the helper serves others: back off, or ask another helper
+BUSY_RETRY_S = 0.5  # the asker's first wait after BUSY, doubling
+BUSY_TRIES = 3  # then it asks another helper (up to MAX_SPARES others), from another IP group first
+MAX_SPARES = 3
+REQUEST_TIMEOUT_S = 1.0  # to read a request: the asker sends it at once, so a silent one is a jammer
 DIAL_TIMEOUT_S = 3.0  # per address
+DIAL_BUDGET_S = 6.0  # all of one request's dials: one request holds a place at most this long
 PROBER_START_S = 10.0
-ASK_TIMEOUT_S = 4.0 + MAX_ADDRS * DIAL_TIMEOUT_S / MAX_CONCURRENT  # the asker's wait for one helper
+ASK_TIMEOUT_S = 4.0 + PROBER_START_S / 2 + DIAL_BUDGET_S  # the asker's wait for one helper
 
 
 @dataclass(frozen=True)
@@ -80,9 +86,8 @@ def decode_reply(helper: str, payload: bytes, asked: Sequence[str]) -> DialBackR
         raise ValueError("reached must be a short list")
     if not isinstance(observed, str) or len(observed) > 64 or not isinstance(error, str):
         raise ValueError("observed_ip and error must be short text")
-    return DialBackReply(
-        helper, tuple(p for p in map(_pair, reached) if _fits(p, asked)), observed, error[:200]
-    )
+    pairs = tuple(p for p in map(_pair, reached) if _fits(p, asked, observed))
+    return DialBackReply(helper, pairs, observed, error[:200])
 
 
 def _pair(item) -> tuple[str, str]:
@@ -91,10 +96,14 @@ def _pair(item) -> tuple[str, str]:
     return item[0], item[1]
 
 
-def _fits(pair: tuple[str, str], asked: Sequence[str]) -> bool:
-    """A reached address we asked about; a direct one dialed at the port we named."""
+def _fits(pair: tuple[str, str], asked: Sequence[str], observed_ip: str = "") -> bool:
+    """A reached address we asked about, dialed at the port we named (our own listening or
+    announced port) and at the IP we named or the one the helper says it saw us at: a helper
+    cannot name an address of its choosing."""
     asked_addr, dialed = pair
     if asked_addr not in asked:
         return False
     mine, theirs = tcp_addr(asked_addr), tcp_addr(dialed)
-    return mine is not None and theirs is not None and mine.port == theirs.port
+    if mine is None or theirs is None or mine.port != theirs.port:
+        return False
+    return theirs.ip in (mine.ip, observed_ip)
