@@ -7,12 +7,17 @@ It turns signed DHT records plus the client's own measured round trips into a pl
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import logging
 import secrets
+import shutil
+import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.p2p import PeerID
@@ -28,7 +33,8 @@ from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.net.dht import start_dht
 from hexswarm.swarm.net.dht_process import shutdown_dht
 from hexswarm.swarm.net.dht_read import DHT_READ_TIMEOUT_S
-from hexswarm.swarm.net.dialing import Dialer
+from hexswarm.swarm.net.dialing import Dialer, private_ok
+from hexswarm.swarm.net.identity import Identity
 from hexswarm.swarm.net.rejoin import contacts_from, ping_missing
 from hexswarm.swarm.tools.terminal_text import printable
 from hexswarm.swarm.trust import speed_reports
@@ -130,8 +136,8 @@ class SwarmClient:
     initial_peers: tuple[str, ...] = ()  # pinged again while the swarm looks empty (swarm/net/rejoin.py)
 
     def __post_init__(self) -> None:
-        if self.dialer is None:
-            self.dialer = Dialer(self.p2p)
+        if self.dialer is None:  # a public swarm's client skips records' LAN addresses (swarm/net/dialing.py)
+            self.dialer = Dialer(self.p2p, private_ok=private_ok(self.initial_peers))
         self.distrusted |= set(load_bans())  # this machine's earlier verdicts (swarm/trust/bans.py)
 
     @classmethod
@@ -143,10 +149,11 @@ class SwarmClient:
     ) -> SwarmClient:
         """A client-mode DHT node; with no `host_maddrs` it only dials out (no port, no NAT mapping).
         It routes only through peers whose weight format is one of `quants`."""
+        identity = signing_identity()
         if host_maddrs is None:
-            dht = start_dht(initial_peers, identity=None, client_mode=True, listen=False)
+            dht = start_dht(initial_peers, identity=identity, client_mode=True, listen=False)
         else:
-            dht = start_dht(initial_peers, identity=None, host_maddrs=host_maddrs, client_mode=True)
+            dht = start_dht(initial_peers, identity=identity, host_maddrs=host_maddrs, client_mode=True)
         p2p = run_sync(dht.replicate_p2p(), timeout=30)
         return cls(dht=dht, p2p=p2p, quants=tuple(quants), initial_peers=tuple(initial_peers))
 
@@ -346,6 +353,34 @@ class SwarmClient:
     def forget(self, peer_id: str) -> None:
         """Drops what the client measured of a peer that failed, so it is re-measured."""
         self.rtt_ms.pop(peer_id, None)
+
+
+_identity_lock = threading.Lock()
+_signing_identity_taken = False  # one daemon per process may run under the process's key
+
+
+def signing_identity() -> Identity | None:
+    """This process's DHT signing key as its libp2p identity too (a fresh temporary file), for
+    the first client of the process; None (a random libp2p identity) for any later one, since
+    two daemons of one peer id would be one remote to every peer. A node connected to that
+    client then knows the IP group its signed speed reports come from
+    (swarm/trust/speed_reports.py, `connected_groups`)."""
+    global _signing_identity_taken
+    from hivemind.proto import crypto_pb2
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    with _identity_lock:
+        if _signing_identity_taken:
+            return None
+        _signing_identity_taken = True
+    key = RSAPrivateKey.process_wide()  # what RSASignatureValidator() signs with
+    directory = Path(tempfile.mkdtemp(prefix="hexswarm-client-id-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    data = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.RSA, data=key.to_bytes()).SerializeToString()
+    path = directory / "identity.key"
+    path.write_bytes(data)
+    path.chmod(0o400)
+    return Identity(identity_path=path, private_key=key, peer_id=PeerID.from_identity(data))
 
 
 async def _logged(future, what: str) -> None:

@@ -53,6 +53,8 @@ from hexswarm.swarm.trust.records import (
 
 logger = logging.getLogger(__name__)
 
+REPORTER_GROUPS_TIMEOUT_S = 5.0  # the daemon answers a list of its connections in milliseconds
+
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
@@ -96,6 +98,9 @@ class Coordinator:
         self.stored_at = -math.inf  # when the published plan was last (re-)stored
         self.observed: dict[str, speed_reports.Observed] = {}  # clients' observed speeds, as last read
         self.observed_at = -math.inf
+        # the DHT's shared p2p handle (hivemind caches it; its owner closes it): whose connections
+        # place speed reporters in IP groups
+        self.p2p = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Renews the lease and plans, in two loops: a long search must never delay a renewal."""
@@ -163,21 +168,38 @@ class Coordinator:
         if (
             now - self.observed_at >= self.config.period
         ):  # clients publish every 30 s: no need to read each watch step
-            entries = await asyncio.to_thread(speed_reports.read, self.dht, self.config.model_id)
-            self.observed, self.observed_at = speed_reports.combine(entries), now
+            groups = await self._reporter_groups()
+            entries = await asyncio.to_thread(
+                speed_reports.read, self.dht, self.config.model_id, None, groups
+            )
+            self.observed, self.observed_at = speed_reports.combine(entries, groups), now
         observed = self.observed
         for record in records:
             figure = speed_reports.over_announced(record, observed)
             if figure is not None and self.flagged.get(record.peer_id) != figure:
                 self.flagged[record.peer_id] = figure
                 logger.warning(
-                    "peer %s announces %.3g ms per block, %d clients observe %.3g: planning it by what they observe",
+                    "peer %s announces %.3g ms per block, %d clients (%d proven IP groups) observe %.3g: "
+                    "planning it at %.3g",
                     printable(record.name) or record.peer_id[-8:],
                     record.decode_ms_per_block,
                     figure.reporters,
+                    figure.groups,
                     figure.ms_per_block,
+                    speed_reports.planned_ms(record.decode_ms_per_block, figure),
                 )
         return speed_reports.as_observed(records, observed)
+
+    async def _reporter_groups(self) -> dict[str, str]:
+        """Reporter id -> the IP group of this node's connection with it: what reporters prove
+        (swarm/trust/speed_reports.py); none when the daemon does not answer in time."""
+        try:
+            if self.p2p is None:
+                self.p2p = await asyncio.wait_for(self.dht.replicate_p2p(), REPORTER_GROUPS_TIMEOUT_S)
+            return await asyncio.wait_for(speed_reports.connected_groups(self.p2p), REPORTER_GROUPS_TIMEOUT_S)
+        except Exception as e:  # no groups: every reporter is one unproven vote
+            logger.debug("placing speed reporters in IP groups: %s: %s", type(e).__name__, e)
+            return {}
 
     async def _replan(self, records: list[PeerRecord], reason: str) -> None:
         c = self.config
