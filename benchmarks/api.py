@@ -8,7 +8,9 @@ process. Time to first token (TTFT) is from the call to the first token (direct)
 chunk (api); ms per token is (last - first) / (tokens - 1) of one stream. Figures are medians
 (and minima) over all streams of all repeats; direct and API rounds alternate. Run:
 
-    python benchmarks/api.py [--new-tokens 32] [--repeats 3]
+    python benchmarks/api.py [--new-tokens 32] [--repeats 3] [--save]
+
+(--save: also write the line to benchmarks/results/api.json)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
+from bench_results import save, stamp
 
 from hexswarm.swarm.commands.tiny_model import make_tiny_model
 from hexswarm.swarm.tools.launcher import LocalSwarm, free_port
@@ -144,7 +147,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/api.json")
     args = parser.parse_args()
+    started = stamp()
     import openai
 
     from hexswarm.client import DistributedModelForCausalLM
@@ -197,6 +202,8 @@ def main() -> None:
             finally:
                 model.shutdown()
     print(json.dumps(result), flush=True)
+    if args.save:
+        save("api", {**result, "started": started, "ended": stamp()})
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ cache of 40 tokens, per batch size, and its ratio to batch 1. A ratio near 1 mea
 memory-bound and stacking sessions is nearly free; a ratio near the batch size means it is
 not. Run:
 
-    python benchmarks/batch_cost.py [--sizes tiny medium] [--threads 1] [--steps 20]
+    python benchmarks/batch_cost.py [--sizes tiny medium] [--threads 1] [--steps 20] [--save]
+
+(--save: also write the line to benchmarks/results/batch_cost.json)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see swarm/tools/threads.py)
 
 import torch
+from bench_results import save, stamp
 from overhead import SIZES  # noqa: E402  (the same model shapes as the overhead benchmark)
 from transformers import LlamaConfig, LlamaModel
 from transformers.cache_utils import DynamicCache
@@ -66,12 +69,16 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/batch_cost.json")
     args = parser.parse_args()
+    started = stamp()
     torch.set_num_threads(args.threads)
     result = {"bench": "batch_cost", "threads": args.threads, "cached_tokens": CACHED_TOKENS}
     for name in args.sizes:
         result[name] = bench_size(SIZES[name], args.steps)
     print(json.dumps(result), flush=True)
+    if args.save:
+        save("batch_cost", {**result, "started": started, "ended": stamp()})
 
 
 if __name__ == "__main__":

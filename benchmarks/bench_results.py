@@ -7,7 +7,10 @@ the charts of docs/ from these files, so a rerun of a benchmark and of charts.py
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -19,6 +22,32 @@ def save(name: str, result: dict, folder: Path = RESULTS) -> Path:
     path = folder / f"{name}.json"
     path.write_text(json.dumps(result) + "\n")
     return path
+
+
+def stamp() -> dict:
+    """When and on what a run happened, for a saved result: the UTC time, the checkout's commit
+    (with "+dirty" when its tracked files differ from it) and the 1/5/15-minute load average."""
+    root = RESULTS.parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", ""
+    return {
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": (commit or "unknown") + ("+dirty" if dirty else ""),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def load(name: str, folder: Path = RESULTS) -> dict | None:

@@ -43,9 +43,10 @@ leave and the others, moves, ranges loaded; the coordinator's re-plan times
 moving ones); ratios to both forms of Petals' rule. `timeline`, per policy and sample (every
 `--sample-s`): the minute, the share of that sample's requests that met the SLO and the GPUs in
 complete chains; `gpus_present`: the GPUs in the swarm at each sample (coverage = in chains /
-present). `--save` also writes the line to benchmarks/results/churn.json (charts.py draws it).
+present). `--save` also writes the line to benchmarks/results/churn.json (charts.py draws it), or
+to NAME.json with `--save NAME`.
 
-    python benchmarks/churn.py [--seed 0] [--gpus 200] [--minutes 60] [--peer-gpus 4] [--save]
+    python benchmarks/churn.py [--seed 0] [--gpus 200] [--minutes 60] [--peer-gpus 4] [--save [NAME]]
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ from hexswarm.routing.sim.churn_policy import CoordinatorPolicy  # noqa: E402
 from hexswarm.routing.sim.churn_sim import Sampling, run  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_results import save  # noqa: E402
+from bench_results import save, stamp  # noqa: E402
 
 MODEL = preset("Llama-2-70B")
 POLICIES = ("coordinator", "petals", "petals-gpu", "petals-peers", "no-replan")
@@ -129,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--after-leave-s", type=float, default=60.0, help="a sample this soon after a leave")
     parser.add_argument("--sample-s", type=float, default=30.0)
-    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/churn.json")
+    parser.add_argument(
+        "--save", nargs="?", const="churn", metavar="NAME", help="also write benchmarks/results/NAME.json"
+    )
     parser.add_argument("--window-s", type=float, default=8.0)
     parser.add_argument(
         "--policies",
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=POLICIES,
     )
     args = parser.parse_args(argv)
-    started = time.perf_counter()
+    started, stamped = time.perf_counter(), stamp()
     churn = draw_churn(args.gpus, args.regions, args.minutes, seed=args.seed)
     first = churn.cluster(set(churn.initial))
     planned_churn = split_machines(churn, args.peer_gpus) if args.peer_gpus else churn
@@ -268,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     out["wall_s"] = round(time.perf_counter() - started, 1)
     if args.save:
-        save("churn", out)
+        save(args.save, {**out, "started": stamped, "ended": stamp()})
     print(json.dumps(out))
     return 0
 

@@ -1,6 +1,8 @@
 """How long the commands a new user types take to answer, on a running SmolLM2 swarm.
 
-    python benchmarks/cli_latency.py [--repeats 3]      # ~2 min; one JSON line per command
+    python benchmarks/cli_latency.py [--repeats 3] [--save]   # ~2 min; one JSON line per command
+
+(--save: also write the lines and the summary to benchmarks/results/cli_latency.json)
 
 Starts a bootstrap and two SmolLM2 peers (blocks 0:15 and 15:30) on 127.0.0.1, then runs each
 command as a user would, as a fresh process, `--repeats` times, and prints one JSON line per
@@ -21,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_results import save, stamp
 
 from hexswarm.swarm.models.builtin_models import DEFAULT_MODEL
 from hexswarm.swarm.tools.launcher import LocalSwarm
@@ -74,8 +78,10 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=3, help="runs of each command (the median is reported)"
     )
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/cli_latency.json")
     args = parser.parse_args()
-    summary = {"commands": 0, "within_goal": 0, "all_ok": True}
+    started = stamp()
+    summary, lines = {"commands": 0, "within_goal": 0, "all_ok": True}, []
     with tempfile.TemporaryDirectory() as tmp, LocalSwarm(Path(tmp)) as swarm:
         swarm.start_bootstrap()
         procs = [
@@ -90,10 +96,16 @@ def main() -> None:
             line = {"command": name, "s": round(median, 3), "min_s": round(min(times), 3),
                     "max_s": round(max(times), 3), "goal_s": goal, "ok": ok}  # fmt: skip
             print(json.dumps(line), flush=True)
+            lines.append(line)
             summary["commands"] += 1
             summary["within_goal"] += median <= goal
             summary["all_ok"] &= ok
     print(json.dumps({"bench": "cli_latency", **summary}))
+    if args.save:
+        save(
+            "cli_latency",
+            {"bench": "cli_latency", **summary, "lines": lines, "started": started, "ended": stamp()},
+        )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ together and each generate `--new-tokens` greedy tokens after a 16-token prompt.
 
 Run:  python benchmarks/concurrency.py [--sizes tiny medium big] [--clients 1 4 8 16] [--new-tokens 32]
       [--peer-flags "--batch-window-ms 5"] [--skip-baseline]   (to tune the batching flags)
+      [--save [NAME]]   (also write the line to benchmarks/results/concurrency.json, or NAME.json)
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_results import save, stamp  # noqa: E402
 from overhead import PROMPT_TOKENS  # noqa: E402  (the same prompt as the overhead benchmark)
 from overhead import SIZES as OVERHEAD_SIZES  # noqa: E402
 
@@ -163,6 +165,8 @@ def bench_mode(model_dir, shape, name, workdir, flags, counts, new_tokens, expec
                 str(ANNOUNCE_PERIOD),
                 "--max-sessions",
                 "32",
+                "--max-sessions-per-peer",  # every client thread is one remote: allow them all
+                "32",
                 *flags,
                 wait=False,
             )
@@ -245,7 +249,15 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=list(OVERHEAD_SIZES), choices=list(SIZES))
     parser.add_argument("--peer-flags", default="", help="extra run-peer flags for both modes")
     parser.add_argument("--skip-baseline", action="store_true", help="no --no-batching run")
+    parser.add_argument(
+        "--save",
+        nargs="?",
+        const="concurrency",
+        metavar="NAME",
+        help="also write benchmarks/results/NAME.json",
+    )
     args = parser.parse_args()
+    started = stamp()
     with tempfile.TemporaryDirectory(prefix="hexswarm-bench-") as tmp:
         result = {
             "bench": "concurrency",
@@ -266,6 +278,8 @@ def main() -> None:
                 args.skip_baseline,
             )
     print(json.dumps(result), flush=True)
+    if args.save:
+        save(args.save, {**result, "started": started, "ended": stamp()})
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ and a last line with the means and the goals (`"summary": true`).
                                         [--prefill-layout latency|throughput]
     python benchmarks/disaggregation.py --summarize ROWS.jsonl   # the summary line of saved case lines
 
---save also writes the case lines and the summary to benchmarks/results/disaggregation.json
-(with --summarize too: the parts' lines and their summary).
+--save [NAME] also writes the case lines and the summary to benchmarks/results/disaggregation.json,
+or NAME.json (with --summarize too: the parts' lines and their summary).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
-from bench_results import save  # noqa: E402
+from bench_results import save, stamp  # noqa: E402
 
 from hexswarm.routing.disaggregation.choice import choose  # noqa: E402
 from hexswarm.routing.disaggregation.planner import DisaggregationConfig, plan_disaggregated  # noqa: E402
@@ -224,15 +224,20 @@ def main() -> None:
         help="print only the summary line of the case lines in this file (runs split in parts)",
     )
     parser.add_argument(
-        "--save", action="store_true", help="also write benchmarks/results/disaggregation.json"
+        "--save",
+        nargs="?",
+        const="disaggregation",
+        metavar="NAME",
+        help="also write benchmarks/results/NAME.json",
     )
     args = parser.parse_args()
+    stamped = stamp()
     if args.summarize:
         with open(args.summarize) as f:
             rows = [row for row in map(json.loads, f) if not row.get("summary")]
         line = summary(rows, None)
         if args.save:
-            save("disaggregation", {"bench": "disaggregation", "rows": rows, "summary": line})
+            save(args.save, {"bench": "disaggregation", "rows": rows, "summary": line, "summarized": stamped})
         print(json.dumps(line), flush=True)
         return
     started = time.perf_counter()
@@ -245,7 +250,10 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     line = summary(rows, time.perf_counter() - started)
     if args.save:
-        save("disaggregation", {"bench": "disaggregation", "rows": rows, "summary": line})
+        record = {"bench": "disaggregation", "rows": rows, "summary": line}
+        save(
+            args.save, {**record, "prefill_layout": args.prefill_layout, "started": stamped, "ended": stamp()}
+        )
     print(json.dumps(line), flush=True)
 
 

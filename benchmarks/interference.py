@@ -30,7 +30,7 @@ Prints one JSON line:
 `routing/scheduler/simulation/interference.py` fits its model to these figures.
 
 Run: python benchmarks/interference.py [--tokens 128 512 1024] [--repeats 3] [--steps 16] [--rows 1] [--save]
-(--save: also write the line to benchmarks/results/interference.json)
+(--save [NAME]: also write the line to benchmarks/results/interference.json, or NAME.json)
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
-from bench_results import save  # noqa: E402
+from bench_results import save, stamp  # noqa: E402
 
 from hexswarm.client.remote import PeerConnection  # noqa: E402
 from hexswarm.client.swarm_client import SwarmClient  # noqa: E402
@@ -170,8 +170,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16, help="decode steps of each 'alone' run")
     parser.add_argument("--rows", type=int, default=1, help="sequences the decoding session carries")
     parser.add_argument("--peer-args", default="", help="extra run-peer flags, e.g. '--interleave-ratio 0'")
-    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/interference.json")
+    parser.add_argument(
+        "--save",
+        nargs="?",
+        const="interference",
+        metavar="NAME",
+        help="also write benchmarks/results/NAME.json",
+    )
     args = parser.parse_args()
+    started = stamp()
     spec = load_model_spec(MODEL)
     peer_flags = ["--max-length", str(MAX_LENGTH), *args.peer_args.split()]
     with tempfile.TemporaryDirectory() as workdir, LocalSwarm(Path(workdir)) as local:
@@ -193,7 +200,7 @@ def main() -> None:
         **figures,
     }
     if args.save:
-        save("interference", result)
+        save(args.save, {**result, "started": started, "ended": stamp()})
     print(json.dumps(result))
 
 

@@ -14,7 +14,8 @@ Prints one JSON line:
   shards, what a 140 GB model's first start adds when the disk keeps up (a slower disk sets the
   pace instead: 140 GB at 500 MB/s is 280 s).
 
-Run: python benchmarks/model_hash.py [--mb 400] [--repeats 3]
+Run: python benchmarks/model_hash.py [--mb 400] [--repeats 3] [--save]
+(--save: also write the line to benchmarks/results/model_hash.json)
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from bench_results import save, stamp
 
 from hexswarm.swarm.models import content_hash
 from hexswarm.swarm.models.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL, builtin_path
@@ -73,7 +76,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=400, help="size of the temporary file to hash")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/model_hash.json")
     args = parser.parse_args()
+    started = stamp()
     with tempfile.NamedTemporaryFile(suffix=".bin") as f:
         for _ in range(args.mb):
             f.write(os.urandom(1 << 20))
@@ -96,6 +101,8 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
     }
     print(json.dumps(result))
+    if args.save:
+        save("model_hash", {"bench": "model_hash", **result, "started": started, "ended": stamp()})
 
 
 if __name__ == "__main__":

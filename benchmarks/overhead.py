@@ -7,7 +7,9 @@ framing, p2p streams, process hops. The swarm figures are the client relaying ev
 (`push=False`); the `push_*` fields are the same swarm and client with peers pushing to each
 other (peer/push.py, the client's default), runs of the two modes alternating. Run:
 
-    python benchmarks/overhead.py [--new-tokens 32] [--repeats 3] [--peers 2]
+    python benchmarks/overhead.py [--new-tokens 32] [--repeats 3] [--peers 2] [--save [NAME]]
+
+(--save: also write the line to benchmarks/results/overhead.json, or NAME.json)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
+from bench_results import save, stamp
 
 from hexswarm.swarm.commands.tiny_model import make_tiny_model
 from hexswarm.swarm.tools.launcher import LocalSwarm
@@ -124,7 +127,11 @@ def main() -> None:
     parser.add_argument(
         "--peers", type=int, default=2, help="peers the layers are split over (a chain of that many hops)"
     )
+    parser.add_argument(
+        "--save", nargs="?", const="overhead", metavar="NAME", help="also write benchmarks/results/NAME.json"
+    )
     args = parser.parse_args()
+    started = stamp()
     with tempfile.TemporaryDirectory(prefix="hexswarm-bench-") as tmp:
         result = {
             "bench": "overhead",
@@ -136,6 +143,8 @@ def main() -> None:
         for name in args.sizes:
             result[name] = bench_size(name, SIZES[name], Path(tmp), args.new_tokens, args.repeats, args.peers)
     print(json.dumps(result), flush=True)
+    if args.save:
+        save(args.save, {**result, "started": started, "ended": stamp()})
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ Prints one JSON line: the prefill's duration and the round trips measured while 
 (p50 / p99 / max), the same during the decode steps (`decode_*`), against `idle_*`: the same
 pings with nothing computing (the baseline).
 
-Run: python benchmarks/ping_under_prefill.py [--tokens 2048] [--blocks 30] [--prefills 3]
+Run: python benchmarks/ping_under_prefill.py [--tokens 2048] [--blocks 30] [--prefills 3] [--save]
+(--save: also write the line to benchmarks/results/ping_under_prefill.json)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_results import save, stamp
 
 from hexswarm.client.remote import PeerConnection
 from hexswarm.client.swarm_client import SwarmClient
@@ -98,7 +100,11 @@ def main() -> None:
     parser.add_argument("--prefills", type=int, default=3)
     parser.add_argument("--interval-ms", type=float, default=10.0)
     parser.add_argument("--decode-steps", type=int, default=64)
+    parser.add_argument(
+        "--save", action="store_true", help="also write benchmarks/results/ping_under_prefill.json"
+    )
     args = parser.parse_args()
+    started = stamp()
     model_id = load_model_spec("smollm2-135m").model_id
     with tempfile.TemporaryDirectory() as workdir, LocalSwarm(Path(workdir)) as local:
         local.start_bootstrap()
@@ -111,9 +117,12 @@ def main() -> None:
             figures = run_sync(measure(client, peer_id, model_id, args), timeout=1200)
         finally:
             client.shutdown()
-    print(
-        json.dumps({"bench": "ping_under_prefill", "tokens": args.tokens, "blocks": args.blocks, **figures})
-    )
+    result = {"bench": "ping_under_prefill", "tokens": args.tokens, "blocks": args.blocks, **figures}
+    print(json.dumps(result))
+    if args.save:
+        save(
+            "ping_under_prefill", {**result, "prefills": args.prefills, "started": started, "ended": stamp()}
+        )
 
 
 if __name__ == "__main__":

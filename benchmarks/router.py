@@ -27,7 +27,8 @@ tokens/s: min_latency / tradeoff; above 1.02 is a loss of more than 2%).
 
 Each row also holds the fronts themselves (`front_points`: our front's and the sweep's
 [latency ms, throughput] pairs, and the exact min-latency chain's latency). `--save` writes
-every row and the summary to benchmarks/results/router.json (charts.py draws the fronts).
+every row and the summary to benchmarks/results/router.json, or NAME.json with `--save NAME`
+(charts.py draws the fronts from router.json).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from hexswarm.routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
 from hexswarm.routing.sim.load_sim import LoadSpec, simulate_load, sustainable_rate
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_results import save  # noqa: E402
+from bench_results import save, stamp  # noqa: E402
 
 REQUEST = RouteRequest(prompt_tokens=128, new_tokens=32, batch_size=1)
 LOAD_MODES = (  # (column name, mode, options)
@@ -182,8 +183,11 @@ def main() -> None:
     parser.add_argument(
         "--fronts-only", action="store_true", help="skip the load test: only run times and fronts"
     )
-    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/router.json")
+    parser.add_argument(
+        "--save", nargs="?", const="router", metavar="NAME", help="also write benchmarks/results/NAME.json"
+    )
     args = parser.parse_args()
+    started = stamp()
     seeds = [int(x) for x in args.seeds.split(",")]
     nsga_front(candidates(generate_swarm(SwarmSpec(10, seed=seeds[0])), REQUEST))  # warm up imports
     rows = []
@@ -203,7 +207,10 @@ def main() -> None:
     if totals:
         print(json.dumps(totals), flush=True)
     if args.save:
-        save("router", {"bench": "router", "rows": rows, "summary": totals})
+        save(
+            args.save,
+            {"bench": "router", "rows": rows, "summary": totals, "started": started, "ended": stamp()},
+        )
 
 
 def summary(rows: list[dict]) -> dict:

@@ -5,7 +5,9 @@ and time to first token, through a bootstrap and that one peer on this machine, 
 prompt; and whether TP 2 generated the same tokens as TP 1. TP 2 runs two gloo ranks on the
 CPU, each with half the cores (`--devices cpu,cpu`). Run:
 
-    python benchmarks/tp.py [--new-tokens 32] [--repeats 3]
+    python benchmarks/tp.py [--new-tokens 32] [--repeats 3] [--save]
+
+(--save: also write the line to benchmarks/results/tp.json)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_results import save, stamp  # noqa: E402
 from overhead import PROMPT_TOKENS, SIZES, time_generation  # noqa: E402
 
 from hexswarm.swarm.commands.tiny_model import make_tiny_model  # noqa: E402
@@ -62,7 +65,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/tp.json")
     args = parser.parse_args()
+    started = stamp()
     shape = SIZES["medium"]
     input_ids = torch.randint(3, 400, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
     result = {"bench": "tp", "model": "medium", **{k: shape[k] for k in ("hidden", "layers", "heads", "kv_heads")},
@@ -81,6 +86,8 @@ def main() -> None:
     result["tp2_vs_tp1_ms_per_token"] = round(runs[2]["ms_per_token"] / runs[1]["ms_per_token"], 3)
     result["outputs_equal"] = all(torch.equal(outputs[0], o) for o in outputs[1:])
     print(json.dumps(result), flush=True)
+    if args.save:
+        save("tp", {**result, "started": started, "ended": stamp()})
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ serving session's decode step (median and max ms) before and during the load and
 and the decode step on the new stack. The checkpoint was just written, so its file is in the page
 cache: the loads show what building and slicing the layers costs, not a disk read. Run:
 
-    python benchmarks/tp_move.py [--steps 40]
+    python benchmarks/tp_move.py [--steps 40] [--save]
+
+(--save: also write the line to benchmarks/results/tp_move.json)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_results import save, stamp  # noqa: E402
 from overhead import SIZES  # noqa: E402  (the same model shapes as the overhead benchmark)
 
 from hexswarm.peer.tp.group import TPGroup  # noqa: E402
@@ -104,7 +107,9 @@ def main() -> None:
     parser.add_argument(
         "--steps", type=int, default=40, help="decode steps timed before the load and after it"
     )
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/tp_move.json")
     args = parser.parse_args()
+    started = stamp()
     shape = SIZES[args.size]
     half = shape["layers"] // 2
     with tempfile.TemporaryDirectory(prefix="hexswarm-bench-") as tmp:
@@ -129,6 +134,8 @@ def main() -> None:
         "group_failed": bool(failures),
     }
     print(json.dumps(result))
+    if args.save:
+        save("tp_move", {**result, "started": started, "ended": stamp()})
 
 
 if __name__ == "__main__":
