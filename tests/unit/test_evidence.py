@@ -78,17 +78,21 @@ async def test_a_peer_signs_its_sessions_commitments_every_64_steps_and_when_ask
     server.close()
 
 
-def _evidence(spec, identity, lie: float) -> tuple[Evidence, torch.Tensor]:
-    """A session of three steps on blocks [0:2); the third one's output off by `lie`, signed."""
+def _evidence(
+    spec, identity, lie: float, fmt: str = "float32", scale: float = 1.0, nan: bool = False
+) -> tuple[Evidence, torch.Tensor]:
+    """A session of three steps on blocks [0:2); the third one's output off by `lie` (or NaN),
+    signed as computed in `fmt`; the inputs times `scale`."""
     stack = BlockStack.load(spec, 0, 2, torch.float32, torch.device("cpu"))
-    inputs = torch.randn(1, 7, HIDDEN, generator=torch.Generator().manual_seed(1))
+    inputs = scale * torch.randn(1, 7, HIDDEN, generator=torch.Generator().manual_seed(1))
     cache = stack.new_cache("s")
-    log = CommitmentLog(SessionId(spec.model_id, CLIENT, "s", 0, 2, "float32"))
+    log = CommitmentLog(SessionId(spec.model_id, CLIENT, "s", 0, 2, fmt))
     with torch.inference_mode():
         for first, end in ((0, 5), (5, 6), (6, 7)):
             output = stack(inputs[:, first:end], cache, first, 0, 2)
             if end == 7:
                 output = output + lie * output.std() * torch.randn_like(output)
+                output = torch.full_like(output, float("nan")) if nan else output
             log.add(end - first, tensor_digest(inputs[:, first:end]), tensor_digest(output))
         full = stack(inputs, stack.new_cache("w"), 0, 0, 2)
     from hexswarm.swarm.wire.commitments import statement
@@ -105,6 +109,18 @@ def _evidence(spec, identity, lie: float) -> tuple[Evidence, torch.Tensor]:
         output,
     )
     return evidence, full
+
+
+def test_a_16_bit_format_fed_inputs_beyond_any_model_proves_nothing(spec, identity):
+    """bfloat16 arithmetic on inputs no model produces can honestly end in NaN where float32's
+    stays finite (issue 49's hostile run banned such signers); the same NaN on sane inputs, or
+    signed as float32, is proven wrong."""
+    huge, full = _evidence(spec, identity, 0.0, fmt="bfloat16", scale=1e30, nan=True)
+    assert recheck(huge, full).agree
+    sane, full = _evidence(spec, identity, 0.0, fmt="bfloat16", nan=True)
+    assert not recheck(sane, full).agree
+    as_float32, full = _evidence(spec, identity, 0.0, fmt="float32", scale=1e30, nan=True)
+    assert not recheck(as_float32, full).agree
 
 
 def test_signed_wrong_output_is_proven_and_an_honest_one_is_not(spec, identity):
