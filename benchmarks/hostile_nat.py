@@ -37,6 +37,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from hostile_sybil import actor_process
+
 from hexswarm.swarm.nat import netlab
 from hexswarm.swarm.tools.launcher import LocalSwarm
 
@@ -280,16 +282,8 @@ def dial_flooder(bench, net, local):
     args = [*net.exec_prefix(net.home(3).host_ns), sys.executable, __file__, "dialflood"]
     args += ["--initial-peers", *local.initial_peers, "--out", str(out)]
     args += ["--own-ip", net.home(3).host_ip, "--victim-ip", net.home(1).wan_ip]
-    proc = local.start_command("actor-dialflood", args, ready="attacking", timeout=120)
-    evidence: dict = {}
-    try:
+    with actor_process(local, "actor-dialflood", args, out, timeout=120) as evidence:
         yield evidence
-    finally:
-        local.stop(proc)
-    try:
-        evidence.update(json.loads(out.read_text()))
-    except (OSError, ValueError):
-        evidence["actor_failed"] = proc.log()[-1500:]
 
 
 def run_dialback_flood(bench, honest_load, summarize, hop_cost) -> dict:

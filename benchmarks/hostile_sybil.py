@@ -96,14 +96,23 @@ def _honest_model(bench, net, local):
 
 @contextlib.contextmanager
 def _attacker(bench, net, local, actor_path: str):
-    import json
 
     out = local.workdir / "actor-sybil.json"  # one per phase: sybil_one_group, nat_sybil
     args = [*net.exec_prefix(net.home(1).host_ns), sys.executable, actor_path, "sybil"]
     args += ["--initial-peers", *local.initial_peers, "--model", str(bench.model), "--targets", "g0", "g1"]
     args += ["--identities", str(IDENTITIES), "--streams", str(LOOPS_PER_PEER)]
     args += ["--max-length", str(bench.args.max_length), "--out", str(out)]
-    proc = local.start_command("actor-sybil", args, ready="attacking", timeout=600)
+    with actor_process(local, "actor-sybil", args, out, timeout=600) as evidence:
+        yield evidence
+
+
+@contextlib.contextmanager
+def actor_process(local, name: str, args: list[str], out, timeout: float):
+    """An attacker process, started until it says "attacking" and stopped after the block; yields
+    the dict that its --out JSON (what it saw) fills once it stopped."""
+    import json
+
+    proc = local.start_command(name, args, ready="attacking", timeout=timeout)
     evidence: dict = {}
     try:
         yield evidence

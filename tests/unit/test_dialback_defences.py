@@ -22,20 +22,13 @@ from hexswarm.swarm.nat.reachability.messages import (
 )
 from hexswarm.swarm.nat.reachability.service import DialBackService
 from hexswarm.swarm.wire.frames import framed, read_payload
+from tests.unit.test_port_relay import FakePeerId
 
 ASKER = "QmVkqaunyKCw4NKmWXbsGhkr5CotM8vCBKWyxsh8FGZyfr"
 OTHER = "QmTTA2daxGqo5denp6SwLzzkLJm3fuisYEi9CoWsuHpzfb"
 LISTEN = "/ip4/192.168.1.2/tcp/4000"
 HONEST = "/ip4/198.51.100.7/tcp/4000"  # where the asker's router forwards its port
 LIE = "/ip4/203.0.113.66/tcp/4000"
-
-
-@dataclass
-class FakePeerId:
-    text: str
-
-    def to_base58(self) -> str:
-        return self.text
 
 
 @dataclass
