@@ -232,7 +232,19 @@ def recheck(evidence: Evidence, outputs: torch.Tensor, recomputed_in: str | None
     if evidence.format in NARROW_FLOATS and _beyond_any_model(evidence):
         return Comparison(0, float("nan"), float("nan"), float("nan"), True)  # nothing proven
     fmt = coarsest([evidence.format, recomputed_in or evidence.format])
+    if evidence.format in NARROW_FLOATS:
+        ours = _overflowing_as_unjudged(ours, getattr(torch, evidence.format))
     return compare(evidence.output, ours.to(evidence.output.dtype), TOLERANCES[fmt])
+
+
+def _overflowing_as_unjudged(ours: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The recomputation with every token that comes within half of `dtype`'s largest value set
+    to inf: an honest computation in that format saturates or overflows there (its largest
+    dimensions, which the comparison ranks, all sit at the format's maximum), so such tokens are
+    left out as `compare` leaves out overflow on both sides. A liar on sane inputs gains nothing:
+    it is the true values that decide, not what it served."""
+    near = ours.float().abs().amax(dim=-1, keepdim=True) >= torch.finfo(dtype).max / 2
+    return torch.where(near, torch.full_like(ours, float("inf")), ours)
 
 
 def _beyond_any_model(evidence: Evidence) -> bool:

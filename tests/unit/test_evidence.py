@@ -79,7 +79,13 @@ async def test_a_peer_signs_its_sessions_commitments_every_64_steps_and_when_ask
 
 
 def _evidence(
-    spec, identity, lie: float, fmt: str = "float32", scale: float = 1.0, nan: bool = False
+    spec,
+    identity,
+    lie: float,
+    fmt: str = "float32",
+    scale: float = 1.0,
+    nan: bool = False,
+    saturate: bool = False,
 ) -> tuple[Evidence, torch.Tensor]:
     """A session of three steps on blocks [0:2); the third one's output off by `lie` (or NaN),
     signed as computed in `fmt`; the inputs times `scale`."""
@@ -93,6 +99,7 @@ def _evidence(
             if end == 7:
                 output = output + lie * output.std() * torch.randn_like(output)
                 output = torch.full_like(output, float("nan")) if nan else output
+                output = output.sign() * 65504.0 if saturate else output  # float16's largest value
             log.add(end - first, tensor_digest(inputs[:, first:end]), tensor_digest(output))
         full = stack(inputs, stack.new_cache("w"), 0, 0, 2)
     from hexswarm.swarm.wire.commitments import statement
@@ -121,6 +128,16 @@ def test_a_16_bit_format_fed_inputs_beyond_any_model_proves_nothing(spec, identi
     assert not recheck(sane, full).agree
     as_float32, full = _evidence(spec, identity, 0.0, fmt="float32", scale=1e30, nan=True)
     assert not recheck(as_float32, full).agree
+
+
+def test_a_float16_signer_saturating_where_the_true_values_overflow_proves_nothing(spec, identity):
+    """float16 on inputs near its largest value saturates honestly: its outputs sit at 65504 in
+    every large dimension, so the ranking the comparison checks means nothing (issue 49's hostile
+    run banned such a signer). The same saturated output on sane inputs is a lie."""
+    near_max, full = _evidence(spec, identity, 0.0, fmt="float16", scale=6e4, saturate=True)
+    assert recheck(near_max, full).agree
+    sane, full = _evidence(spec, identity, 0.0, fmt="float16", saturate=True)
+    assert not recheck(sane, full).agree
 
 
 def test_signed_wrong_output_is_proven_and_an_honest_one_is_not(spec, identity):
