@@ -24,23 +24,19 @@ def save(name: str, result: dict, folder: Path = RESULTS) -> Path:
     return path
 
 
+def _git(*args: str) -> str:
+    """What `git ARGS` prints in the checkout holding the results folder."""
+    root = RESULTS.parent.parent
+    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+    return done.stdout.strip()
+
+
 def stamp() -> dict:
     """When and on what a run happened, for a saved result: the UTC time, the checkout's commit
     (with "+dirty" when its tracked files differ from it) and the 1/5/15-minute load average."""
-    root = RESULTS.parent.parent
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
+        commit = _git("rev-parse", "--short", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "", ""
     return {

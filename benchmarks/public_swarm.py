@@ -160,7 +160,7 @@ def measure(swarm: LocalSwarm, net, spec, ids, expected, prefix: str, args) -> d
     with netlab.inside(net.home(3).host_ns):
         model = DistributedModelForCausalLM.from_pretrained(spec.path, initial_peers=swarm.initial_peers)
     try:
-        peer_id = wait_for_pair(model, prefix)
+        peer_id = wait_for_pair(model, f"{prefix}-left", f"{prefix}-right")
         hop_ms = ping_ms(model, peer_id, args.pings)
         out, ms = decode_ms(model, ids, args.new_tokens, args.repeats)
         if not model.last_route.startswith(f"{prefix}-left["):
@@ -175,19 +175,17 @@ def measure(swarm: LocalSwarm, net, spec, ids, expected, prefix: str, args) -> d
         model.shutdown()
 
 
-def wait_for_pair(model, prefix: str, timeout: float = 60) -> str:
+def wait_for_pair(model, left: str, right: str, timeout: float = 60) -> str:
+    """`left`'s peer id once peers `left` and `right` are both online in the client's view."""
     from hexswarm.swarm.trust.records import PeerState, read_peer_records
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         records = {r.name: r for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
-        if all(
-            records.get(f"{prefix}-{side}", None) and records[f"{prefix}-{side}"].state == PeerState.ONLINE
-            for side in ("left", "right")
-        ):
-            return records[f"{prefix}-left"].peer_id
+        if all(name in records and records[name].state == PeerState.ONLINE for name in (left, right)):
+            return records[left].peer_id
         time.sleep(0.5)
-    raise RuntimeError(f"{prefix}-left and {prefix}-right were not online within {timeout} s")
+    raise RuntimeError(f"{left} and {right} were not online within {timeout} s")
 
 
 def ping_ms(model, peer_id: str, count: int) -> float:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from bench_results import save  # noqa: E402
-from public_swarm import ping_ms  # noqa: E402
+from public_swarm import ping_ms, wait_for_pair  # noqa: E402
 from real_model import TEXT  # noqa: E402
 
 from hexswarm.swarm.models import gguf_checkpoint  # noqa: E402
@@ -134,7 +134,7 @@ def measure(
     with netlab.inside(client_ns):
         model = DistributedModelForCausalLM.from_pretrained(spec.path, initial_peers=swarm.initial_peers)
     try:
-        left = _wait_online(model)
+        left = wait_for_pair(model, "left", "right", timeout=120)
         rtt = ping_ms(model, left, args.pings)
         lines = []
         for name, ids_list in prompts.items():
@@ -169,19 +169,6 @@ def measure(
         return lines
     finally:
         model.shutdown()
-
-
-def _wait_online(model, timeout: float = 120) -> str:
-    """The `left` peer's id once both peers are online in the client's view."""
-    from hexswarm.swarm.trust.records import PeerState, read_peer_records
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        records = {r.name: r for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
-        if all(name in records and records[name].state == PeerState.ONLINE for name in ("left", "right")):
-            return records["left"].peer_id
-        time.sleep(0.5)
-    raise RuntimeError(f"left and right were not online within {timeout} s")
 
 
 if __name__ == "__main__":

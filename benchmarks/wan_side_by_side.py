@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -156,8 +157,6 @@ def start_petals(services: Services, net, hosts: dict, folder: Path, python: Pat
 
 
 def start_hexswarm(services: Services, net, hosts: dict, folder: Path, petals_python: Path, runs: Path):
-    import os
-
     env, bin_dir = dict(os.environ), Path(sys.executable).parent
     boot_args = [str(bin_dir / "hexswarm"), "bootstrap", "--host-maddrs", ANY]
     boot, boot_log = services.start(

@@ -69,6 +69,15 @@ async def _settle(tasks, seconds: float = 0.5) -> None:
     await asyncio.wait(tasks, timeout=seconds)
 
 
+@pytest.fixture
+def parsed(monkeypatch) -> list:
+    """One entry per full parse of evidence (Evidence.from_bytes), which still runs as before."""
+    calls = []
+    real = Evidence.from_bytes.__func__
+    monkeypatch.setattr(Evidence, "from_bytes", classmethod(lambda cls, d: calls.append(1) or real(cls, d)))
+    return calls
+
+
 @pytest.mark.asyncio
 async def test_announced_bodies_take_a_bounded_number_of_slots_before_they_are_read(spec):  # noqa: F811
     groups = {f"QmBig{i}": f"group-{i}" for i in range(6)} | {"QmSame0": "g", "QmSame1": "g", "QmSame2": "g"}
@@ -94,10 +103,7 @@ async def test_announced_bodies_take_a_bounded_number_of_slots_before_they_are_r
 
 
 @pytest.mark.asyncio
-async def test_a_remote_over_its_rate_is_refused_before_its_body_is_read_or_parsed(spec, monkeypatch):  # noqa: F811
-    parsed = []
-    real = Evidence.from_bytes.__func__
-    monkeypatch.setattr(Evidence, "from_bytes", classmethod(lambda cls, d: parsed.append(1) or real(cls, d)))
+async def test_a_remote_over_its_rate_is_refused_before_its_body_is_read_or_parsed(spec, parsed):  # noqa: F811
     service = _service(spec, {}, EvidenceLimits(submits_per_minute_per_remote=1.0))
     for _ in range(2):  # the burst: two minutes' worth
         with pytest.raises(ProtocolError) as e:
@@ -114,10 +120,7 @@ async def test_a_remote_over_its_rate_is_refused_before_its_body_is_read_or_pars
 
 
 @pytest.mark.asyncio
-async def test_one_ip_group_is_rate_limited_before_parsing_whatever_its_identities(spec, monkeypatch):  # noqa: F811
-    parsed = []
-    real = Evidence.from_bytes.__func__
-    monkeypatch.setattr(Evidence, "from_bytes", classmethod(lambda cls, d: parsed.append(1) or real(cls, d)))
+async def test_one_ip_group_is_rate_limited_before_parsing_whatever_its_identities(spec, parsed):  # noqa: F811
     sybils = {f"QmSybil{i}": "one-home" for i in range(20)}
     service = _service(spec, sybils)
     codes = []
