@@ -232,10 +232,8 @@ class DistributedMixin:
     def _require_checked(self, output: torch.Tensor, min_compared: float | None) -> None:
         """UnsettledDisputeError or NotComparedError when verification could not vouch for the
         output (see `accept_unsettled` and `verify_min_compared` in from_pretrained)."""
-        why = "; ".join(f"{n} {reason}" for reason, n in self.verify_stats.uncompared.most_common())
-        error = unchecked_output_error(
-            self.session.verifier, min_compared, self.accept_unsettled, why, output
-        )
+        verifier, stats = self.session.verifier, self.verify_stats
+        error = unchecked_output_error(verifier, stats, min_compared, self.accept_unsettled, output)
         if error is not None:
             raise error
 

@@ -110,15 +110,21 @@ class UnsettledDisputeError(RuntimeError):
         )
 
 
-def unchecked_output_error(verifier, min_compared: float | None, accept_unsettled: bool, why: str, output):
+def unchecked_output_error(
+    verifier, stats: VerifyStats, min_compared: float | None, accept_unsettled: bool, output
+):
     """The error a verified generation raises instead of returning `output`, or None: an unsettled
-    dispute (unless accepted), else too few comparisons on some span (see NotComparedError)."""
+    dispute (unless accepted), else too few comparisons on some span (see NotComparedError), with
+    why steps went uncompared from `stats`."""
     if verifier is None:
         return None
     if verifier.disputes and not accept_unsettled:
         return UnsettledDisputeError(verifier.disputes, output)
     short = short_spans(verifier.tally, min_compared)
-    return NotComparedError(short, min_compared, why, output) if short else None
+    if not short:
+        return None
+    why = "; ".join(f"{n} {reason}" for reason, n in stats.uncompared.most_common())
+    return NotComparedError(short, min_compared, why, output)
 
 
 class RollbackNeeded(Exception):
