@@ -86,11 +86,15 @@ class Outsider:
         from hivemind.utils import get_dht_time
 
         record = replace(template, peer_id=self.peer_id, name="outsider", rtt_ms=(), **changes)
-        stored = self.dht.store(
+        # A store fails when no node answered in time (a node that has just joined, on a loaded
+        # machine, may not reach one yet): try again until one takes it, within a deadline.
+        deadline = time.monotonic() + 30
+        while not self.dht.store(
             model_key(model_id), record.to_bytes(), get_dht_time() + 120, subkey=self.identity.owner_marker
-        )
-        if not stored:
-            raise RuntimeError("the DHT refused the outsider's record")
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError("no DHT node took the outsider's record within 30 s")
+            time.sleep(0.5)
 
     async def _stop(self) -> None:
         self.tcp.close()
