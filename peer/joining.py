@@ -25,7 +25,7 @@ from hexswarm.swarm.trust.records import PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
-JOIN_TIMEOUT_S = 30.0  # as start_dht's own wait
+JOIN_TIMEOUT_S = 30.0  # a peer's wait to join (swarm/net/dht.py START_TIMEOUT_S is a client's)
 ABANDON_TIMEOUT_S = 5.0  # shutting down a node the peer will not serve on (a usage error)
 DHT_CLOSE_S = 2.5  # a serving peer's node gets this long to stop (then it is killed, p2pd with it)
 

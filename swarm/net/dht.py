@@ -28,6 +28,9 @@ NO_PUBLIC_PEERS = (
 )
 
 DEFAULT_HOST_MADDRS = ("/ip4/0.0.0.0/tcp/0",)
+# p2pd's own start is bounded at 15 s by hivemind and each first request by `wait_timeout`;
+# past this, the node's process is stuck (hivemind itself would wait for it forever)
+START_TIMEOUT_S = 60.0
 
 
 def public_initial_peers() -> list[str]:
@@ -58,6 +61,10 @@ class InitialPeersError(RuntimeError):
     them answered. Commands print it as one line and exit 2; the Python client raises it."""
 
 
+class DHTStartError(InitialPeersError):
+    """The DHT node's process did not say it was ready in time (it is stopped then)."""
+
+
 def check_initial_peers(initial_peers: Sequence[str]) -> None:
     """InitialPeersError for the first initial peer that is not a multiaddr with a peer id."""
     for text in initial_peers:
@@ -75,15 +82,16 @@ def start_dht(
     wait_timeout: float = 30,
     listen: bool = True,
     await_ready: bool = True,
+    start_timeout: float = START_TIMEOUT_S,
 ):
     """A running hivemind DHT node that signs with `identity` and validates every record it sees.
 
     Every role installs the signature validator: nodes without it would store forged records.
-    With `await_ready` False it returns as soon as the node's process is forked; the caller
-    then waits with `wait_until_joined`.
+    It waits at most `start_timeout` seconds for the node to join (DHTStartError after). With
+    `await_ready` False it returns as soon as the node's process is forked; the caller then
+    waits with `wait_until_joined`.
     """
     from hivemind.dht.crypto import RSASignatureValidator
-    from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 
     from hexswarm.swarm.net.dht_process import OwnedDHT
 
@@ -94,7 +102,7 @@ def start_dht(
         client_mode=client_mode,
         record_validators=[validator],
         start=True,
-        await_ready=await_ready,
+        await_ready=False,  # hivemind's own wait has no deadline: wait_until_joined's has one
         wait_timeout=wait_timeout,
     )
     if announce_maddrs:
@@ -105,24 +113,30 @@ def start_dht(
         kwargs["identity_path"] = str(identity.identity_path)
     check_initial_peers(initial_peers)
     with _children_ignore_ctrl_c():
-        try:
-            return OwnedDHT(**kwargs)
-        except P2PDaemonError as e:
-            raise _joining_error(e, initial_peers) from None
+        dht = OwnedDHT(**kwargs)
+    if await_ready:
+        wait_until_joined(dht, initial_peers, start_timeout)
+    return dht
 
 
 def wait_until_joined(dht, initial_peers: Sequence[str], timeout: float) -> None:
     """Waits for a node `start_dht(await_ready=False)` forked to join; InitialPeersError if
-    none of `initial_peers` answered (the node is shut down then)."""
+    none of `initial_peers` answered, DHTStartError if it said nothing within `timeout` seconds
+    (the node is shut down then)."""
     from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+
+    from hexswarm.swarm.net.dht_process import shutdown_dht
 
     try:
         dht.wait_until_ready(timeout)
     except P2PDaemonError as e:
-        from hexswarm.swarm.net.dht_process import shutdown_dht
-
         shutdown_dht(dht, 5.0)
         raise _joining_error(e, initial_peers) from None
+    except TimeoutError:
+        shutdown_dht(dht, 5.0)
+        raise DHTStartError(
+            f"the DHT node did not start within {timeout:.0f} s (its process is stopped)"
+        ) from None
 
 
 def _joining_error(error: Exception, initial_peers: Sequence[str]) -> Exception:

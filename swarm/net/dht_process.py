@@ -12,7 +12,11 @@ multiprocessing.Process hook that runs in the child) to, before hivemind's own `
 
 - reset the inherited signal setup: SIGTERM stops the child's p2pd and exits;
 - start a watchdog thread that polls the parent pid and, once the owner is gone (the child
-  is re-parented), stops p2pd and exits.
+  is re-parented), stops p2pd and exits;
+- exit only between two results sent to the owner (`_ExitBetweenSends`). hivemind's futures
+  send every result through one pipe guarded by a lock that all DHT children of one owner
+  share (`MPFuture._update_lock`, a semaphore): a child that exits while holding it leaves it
+  held for good, and every later DHT node of that owner waits forever to say it is ready.
 
 A polled watchdog rather than PR_SET_PDEATHSIG: the death signal fires when the *thread*
 that forked the child exits, and clients start their DHT from whichever thread first needs
@@ -30,11 +34,13 @@ import time
 from pathlib import Path
 
 from hivemind.dht import DHT
+from hivemind.utils.mpfuture import MPFuture
 
 logger = logging.getLogger(__name__)
 
 WATCHDOG_PERIOD_S = 0.5  # how often the child checks that its owner is alive
 CHILD_GRACE_S = 1.0  # p2pd gets this long after SIGTERM before SIGKILL
+SEND_WAIT_S = 5.0  # an exit waits this long for a result being sent to the owner
 
 
 class _DaemonClosingNoise(logging.Filter):
@@ -59,21 +65,62 @@ class OwnedDHT(DHT):
         super().__init__(*args, **kwargs)
 
     def run(self) -> None:  # runs in the child process
-        signal.signal(signal.SIGTERM, _exit_with_children)
+        gate = _ExitBetweenSends()
+        gate.install()
+        signal.signal(signal.SIGTERM, lambda *_: gate.exit())
         try:
             signal.set_wakeup_fd(-1)  # the inherited one belongs to the owner's event loop
         except ValueError:
             pass
         threading.Thread(
-            target=_watch_owner, args=(self._owner_pid,), name="owner-watchdog", daemon=True
+            target=_watch_owner, args=(self._owner_pid, gate), name="owner-watchdog", daemon=True
         ).start()
         super().run()
 
 
-def _watch_owner(owner_pid: int) -> None:
+class _ExitBetweenSends:
+    """Exits the child only while it holds no part of a result sent to the owner.
+
+    A send holds `_lock` throughout (hivemind's lock serializes sends anyway). An exit asked
+    from another thread waits for it; one asked by the SIGTERM handler, which runs on the main
+    thread and may interrupt that thread's own send, exits at once unless that send already
+    holds hivemind's lock, and is then carried out by the send once it is done.
+    """
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._exit_asked = False
+
+    def install(self) -> None:
+        send = MPFuture._send_update
+
+        def send_whole(future, *args, **kwargs):
+            with self._lock:
+                send(future, *args, **kwargs)
+                if self._exit_asked:
+                    _exit_with_children()
+
+        MPFuture._send_update = send_whole
+
+    def exit(self) -> None:
+        # a send stuck for good (the owner no longer reads) must not keep the child alive
+        locked = self._lock.acquire(timeout=SEND_WAIT_S)
+        self._exit_asked = True
+        if not _holds_update_lock():
+            _exit_with_children()
+        if locked:
+            self._lock.release()
+
+
+def _holds_update_lock() -> bool:
+    # multiprocessing counts a lock's acquisitions per process (reset in a forked child)
+    return MPFuture._update_lock._semlock._count() > 0
+
+
+def _watch_owner(owner_pid: int, gate: _ExitBetweenSends) -> None:
     while os.getppid() == owner_pid:
         time.sleep(WATCHDOG_PERIOD_S)
-    _exit_with_children()
+    gate.exit()
 
 
 def _exit_with_children(*_signal_args) -> None:

@@ -1,12 +1,19 @@
-"""Every synchronous DHT read of the client, `hexswarm status` and the monitor has a deadline.
+"""Every synchronous DHT read of the client, `hexswarm status` and the monitor has a deadline,
+and so has starting a DHT node.
 
 The reader's own DHT process is stopped (SIGSTOP): hivemind's plain `dht.get` would then wait
 for good. Each reader must come back empty, within its timeout, and say so in the log.
+
+A DHT node sends its results (its readiness first) through one pipe to its owner, under a lock
+that all DHT children of one owner share (hivemind's `MPFuture._update_lock`). A child stopped
+while holding it used to leave it held for good, and the owner's next DHT node then waited
+forever to start (a CI run's `test_tp_move.py` timed out that way).
 """
 
 import logging
 import os
 import signal
+import threading
 import time
 from contextlib import contextmanager
 
@@ -14,8 +21,8 @@ import pytest
 
 from hexswarm.client.swarm_client import MIN_READ_TIMEOUT_S, MissingBlocksError, SwarmClient
 from hexswarm.swarm.coordinator.records import read_coordination_sync
-from hexswarm.swarm.net.dht import start_dht
-from hexswarm.swarm.net.dht_process import shutdown_dht
+from hexswarm.swarm.net.dht import DHTStartError, start_dht
+from hexswarm.swarm.net.dht_process import child_pids, shutdown_dht
 from hexswarm.swarm.tools.launcher import LocalSwarm
 from hexswarm.swarm.trust.records import MODELS_KEY, read_models, read_peer_records
 from hexswarm.swarm.trust.reports import read_reports
@@ -27,14 +34,20 @@ SLACK_S = 1.5  # scheduling on a loaded 2-core machine
 
 
 @pytest.fixture(scope="module")
-def reader(tmp_path_factory):
-    """A client-mode DHT node joined to a real bootstrap node."""
+def bootstrap(tmp_path_factory):
+    """A real bootstrap node's addresses."""
     with LocalSwarm(tmp_path_factory.mktemp("deadlines")) as local:
-        dht = start_dht(local.start_bootstrap(), identity=None, client_mode=True, listen=False)
-        try:
-            yield dht
-        finally:
-            shutdown_dht(dht, 5)
+        yield local.start_bootstrap()
+
+
+@pytest.fixture(scope="module")
+def reader(bootstrap):
+    """A client-mode DHT node joined to the bootstrap node."""
+    dht = start_dht(bootstrap, identity=None, client_mode=True, listen=False)
+    try:
+        yield dht
+    finally:
+        shutdown_dht(dht, 5)
 
 
 @contextmanager
@@ -93,3 +106,84 @@ def test_a_read_after_the_dht_thaws_answers_again(reader):
         read_models(reader, READ_TIMEOUT_S)
     result, took = timed(lambda: read_models(reader, 10))
     assert result == {} and took < 5, took
+
+
+@contextmanager
+def update_lock_held():
+    """hivemind's lock on the pipe that carries DHT results to this process, held here."""
+    from hivemind.utils.mpfuture import MPFuture
+
+    if not MPFuture._update_lock.acquire(timeout=5):
+        pytest.fail("the DHT result lock was already held (by a DHT child stopped mid-send?)")
+    try:
+        yield
+    finally:
+        MPFuture._update_lock.release()
+
+
+def test_a_dht_node_that_cannot_say_it_is_ready_is_stopped_by_its_start_deadline(bootstrap):
+    from hivemind.utils.mpfuture import MPFuture
+
+    MPFuture()  # its shared state starts torch's memory manager, a child process of its own
+    before = set(child_pids(os.getpid()))
+    began = time.monotonic()
+    with update_lock_held(), pytest.raises(DHTStartError, match="did not start within 2 s"):
+        start_dht(bootstrap, identity=None, client_mode=True, listen=False, start_timeout=2)
+    assert time.monotonic() - began < 2 + 5 + SLACK_S  # the deadline, then the bounded shutdown
+    assert set(child_pids(os.getpid())) <= before, "the DHT process that did not start is still running"
+
+
+def test_a_dht_node_stopped_while_sending_a_result_finishes_the_send_first(bootstrap):
+    """SIGTERM reaches the node while it holds the result lock (its owner stopped reading, so
+    the pipe is full): it exits only once the send is done, and the next node starts."""
+    from hivemind.utils.mpfuture import MPFuture
+
+    dht = start_dht(bootstrap, identity=None, client_mode=True, listen=False)
+    owner_reads, owner_stalled = threading.Event(), threading.Event()
+
+    def stall_the_owners_reader(_future):
+        if threading.current_thread() is not threading.main_thread():  # the result receiver
+            owner_stalled.set()
+            owner_reads.wait(60)
+
+    pending = []  # futures nobody holds are dropped unanswered, their callbacks with them
+    try:
+        while not owner_stalled.is_set():  # a result that came before the callback was added
+            pending.append(dht.run_coroutine(_nothing, return_future=True))
+            pending[-1].add_done_callback(stall_the_owners_reader)
+            owner_stalled.wait(1)
+        pending.append(dht.run_coroutine(_more_than_a_pipe_holds, return_future=True))
+        wait_for(lambda: _held_by_another_process(MPFuture._update_lock), 30, "the node holding the lock")
+        os.kill(dht.pid, signal.SIGTERM)
+        dht.join(1.0)
+        assert dht.is_alive(), "the node exited while it held the result lock"
+    finally:
+        owner_reads.set()
+    dht.join(10)
+    assert not dht.is_alive(), "the node did not exit once its send was done"
+    del pending
+    with update_lock_held():
+        pass
+    shutdown_dht(start_dht(bootstrap, identity=None, client_mode=True, listen=False, start_timeout=30), 5)
+
+
+async def _nothing(_dht, _node) -> None:
+    return None
+
+
+async def _more_than_a_pipe_holds(_dht, _node) -> bytes:
+    return bytes(1 << 17)  # a pipe holds 64 KiB
+
+
+def _held_by_another_process(lock) -> bool:
+    if lock.acquire(timeout=0.2):
+        lock.release()
+        return False
+    return True
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout} s")
