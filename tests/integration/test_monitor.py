@@ -34,7 +34,19 @@ def start_monitor(swarm, refresh: float = 1.0):
         str(refresh),
     ]
     proc = swarm.local.start_command("monitor", args, ready="monitor: http", timeout=120)
+    # the line comes before the web server binds its port (a CI run's browser was refused)
+    wait_for(lambda: _accepts(port), 60, f"the monitor listening on port {port}")
     return proc, f"http://127.0.0.1:{port}"
+
+
+def _accepts(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def page_state(browser, model_id: str) -> dict:
