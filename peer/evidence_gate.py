@@ -11,7 +11,11 @@ a ~100-byte GET that pulls 64 MiB back). What bounds it, each limit for one thre
   `max_held_per_group` of them come from one IP group: the memory is bounded by max_held x
   64 MiB (plus the parsed copies), and one machine cannot take every slot;
 - rates: submissions and fetches a minute per remote and per IP group (token buckets,
-  swarm/trust/rates.py), taken before anything is parsed: identities cost nothing, addresses do.
+  swarm/trust/rates.py), taken before anything is parsed: identities cost nothing, addresses do;
+- compute: the rows x tokens re-checked a minute per IP group (else per remote), taken once the
+  evidence's shape is known and before it is re-checked (`take_recheck`): a group sending the
+  largest evidence the rates let through gets one such re-check every two minutes per peer,
+  and all strangers together four.
 
 Every limit is checked and taken in one synchronous call (`admit`), so no await separates a
 check from its take. A remote on this machine's loopback has no group (peer/admission.py): only
@@ -23,10 +27,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from hexswarm.swarm.trust.evidence import MAX_EVIDENCE_TOKENS
 from hexswarm.swarm.trust.rates import KeyedRate
 from hexswarm.swarm.wire.checks import ErrorCode, ProtocolError
 
 SUBMIT, GET = "submit", "get"
+ALL = "*"  # the key of the budget every remote shares
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,11 @@ class EvidenceLimits:
     max_waiting: int = 2  # re-checks queued behind the running one; more are refused BUSY
     max_held: int = 4  # requests holding evidence bytes at once (each up to 64 MiB)
     max_held_per_group: int = 2  # ... of them from one IP group
+    # the largest re-check (MAX_EVIDENCE_TOKENS rows x tokens) takes a group's whole burst (two
+    # minutes' worth), and four groups' worth all strangers together; a client's evidence is
+    # one step's, and it sends it to several peers
+    recheck_tokens_per_minute_per_group: float = MAX_EVIDENCE_TOKENS / 2
+    recheck_tokens_per_minute: float = 2 * MAX_EVIDENCE_TOKENS
 
 
 class EvidenceGate:
@@ -55,6 +66,8 @@ class EvidenceGate:
             ),
             GET: (KeyedRate(limits.gets_per_minute_per_remote), KeyedRate(limits.gets_per_minute_per_group)),
         }
+        self.recheck_tokens = KeyedRate(limits.recheck_tokens_per_minute_per_group)
+        self.recheck_tokens_total = KeyedRate(limits.recheck_tokens_per_minute)
         self.held: Counter[str | None] = Counter()  # IP group (None: loopback) -> slots it holds
 
     def admit(self, kind: str, remote: str, group: str | None, now: float) -> None:
@@ -84,3 +97,16 @@ class EvidenceGate:
             self.held.pop(group, None)
         else:
             self.held[group] -= 1
+
+    def take_recheck(self, remote: str, group: str | None, tokens: int, now: float) -> None:
+        """Takes `tokens` (rows x tokens) of re-check compute from the budget of `group` (else of
+        `remote`), or raises RATE_LIMITED taking nothing."""
+        if not self.recheck_tokens.allows(group or remote, now, tokens):
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED,
+                f"this network's re-check budget ({self.limits.recheck_tokens_per_minute_per_group:.0f} "
+                f"tokens a minute) does not cover {tokens} tokens now",
+            )
+        if not self.recheck_tokens_total.take(ALL, now, tokens):
+            raise ProtocolError(ErrorCode.BUSY, "re-checked as much evidence as it may for now; retry later")
+        self.recheck_tokens.take(group or remote, now, tokens)

@@ -8,10 +8,13 @@ counted the same way). Then the cheap part: the claim at the front of the eviden
 which steps) is unpacked without the tensors and its signature checked, and only then is the
 whole parsed and digested, on a worker thread, never on the serving event loop. A digest already
 judged is answered from memory; one re-check runs at a time (others wait in a short queue or are
-refused BUSY). A re-check is one prefill-shaped step of at most MAX_EVIDENCE_TOKENS tokens
-through this peer's own compute thread (peer/scheduler.py), as a session of an owner no remote
-can be, so it competes with the serving sessions on the same terms as any client and uses the
-same memory budget.
+refused BUSY). A re-check costs compute, so each IP group (else remote) has a budget of rows x
+tokens re-checked a minute (`EvidenceLimits.recheck_tokens_per_minute_per_group`), taken once
+the evidence's shape is known. A re-check is one prefill-shaped step of at most
+MAX_EVIDENCE_TOKENS tokens through this peer's own compute thread (peer/scheduler.py), as a
+session of an owner no remote can be, at background priority: its chunks run only in rounds
+where no client's prompt waits, so a flood of evidence delays clients' tokens by at most a chunk
+per round, and it uses the same memory budget.
 
 Only what this peer proved itself changes anything: the liar goes into this machine's bans
 (swarm/trust/bans.py), its streams are refused from then on, and the evidence is kept (the newest
@@ -27,6 +30,7 @@ import struct
 import time
 from collections import OrderedDict
 from contextlib import ExitStack
+from pathlib import Path
 
 from hexswarm.peer.core import PeerCore, session_key
 from hexswarm.peer.evidence_gate import GET, SUBMIT, EvidenceGate, EvidenceLimits
@@ -61,8 +65,7 @@ logger = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 60.0  # to read a request (64 MiB over a slow home link)
 RECHECK_OWNER = "evidence-recheck"  # the namespace of re-check sessions: not a base58 peer id
-MAX_KEPT = 64  # proven evidence kept and served (the newest), in memory and on disk
-MAX_KEPT_BYTES = 512 << 20
+MAX_KEPT = 64  # proven evidence kept and served (the newest), on disk
 MAX_VERDICTS = 1024  # digests remembered with their verdicts
 _LENGTH = struct.Struct(">I")  # a frame's length prefix (swarm/wire/frames.py)
 
@@ -77,7 +80,7 @@ class EvidenceService:
         self.limits = limits or EvidenceLimits()
         self.gate = EvidenceGate(self.limits)
         self.verdicts: OrderedDict[str, tuple[str, str]] = OrderedDict()  # digest -> (verdict, detail)
-        self.kept: OrderedDict[str, bytes] = OrderedDict()  # digest -> proven evidence
+        self.kept: OrderedDict[str, Path] = OrderedDict()  # digest -> the file of proven evidence
         self.on_file: set[str] = set(load_bans())  # the bans file as last read
         self.banned: set[str] = set(self.on_file)  # refused by the stream server (peer/server.py)
         self.lock = asyncio.Lock()  # one re-check at a time
@@ -124,7 +127,7 @@ class EvidenceService:
             raise ProtocolError(ErrorCode.MALFORMED, "only a submission is larger than a header")
         if not large:
             self._admit(_kind(request), remote, group, slot)
-        return await self._answer(request, remote)
+        return await self._answer(request, remote, group)
 
     def _admit(self, kind: str, remote: str, group: str | None, slot: ExitStack) -> None:
         self.gate.admit(kind, remote, group, time.monotonic())  # RATE_LIMITED, BUSY: nothing taken
@@ -135,22 +138,27 @@ class EvidenceService:
         group = await self.group_of(remote)
         with ExitStack() as slot:
             self._admit(_kind(request), remote, group, slot)
-            return await self._answer(request, remote)
+            return await self._answer(request, remote, group)
 
-    async def _answer(self, request: dict, remote: str) -> dict:
+    async def _answer(self, request: dict, remote: str, group: str | None) -> dict:
         op = request.get("op")
         if op == GET:
-            return self._get(request.get("digest"))
+            return await self._get(request.get("digest"))
         if op == SUBMIT and isinstance(request.get("evidence"), bytes):
-            return await self._submit(request["evidence"], remote)
+            return await self._submit(request["evidence"], remote, group)
         raise ProtocolError(ErrorCode.MALFORMED, "expected {op: submit, evidence} or {op: get, digest}")
 
-    def _get(self, digest) -> dict:
-        if not isinstance(digest, str) or digest not in self.kept:
+    async def _get(self, digest) -> dict:
+        path = self.kept.get(digest) if isinstance(digest, str) else None
+        try:
+            data = await asyncio.to_thread(path.read_bytes) if path is not None else None
+        except OSError:  # pruned from the folder meanwhile (another process of this machine)
+            data = None
+        if data is None:
             raise ProtocolError(ErrorCode.UNKNOWN_SESSION, "no such evidence here")
-        return {"evidence": self.kept[digest]}
+        return {"evidence": data}
 
-    async def _submit(self, data: bytes, remote: str) -> dict:
+    async def _submit(self, data: bytes, remote: str, group: str | None) -> dict:
         try:  # the claim first (no tensors decoded): evidence this peer cannot judge or a forged signature
             claim = await asyncio.to_thread(read_claim, data)
             if (why := self._cannot_check(claim.session, claim.peer_id, claim.session.format)) is not None:
@@ -162,6 +170,8 @@ class EvidenceService:
         if digest in self.verdicts:
             verdict, detail = self.verdicts[digest]
             return {"verdict": verdict, "detail": detail}
+        rows, tokens = evidence.inputs.shape[:2]
+        self.gate.take_recheck(remote, group, rows * tokens, time.monotonic())  # RATE_LIMITED
         if self.lock.locked() and self.waiting >= self.limits.max_waiting:
             raise ProtocolError(ErrorCode.BUSY, "re-checking other evidence; retry later")
         self.waiting += 1
@@ -176,7 +186,7 @@ class EvidenceService:
         if verdict != CANNOT_CHECK:
             self._remember(self.verdicts, digest, (verdict, detail), MAX_VERDICTS)
         if verdict == PROVEN:
-            await self._act_on_proof(evidence, data, digest, detail, remote)
+            await self._act_on_proof(evidence, digest, detail, remote)
         logger.info(
             "evidence from ...%s against ...%s: %s (%s)", remote[-8:], evidence.peer_id[-8:], verdict, detail
         )
@@ -227,23 +237,19 @@ class EvidenceService:
         key = session_key(RECHECK_OWNER, session_id)
         try:
             session, hidden = self.core.begin_step(Step(session_id, 0, inputs), RECHECK_OWNER)
-            result = await asyncio.wrap_future(self.scheduler.submit(session, hidden).future)
+            result = await asyncio.wrap_future(self.scheduler.submit(session, hidden, background=True).future)
             return result.hidden
         finally:
             self.core.drop(key)
 
-    async def _act_on_proof(
-        self, evidence: Evidence, data: bytes, digest: str, detail: str, remote: str
-    ) -> None:
+    async def _act_on_proof(self, evidence: Evidence, digest: str, detail: str, remote: str) -> None:
         s = evidence.session
         self.banned.add(evidence.peer_id)
         reason = f"re-checked evidence {digest[:16]} sent by ...{remote[-8:]} ({detail})"
         await asyncio.to_thread(add_ban, new_ban(evidence.peer_id, s.model_id, s.start, s.end, reason))
         self.on_file.add(evidence.peer_id)  # on file now: lifting it there lifts it here
-        await asyncio.to_thread(save_evidence, evidence, MAX_KEPT, received_evidence_dir())
-        self._remember(self.kept, digest, data, MAX_KEPT)
-        while sum(map(len, self.kept.values())) > MAX_KEPT_BYTES and len(self.kept) > 1:
-            self.kept.popitem(last=False)
+        path = await asyncio.to_thread(save_evidence, evidence, MAX_KEPT, received_evidence_dir())
+        self._remember(self.kept, digest, path, MAX_KEPT)
         logger.warning(
             "peer ...%s proven to have signed a wrong output for %s blocks [%d:%d); banned, evidence in %s",
             evidence.peer_id[-8:],
@@ -253,7 +259,7 @@ class EvidenceService:
             received_evidence_dir(),
         )
         holding = Holding(
-            self.identity.peer_id.to_base58(), evidence.peer_id, digest, s.start, s.end, len(data)
+            self.identity.peer_id.to_base58(), evidence.peer_id, digest, s.start, s.end, path.stat().st_size
         )
         await self.announce(holding, s.model_id)
 

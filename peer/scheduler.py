@@ -40,6 +40,10 @@ Every validated step becomes a `Job` on one queue, served by one compute thread:
   a decode batch before others' rows. An account that had
   nothing queued starts level with the least-served account waiting (start-time fair
   queueing), so idle time banks no credit and a fresh identity jumps no queue.
+- **Background work last.** A job submitted as background (a re-check of evidence a stranger
+  sent: peer/evidence_service.py) advances by a chunk only in rounds where no other prompt
+  waits, so however much of it is queued, a client's prompt never waits behind it for more than
+  the chunk in progress.
 
 With `batching=False` jobs run one at a time in arrival order (the baseline of
 benchmarks/concurrency.py); prefills are still chunked when a chunk size is set.
@@ -90,6 +94,7 @@ class Job:
     compute_started: float = 0.0  # perf_counter when its (first) forward began
     compute_ended: float = 0.0  # perf_counter when its (last) forward ended
     window_s: float = 0.0  # time spent waiting for a batch to fill
+    background: bool = False  # runs only when no other prompt waits (module docstring)
 
     @property
     def is_decode(self) -> bool:
@@ -138,7 +143,7 @@ class StepScheduler:
         self.thread = threading.Thread(target=self._loop, name="compute", daemon=True)
         self.thread.start()
 
-    def submit(self, session: Session, hidden: torch.Tensor) -> Job:
+    def submit(self, session: Session, hidden: torch.Tensor, background: bool = False) -> Job:
         """Queues a step validated by PeerCore.begin_step; its future completes on the compute thread.
 
         Every step runs there, even a lone session's decode step that would be cheaper to run
@@ -146,7 +151,7 @@ class StepScheduler:
         and a tensor-parallel group's failure callback for as long as it computes (and for up
         to --tp-timeout when a rank hangs in a collective).
         """
-        job = Job(session, hidden)
+        job = Job(session, hidden, background=background)
         with self.cond:
             if self.stopped:
                 raise RuntimeError("the compute thread is stopped")
@@ -190,7 +195,8 @@ class StepScheduler:
             if self.stopped:
                 return None, None
             if not self.can_batch:
-                job = self.queue.popleft()
+                job = next((j for j in self.queue if not j.background), self.queue[0])
+                self.queue.remove(job)
                 return ([job], None) if job.is_decode else ([], job)
             self._wait_for_batch()
             decodes, rows = [], 0
@@ -212,11 +218,13 @@ class StepScheduler:
         return sorted(jobs, key=lambda job: self.served.get(self.account_of(job.session), 0))
 
     def _fairest_prefill(self, jobs) -> Job | None:
-        """The oldest prefill of the least-served account (called holding the lock)."""
+        """The oldest prefill of the least-served account, a background one only when no other
+        waits (called holding the lock)."""
         prefills = [job for job in jobs if not job.is_decode]
-        if not prefills:
-            return None
-        return min(prefills, key=lambda job: self.served.get(self.account_of(job.session), 0))
+        foreground = [job for job in prefills if not job.background]
+        if not foreground:
+            return prefills[0] if prefills else None
+        return min(foreground, key=lambda job: self.served.get(self.account_of(job.session), 0))
 
     def _count(self, account: str, tokens: int) -> None:
         """Tokens computed for `account` (called holding the lock)."""

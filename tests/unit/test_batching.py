@@ -202,6 +202,33 @@ def test_prompt_compute_is_shared_fairly_between_remotes_not_prompts(stack):
     assert scheduler.served == {"QmHog": 120, "QmFair": 40}  # prompt tokens (no decode ran)
 
 
+@pytest.mark.parametrize("batching", [True, False])
+def test_background_work_advances_only_when_no_client_prompt_waits(stack, batching):
+    """A stranger's evidence re-check (background) queued first, two clients' prompts after it:
+    both prompts are done before the re-check's second chunk, which the same queue without the
+    background mark would have run between them."""
+    core = _core(stack)
+    policy = BatchPolicy(batch_window_ms=0.0, prefill_chunk_tokens=8, batching=batching)
+    scheduler = StepScheduler(core, policy)
+    finished = []
+    try:
+        for owner, sid in (("evidence-recheck", "r"), ("QmA", "a"), ("QmB", "b")):
+            core.open(Open(sid, core.model_id, 0, 6, 64, 1, "float32"), owner)
+        with scheduler.cond:  # all queued before the compute thread looks
+            jobs = []
+            for owner, sid, tokens in (("evidence-recheck", "r", 48), ("QmA", "a", 16), ("QmB", "b", 16)):
+                step = core.begin_step(Step(sid, 0, torch.randn(1, tokens, HIDDEN)), owner)
+                job = scheduler.submit(*step, background=sid == "r")
+                job.future.add_done_callback(lambda _, sid=sid: finished.append(sid))
+                jobs.append(job)
+        for job in jobs:
+            job.future.result(timeout=60)
+    finally:
+        scheduler.stop()
+    assert finished == ["a", "b", "r"] or finished == ["b", "a", "r"], finished
+    assert jobs[0].done_tokens == 48
+
+
 def test_decode_rows_over_one_batch_go_to_the_least_served_remote_first(stack):
     """A remote with four decode steps waiting and another with one, two rows a batch: the
     other remote's row runs in the first batch, not after the first remote's four."""

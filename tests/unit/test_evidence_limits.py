@@ -161,10 +161,11 @@ async def test_a_bad_signature_is_refused_before_the_tensors_are_decoded_and_par
 
 
 @pytest.mark.asyncio
-async def test_fetches_are_limited_per_ip_group_too(spec):  # noqa: F811
+async def test_fetches_are_limited_per_ip_group_too(spec, tmp_path):  # noqa: F811
     sybils = {f"QmReader{i}": "one-home" for i in range(30)}
     service = _service(spec, sybils)
-    service.kept["ab" * 32] = b"kept evidence"
+    service.kept["ab" * 32] = tmp_path / "kept.msgpack"
+    service.kept["ab" * 32].write_bytes(b"kept evidence")
     codes = []
     for remote in sybils:  # each identity asks once: a per-identity limit never bites
         task, _, writer = _announce(service, remote, *_request({"op": "get", "digest": "ab" * 32}))
