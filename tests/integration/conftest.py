@@ -171,3 +171,16 @@ def local_greedy(model_dir, prompt: list[list[int]], new_tokens: int) -> torch.T
 
     local_model = AutoModelForCausalLM.from_pretrained(model_dir)
     return local_model.generate(torch.tensor(prompt), max_new_tokens=new_tokens, do_sample=False)
+
+
+def store_until_taken(
+    dht, key: str, value: bytes, subkey: bytes, lifetime: float = 60, timeout: float = 30
+) -> None:
+    """Stores `value` until a DHT node takes it: a store fails when no node answered in time,
+    and a node that has just joined, on a loaded machine, may not reach one yet."""
+    from hivemind.utils import get_dht_time
+
+    from tests.integration.test_coordinator import wait_until
+
+    what = f"a DHT node taking the value under {key}"
+    wait_until(lambda: dht.store(key, value, get_dht_time() + lifetime, subkey=subkey), timeout, what)

@@ -26,6 +26,7 @@ from hexswarm.swarm.net.dht_process import child_pids, shutdown_dht
 from hexswarm.swarm.tools.launcher import LocalSwarm
 from hexswarm.swarm.trust.records import MODELS_KEY, read_models, read_peer_records
 from hexswarm.swarm.trust.reports import read_reports
+from tests.integration.test_coordinator import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -153,7 +154,7 @@ def test_a_dht_node_stopped_while_sending_a_result_finishes_the_send_first(boots
             pending[-1].add_done_callback(stall_the_owners_reader)
             owner_stalled.wait(1)
         pending.append(dht.run_coroutine(_more_than_a_pipe_holds, return_future=True))
-        wait_for(lambda: _held_by_another_process(MPFuture._update_lock), 30, "the node holding the lock")
+        wait_until(lambda: _held_by_another_process(MPFuture._update_lock), 30, "the node holding the lock")
         os.kill(dht.pid, signal.SIGTERM)
         dht.join(1.0)
         assert dht.is_alive(), "the node exited while it held the result lock"
@@ -180,10 +181,3 @@ def _held_by_another_process(lock) -> bool:
         lock.release()
         return False
     return True
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen within {timeout} s")

@@ -1,7 +1,5 @@
 """Nobody can overwrite another peer's DHT record or announce one under its peer id."""
 
-import time
-
 import pytest
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.utils import get_dht_time
@@ -9,6 +7,7 @@ from hivemind.utils import get_dht_time
 from hexswarm.swarm.net.dht import start_dht
 from hexswarm.swarm.net.identity import load_or_create_identity
 from hexswarm.swarm.trust.records import PeerRecord, PeerState, model_key, read_peer_records
+from tests.integration.conftest import store_until_taken
 
 pytestmark = pytest.mark.integration
 
@@ -72,13 +71,3 @@ def test_record_claiming_another_peers_id_is_ignored(model, attacker):
     store_until_taken(dht, key, own, identity.owner_marker)
     names = {r.name for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
     assert "attacker-own" in names
-
-
-def store_until_taken(dht, key: str, value: bytes, subkey: bytes, timeout: float = 30) -> None:
-    """Stores until a node takes the value: a node that has just joined, on a loaded machine,
-    may reach none in time at first (a CI run's store returned False)."""
-    deadline = time.monotonic() + timeout
-    while not dht.store(key, value, get_dht_time() + 60, subkey=subkey):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no DHT node took the value under {key} within {timeout} s")
-        time.sleep(0.5)

@@ -32,6 +32,7 @@ from hexswarm.swarm.tools.launcher import LOOPBACK, LocalSwarm
 from hexswarm.swarm.trust.records import PeerRecord, PeerState, model_key, read_peer_records
 from hexswarm.swarm.wire.frames import read_frame, write_frame
 from hexswarm.swarm.wire.protocol import SESSION_PROTOCOL, ErrorCode, Ping, Pong, PushAck, Step
+from tests.integration.conftest import store_until_taken
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -83,18 +84,10 @@ class Outsider:
 
     def announce(self, template: PeerRecord, model_id: str, **changes) -> None:
         """Stores a record of its own (signed with its key, so readers accept it) for `model_id`."""
-        from hivemind.utils import get_dht_time
-
         record = replace(template, peer_id=self.peer_id, name="outsider", rtt_ms=(), **changes)
-        # A store fails when no node answered in time (a node that has just joined, on a loaded
-        # machine, may not reach one yet): try again until one takes it, within a deadline.
-        deadline = time.monotonic() + 30
-        while not self.dht.store(
-            model_key(model_id), record.to_bytes(), get_dht_time() + 120, subkey=self.identity.owner_marker
-        ):
-            if time.monotonic() > deadline:
-                raise RuntimeError("no DHT node took the outsider's record within 30 s")
-            time.sleep(0.5)
+        store_until_taken(
+            self.dht, model_key(model_id), record.to_bytes(), self.identity.owner_marker, lifetime=120
+        )
 
     async def _stop(self) -> None:
         self.tcp.close()

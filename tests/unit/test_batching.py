@@ -179,25 +179,38 @@ def test_measured_speeds_are_cached_per_weight_format(stack, make_model):
     assert "-qint8-" in cache_key(int8) and "-qnone-" in cache_key(stack)
 
 
-def test_prompt_compute_is_shared_fairly_between_remotes_not_prompts(stack):
-    """One remote queues three 40-token prompts, another one after them: chunks alternate
-    between the two remotes, so the second one's prompt is done before the first one's last two."""
-    core = _core(stack)
-    scheduler = StepScheduler(core, BatchPolicy(batch_window_ms=0.0, prefill_chunk_tokens=8))
+def _run_prompts(core, scheduler, prompts) -> tuple[list, list[str]]:
+    """Opens a session per (owner, session id, prompt tokens, background) and queues all their
+    prompts before the compute thread looks; returns the jobs and the session ids in the order
+    they finished (the scheduler is stopped after)."""
     finished = []
     try:
-        for owner, sid in (("QmHog", "h0"), ("QmHog", "h1"), ("QmHog", "h2"), ("QmFair", "f0")):
+        for owner, sid, _, _ in prompts:
             core.open(Open(sid, core.model_id, 0, 6, 64, 1, "float32"), owner)
-        with scheduler.cond:  # all four queued before the compute thread looks
+        with scheduler.cond:
             jobs = []
-            for owner, sid in (("QmHog", "h0"), ("QmHog", "h1"), ("QmHog", "h2"), ("QmFair", "f0")):
-                job = scheduler.submit(*core.begin_step(Step(sid, 0, torch.randn(1, 40, HIDDEN)), owner))
+            for owner, sid, tokens, background in prompts:
+                step = core.begin_step(Step(sid, 0, torch.randn(1, tokens, HIDDEN)), owner)
+                job = scheduler.submit(*step, background=background)
                 job.future.add_done_callback(lambda _, sid=sid: finished.append(sid))
                 jobs.append(job)
         for job in jobs:
             job.future.result(timeout=60)
     finally:
         scheduler.stop()
+    return jobs, finished
+
+
+def test_prompt_compute_is_shared_fairly_between_remotes_not_prompts(stack):
+    """One remote queues three 40-token prompts, another one after them: chunks alternate
+    between the two remotes, so the second one's prompt is done before the first one's last two."""
+    core = _core(stack)
+    scheduler = StepScheduler(core, BatchPolicy(batch_window_ms=0.0, prefill_chunk_tokens=8))
+    prompts = [
+        (owner, sid, 40, False)
+        for owner, sid in (("QmHog", "h0"), ("QmHog", "h1"), ("QmHog", "h2"), ("QmFair", "f0"))
+    ]
+    _, finished = _run_prompts(core, scheduler, prompts)
     assert finished.index("f0") < 2, finished  # before the hog's second prompt is done
     assert scheduler.served == {"QmHog": 120, "QmFair": 40}  # prompt tokens (no decode ran)
 
@@ -209,22 +222,8 @@ def test_background_work_advances_only_when_no_client_prompt_waits(stack, batchi
     background mark would have run between them."""
     core = _core(stack)
     policy = BatchPolicy(batch_window_ms=0.0, prefill_chunk_tokens=8, batching=batching)
-    scheduler = StepScheduler(core, policy)
-    finished = []
-    try:
-        for owner, sid in (("evidence-recheck", "r"), ("QmA", "a"), ("QmB", "b")):
-            core.open(Open(sid, core.model_id, 0, 6, 64, 1, "float32"), owner)
-        with scheduler.cond:  # all queued before the compute thread looks
-            jobs = []
-            for owner, sid, tokens in (("evidence-recheck", "r", 48), ("QmA", "a", 16), ("QmB", "b", 16)):
-                step = core.begin_step(Step(sid, 0, torch.randn(1, tokens, HIDDEN)), owner)
-                job = scheduler.submit(*step, background=sid == "r")
-                job.future.add_done_callback(lambda _, sid=sid: finished.append(sid))
-                jobs.append(job)
-        for job in jobs:
-            job.future.result(timeout=60)
-    finally:
-        scheduler.stop()
+    prompts = [("evidence-recheck", "r", 48, True), ("QmA", "a", 16, False), ("QmB", "b", 16, False)]
+    jobs, finished = _run_prompts(core, StepScheduler(core, policy), prompts)
     assert finished == ["a", "b", "r"] or finished == ["b", "a", "r"], finished
     assert jobs[0].done_tokens == 48
 
