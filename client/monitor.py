@@ -102,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
     # monitor shows the lease and plans that the swarm's own peers follow.
     trust = trust_from(None)
     watcher = SwarmWatcher(swarm, args.refresh, models, trust).start()
-    print(f"monitor: http://{args.host}:{args.port}/ (JSON at /api/swarm)", flush=True)
+    ready = f"monitor: http://{args.host}:{args.port}/ (JSON at /api/swarm)"
     try:
-        serve_until_stopped(create_app(watcher), args.host, args.port)
+        serve_until_stopped(create_app(watcher), args.host, args.port, ready)
     finally:
         watcher.stop()
         swarm.shutdown()

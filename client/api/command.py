@@ -94,9 +94,9 @@ def run(args: argparse.Namespace) -> int:
     limits = AdmissionLimits(args.max_concurrent, args.max_queue, args.queue_timeout)
     config = ApiConfig(name, args.api_key or None, limits, max_body_bytes=args.max_body_bytes)
     ready = f"api: serving {name} at http://{args.host}:{args.port}/v1"
-    app = create_app(model, tokenizer, config, on_ready=lambda: print(ready, flush=True))
+    app = create_app(model, tokenizer, config)
     try:
-        serve_until_stopped(app, args.host, args.port)
+        serve_until_stopped(app, args.host, args.port, ready)
     finally:
         model.shutdown()
     return 0

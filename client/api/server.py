@@ -214,16 +214,13 @@ class ApiService:
         return self.tokenizer(text or "").input_ids
 
 
-def create_app(model, tokenizer, config: ApiConfig, on_ready=None) -> FastAPI:
-    """The FastAPI app serving `model` (a DistributedModelForCausalLM, or any HF causal LM);
-    `on_ready()` is called once the app starts."""
+def create_app(model, tokenizer, config: ApiConfig) -> FastAPI:
+    """The FastAPI app serving `model` (a DistributedModelForCausalLM, or any HF causal LM)."""
     service = ApiService(model, tokenizer, config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         service.coverage.start()  # so that the first /health finds an answer, not a slow read
-        if on_ready is not None:
-            on_ready()
         yield
         service.executor.shutdown(wait=False, cancel_futures=True)
 

@@ -33,20 +33,13 @@ def start_monitor(swarm, refresh: float = 1.0):
         "--refresh",
         str(refresh),
     ]
+    # the line is printed once the port is bound (client/http_serve.py): the page loads at once
     proc = swarm.local.start_command("monitor", args, ready="monitor: http", timeout=120)
-    # the line comes before the web server binds its port (a CI run's browser was refused)
-    wait_for(lambda: _accepts(port), 60, f"the monitor listening on port {port}")
     return proc, f"http://127.0.0.1:{port}"
 
 
-def _accepts(port: int) -> bool:
-    import socket
-
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
+def _shows_online(shown: dict, names) -> bool:
+    return all(shown["peers"].get(name) == "online" for name in names)
 
 
 def page_state(browser, model_id: str) -> dict:
@@ -92,9 +85,10 @@ def test_monitor_page_shows_peers_and_coverage_live(swarm, extra_model, tmp_path
     try:
         browser.get(url)
         shown = wait_for(lambda: page_state(browser, main_id), 60, "the main model's section")
-        wait_for(lambda: set(page_state(browser, main_id)["peers"]) == set(swarm.peers), 30, "every peer")
+        # The shared swarm's model may also show a peer another test started and stopped, until
+        # its record expires: every peer of the swarm must be shown, online.
+        wait_for(lambda: _shows_online(page_state(browser, main_id), swarm.peers), 30, "every peer online")
         shown = page_state(browser, main_id)
-        assert all(state == "online" for state in shown["peers"].values()), shown
         assert len(shown["coverage"]) == 6 and min(shown["coverage"]) >= 1, shown
         wait_for(lambda: page_state(browser, extra_id)["coverage"] == [1, 1, 1, 1], 30, "the extra model")
         browser.save_screenshot(str(tmp_path / "monitor-before.png"))

@@ -174,7 +174,14 @@ def _banned(model, names: dict[str, str]) -> set[str]:
     return {names[p] for p in model.swarm.distrusted if p in names}
 
 
-def _generate_until_a_liar_is_caught(model, reference, tries: int) -> None:
+# Each generation picks its witness at random among the span's other peers (client/verify.py
+# `_pick`; here all share one IP group), and the router may keep the liar out of the chain: a
+# try catches a liar with probability >= 1/2 with two honest peers beside it. 24 tries miss
+# with probability < 1e-7 (6 tries missed ~1.6% of the time under load: a flaky test).
+TRIES_TO_CATCH = 24
+
+
+def _generate_until_a_liar_is_caught(model, reference, tries: int = TRIES_TO_CATCH) -> None:
     """Greedy generations of one prompt, each equal to the local model's, until the client has
     caught a liar (or `tries` ran)."""
     input_ids = torch.tensor([[7, 8, 9, 10]])
@@ -220,7 +227,7 @@ def test_a_lying_witness_gets_no_honest_server_blamed(verify_swarm, reference):
     model = _client(local, model_dir, verify=1.0)
     try:
         names = _names(model)
-        _generate_until_a_liar_is_caught(model, reference, tries=10)
+        _generate_until_a_liar_is_caught(model, reference)
         assert _banned(model, names) == {"liar-witness"}, model.verify_stats.describe()
         assert model.verify_stats.liars == 1
     finally:
@@ -238,7 +245,7 @@ def test_squatting_the_clients_session_ids_does_not_stop_the_check(verify_swarm,
 
     local, model_dir = verify_swarm
     bad = _start_liar(local, model_dir, "noise", "liar-squatted")
-    known = [f"known-{i}" for i in range(40)]
+    known = [f"known-{i}" for i in range(200)]  # a session id per hop, shadow and third opinion
     ids = iter(known)
     monkeypatch.setattr(hop_links, "random_session_id", lambda: next(ids))
     monkeypatch.setattr(verify, "random_session_id", lambda: next(ids))
@@ -256,7 +263,7 @@ def test_squatting_the_clients_session_ids_does_not_stop_the_check(verify_swarm,
                 squats.append(conn)
 
         run_sync(squat(), timeout=60)
-        _generate_until_a_liar_is_caught(model, reference, tries=6)
+        _generate_until_a_liar_is_caught(model, reference)
         assert _banned(model, names) == {"liar-squatted"}, model.verify_stats.describe()
         assert model.verify_stats.liars == 1
     finally:
@@ -279,7 +286,7 @@ def test_a_proven_liar_is_banned_everywhere(verify_swarm, reference, monkeypatch
     try:
         names = _names(model)
         liar = next(peer_id for peer_id, name in names.items() if name == "liar-everywhere")
-        _generate_until_a_liar_is_caught(model, reference, tries=10)
+        _generate_until_a_liar_is_caught(model, reference)
         assert _banned(model, names) == {"liar-everywhere"}, model.verify_stats.describe()
         holders = _wait_for_holders(model, liar, timeout=120)
         assert holders and liar not in holders, holders
