@@ -12,6 +12,10 @@ a ~100-byte GET that pulls 64 MiB back). What bounds it, each limit for one thre
   64 MiB (plus the parsed copies), and one machine cannot take every slot;
 - rates: submissions and fetches a minute per remote and per IP group (token buckets,
   swarm/trust/rates.py), taken before anything is parsed: identities cost nothing, addresses do;
+- bytes: the submission bytes a minute per IP group (else per remote) and for all strangers
+  together, taken from the length prefix before the body is read: reading and parsing 64 MiB
+  costs a peer's event loop and memory whatever is inside (a flood of maximal evidence that
+  the count rates let through still slowed honest requests' p99 9 x, docs/benchmarks.md);
 - compute: the rows x tokens re-checked a minute per IP group (else per remote), taken once the
   evidence's shape is known and before it is re-checked (`take_recheck`): a group sending the
   largest evidence the rates let through gets one such re-check every two minutes per peer,
@@ -28,10 +32,12 @@ from collections import Counter
 from dataclasses import dataclass
 
 from hexswarm.swarm.trust.evidence import MAX_EVIDENCE_TOKENS
+from hexswarm.swarm.trust.evidence_wire import MAX_REQUEST_HEADER_BYTES, MAX_WIRE_EVIDENCE_BYTES
 from hexswarm.swarm.trust.rates import KeyedRate
 from hexswarm.swarm.wire.checks import ErrorCode, ProtocolError
 
 SUBMIT, GET = "submit", "get"
+LARGEST_SUBMISSION = MAX_WIRE_EVIDENCE_BYTES + MAX_REQUEST_HEADER_BYTES
 ALL = "*"  # the key of the budget every remote shares
 
 
@@ -51,6 +57,10 @@ class EvidenceLimits:
     # one step's, and it sends it to several peers
     recheck_tokens_per_minute_per_group: float = MAX_EVIDENCE_TOKENS / 2
     recheck_tokens_per_minute: float = 2 * MAX_EVIDENCE_TOKENS
+    # bursts of two minutes' worth: two of the largest submissions, then one a minute per group,
+    # and two a minute from all strangers together
+    submit_bytes_per_minute_per_group: float = LARGEST_SUBMISSION
+    submit_bytes_per_minute: float = 2 * LARGEST_SUBMISSION
 
 
 class EvidenceGate:
@@ -68,11 +78,14 @@ class EvidenceGate:
         }
         self.recheck_tokens = KeyedRate(limits.recheck_tokens_per_minute_per_group)
         self.recheck_tokens_total = KeyedRate(limits.recheck_tokens_per_minute)
+        self.submit_bytes = KeyedRate(limits.submit_bytes_per_minute_per_group)
+        self.submit_bytes_total = KeyedRate(limits.submit_bytes_per_minute)
         self.held: Counter[str | None] = Counter()  # IP group (None: loopback) -> slots it holds
 
-    def admit(self, kind: str, remote: str, group: str | None, now: float) -> None:
-        """Counts one request of `kind` (SUBMIT or GET) by `remote` from IP `group` and gives it a
-        slot, which the caller gives back with `release(group)`; raises RATE_LIMITED or BUSY."""
+    def admit(self, kind: str, remote: str, group: str | None, now: float, size: int = 0) -> None:
+        """Counts one request of `kind` (SUBMIT or GET) of `size` bytes by `remote` from IP
+        `group` and gives it a slot, which the caller gives back with `release(group)`; raises
+        RATE_LIMITED or BUSY."""
         if kind not in self.rates:
             raise ValueError(f"unknown kind of evidence request {kind!r}")
         per_remote, per_group = self.rates[kind]
@@ -80,6 +93,14 @@ class EvidenceGate:
             raise ProtocolError(
                 ErrorCode.RATE_LIMITED, "too many evidence requests from this remote or its network"
             )
+        sized = kind == SUBMIT and size > 0
+        if sized and not self.submit_bytes.allows(group or remote, now, size):
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED,
+                f"this network's evidence bytes a minute do not cover {size} bytes now",
+            )
+        if sized and not self.submit_bytes_total.allows(ALL, now, size):
+            raise ProtocolError(ErrorCode.BUSY, "read as much evidence as it may for now; retry later")
         if sum(self.held.values()) >= self.limits.max_held:
             raise ProtocolError(ErrorCode.BUSY, "handling other evidence requests; retry later")
         if group is not None and self.held[group] >= self.limits.max_held_per_group:
@@ -89,6 +110,9 @@ class EvidenceGate:
         per_remote.take(remote, now)
         if group is not None:
             per_group.take(group, now)
+        if sized:
+            self.submit_bytes.take(group or remote, now, size)
+            self.submit_bytes_total.take(ALL, now, size)
         self.held[group] += 1
 
     def release(self, group: str | None) -> None:

@@ -117,7 +117,7 @@ class EvidenceService:
         group = await self.group_of(remote)
         large = size > MAX_REQUEST_HEADER_BYTES  # only a submission is larger than a header
         if large:
-            self._admit(SUBMIT, remote, group, slot)
+            self._admit(SUBMIT, remote, group, slot, size)
         payload = await asyncio.wait_for(reader.readexactly(size), max(0.0, deadline - time.monotonic()))
         try:
             request = await asyncio.to_thread(decode_message, payload) if large else decode_message(payload)
@@ -129,8 +129,8 @@ class EvidenceService:
             self._admit(_kind(request), remote, group, slot)
         return await self._answer(request, remote, group)
 
-    def _admit(self, kind: str, remote: str, group: str | None, slot: ExitStack) -> None:
-        self.gate.admit(kind, remote, group, time.monotonic())  # RATE_LIMITED, BUSY: nothing taken
+    def _admit(self, kind: str, remote: str, group: str | None, slot: ExitStack, size: int = 0) -> None:
+        self.gate.admit(kind, remote, group, time.monotonic(), size)  # RATE_LIMITED, BUSY: nothing taken
         slot.callback(self.gate.release, group)
 
     async def answer(self, request: dict, remote: str) -> dict:

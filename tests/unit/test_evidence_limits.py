@@ -17,7 +17,7 @@ import msgpack
 import pytest
 
 from hexswarm.peer import evidence_service
-from hexswarm.peer.evidence_gate import SUBMIT, EvidenceGate
+from hexswarm.peer.evidence_gate import LARGEST_SUBMISSION, SUBMIT, EvidenceGate
 from hexswarm.peer.evidence_service import EvidenceLimits, EvidenceService
 from hexswarm.swarm.net.identity import load_or_create_identity
 from hexswarm.swarm.trust.evidence import Evidence, read_claim, save_evidence
@@ -209,6 +209,31 @@ def test_the_gate_counts_nothing_for_a_refusal_and_gives_slots_back():
     with pytest.raises(ProtocolError) as e:
         gate.admit(SUBMIT, "QmB", None, 0.0)
     assert e.value.code == ErrorCode.RATE_LIMITED and not gate.held
+
+
+def test_submission_bytes_are_budgeted_per_ip_group_and_in_total_before_a_body_is_read():
+    """The count rates let one machine send 6 maximal submissions a minute to each peer; the
+    bytes budget lets a group send two at once, then one a minute, and all strangers four."""
+    gate = EvidenceGate(EvidenceLimits(submits_per_minute_per_remote=60, submits_per_minute_per_group=60))
+
+    def submit(
+        remote: str, group: str | None, now: float, size: int = LARGEST_SUBMISSION
+    ) -> ErrorCode | None:
+        try:
+            gate.admit(SUBMIT, remote, group, now, size)
+        except ProtocolError as e:
+            return e.code
+        gate.release(group)
+        return None
+
+    assert [submit(f"QmA{i}", "home-a", 0.0) for i in range(3)] == [None, None, ErrorCode.RATE_LIMITED]
+    assert submit("QmLoop0", None, 0.0) is None  # no group (loopback): per remote
+    assert submit("QmLoop1", None, 0.0) is None
+    assert submit("QmB0", "home-b", 0.0) == ErrorCode.BUSY  # all strangers: four maximal bodies
+    assert submit("QmB0", "home-b", 0.0, 1 << 20) == ErrorCode.BUSY  # nothing was taken for a refusal
+    assert submit("QmB0", "home-b", 30.0) is None  # half a minute refills one
+    assert submit("QmA0", "home-a", 30.0) == ErrorCode.RATE_LIMITED  # its group's: a minute
+    assert submit("QmA0", "home-a", 90.0) is None
 
 
 def test_the_claim_is_read_without_the_tensors(spec, identity):  # noqa: F811
