@@ -15,7 +15,8 @@ a ~100-byte GET that pulls 64 MiB back). What bounds it, each limit for one thre
 - bytes: the submission bytes a minute per IP group (else per remote) and for all strangers
   together, taken from the length prefix before the body is read: reading and parsing 64 MiB
   costs a peer's event loop and memory whatever is inside (a flood of maximal evidence that
-  the count rates let through still slowed honest requests' p99 9 x, docs/benchmarks.md);
+  the count rates let through still slowed honest requests' p99 9 x, docs/benchmarks.md); and
+  likewise the bytes fetches pull, taken from the file's size before it is read (`take_sent`);
 - compute: the rows x tokens re-checked a minute per IP group (else per remote), taken once the
   evidence's shape is known and before it is re-checked (`take_recheck`): a group sending the
   largest evidence the rates let through gets one such re-check every two minutes per peer,
@@ -80,6 +81,8 @@ class EvidenceGate:
         self.recheck_tokens_total = KeyedRate(limits.recheck_tokens_per_minute)
         self.submit_bytes = KeyedRate(limits.submit_bytes_per_minute_per_group)
         self.submit_bytes_total = KeyedRate(limits.submit_bytes_per_minute)
+        self.sent_bytes = KeyedRate(limits.submit_bytes_per_minute_per_group)  # fetches: the same budgets
+        self.sent_bytes_total = KeyedRate(limits.submit_bytes_per_minute)
         self.held: Counter[str | None] = Counter()  # IP group (None: loopback) -> slots it holds
 
     def admit(self, kind: str, remote: str, group: str | None, now: float, size: int = 0) -> None:
@@ -134,3 +137,15 @@ class EvidenceGate:
         if not self.recheck_tokens_total.take(ALL, now, tokens):
             raise ProtocolError(ErrorCode.BUSY, "re-checked as much evidence as it may for now; retry later")
         self.recheck_tokens.take(group or remote, now, tokens)
+
+    def take_sent(self, remote: str, group: str | None, size: int, now: float) -> None:
+        """Takes `size` bytes a fetch is about to send from the budget of `group` (else of
+        `remote`) and of all strangers, or raises RATE_LIMITED or BUSY taking nothing."""
+        if not self.sent_bytes.allows(group or remote, now, size):
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED,
+                f"this network's evidence bytes a minute do not cover {size} bytes now",
+            )
+        if not self.sent_bytes_total.take(ALL, now, size):
+            raise ProtocolError(ErrorCode.BUSY, "sent as much evidence as it may for now; retry later")
+        self.sent_bytes.take(group or remote, now, size)

@@ -143,14 +143,16 @@ class EvidenceService:
     async def _answer(self, request: dict, remote: str, group: str | None) -> dict:
         op = request.get("op")
         if op == GET:
-            return await self._get(request.get("digest"))
+            return await self._get(request.get("digest"), remote, group)
         if op == SUBMIT and isinstance(request.get("evidence"), bytes):
             return await self._submit(request["evidence"], remote, group)
         raise ProtocolError(ErrorCode.MALFORMED, "expected {op: submit, evidence} or {op: get, digest}")
 
-    async def _get(self, digest) -> dict:
+    async def _get(self, digest, remote: str, group: str | None) -> dict:
         path = self.kept.get(digest) if isinstance(digest, str) else None
         try:
+            if path is not None:  # the bytes it would send are budgeted before it reads them
+                self.gate.take_sent(remote, group, path.stat().st_size, time.monotonic())
             data = await asyncio.to_thread(path.read_bytes) if path is not None else None
         except OSError:  # pruned from the folder meanwhile (another process of this machine)
             data = None

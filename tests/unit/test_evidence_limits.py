@@ -236,6 +236,23 @@ def test_submission_bytes_are_budgeted_per_ip_group_and_in_total_before_a_body_i
     assert submit("QmA0", "home-a", 90.0) is None
 
 
+def test_fetched_bytes_are_budgeted_per_ip_group_and_in_total_before_a_file_is_read():
+    """A ~100-byte GET pulls up to 64 MiB back: the same budgets as submissions bound it."""
+    gate = EvidenceGate(EvidenceLimits())
+
+    def fetch(remote: str, group: str | None, now: float) -> ErrorCode | None:
+        try:
+            gate.take_sent(remote, group, LARGEST_SUBMISSION, now)
+        except ProtocolError as e:
+            return e.code
+        return None
+
+    assert [fetch(f"QmA{i}", "home-a", 0.0) for i in range(3)] == [None, None, ErrorCode.RATE_LIMITED]
+    assert [fetch(f"QmB{i}", "home-b", 0.0) for i in range(2)] == [None, None]
+    assert fetch("QmC0", "home-c", 0.0) == ErrorCode.BUSY  # all strangers: four of the largest
+    assert fetch("QmC0", "home-c", 30.0) is None and fetch("QmA0", "home-a", 30.0) == ErrorCode.RATE_LIMITED
+
+
 def test_the_claim_is_read_without_the_tensors(spec, identity):  # noqa: F811
     evidence, _ = _evidence(spec, identity, 0.05)
     claim = read_claim(evidence.to_bytes())
