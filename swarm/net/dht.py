@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hexswarm.swarm.net.maddrs import initial_peer_problem
+
+logger = logging.getLogger(__name__)
 
 if (
     TYPE_CHECKING
@@ -31,6 +35,7 @@ DEFAULT_HOST_MADDRS = ("/ip4/0.0.0.0/tcp/0",)
 # p2pd's own start is bounded at 15 s by hivemind and each first request by `wait_timeout`;
 # past this, the node's process is stuck (hivemind itself would wait for it forever)
 START_TIMEOUT_S = 60.0
+CHILD_CHECK_S = 0.5  # how often a start checks that the node's process still runs
 
 
 def public_initial_peers() -> list[str]:
@@ -63,6 +68,10 @@ class InitialPeersError(RuntimeError):
 
 class DHTStartError(InitialPeersError):
     """The DHT node's process did not say it was ready in time (it is stopped then)."""
+
+
+class DHTChildDied(DHTStartError):
+    """The DHT node's process ended before it said it was ready."""
 
 
 def check_initial_peers(initial_peers: Sequence[str]) -> None:
@@ -114,7 +123,18 @@ def start_dht(
     check_initial_peers(initial_peers)
     with _children_ignore_ctrl_c():
         dht = OwnedDHT(**kwargs)
-    if await_ready:
+    if not await_ready:
+        return dht
+    try:
+        wait_until_joined(dht, initial_peers, start_timeout)
+    except DHTChildDied as e:
+        # hivemind forks the node's process from this one; a process whose threads already ran
+        # torch can hand the child a lock held by a thread the child does not have, and the
+        # child then aborts at its first torch call (std::system_error, SIGABRT: seen in a full
+        # test run). A fresh fork does not inherit that moment.
+        logger.warning("%s; starting it once more", e)
+        with _children_ignore_ctrl_c():
+            dht = OwnedDHT(**kwargs)
         wait_until_joined(dht, initial_peers, start_timeout)
     return dht
 
@@ -127,16 +147,24 @@ def wait_until_joined(dht, initial_peers: Sequence[str], timeout: float) -> None
 
     from hexswarm.swarm.net.dht_process import shutdown_dht
 
-    try:
-        dht.wait_until_ready(timeout)
-    except P2PDaemonError as e:
-        shutdown_dht(dht, 5.0)
-        raise _joining_error(e, initial_peers) from None
-    except TimeoutError:
-        shutdown_dht(dht, 5.0)
-        raise DHTStartError(
-            f"the DHT node did not start within {timeout:.0f} s (its process is stopped)"
-        ) from None
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            dht.wait_until_ready(min(CHILD_CHECK_S, max(0.0, deadline - time.monotonic())))
+            return
+        except P2PDaemonError as e:
+            shutdown_dht(dht, 5.0)
+            raise _joining_error(e, initial_peers) from None
+        except TimeoutError:
+            if not dht.is_alive():  # it will never say it is ready: no need to wait the deadline out
+                raise DHTChildDied(
+                    f"the DHT node's process ended as it started (exit code {dht.exitcode})"
+                ) from None
+            if time.monotonic() >= deadline:
+                shutdown_dht(dht, 5.0)
+                raise DHTStartError(
+                    f"the DHT node did not start within {timeout:.0f} s (its process is stopped)"
+                ) from None
 
 
 def _joining_error(error: Exception, initial_peers: Sequence[str]) -> Exception:

@@ -181,3 +181,39 @@ def _held_by_another_process(lock) -> bool:
         lock.release()
         return False
     return True
+
+
+def test_a_dht_node_whose_process_dies_as_it_starts_is_started_once_more(
+    bootstrap, monkeypatch, tmp_path, caplog
+):
+    """A child forked from a process whose threads ran torch can abort at its first torch call
+    (SIGABRT, seen in a full test run): the start notices at once (not after its 60 s
+    deadline) and forks one more child; a second death is a DHTStartError."""
+    from hexswarm.swarm.net import dht_process
+
+    deaths = tmp_path / "deaths"
+    real_run = dht_process.OwnedDHT.run
+
+    def run_dying_first(self):  # in the child
+        if not deaths.exists():
+            deaths.write_text("1")
+            os.abort()
+        real_run(self)
+
+    monkeypatch.setattr(dht_process.OwnedDHT, "run", run_dying_first)
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="hexswarm.swarm.net.dht"):
+        dht = start_dht(bootstrap, None, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    try:
+        assert time.monotonic() - began < 20
+        assert "ended as it started" in caplog.text and "starting it once more" in caplog.text
+        assert dht.is_alive()
+    finally:
+        shutdown_dht(dht, 5.0)
+
+    def run_dying(self):
+        os.abort()
+
+    monkeypatch.setattr(dht_process.OwnedDHT, "run", run_dying)
+    with pytest.raises(DHTStartError, match="ended as it started"):
+        start_dht(bootstrap, None, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
