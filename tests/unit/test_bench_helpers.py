@@ -2,6 +2,7 @@
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -9,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bench_results  # noqa: E402
 import charts  # noqa: E402
+import scale  # noqa: E402
 
 
 def test_spread_is_the_median_min_and_max_of_the_repeats():
@@ -101,3 +103,22 @@ def test_side_by_side_series_puts_the_real_model_first():
     rows = {"by_clients": [comparison(1, 10.0, 8.0)]}
     result = {"models": {"tiny": rows, "other": rows, "smollm2": rows}}
     assert list(charts.side_by_side_series(result)) == ["smollm2", "tiny", "other"]
+
+
+def test_scale_fits_the_growth_of_a_figure_in_n_on_log_scales():
+    lines = [
+        {"peers": 10, "bytes": 100.0},
+        {"peers": 100, "bytes": 1000.0},
+        {"peers": 1000, "bytes": 10000.0},
+    ]
+    assert scale.growth_exponent(lines, "bytes") == 1.0
+    flat = [{"peers": 25, "bytes": 7.0}, {"peers": 100, "bytes": 7.0}]
+    assert scale.growth_exponent(flat, "bytes") == 0.0
+    assert scale.growth_exponent(lines[:1], "bytes") is None
+
+
+def test_scale_counts_a_values_subkeys_and_records():
+    entry = SimpleNamespace  # hivemind's ValueWithExpiration: .value (and .expiration_time)
+    value = entry(value={b"owner-and-signature": entry(value=b"record"), b"k2": entry(value=b"r2")})
+    assert scale.value_bytes(value) == len(b"owner-and-signature") + len(b"record") + 2 + 2
+    assert scale.value_bytes(None) == 0 and scale.value_bytes(entry(value=b"not a dictionary")) == 0

@@ -1,0 +1,269 @@
+"""The control plane of N stand-in peers, measured as N grows (issue 50, its first part).
+
+Each stand-in is a host of its own on an emulated internet (swarm/nat/netlab.py `add_host`: a
+network namespace on one bridge, no NAT) running what a serving peer runs for the control
+plane, with no model behind it: a real hivemind DHT node (`start_dht`, with its p2pd), a real
+signed record of one model announced every `--period` seconds by the peer's own `Announcer`
+(both keys, as `run-peer` stores them), and the peer's reads of the model's key: two a period
+(its reachability re-check and its push targets read the records, peer/upkeep.py). Two real
+`hexswarm bootstrap` processes on hosts of their own are the initial peers.
+
+Measured per N, after a warm-up of one period, over `--seconds`:
+- `largest_value_bytes`: the largest value a read of the model's key returned (its subkeys,
+  each a signed record with its owner marker and signature);
+- `upkeep_bytes_per_peer_s`: the bytes a stand-in's host sent and received a second (its
+  namespace's interface counters: every byte its DHT node and p2pd moved), the mean over
+  stand-ins; `node_bytes_s_p99` the 99th percentile over every host, the bootstraps included;
+- `read_s_p50` / `read_s_p99` and `reads_failed`: the stand-ins' reads (a read over 10 s fails);
+- `status_s`: `hexswarm status --no-ping --json` from a host of its own (stand-ins answer no
+  session pings, so pings are left out);
+- `exponent_upkeep`: over the runs, the slope of log(upkeep_bytes_per_peer_s) in log(N).
+
+Not yet in this first part (issue 50 lists them): stand-ins behind NAT (relays, dial-backs), the
+coordinator and the plan watch of auto peers, a monitor, clients routing and generating through
+real peers of a tiny model. Each DHT node costs ~90 MB (its process and p2pd, measured), so
+24 GB holds ~200 stand-ins; `add_host` numbers hosts up to 200.
+
+Needs root (namespaces). Run: python benchmarks/scale.py --peers 25 50 100 [--save]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_results import save, stamp  # noqa: E402
+
+MODEL_ID = "scale-llama-32b"  # the stand-ins' model: 32 blocks, 8 per stand-in
+NUM_BLOCKS, BLOCKS_EACH = 32, 8
+READS_PER_PERIOD = 2  # a serving peer's reads of its model's key each announce period
+READ_TIMEOUT_S = 10.0
+ANY = "/ip4/0.0.0.0/tcp/0"
+
+
+@dataclass
+class Reads:
+    """What the stand-ins' reads of the model's key saw."""
+
+    seconds: list[float] = field(default_factory=list)
+    failed: int = 0
+    largest_value_bytes: int = 0
+
+
+def value_bytes(value) -> int:
+    """The bytes of a read's value: each subkey (owner marker and signature) and its record."""
+    if value is None or not isinstance(value.value, dict):
+        return 0
+    return sum(len(subkey) + len(entry.value) for subkey, entry in value.value.items())
+
+
+def stand_in_record(i: int, peer_id: str, addrs: tuple[str, ...], others: list[str]):
+    """Stand-in `i`'s record: 8 blocks of 32 (ranges spread evenly), speeds of a small GPU,
+    and round trips to up to 8 other stand-ins, as a serving peer's record carries them."""
+    from hexswarm.swarm import __version__
+    from hexswarm.swarm.trust.records import PeerRecord, PeerState
+
+    start = (i * BLOCKS_EACH // 2) % (NUM_BLOCKS - BLOCKS_EACH + 1)
+    return PeerRecord(
+        peer_id=peer_id, name=f"stand-in-{i}", model_id=MODEL_ID, start=start, end=start + BLOCKS_EACH,
+        state=PeerState.ONLINE, throughput=4000.0, decode_ms_per_block=1.5, cache_tokens_left=65536,
+        open_sessions=0, max_length=2048, dtype="float16", device="cuda", version=__version__, addrs=addrs,
+        rtt_ms=tuple((other, 20.0 + k) for k, other in enumerate(others[:8])), decode_batch_size=8,
+        decode_batch_tokens_per_s=12000.0,
+    )  # fmt: skip
+
+
+async def run_stand_in(dht, announcer, period: float, stop: asyncio.Event, reads: Reads) -> None:
+    """Announces every `period` and reads the model's key READS_PER_PERIOD times, as a peer does."""
+    from hexswarm.swarm.trust.records import PeerState, model_key
+
+    await asyncio.sleep(random.uniform(0, period))  # peers start at different times
+    while not stop.is_set():
+        await announcer.announce(PeerState.ONLINE)
+        for _ in range(READS_PER_PERIOD):
+            began = time.monotonic()
+            try:
+                future = dht.get(model_key(MODEL_ID), latest=True, return_future=True)
+                value = await asyncio.wait_for(asyncio.wrap_future(future), READ_TIMEOUT_S)
+            except (TimeoutError, RuntimeError, OSError):
+                reads.failed += 1
+                continue
+            reads.seconds.append(time.monotonic() - began)
+            reads.largest_value_bytes = max(reads.largest_value_bytes, value_bytes(value))
+        try:
+            await asyncio.wait_for(stop.wait(), period)
+        except TimeoutError:
+            pass
+
+
+def host_bytes(ns: str) -> int:
+    """Bytes the host in `ns` sent and received on its link to the internet so far."""
+    done = subprocess.run(
+        ["ip", "-n", ns, "-s", "-j", "link", "show", "wan0"], capture_output=True, text=True
+    )
+    stats = json.loads(done.stdout)[0]["stats64"]
+    return stats["rx"]["bytes"] + stats["tx"]["bytes"]
+
+
+def status_seconds(net, ns: str, initial_peers: list[str]) -> float:
+    """How long `hexswarm status --no-ping --json` takes from the host in `ns`."""
+    began = time.monotonic()
+    subprocess.run(
+        [*net.exec_prefix(ns), sys.executable, "-m", "hexswarm.swarm.commands.cli", "status", "--no-ping",
+         "--json", "--initial-peers", *initial_peers],
+        capture_output=True, timeout=120,
+    )  # fmt: skip
+    return time.monotonic() - began
+
+
+def measure(n: int, args) -> dict:
+    """One swarm of `n` stand-ins: started, warmed up for a period, measured for args.seconds."""
+    import torch
+
+    from hexswarm.swarm.nat import netlab
+    from hexswarm.swarm.net.dht import start_dht
+    from hexswarm.swarm.net.dht_process import shutdown_dht
+    from hexswarm.swarm.net.identity import load_or_create_identity
+    from hexswarm.swarm.tools.launcher import LocalSwarm
+
+    with tempfile.TemporaryDirectory(prefix="hexswarm-scale-") as tmp, netlab.NetLab(homes=0) as net:
+        boot_hosts = [(net.public_ns, netlab.PUBLIC_HOST_IP), net.add_host(1)]
+        hosts = [net.add_host(k) for k in range(2, n + 3)]  # the last one runs `status`
+        status_ns = hosts.pop()[0]
+        with LocalSwarm(Path(tmp)) as swarm:
+            for k, (ns, ip) in enumerate(boot_hosts):
+                joins = ("--initial-peers", *swarm.initial_peers) if swarm.initial_peers else ()
+                swarm.start_bootstrap(
+                    120, *joins, name=f"bootstrap-{k}", launcher=net.exec_prefix(ns), host_maddrs=ANY,
+                    address_prefix=f"/ip4/{ip}/",
+                )  # fmt: skip
+            torch.zeros(1).share_memory_()  # torch's shm manager out here (see netlab.inside)
+            began = time.monotonic()
+            nodes = []
+            for i, (ns, _) in enumerate(hosts):
+                identity = load_or_create_identity(None)
+                with netlab.inside(ns):
+                    nodes.append((ns, identity, start_dht(swarm.initial_peers, identity, host_maddrs=[ANY])))
+                if (i + 1) % 25 == 0:
+                    print(f"[scale] {i + 1} of {n} stand-ins joined", file=sys.stderr, flush=True)
+            joined_s = time.monotonic() - began
+            try:
+                return asyncio.run(_run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args))
+            finally:
+                for _, _, dht in nodes:
+                    shutdown_dht(dht, 5.0)
+
+
+async def _run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args) -> dict:
+    from hexswarm.peer.announcer import Announcer
+
+    peer_ids = [identity.peer_id.to_base58() for _, identity, _ in nodes]
+    stop, reads = asyncio.Event(), Reads()
+    tasks = []
+    for i, (_, identity, dht) in enumerate(nodes):
+        addrs = tuple(str(a) for a in dht.get_visible_maddrs())
+        others = random.Random(i).sample(peer_ids, min(8, len(peer_ids)))
+        record = stand_in_record(i, peer_ids[i], addrs, others)
+        announcer = Announcer(dht, identity, lambda state, r=record: r, NUM_BLOCKS, args.period)
+        if not args.join_only:
+            tasks.append(asyncio.create_task(run_stand_in(dht, announcer, args.period, stop, reads)))
+    await asyncio.sleep(args.period)  # every stand-in has announced once
+    namespaces = [ns for ns, _ in boot_hosts] + [ns for ns, _, _ in nodes]
+    before, began = {ns: host_bytes(ns) for ns in namespaces}, time.monotonic()
+    reads.seconds.clear()
+    await asyncio.sleep(args.seconds)
+    elapsed = time.monotonic() - began
+    rates = {ns: (host_bytes(ns) - before[ns]) / elapsed for ns in namespaces}
+    status_s = await asyncio.to_thread(status_seconds, net, status_ns, swarm.initial_peers)
+    stop.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    stand_ins = [rates[ns] for ns, _, _ in nodes]
+    every = sorted(rates.values())
+    return {
+        "peers": n,
+        "relayed": 0,
+        "clients": 0,
+        "period_s": args.period,
+        "joined_s": round(joined_s, 1),
+        "largest_value_bytes": reads.largest_value_bytes,
+        "upkeep_bytes_per_peer_s": round(statistics.mean(stand_ins)),
+        "node_bytes_s_p99": round(every[min(len(every) - 1, math.ceil(0.99 * len(every)) - 1)]),
+        "bootstrap_bytes_s": [round(rates[ns]) for ns, _ in boot_hosts],
+        "reads": len(reads.seconds),
+        "reads_failed": reads.failed,
+        "read_s_p50": _quantile(reads.seconds, 0.5),
+        "read_s_p99": _quantile(reads.seconds, 0.99),
+        "status_s": round(status_s, 2),
+    }
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)], 3)
+
+
+def growth_exponent(lines: list[dict], figure: str) -> float | None:
+    """The least-squares slope of log(figure) in log(peers) over the runs (None with fewer than two)."""
+    points = [(math.log(line["peers"]), math.log(line[figure])) for line in lines if line[figure] > 0]
+    if len(points) < 2:
+        return None
+    mean_x = statistics.mean(x for x, _ in points)
+    mean_y = statistics.mean(y for _, y in points)
+    spread_x = sum((x - mean_x) ** 2 for x, _ in points)
+    return round(sum((x - mean_x) * (y - mean_y) for x, y in points) / spread_x, 3) if spread_x else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--peers", type=int, nargs="+", default=[25, 50, 100])
+    parser.add_argument("--period", type=float, default=15.0, help="announce period (run-peer's default)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured time per N")
+    parser.add_argument(
+        "--join-only",
+        action="store_true",
+        help="stand-ins only join the DHT (no announcements, no reads): the transport's own floor",
+    )
+    parser.add_argument("--save", action="store_true", help="also write benchmarks/results/scale.json")
+    parser.add_argument("--save-as", default="scale", help="--save's file name under benchmarks/results/")
+    args = parser.parse_args()
+    from hexswarm.swarm.nat import netlab
+
+    if why_not := netlab.available():
+        sys.exit(f"scale.py needs network namespaces: {why_not}")
+    if max(args.peers) > 198:
+        sys.exit("at most 198 stand-ins: add_host numbers hosts up to 200 (two are bootstraps)")
+    started, lines = stamp(), []
+    for n in args.peers:
+        line = measure(n, args)
+        lines.append(line)
+        print(json.dumps(line), flush=True)
+    summary = {
+        "bench": "scale",
+        "command": " ".join(sys.argv),
+        "join_only": args.join_only,
+        "lines": lines,
+        "exponent_upkeep": growth_exponent(lines, "upkeep_bytes_per_peer_s"),
+        "started": started,
+        "ended": stamp(),
+    }
+    print(json.dumps(summary), flush=True)
+    if args.save:
+        save(args.save_as, summary)
+
+
+if __name__ == "__main__":
+    main()
