@@ -150,12 +150,15 @@ class NetLab:
             raise NetLabError(f"the delay proxy in {ns} did not start")
         return proxy
 
-    def add_host(self, k: int) -> tuple[str, str]:
+    def add_host(self, k: int, own_subnet: bool = False) -> tuple[str, str]:
         """Another host on the internet with no NAT in front: (its namespace, its address
-        10.77.0.(2 + k)). Host 0 is the public host."""
-        if not 1 <= k <= 200:
-            raise NetLabError(f"host number {k} is outside 1..200")
-        ns, ip = f"{self.prefix}-w{k}", f"{INTERNET_PREFIX}.{2 + k}"
+        10.77.0.(2 + k)). Host 0 is the public host. With `own_subnet`, its address is in a /24
+        of its own as most hosts on the internet are, 10.77.(100 + k % 150).(2 + k // 150) (so
+        limits per IP group see one group per host, up to 150 hosts)."""
+        if not 1 <= k <= (600 if own_subnet else 200):
+            raise NetLabError(f"host number {k} is outside 1..{600 if own_subnet else 200}")
+        ip = f"10.77.{100 + k % 150}.{2 + k // 150}" if own_subnet else f"{INTERNET_PREFIX}.{2 + k}"
+        ns = f"{self.prefix}-w{k}"
         self._add_ns(ns)
         self._plug_into_internet(ns, f"w{k}", f"{ip}/16")
         return ns, ip
