@@ -192,7 +192,6 @@ async def _run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args) -> d
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     stand_ins = [rates[ns] for ns, _, _ in nodes]
-    every = sorted(rates.values())
     return {
         "peers": n,
         "relayed": 0,
@@ -201,21 +200,26 @@ async def _run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args) -> d
         "joined_s": round(joined_s, 1),
         "largest_value_bytes": reads.largest_value_bytes,
         "upkeep_bytes_per_peer_s": round(statistics.mean(stand_ins)),
-        "node_bytes_s_p99": round(every[min(len(every) - 1, math.ceil(0.99 * len(every)) - 1)]),
+        "node_bytes_s_p99": round(_quantile(list(rates.values()), 0.99)),
         "bootstrap_bytes_s": [round(rates[ns]) for ns, _ in boot_hosts],
         "reads": len(reads.seconds),
         "reads_failed": reads.failed,
-        "read_s_p50": _quantile(reads.seconds, 0.5),
-        "read_s_p99": _quantile(reads.seconds, 0.99),
+        "read_s_p50": _rounded(_quantile(reads.seconds, 0.5)),
+        "read_s_p99": _rounded(_quantile(reads.seconds, 0.99)),
         "status_s": round(status_s, 2),
     }
 
 
 def _quantile(values: list[float], q: float) -> float | None:
+    """The nearest-rank `q` quantile of `values` (None for none)."""
     if not values:
         return None
     ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)], 3)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
 
 
 def growth_exponent(lines: list[dict], figure: str) -> float | None:

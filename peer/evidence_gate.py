@@ -77,12 +77,26 @@ class EvidenceGate:
             ),
             GET: (KeyedRate(limits.gets_per_minute_per_remote), KeyedRate(limits.gets_per_minute_per_group)),
         }
-        self.recheck_tokens = KeyedRate(limits.recheck_tokens_per_minute_per_group)
-        self.recheck_tokens_total = KeyedRate(limits.recheck_tokens_per_minute)
-        self.submit_bytes = KeyedRate(limits.submit_bytes_per_minute_per_group)
-        self.submit_bytes_total = KeyedRate(limits.submit_bytes_per_minute)
-        self.sent_bytes = KeyedRate(limits.submit_bytes_per_minute_per_group)  # fetches: the same budgets
-        self.sent_bytes_total = KeyedRate(limits.submit_bytes_per_minute)
+        self.recheck = _Budget(
+            limits.recheck_tokens_per_minute_per_group,
+            limits.recheck_tokens_per_minute,
+            f"this network's re-check budget ({limits.recheck_tokens_per_minute_per_group:.0f} tokens a "
+            "minute) does not cover {cost} tokens now",
+            "re-checked as much evidence as it may for now; retry later",
+        )
+        bytes_over = "this network's evidence bytes a minute do not cover {cost} bytes now"
+        self.submit_bytes = _Budget(
+            limits.submit_bytes_per_minute_per_group,
+            limits.submit_bytes_per_minute,
+            bytes_over,
+            "read as much evidence as it may for now; retry later",
+        )
+        self.sent_bytes = _Budget(  # fetches: budgets of the same size
+            limits.submit_bytes_per_minute_per_group,
+            limits.submit_bytes_per_minute,
+            bytes_over,
+            "sent as much evidence as it may for now; retry later",
+        )
         self.held: Counter[str | None] = Counter()  # IP group (None: loopback) -> slots it holds
 
     def admit(self, kind: str, remote: str, group: str | None, now: float, size: int = 0) -> None:
@@ -97,13 +111,8 @@ class EvidenceGate:
                 ErrorCode.RATE_LIMITED, "too many evidence requests from this remote or its network"
             )
         sized = kind == SUBMIT and size > 0
-        if sized and not self.submit_bytes.allows(group or remote, now, size):
-            raise ProtocolError(
-                ErrorCode.RATE_LIMITED,
-                f"this network's evidence bytes a minute do not cover {size} bytes now",
-            )
-        if sized and not self.submit_bytes_total.allows(ALL, now, size):
-            raise ProtocolError(ErrorCode.BUSY, "read as much evidence as it may for now; retry later")
+        if sized:
+            self.submit_bytes.check(group or remote, now, size)
         if sum(self.held.values()) >= self.limits.max_held:
             raise ProtocolError(ErrorCode.BUSY, "handling other evidence requests; retry later")
         if group is not None and self.held[group] >= self.limits.max_held_per_group:
@@ -115,7 +124,6 @@ class EvidenceGate:
             per_group.take(group, now)
         if sized:
             self.submit_bytes.take(group or remote, now, size)
-            self.submit_bytes_total.take(ALL, now, size)
         self.held[group] += 1
 
     def release(self, group: str | None) -> None:
@@ -127,25 +135,33 @@ class EvidenceGate:
 
     def take_recheck(self, remote: str, group: str | None, tokens: int, now: float) -> None:
         """Takes `tokens` (rows x tokens) of re-check compute from the budget of `group` (else of
-        `remote`), or raises RATE_LIMITED taking nothing."""
-        if not self.recheck_tokens.allows(group or remote, now, tokens):
-            raise ProtocolError(
-                ErrorCode.RATE_LIMITED,
-                f"this network's re-check budget ({self.limits.recheck_tokens_per_minute_per_group:.0f} "
-                f"tokens a minute) does not cover {tokens} tokens now",
-            )
-        if not self.recheck_tokens_total.take(ALL, now, tokens):
-            raise ProtocolError(ErrorCode.BUSY, "re-checked as much evidence as it may for now; retry later")
-        self.recheck_tokens.take(group or remote, now, tokens)
+        `remote`) and of all strangers, or raises RATE_LIMITED or BUSY taking nothing."""
+        self.recheck.check(group or remote, now, tokens)
+        self.recheck.take(group or remote, now, tokens)
 
     def take_sent(self, remote: str, group: str | None, size: int, now: float) -> None:
         """Takes `size` bytes a fetch is about to send from the budget of `group` (else of
         `remote`) and of all strangers, or raises RATE_LIMITED or BUSY taking nothing."""
-        if not self.sent_bytes.allows(group or remote, now, size):
-            raise ProtocolError(
-                ErrorCode.RATE_LIMITED,
-                f"this network's evidence bytes a minute do not cover {size} bytes now",
-            )
-        if not self.sent_bytes_total.take(ALL, now, size):
-            raise ProtocolError(ErrorCode.BUSY, "sent as much evidence as it may for now; retry later")
+        self.sent_bytes.check(group or remote, now, size)
         self.sent_bytes.take(group or remote, now, size)
+
+
+class _Budget:
+    """An amount a minute per IP group (else per remote), and one that all strangers share."""
+
+    def __init__(self, per_group: float, shared: float, over_group: str, over_shared: str):
+        self.per_group, self.shared = KeyedRate(per_group), KeyedRate(shared)
+        self.over_group = over_group  # the RATE_LIMITED message; `{cost}` is filled in
+        self.over_shared = over_shared  # the BUSY message
+
+    def check(self, key: str, now: float, cost: float) -> None:
+        """Raises RATE_LIMITED or BUSY, counting nothing, unless both budgets cover `cost`."""
+        if not self.per_group.allows(key, now, cost):
+            raise ProtocolError(ErrorCode.RATE_LIMITED, self.over_group.format(cost=cost))
+        if not self.shared.allows(ALL, now, cost):
+            raise ProtocolError(ErrorCode.BUSY, self.over_shared)
+
+    def take(self, key: str, now: float, cost: float) -> None:
+        """Counts `cost` against both budgets (after `check`)."""
+        self.per_group.take(key, now, cost)
+        self.shared.take(ALL, now, cost)

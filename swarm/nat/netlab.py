@@ -155,8 +155,9 @@ class NetLab:
         10.77.0.(2 + k)). Host 0 is the public host. With `own_subnet`, its address is in a /24
         of its own as most hosts on the internet are, 10.77.(100 + k % 150).(2 + k // 150) (so
         limits per IP group see one group per host, up to 150 hosts)."""
-        if not 1 <= k <= (600 if own_subnet else 200):
-            raise NetLabError(f"host number {k} is outside 1..{600 if own_subnet else 200}")
+        most = 600 if own_subnet else 200
+        if not 1 <= k <= most:
+            raise NetLabError(f"host number {k} is outside 1..{most}")
         ip = f"10.77.{100 + k % 150}.{2 + k // 150}" if own_subnet else f"{INTERNET_PREFIX}.{2 + k}"
         ns = f"{self.prefix}-w{k}"
         self._add_ns(ns)

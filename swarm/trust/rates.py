@@ -20,17 +20,20 @@ class KeyedRate:
     def allows(self, key: str, now: float, cost: float = 1.0) -> bool:
         """Whether `key` may make one more request at `now`, counting nothing (check several
         buckets with this, then `take` from each: a refusal by one costs the others nothing)."""
-        burst = max(1.0, 2 * self.per_minute)
-        tokens, last = self.buckets.get(key, (burst, now))
-        return min(burst, tokens + (now - last) * self.per_minute / 60) >= cost
+        return self._level(key, now) >= cost
 
     def take(self, key: str, now: float, cost: float = 1.0) -> bool:
         """Whether `key` may make one more request at `now` (it is counted if so)."""
-        burst = max(1.0, 2 * self.per_minute)
-        tokens, last = self.buckets.pop(key, (burst, now))
-        tokens = min(burst, tokens + (now - last) * self.per_minute / 60)
+        tokens = self._level(key, now)
+        self.buckets.pop(key, None)  # re-inserted last: the most recently used
         allowed = tokens >= cost
         self.buckets[key] = (tokens - cost if allowed else tokens, now)
         while len(self.buckets) > MAX_KEYS:
             self.buckets.popitem(last=False)
         return allowed
+
+    def _level(self, key: str, now: float) -> float:
+        """The tokens `key` has at `now`: a full burst for a new key, refilled since its last use."""
+        burst = max(1.0, 2 * self.per_minute)
+        tokens, last = self.buckets.get(key, (burst, now))
+        return min(burst, tokens + (now - last) * self.per_minute / 60)
