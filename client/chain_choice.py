@@ -123,9 +123,10 @@ class ChainChooser:
         for at most the time budget left: a peer restarting or joining counts one attempt.
         Once the session is open, a span that no peer announces at all is waited for only
         `replacement_wait_s` (then SpanUnservedError), so that a dead span is told in seconds;
-        first, though, the peers that failed on it are pinged once, and one that answers (its
-        relay died, not the peer) may serve it again."""
-        began, pinged = time.monotonic(), False
+        meanwhile the peers that failed on it are pinged each round, and one that answers (its
+        relay died, not the peer: it answers at another relay's address once a dial gets
+        through, or once its record names the relays it has left) may serve it again."""
+        began = time.monotonic()
         while True:
             await asyncio.to_thread(self.peers.refresh)
             served = {
@@ -136,10 +137,10 @@ class ChainChooser:
             }
             if served >= set(range(start, end)):
                 return
-            if not pinged and self.no_route_deadline is None:
-                pinged = True
-                if await asyncio.to_thread(self._failed_ones_answer, start, end):
-                    return
+            if self.no_route_deadline is None and await asyncio.to_thread(
+                self._failed_ones_answer, start, end
+            ):
+                return
             waited = time.monotonic() - began
             if self.no_route_deadline is None and waited >= self.failures.policy.replacement_wait_s:
                 unserved = sorted(set(range(start, end)) - served)

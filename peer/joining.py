@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,25 +66,29 @@ class Rejoin:
     """Each announce period (swarm/net/rejoin.py): pings the contacts missing from the node's
     routing table, the initial peers first, then direct peers of the model. While this peer's
     own record is missing from what it read, it pings every contact and says so at WARNING: a
-    record nobody can read is a peer nobody routes to."""
+    record nobody can read is a peer nobody routes to. When the period's announcement reached no
+    node (`unstored`), it pings every contact too and announces again (`reannounce`) as soon as
+    one answered, instead of a period later: a record lives 2.5 periods, so two misses in a row
+    (a bootstrap that stopped, and the table that dropped the other with it) would let it lapse."""
 
     peer_id: str
     initial_peers: tuple[str, ...]
+    reannounce: Callable[[], Awaitable[None]] | None = None
     unreadable: int = 0  # periods in a row whose read missed this peer's own record
     answered: set[str] = field(default_factory=set)  # contacts that answered the last ping
     task: asyncio.Task | None = None  # the step in flight
 
-    def poke(self, dht, records: Sequence[PeerRecord]) -> None:
+    def poke(self, dht, records: Sequence[PeerRecord], unstored: bool = False) -> None:
         """Starts a step in the background unless one still runs: a contact that hangs (a
         stopped bootstrap) must not hold up the peer's announce period."""
         if self.task is None or self.task.done():
-            self.task = asyncio.create_task(self.step(dht, records), name="rejoin")
+            self.task = asyncio.create_task(self.step(dht, records, unstored), name="rejoin")
 
     def close(self) -> None:
         if self.task is not None:
             self.task.cancel()
 
-    async def step(self, dht, records: Sequence[PeerRecord]) -> None:
+    async def step(self, dht, records: Sequence[PeerRecord], unstored: bool = False) -> None:
         own_seen = any(r.peer_id == self.peer_id for r in records)
         self.unreadable = 0 if own_seen else self.unreadable + 1
         direct = [
@@ -94,7 +98,7 @@ class Rejoin:
         ]
         contacts = contacts_from(self.initial_peers, direct, self.peer_id)
         try:
-            pinged, answered = await ping_missing(dht, contacts, everyone=self.unreadable > 0)
+            pinged, answered = await ping_missing(dht, contacts, everyone=self.unreadable > 0 or unstored)
         except Exception as e:  # a DHT process that does not answer: the next period tries again
             logger.warning("re-joining the DHT failed: %s", type(e).__name__)
             return
@@ -110,3 +114,8 @@ class Rejoin:
                 ", ".join("..." + p[-8:] for p in answered),
             )
         self.answered = set(answered) if pinged else self.answered
+        if unstored and answered and self.reannounce is not None:
+            logger.info(
+                "announcing again: %d node(s) answered after the announcement reached none", len(answered)
+            )
+            await self.reannounce()

@@ -41,7 +41,6 @@ from hexswarm.peer.tp.group import TPGroupError
 from hexswarm.peer.tp.rebalance import Rebalancing, rebalance
 from hexswarm.peer.upkeep import Upkeep
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
-from hexswarm.swarm.coordinator.records import dht_get
 from hexswarm.swarm.nat.announce_relay import AnnounceRelay
 from hexswarm.swarm.nat.port_relay import RELAY_PROTOCOL, RelayService
 from hexswarm.swarm.nat.reachability.messages import DIALBACK_PROTOCOL
@@ -51,7 +50,7 @@ from hexswarm.swarm.net.dialing import Dialer
 from hexswarm.swarm.tools import log_setup
 from hexswarm.swarm.trust.dht_signing import ANNOUNCE_PROTOCOL
 from hexswarm.swarm.trust.evidence_wire import EVIDENCE_PROTOCOL
-from hexswarm.swarm.trust.records import PeerRecord, PeerState, model_key, peer_records_from
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, fetch_peer_records
 from hexswarm.swarm.wire.protocol import SESSION_PROTOCOL
 from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
@@ -139,7 +138,7 @@ class _Peer:
         self.config, self.dht, self.identity, self.name = config, dht, identity, name
         self.peer_id = identity.peer_id.to_base58()
         self.reach, self.reachability_check = reach, check
-        self.rejoin = Rejoin(self.peer_id, config.initial_peers)
+        self.rejoin = Rejoin(self.peer_id, config.initial_peers, reannounce=self._reannounce)
         self.dialer: Dialer | None = None  # once p2p is up
         self.relay: RelayService | None = None  # a direct peer relays for peers behind NAT
         self.stop = stop
@@ -361,8 +360,11 @@ class _Peer:
                 records = await routine.records_now()  # read once, for every step below
                 await self._recheck_reachability(records)
                 await self.announcer.announce(self.serving_state())
-                self.rejoin.poke(self.dht, records)
+                self.rejoin.poke(self.dht, records, unstored=self.announcer.unstored > 0)
                 await routine.coordinate(records or None)  # none read: it tries once more itself
+
+    async def _reannounce(self) -> None:
+        await self.announcer.announce(self.serving_state())
 
     def serving_state(self) -> PeerState:
         """ONLINE only while others can reach it, directly or through a relay."""
@@ -383,9 +385,7 @@ class _Peer:
         return [r.peer_id for r in await self.read_records()]
 
     async def read_records(self) -> list[PeerRecord]:
-        records = peer_records_from(
-            await dht_get(self.dht, model_key(self.config.spec.model_id)), self.config.spec.model_id
-        )
+        records = await fetch_peer_records(self.dht, self.config.spec.model_id)
         if self.dialer is not None:
             self.dialer.learn(records)
         return records

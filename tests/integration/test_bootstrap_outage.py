@@ -165,7 +165,9 @@ def test_a_bootstrap_stopped_mid_generation_loses_nothing_and_status_stays_true(
     wait_for(records_without_the_gone_relay, 30, "both homes' records dropping the stopped relay")
     status = lab.status(via="boot-b")
     assert status.returncode == 0, status.stdout + status.stderr
-    assert "NO ANSWER" not in status.stdout and "ONE PEER ONLY: blocks 0:6" in status.stdout, status.stdout
+    assert "NO ANSWER" not in status.stdout and "ONE PEER ONLY: blocks 0:6" in status.stdout, (
+        status.stdout + status.stderr[-2000:] + "".join(p.log()[-1500:] for p in lab.peers.values())
+    )
     assert torch.equal(generate(client), expected)
 
 

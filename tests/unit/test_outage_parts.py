@@ -64,3 +64,31 @@ def test_the_api_reports_what_was_compared_in_its_own_field_only_when_verifying(
         "hexswarm": {"verification": summary},
     }
     assert with_extension({"id": "x"}, final_extension(Finished("stop", 4), None)) == {"id": "x"}
+
+
+@pytest.mark.parametrize(
+    "unstored, answered, announced", [(True, ["Qb"], 1), (True, [], 0), (False, ["Qb"], 0)]
+)
+def test_an_announcement_that_reached_no_node_is_made_again_once_a_contact_answers(
+    monkeypatch, unstored, answered, announced
+):
+    import asyncio
+
+    from hexswarm.peer import joining
+
+    asked = []
+
+    async def ping_missing(dht, contacts, everyone=False):
+        asked.append(everyone)
+        return [c.peer_id for c in contacts], answered
+
+    monkeypatch.setattr(joining, "ping_missing", ping_missing)
+    calls = []
+
+    async def reannounce():
+        calls.append(1)
+
+    rejoin = joining.Rejoin("Qa", ("/ip4/10.0.0.1/tcp/1/p2p/Qb",), reannounce=reannounce)
+    asyncio.run(rejoin.step(None, [], unstored=unstored))
+    assert len(calls) == announced
+    assert asked == [True]  # every contact is pinged: own record unread, or the store reached none
