@@ -4,8 +4,10 @@ Each stand-in is a host of its own on an emulated internet (swarm/nat/netlab.py 
 network namespace on one bridge, no NAT) running what a serving peer runs for the control
 plane, with no model behind it: a real hivemind DHT node (`start_dht`, with its p2pd), a real
 signed record of one model announced every `--period` seconds by the peer's own `Announcer`
-(both keys, as `run-peer` stores them), and the peer's reads of the model's key: two a period
-(its reachability re-check and its push targets read the records, peer/upkeep.py). Two real
+(both keys, as `run-peer` stores them), and the peer's reads of the model's key through the
+peer's own `records_value`: one a period by default (peer/runtime.py reads them once for every
+step of a period: the reachability re-check, push targets, the plan follower; stop 57's runs
+read twice, `--reads-per-period 2`). Two real
 `hexswarm bootstrap` processes on hosts of their own are the initial peers.
 
 Measured per N, after a warm-up of one period, over `--seconds`:
@@ -22,7 +24,8 @@ Measured per N, after a warm-up of one period, over `--seconds`:
 Not yet in this first part (issue 50 lists them): stand-ins behind NAT (relays, dial-backs), the
 coordinator and the plan watch of auto peers, a monitor, clients routing and generating through
 real peers of a tiny model. Each DHT node costs ~90 MB (its process and p2pd, measured), so
-24 GB holds ~200 stand-ins. Each host has a /24 of its own (`add_host(own_subnet=True)`).
+24 GB holds ~200 stand-ins. Each host has a /24 of its own (`add_host(own_subnet=True)`),
+routed by the internet's namespace.
 
 Needs root (namespaces). Run: python benchmarks/scale.py --peers 25 50 100 [--save]
 """
@@ -48,7 +51,6 @@ from bench_results import save, stamp  # noqa: E402
 
 MODEL_ID = "scale-llama-32b"  # the stand-ins' model: 32 blocks, 8 per stand-in
 NUM_BLOCKS, BLOCKS_EACH = 32, 8
-READS_PER_PERIOD = 2  # a serving peer's reads of its model's key each announce period
 READ_TIMEOUT_S = 10.0
 ANY = "/ip4/0.0.0.0/tcp/0"
 
@@ -85,19 +87,19 @@ def stand_in_record(i: int, peer_id: str, addrs: tuple[str, ...], others: list[s
     )  # fmt: skip
 
 
-async def run_stand_in(dht, announcer, period: float, stop: asyncio.Event, reads: Reads) -> None:
-    """Announces every `period` and reads the model's key READS_PER_PERIOD times, as a peer does."""
-    from hexswarm.swarm.trust.records import PeerState, model_key
+async def run_stand_in(
+    dht, announcer, period: float, reads_per_period: int, stop: asyncio.Event, reads: Reads
+) -> None:
+    """Announces every `period` and reads the model's key `reads_per_period` times, as a peer does."""
+    from hexswarm.swarm.trust.records import PeerState, records_value
 
     await asyncio.sleep(random.uniform(0, period))  # peers start at different times
     while not stop.is_set():
         await announcer.announce(PeerState.ONLINE)
-        for _ in range(READS_PER_PERIOD):
+        for _ in range(reads_per_period):
             began = time.monotonic()
-            try:
-                future = dht.get(model_key(MODEL_ID), latest=True, return_future=True)
-                value = await asyncio.wait_for(asyncio.wrap_future(future), READ_TIMEOUT_S)
-            except (TimeoutError, RuntimeError, OSError):
+            value = await records_value(dht, MODEL_ID, READ_TIMEOUT_S)  # as the peer reads them
+            if value is None:  # none found, an error, or no answer in time (logged)
                 reads.failed += 1
                 continue
             reads.seconds.append(time.monotonic() - began)
@@ -139,10 +141,10 @@ def measure(n: int, args) -> dict:
     from hexswarm.swarm.tools.launcher import LocalSwarm
 
     with tempfile.TemporaryDirectory(prefix="hexswarm-scale-") as tmp, netlab.NetLab(homes=0) as net:
-        # each host in a /24 of its own, as volunteers' machines are (in one /24, p2pd's
-        # connection limits per network refused the 26th stand-in of 50 joining the bootstraps)
-        boot_hosts = [(net.public_ns, netlab.PUBLIC_HOST_IP), net.add_host(1, own_subnet=True)]
-        hosts = [net.add_host(k, own_subnet=True) for k in range(2, n + 3)]  # the last one runs `status`
+        # each host in a /24 of its own, as volunteers' machines are, routed by the internet's
+        # namespace (on one bridge, the kernel's shared ARP table overflowed at ~32 hosts)
+        boot_hosts = [net.add_host(k, own_subnet=True) for k in (1, 2)]
+        hosts = [net.add_host(k, own_subnet=True) for k in range(3, n + 4)]  # the last one runs `status`
         status_ns = hosts.pop()[0]
         with LocalSwarm(Path(tmp)) as swarm:
             for k, (ns, ip) in enumerate(boot_hosts):
@@ -180,7 +182,11 @@ async def _run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args) -> d
         record = stand_in_record(i, peer_ids[i], addrs, others)
         announcer = Announcer(dht, identity, lambda state, r=record: r, NUM_BLOCKS, args.period)
         if not args.join_only:
-            tasks.append(asyncio.create_task(run_stand_in(dht, announcer, args.period, stop, reads)))
+            tasks.append(
+                asyncio.create_task(
+                    run_stand_in(dht, announcer, args.period, args.reads_per_period, stop, reads)
+                )
+            )
     await asyncio.sleep(args.period)  # every stand-in has announced once
     namespaces = [ns for ns, _ in boot_hosts] + [ns for ns, _, _ in nodes]
     before, began = {ns: host_bytes(ns) for ns in namespaces}, time.monotonic()
@@ -188,6 +194,7 @@ async def _run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args) -> d
     await asyncio.sleep(args.seconds)
     elapsed = time.monotonic() - began
     rates = {ns: (host_bytes(ns) - before[ns]) / elapsed for ns in namespaces}
+    read_seconds = list(reads.seconds)  # the window's reads only, not those during `status`
     status_s = await asyncio.to_thread(status_seconds, net, status_ns, swarm.initial_peers)
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -197,15 +204,16 @@ async def _run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args) -> d
         "relayed": 0,
         "clients": 0,
         "period_s": args.period,
+        "reads_per_period": args.reads_per_period,
         "joined_s": round(joined_s, 1),
         "largest_value_bytes": reads.largest_value_bytes,
         "upkeep_bytes_per_peer_s": round(statistics.mean(stand_ins)),
         "node_bytes_s_p99": round(_quantile(list(rates.values()), 0.99)),
         "bootstrap_bytes_s": [round(rates[ns]) for ns, _ in boot_hosts],
-        "reads": len(reads.seconds),
+        "reads": len(read_seconds),
         "reads_failed": reads.failed,
-        "read_s_p50": _rounded(_quantile(reads.seconds, 0.5)),
-        "read_s_p99": _rounded(_quantile(reads.seconds, 0.99)),
+        "read_s_p50": _rounded(_quantile(read_seconds, 0.5)),
+        "read_s_p99": _rounded(_quantile(read_seconds, 0.99)),
         "status_s": round(status_s, 2),
     }
 
@@ -237,6 +245,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--peers", type=int, nargs="+", default=[25, 50, 100])
     parser.add_argument("--period", type=float, default=15.0, help="announce period (run-peer's default)")
+    parser.add_argument(
+        "--reads-per-period", type=int, default=1, help="a stand-in's reads of the model's key a period"
+    )
     parser.add_argument("--seconds", type=float, default=60.0, help="measured time per N")
     parser.add_argument(
         "--join-only",
@@ -251,7 +262,7 @@ def main() -> None:
     if why_not := netlab.available():
         sys.exit(f"scale.py needs network namespaces: {why_not}")
     if max(args.peers) > 597:
-        sys.exit("at most 597 stand-ins: add_host numbers hosts up to 600 (two are bootstraps)")
+        sys.exit("at most 597 stand-ins: add_host numbers hosts up to 600 (two bootstraps, one status)")
     started, lines = stamp(), []
     for n in args.peers:
         line = measure(n, args)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from hivemind.utils import get_dht_time
 
 from hexswarm.swarm.net.identity import Identity
+from hexswarm.swarm.net.replicas import store_own
 from hexswarm.swarm.trust.records import MODELS_KEY, ModelEntry, PeerRecord, PeerState, model_key
 
 logger = logging.getLogger(__name__)
@@ -18,7 +19,8 @@ WARN_AFTER_UNSTORED = 3  # announcements in a row reaching no DHT node before it
 
 
 class Announcer:
-    """Stores `make_record(state)` under this peer's protected subkey every `period` seconds.
+    """Stores `make_record(state)` under this peer's protected subkey every `period` seconds, on
+    the nodes nearest the key as last found (swarm/net/replicas.py: no search each period).
 
     Records live for `ttl_periods` periods, so a peer that vanishes without a word drops out
     of the swarm within that time. hivemind keeps whichever value expires last, so a record
@@ -78,5 +80,4 @@ class Announcer:
             )
 
     async def _store(self, key: str, value: bytes, expiration: float, subkey: bytes) -> bool:
-        future = self.dht.store(key, value, expiration, subkey=subkey, return_future=True)
-        return await asyncio.wrap_future(future)
+        return await store_own(self.dht, key, subkey, value, expiration) > 0

@@ -24,8 +24,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from hexswarm.routing.scheduler.petals_rule import Span, check_delay, choose_start, should_move
-from hexswarm.swarm.coordinator.records import Coordination, Trust, dht_get, read_coordination, trust_text
-from hexswarm.swarm.trust.records import PeerRecord, PeerState, model_key, peer_records_from
+from hexswarm.swarm.coordinator.records import Coordination, Trust, read_coordination, trust_text
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, fetch_peer_records
 
 logger = logging.getLogger(__name__)
 
@@ -155,8 +155,10 @@ class PlanFollower:
 
     async def follow_newer(self, me: PeerRecord) -> bool:
         """Follows the lease holder's plan at once if it is newer than the one followed (the
-        peer's plan watch, every PLAN_WATCH_S); True if it did."""
-        coordination = await read_coordination(self.dht, self.model_id, self.trust)
+        peer's plan watch, every PLAN_WATCH_S); True if it did. It asks only the nodes nearest each
+        key (swarm/net/dht_read.py): it acts only on a newer plan, and `step` (each announce
+        period, every node's answer) is what acts on a lease gone."""
+        coordination = await read_coordination(self.dht, self.model_id, self.trust, every_node=False)
         return coordination.holder is not None and await self._follow(coordination, me)
 
     async def _follow(self, coordination: Coordination, me: PeerRecord) -> bool:
@@ -204,7 +206,7 @@ class PlanFollower:
 
 async def join_range(dht, model_id: str, num_blocks: int, max_blocks: int) -> tuple[int, int]:
     """Where an auto peer starts: Petals' join rule over the records announced right now."""
-    records = peer_records_from(await dht_get(dht, model_key(model_id)), model_id)
+    records = await fetch_peer_records(dht, model_id)
     return initial_range(records, num_blocks, max_blocks or num_blocks)
 
 

@@ -35,7 +35,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from hexswarm.peer.joining import DHT_CLOSE_S
-from hexswarm.swarm.coordinator.records import dht_get
 from hexswarm.swarm.nat.port_relay import RelayLimits, Slot, TunnelSources, hold_slot
 from hexswarm.swarm.nat.reachability.client import ask, ask_many, helper_groups, reachable_verdict
 from hexswarm.swarm.nat.reachability.verdicts import (
@@ -48,7 +47,7 @@ from hexswarm.swarm.net.dht import start_dht
 from hexswarm.swarm.net.dht_process import shutdown_dht
 from hexswarm.swarm.net.dialing import Dialer
 from hexswarm.swarm.net.maddrs import ip_group, peer_id_of, tcp_addr
-from hexswarm.swarm.trust.records import PeerRecord, PeerState, model_key, peer_records_from
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, fetch_peer_records
 
 logger = logging.getLogger(__name__)
 
@@ -352,7 +351,7 @@ async def become_reachable(config, dht, identity, started: float):
         return start_dht(config.initial_peers, identity, config.host_maddrs, client_mode=True)
 
     async def records() -> list[PeerRecord]:
-        return peer_records_from(await dht_get(dht, model_key(config.spec.model_id)), config.spec.model_id)
+        return await fetch_peer_records(dht, config.spec.model_id)
 
     pinned = not any(maddr.rstrip("/").endswith("/tcp/0") for maddr in config.host_maddrs)
     check = Reachability(

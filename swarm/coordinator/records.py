@@ -30,6 +30,7 @@ from typing import Any
 import msgpack
 
 from hexswarm.routing.scheduler.model_spec import OBJECTIVES
+from hexswarm.swarm.net.dht_read import dht_get, get_latest
 from hexswarm.swarm.trust.records import ROLES, block_ranges, parse_signed_entries, unpack_map, warn_once
 
 logger = logging.getLogger(__name__)
@@ -297,18 +298,6 @@ def latest_plan_of(plans: list[PlanRecord], holder: Lease | None) -> PlanRecord 
     return max(own, key=lambda p: p.version, default=None)
 
 
-async def dht_get(dht, key: str, timeout: float = 10.0):
-    """`dht.get(key)` awaited on the event loop (DHT calls stay on one thread), None on failure."""
-    import asyncio
-
-    try:
-        future = dht.get(key, latest=True, return_future=True)
-        return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-    except (TimeoutError, RuntimeError, OSError) as e:
-        logger.warning("reading %s from the DHT failed: %s", key, type(e).__name__)
-        return None
-
-
 def trusted_only(entries: list[tuple[str, Any]], trust: Trust, what: str) -> list[tuple[str, Any]]:
     """The (signer, entry) pairs signed by a trusted coordinator key; others are logged once."""
     if trust is None:
@@ -319,13 +308,19 @@ def trusted_only(entries: list[tuple[str, Any]], trust: Trust, what: str) -> lis
     return [(signer, entry) for signer, entry in entries if signer in trust]
 
 
-async def read_leases(dht, model_id: str, trust: Trust = None) -> list[tuple[str, Lease]]:
-    entries = parse_signed_entries(await dht_get(dht, lease_key(model_id)), Lease.from_bytes)
+async def read_leases(
+    dht, model_id: str, trust: Trust = None, every_node: bool = True
+) -> list[tuple[str, Lease]]:
+    entries = parse_signed_entries(
+        await dht_get(dht, lease_key(model_id), every_node=every_node), Lease.from_bytes
+    )
     return trusted_only(entries, trust, "coordinator lease")
 
 
-async def read_plans(dht, model_id: str, trust: Trust = None) -> list[PlanRecord]:
-    entries = parse_signed_entries(await dht_get(dht, plan_key(model_id)), PlanRecord.from_bytes)
+async def read_plans(dht, model_id: str, trust: Trust = None, every_node: bool = True) -> list[PlanRecord]:
+    entries = parse_signed_entries(
+        await dht_get(dht, plan_key(model_id), every_node=every_node), PlanRecord.from_bytes
+    )
     return plans_from(trusted_only(entries, trust, "plan"), model_id)
 
 
@@ -348,8 +343,11 @@ def coordination_from(
     return Coordination(holder, latest_plan_of(plans, holder), newest, others)
 
 
-async def read_coordination(dht, model_id: str, trust: Trust = None) -> Coordination:
-    leases, plans = await read_leases(dht, model_id, trust), await read_plans(dht, model_id, trust)
+async def read_coordination(dht, model_id: str, trust: Trust = None, every_node: bool = True) -> Coordination:
+    """The lease holder and plans now. `every_node` False asks only the nodes nearest each key
+    (swarm/net/dht_read.py), for a watch that runs every second."""
+    leases = await read_leases(dht, model_id, trust, every_node)
+    plans = await read_plans(dht, model_id, trust, every_node)
     return coordination_from(leases, plans, model_id)
 
 
@@ -359,8 +357,6 @@ def read_coordination_sync(
     """`read_coordination` for synchronous callers (`hexswarm status`, the monitor); each of its
     two reads waits at most `timeout` seconds (swarm.net.dht_read.DHT_READ_TIMEOUT_S), and a read
     that does not finish in time counts as no entries."""
-    from hexswarm.swarm.net.dht_read import get_latest
-
     leases = parse_signed_entries(get_latest(dht, lease_key(model_id), timeout), Lease.from_bytes)
     entries = parse_signed_entries(get_latest(dht, plan_key(model_id), timeout), PlanRecord.from_bytes)
     leases, entries = trusted_only(leases, trust, "coordinator lease"), trusted_only(entries, trust, "plan")

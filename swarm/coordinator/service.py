@@ -32,7 +32,6 @@ from hexswarm.swarm.coordinator.records import (
     Assignment,
     PlanRecord,
     Trust,
-    dht_get,
     inputs_hash,
     plan_key,
     read_coordination,
@@ -46,9 +45,8 @@ from hexswarm.swarm.trust.records import (
     PeerRecord,
     PeerState,
     block_ranges,
-    model_key,
+    fetch_peer_records,
     online_peers_per_block,
-    peer_records_from,
 )
 
 logger = logging.getLogger(__name__)
@@ -155,8 +153,7 @@ class Coordinator:
         self.lost = lost
 
     async def _live_records(self) -> list[PeerRecord]:
-        value = await dht_get(self.dht, model_key(self.config.model_id))
-        records = peer_records_from(value, self.config.model_id)
+        records = await fetch_peer_records(self.dht, self.config.model_id)
         # Peers that have not measured themselves yet (throughput 0) are planned once they have.
         live = [r for r in records if r.state != PeerState.LEAVING and r.throughput > 0]
         return await self._as_observed(live)

@@ -7,8 +7,9 @@ iptables rules go with them).
 
     internet namespace: a bridge, 10.77.0.0/16
       ├── public host namespace "pub": 10.77.0.2 (a bootstrap, a client, a public peer)
-      └── router namespace of home i: WAN 10.77.(10+i).1, MASQUERADE, only replies come in
-            └── host namespace of home i: 192.168.(100+i).2, default route via its router
+      ├── router namespace of home i: WAN 10.77.(10+i).1, MASQUERADE, only replies come in
+      │     └── host namespace of home i: 192.168.(100+i).2, default route via its router
+      └── (add_host(own_subnet=True)) host k on a link of its own, routed: 10.77.(100+k%150).x
 
 Each home's WAN address is in a /24 of its own, as on the internet: limits per IP group
 (peer/admission.py) see one group per home, and another for the public host.
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 
 INTERNET_PREFIX = "10.77.0"
 PUBLIC_HOST_IP = f"{INTERNET_PREFIX}.2"
+INTERNET_GATEWAY = f"{INTERNET_PREFIX}.1"  # the internet namespace's own address, once it routes
 CLONE_NEWNET = 0x40000000
 
 
@@ -85,6 +87,7 @@ class NetLab:
     prefix: str = field(default_factory=lambda: f"hx{secrets.token_hex(2)}")
     namespaces: list[str] = field(default_factory=list)
     home_list: list[Home] = field(default_factory=list)
+    routing: bool = False  # the internet's namespace routes hosts with a subnet of their own
 
     @property
     def internet_ns(self) -> str:
@@ -154,14 +157,19 @@ class NetLab:
         """Another host on the internet with no NAT in front: (its namespace, its address
         10.77.0.(2 + k)). Host 0 is the public host. With `own_subnet`, its address is in a /24
         of its own as most hosts on the internet are, 10.77.(100 + k % 150).(2 + k // 150) (so
-        limits per IP group see one group per host, up to 150 hosts)."""
+        limits per IP group see one group per host, up to 150 hosts), and the internet's
+        namespace routes to it instead of bridging it (`_route_into_internet`)."""
         most = 600 if own_subnet else 200
         if not 1 <= k <= most:
             raise NetLabError(f"host number {k} is outside 1..{most}")
-        ip = f"10.77.{100 + k % 150}.{2 + k // 150}" if own_subnet else f"{INTERNET_PREFIX}.{2 + k}"
         ns = f"{self.prefix}-w{k}"
         self._add_ns(ns)
-        self._plug_into_internet(ns, f"w{k}", f"{ip}/16")
+        if own_subnet:
+            ip = f"10.77.{100 + k % 150}.{2 + k // 150}"
+            self._route_into_internet(ns, f"w{k}", ip)
+        else:
+            ip = f"{INTERNET_PREFIX}.{2 + k}"
+            self._plug_into_internet(ns, f"w{k}", f"{ip}/16")
         return ns, ip
 
     def delay_host(self, ns: str, own_ip: str, one_way_ms: float, port: int = 7070) -> subprocess.Popen:
@@ -211,14 +219,36 @@ class NetLab:
         return Home(i, host, router, f"{lan}.2", wan_ip)
 
     def _plug_into_internet(self, ns: str, tag: str, cidr: str) -> None:
+        outside = self._link_to_internet(ns, tag, cidr)
+        self._run(self.internet_ns, f"ip link set {outside} master br0")
+
+    def _route_into_internet(self, ns: str, tag: str, ip: str) -> None:
+        """A host on a link of its own to the internet's namespace, which routes its address:
+        the host's neighbour table holds the gateway only. The kernel's neighbour (ARP) table is
+        shared by every namespace (1,024 entries by default, net.ipv4.neigh.default.gc_thresh3),
+        so N hosts on one bridge, each talking to all the others, overflow it at ~32 hosts:
+        "neighbor table overflow" in the kernel's log, and the next host's dials fail. Routed,
+        N hosts take ~2N entries. Bridged hosts reach routed ones by proxy ARP on br0."""
+        if not self.routing:
+            self._run(self.internet_ns, f"ip addr add {INTERNET_GATEWAY}/16 dev br0")
+            self._run(self.internet_ns, "sysctl -q -w net.ipv4.ip_forward=1")  # this namespace's own
+            self._run(self.internet_ns, "sysctl -q -w net.ipv4.conf.br0.proxy_arp=1")
+            self.routing = True
+        outside = self._link_to_internet(ns, tag, f"{ip}/32")
+        self._run(self.internet_ns, f"ip route add {ip}/32 dev {outside}")
+        self._run(ns, f"ip route add default via {INTERNET_GATEWAY} dev wan0 onlink")
+
+    def _link_to_internet(self, ns: str, tag: str, cidr: str) -> str:
+        """A veth pair from the internet's namespace to `ns` (there `wan0`, holding `cidr`), both
+        ends up; returns the name of the internet's end."""
         outside, inside = f"{self.prefix}{tag}o", f"{self.prefix}{tag}i"
         self._run(None, f"ip link add {outside} type veth peer name {inside}")
         self._run(None, f"ip link set {outside} netns {self.internet_ns}")
-        self._run(self.internet_ns, f"ip link set {outside} master br0")
         self._run(self.internet_ns, f"ip link set {outside} up")
         self._run(None, f"ip link set {inside} netns {ns} name wan0")
         self._run(ns, f"ip addr add {cidr} dev wan0")
         self._run(ns, "ip link set wan0 up")
+        return outside
 
     def _add_ns(self, ns: str) -> None:
         self._run(None, f"ip netns add {ns}")

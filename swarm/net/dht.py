@@ -113,6 +113,13 @@ def start_dht(
         start=True,
         await_ready=False,  # hivemind's own wait has no deadline: wait_until_joined's has one
         wait_timeout=wait_timeout,
+        # No caches of found or stored values: our values are dictionaries of signed entries
+        # that each writer re-stores every period, so a cached copy is a stale subset (what
+        # this node stored itself, or read last), and re-storing each found value on one
+        # more node (`cache_nearest`) cost a whole value per read.
+        cache_locally=False,
+        cache_on_store=False,
+        cache_nearest=0,
     )
     if announce_maddrs:
         kwargs["announce_maddrs"] = list(announce_maddrs)

@@ -58,11 +58,23 @@ logging.getLogger("hivemind.p2p.p2p_daemon").addFilter(_DaemonClosingNoise())
 
 
 class OwnedDHT(DHT):
-    """A hivemind DHT whose process (and its p2pd) exits when its owner process dies."""
+    """A hivemind DHT whose process (and its p2pd) exits when its owner process dies.
 
-    def __init__(self, *args, **kwargs):
+    A client-mode node never keeps what it stores: hivemind would keep a copy in its own storage
+    when it counts itself among the nodes nearest the key, and no other node stores there, so
+    that copy holds only this node's own entries: a subset that a read may keep, since a read
+    keeps whichever copy it finds that expires last (swarm/net/dht_read.py), and right after a
+    store this one does."""
+
+    def __init__(self, *args, client_mode: bool = False, **kwargs):
         self._owner_pid = os.getpid()  # before super().__init__, which may start the child
-        super().__init__(*args, **kwargs)
+        self.stores_locally = not client_mode
+        super().__init__(*args, client_mode=client_mode, **kwargs)
+
+    def store(self, *args, **kwargs):
+        if not self.stores_locally:
+            kwargs.setdefault("exclude_self", True)
+        return super().store(*args, **kwargs)
 
     def run(self) -> None:  # runs in the child process
         gate = _ExitBetweenSends()

@@ -224,10 +224,25 @@ class ModelEntry:
 
 def read_peer_records(dht, model_id: str, timeout: float | None = None) -> list[PeerRecord]:
     """Every well-formed, correctly signed record of `model_id` currently in the DHT; none (logged)
-    if the DHT does not answer within `timeout` seconds (swarm.net.dht_read.DHT_READ_TIMEOUT_S)."""
+    if the DHT does not answer within `timeout` seconds (swarm.net.dht_read.DHT_READ_TIMEOUT_S).
+    Only the nodes nearest the key are asked: every peer stores its record on them each announce
+    period (swarm/net/dht_read.py)."""
     from hexswarm.swarm.net.dht_read import get_latest
 
-    return peer_records_from(get_latest(dht, model_key(model_id), timeout), model_id)
+    return peer_records_from(get_latest(dht, model_key(model_id), timeout, every_node=False), model_id)
+
+
+async def records_value(dht, model_id: str, timeout: float = 10.0):
+    """The DHT value of `model_key(model_id)` from the nodes nearest it, read on an event loop;
+    None if the DHT has none or does not answer within `timeout` seconds."""
+    from hexswarm.swarm.net.dht_read import dht_get
+
+    return await dht_get(dht, model_key(model_id), timeout, every_node=False)
+
+
+async def fetch_peer_records(dht, model_id: str, timeout: float = 10.0) -> list[PeerRecord]:
+    """`read_peer_records` for code on an event loop (a peer, the coordinator)."""
+    return peer_records_from(await records_value(dht, model_id, timeout), model_id)
 
 
 def peer_records_from(value, model_id: str) -> list[PeerRecord]:
@@ -252,7 +267,7 @@ def read_models(dht, timeout: float | None = None) -> dict[str, int]:
     DHT does not answer within `timeout` seconds (swarm.net.dht_read.DHT_READ_TIMEOUT_S)."""
     from hexswarm.swarm.net.dht_read import get_latest
 
-    value = get_latest(dht, MODELS_KEY, timeout)
+    value = get_latest(dht, MODELS_KEY, timeout, every_node=False)  # re-stored each period
     return models_from(parse_signed_entries(value, ModelEntry.from_bytes))
 
 

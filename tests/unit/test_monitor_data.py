@@ -85,7 +85,7 @@ def test_collect_shows_the_lease_only_of_trusted_coordinator_keys():
     values = {lease_key("m-1"): {stranger.owner_marker: SimpleNamespace(value=claim.to_bytes())}}
 
     class Dht:
-        def get(self, key, latest, return_future):
+        def get(self, key, return_future, **search):
             future = Future()
             entries = values.get(key)
             future.set_result(None if entries is None else SimpleNamespace(value=entries))
