@@ -20,7 +20,7 @@ WARN_AFTER_UNSTORED = 3  # announcements in a row reaching no DHT node before it
 
 class Announcer:
     """Stores `make_record(state)` under this peer's protected subkey every `period` seconds, on
-    the nodes nearest the key as last found (swarm/net/replicas.py: no search each period).
+    the nodes nearest the key (swarm/net/replicas.py: found without pulling the key's value).
 
     Records live for `ttl_periods` periods, so a peer that vanishes without a word drops out
     of the swarm within that time. hivemind keeps whichever value expires last, so a record
