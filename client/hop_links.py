@@ -7,8 +7,9 @@ their results, and closes the sessions or just drops their streams.
 
 Every request carries a deadline from the peer's announced speed (client.deadline), so a
 stalled peer costs about a second, not a fixed minute. A hop that pushes its output on to the
-next peer (peer/push.py) answers only once that push was acked or its wait ran out, so its
-deadline grows by that wait.
+next peer (peer/push.py) answers at once and sends whether the push was taken after its answer
+(`push_failure` reads it while the next hop's answer is awaited); a peer of before answers only
+once that push was acked or its wait ran out, so its deadline grows by that wait.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from hexswarm.client.deadline import PeerSpeed, step_deadline_s, transfer_s
 from hexswarm.client.known_peers import KnownPeers
-from hexswarm.client.remote import PeerConnection, close_sessions, random_session_id
+from hexswarm.client.remote import PeerConnection, PeerError, close_sessions, random_session_id
 from hexswarm.client.retry import RetryBudget, RetryPolicy
 from hexswarm.client.swarm_client import SwarmClient
 from hexswarm.routing.chains.swarm_view import Hop, Route, RouteRequest
@@ -59,6 +60,7 @@ class HopOutput:
 
     hidden: torch.Tensor  # (batch, tokens, H): its output, the next hop's input
     push_error: str  # why its push to the next hop failed ("" = it did, or it pushed nothing)
+    pending: bool = False  # it answered before its push's outcome, which its stream sends next
 
 
 @dataclass
@@ -158,16 +160,40 @@ class HopLinks:
         pushers = [hop, *chain[:-1]]
         ack_ms = min(MAX_ACK_MS, max(1, round(1000 * max(self.push_ack_s(h, hidden) for h in pushers))))
         ack_ms = ack_ms if chain else 0
-        await hop.conn.send(Step(hop.session_id, position, hidden, next_hops, ack_ms))
+        # early: each pushing peer answers before its push is acked (peer/push.py), a crossing less
+        await hop.conn.send(Step(hop.session_id, position, hidden, next_hops, ack_ms, early=bool(chain)))
         return ack_ms / 1000
 
     async def result(self, hop: LiveHop, hidden: torch.Tensor, push_ack_s: float) -> HopOutput:
-        """`hop`'s output for input `hidden`, and why its push failed. The deadline runs from
-        when the previous hop's output came; a hop that pushes (`push_ack_s` > 0, what `send`
-        returned) answers after its push was acked or that wait ran out."""
+        """`hop`'s output for input `hidden`, and why its push failed (or that its outcome comes
+        next: `pending`). The deadline runs from when the previous hop's output came; a hop that
+        pushes (`push_ack_s` > 0, what `send` returned) and answers only once its push was acked
+        (a peer of before) may wait that long more."""
         hop.conn.timeout = self.hop_deadline(hop, hidden) + push_ack_s
-        output, push_error = await hop.conn.step_result(hop.session_id, hidden)
-        return HopOutput(output, push_error)
+        result = await hop.conn.step_result(hop.session_id, hidden)
+        if result.push_pending:
+            hop.conn.expect_outcome(hop.session_id, hop.conn.timeout)
+        return HopOutput(result.hidden, result.push_error, result.push_pending)
+
+    @staticmethod
+    async def push_failure(pusher: LiveHop, receiver: LiveHop) -> str:
+        """After `pusher` answered early: why its push to `receiver` failed, as soon as its
+        outcome says so, or "" once `receiver`'s answer has begun to come (the push reached it)
+        or the outcome says it was taken. The outcome's read has the pusher's deadline."""
+        outcome = pusher.conn.outcome
+        if outcome is None:
+            return ""
+        arrival = asyncio.ensure_future(receiver.conn.answer_begun())
+        try:
+            await asyncio.wait({outcome, arrival}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            arrival.cancel()  # not the read it waits for: that one is the answer's
+        if arrival.done() and not arrival.cancelled() or not outcome.done() or outcome.cancelled():
+            return ""
+        try:
+            return outcome.result()
+        except PeerError as e:  # the pusher went quiet after its answer: whether it pushed is unknown
+            return f"no push outcome from {pusher.conn.peer_name}: {e.message}"
 
     def hop_deadline(self, hop: LiveHop, hidden: torch.Tensor) -> float:
         payload = 2 * hidden.numel() * hidden.element_size()  # in and out

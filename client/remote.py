@@ -36,6 +36,7 @@ from hexswarm.swarm.wire.protocol import (
     Ping,
     Pong,
     ProtocolError,
+    PushAck,
     Step,
     StepResult,
 )
@@ -84,6 +85,9 @@ class PeerConnection:
         self.own_id = ""  # this client's peer id: whose sessions the peer's statements are about
         self.owner_marker = b""  # the peer's public key, from OPENED ("": it signs nothing)
         self.logs: dict[str, CommitmentLog] = {}  # session id -> its steps' commitments
+        self.next_read: asyncio.Task | None = None  # the next frame's read, begun before it was asked for
+        # After an early answer (Step.early): the read of its push's outcome, the stream's next frame
+        self.outcome: asyncio.Task | None = None
 
     @classmethod
     async def connect(cls, p2p, peer_id, peer_name: str, timeout: float = 30.0) -> PeerConnection:
@@ -112,13 +116,52 @@ class PeerConnection:
             raise self._error(None, f"{type(e).__name__}: {e or 'cannot send'}") from None
 
     async def receive(self, expect: type) -> Message:
-        """The next frame, within `timeout`; an ERROR frame or anything but `expect` is a PeerError."""
+        """The next frame, within `timeout`; an ERROR frame or anything but `expect` is a PeerError.
+        A push outcome still to come is read first (it was used already, or it is moot now)."""
+        if self.outcome is not None:
+            outcome, self.outcome = self.outcome, None
+            await asyncio.wait({outcome})  # it has its own deadline
+            if not outcome.cancelled():
+                outcome.exception()  # read, so it is not logged as never retrieved
+        return await self._frame(expect, self.timeout)
+
+    def arrival(self) -> asyncio.Task:
+        """The read of the next frame, begun now if it was not: done once a frame (or the stream's
+        end) has come. `receive` returns that frame."""
+        if self.next_read is None:
+            self.next_read = asyncio.ensure_future(read_frame(self.reader, DEFAULT_MAX_FRAME_BYTES))
+        return self.next_read
+
+    async def answer_begun(self) -> None:
+        """Returns once the next frame after any push outcome still to come has begun to arrive
+        (or the stream ended): an answer, for a stream whose step is out."""
+        if self.outcome is not None:
+            await asyncio.wait({self.outcome})
+        await asyncio.wait({self.arrival()})
+
+    def expect_outcome(self, session_id: str, timeout: float) -> asyncio.Task:
+        """After an early answer: reads the PUSH_ACK that says whether its push reached the next
+        hop; the task returns why not ("" if it did) or raises PeerError."""
+        self.outcome = asyncio.ensure_future(self._push_outcome(session_id, timeout))
+        return self.outcome
+
+    async def _push_outcome(self, session_id: str, timeout: float) -> str:
+        ack = await self._frame(PushAck, timeout)
+        if ack.session_id != session_id:
+            raise self._error(ErrorCode.MALFORMED, f"push outcome for session {ack.session_id!r}")
+        return "" if ack.code == 0 else ack.message or "the push failed"
+
+    async def _frame(self, expect: type, timeout: float) -> Message:
+        reading = self.arrival()
         try:
-            reply = await asyncio.wait_for(read_frame(self.reader, DEFAULT_MAX_FRAME_BYTES), self.timeout)
+            reply = await asyncio.wait_for(asyncio.shield(reading), timeout)
         except ProtocolError as e:
             raise self._error(e.code, f"sent a bad reply: {e.message}") from None
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, OSError) as e:
             raise self._error(None, f"{type(e).__name__}: {e or 'no reply'}") from None
+        finally:
+            reading.cancel()  # a no-op once it is done; a read given up on must not take the next frame
+            self.next_read = None
         if isinstance(reply, Error):
             raise self._error(reply.code, reply.message)
         if not isinstance(reply, expect):
@@ -187,12 +230,12 @@ class PeerConnection:
 
     async def step(self, session_id: str, position: int, hidden: torch.Tensor) -> torch.Tensor:
         await self.send(Step(session_id, position, hidden))
-        output, _ = await self.step_result(session_id, hidden)
-        return output
+        return (await self.step_result(session_id, hidden)).hidden
 
-    async def step_result(self, session_id: str, hidden: torch.Tensor) -> tuple[torch.Tensor, str]:
-        """The output of a step whose input was `hidden` (sent by us, or pushed by the previous
-        peer), checked, and why its push to the next hop failed ("" if it did not)."""
+    async def step_result(self, session_id: str, hidden: torch.Tensor) -> StepResult:
+        """The result of a step whose input was `hidden` (sent by us, or pushed by the previous
+        peer), checked: its output, and why its push to the next hop failed ("" if it did not) or
+        that its outcome is still to come (`push_pending`)."""
         result = await self.receive(StepResult)
         out = result.hidden
         if out.shape != hidden.shape or out.dtype != hidden.dtype:
@@ -207,7 +250,7 @@ class PeerConnection:
         if result.kv_error:
             raise KvTransferError(f"{self.peer_name}: {result.kv_error}")
         self._commit(session_id, result, hidden, out)
-        return out, result.push_error
+        return result
 
     def _commit(self, session_id: str, result: StepResult, hidden: torch.Tensor, out: torch.Tensor) -> None:
         """Checks the step's commitment: it must name the input the client has for it (a pushed
@@ -250,6 +293,9 @@ class PeerConnection:
         await self.request(Close(session_id), Closed)
 
     def close(self) -> None:
+        for task in (self.next_read, self.outcome):
+            if task is not None:
+                task.cancel()
         self.writer.close()
 
 

@@ -263,20 +263,31 @@ class InferenceSession:
         for j in range(i, end):
             hop = self.hops[j]
             inputs[hop.start] = hidden
+            if j > i and self.hops[j - 1].conn.outcome is not None:  # it answered before its push's outcome
+                why = await self.links.push_failure(self.hops[j - 1], hop)
+                if why:
+                    return self._relay_from(j, end, why, hidden)
+                self._pushed(j - 1)
             try:
                 answer = await self._answer(j, i, end, hidden, push_ack_s, clock)
             except PeerError as e:
                 raise _HopFailed(j, e) from None
             hidden = answer.hidden
-            if j + 1 < end and not answer.push_error:
-                hop.pushed = True
-                self.pushes.pushed_into(self.hops[j + 1])
-            elif j + 1 < end:  # the next hop never got the step: the client feeds it for a while
-                steps = self.pushes.push_failed(self.hops, j, end)
-                why = answer.push_error
-                logger.info("session %s: %s; relaying that hop for %d steps", self.session_id, why, steps)
-                return _Reached(hidden, j + 1)
+            if j + 1 < end and answer.push_error:
+                return self._relay_from(j + 1, end, answer.push_error, hidden)
+            if j + 1 < end and not answer.pending:
+                self._pushed(j)
         return _Reached(hidden, end)
+
+    def _pushed(self, j: int) -> None:
+        self.hops[j].pushed = True
+        self.pushes.pushed_into(self.hops[j + 1])
+
+    def _relay_from(self, j: int, end: int, why: str, hidden: torch.Tensor) -> _Reached:
+        """Hop j never got the step pushed (`why`): the client feeds it, and does for a while."""
+        steps = self.pushes.push_failed(self.hops, j - 1, end)
+        logger.info("session %s: %s; relaying that hop for %d steps", self.session_id, why, steps)
+        return _Reached(hidden, j)
 
     async def _answer(
         self, j: int, first: int, end: int, hidden: torch.Tensor, push_ack_s: float, clock: HopClock

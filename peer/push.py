@@ -13,10 +13,14 @@ How a pushed step flows (swarm/wire/protocol.py has the frames):
    their PUSH_ACK by session id), with chain[1:].
 3. The next peer checks the push (the session exists and names the pushing peer as its
    `upstream`, then the usual step checks) and answers PUSH_ACK at once; it computes later.
-4. Only then does the pushing peer send its own STEP_RESULT to the client, with `push_error`
-   set if the push failed (no link, refused, no ack within `ack_ms`). So the client learns
-   every hop's output (its failover history needs them) and whether the next hop has the
-   step: if not, it relays the step to that hop itself (client/session.py).
+4. The pushing peer sends its own STEP_RESULT to the client. A client's step marked `early`
+   (what clients send) is answered at once, with `push_pending`, and the push's outcome follows
+   as a PUSH_ACK on the client's stream (code 0, or PUSH_FAILED and why: no link, refused, no
+   ack within `ack_ms`); else the answer waits for the ack and carries `push_error`. So the
+   client learns every hop's output (its failover history needs them) and whether the next hop
+   has the step: if not, it relays the step to that hop itself (client/session.py). With early
+   answers the ack's round trip is off the token's path: the last hop's output reaches the
+   client after k + 1 crossings for a chain of k peers, not 2k.
 
 Who may push into a session: only the peer id the session's client named as `upstream` in its
 OPEN, over the client's own stream. libp2p authenticates the remote peer id of every stream

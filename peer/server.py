@@ -10,6 +10,8 @@ A step may also arrive pushed by the previous peer of the chain, on that peer's 
 (peer/push.py): it is answered with a PUSH_ACK on the link at once, computed in a task of its
 own (so the link's next push, another session's, is not held up and can join the same decode
 batch), and its result goes to the session's client, on the stream that opened the session.
+A step marked `early` is answered before its own push is acked, and the push's outcome follows
+(`_answer_then_push`); a session's next answer never overtakes that outcome.
 
 Disaggregated prefill and decode: a prefill session's step sends each of its layers' keys and
 values (KV_PUSH) to the decode sessions its OPEN named, over the same links, before the step is
@@ -91,6 +93,7 @@ class PeerServer:
         self.pusher: PushLinks | None = None  # links to next peers (set once the p2p handle is up)
         self.clients: dict[str, asyncio.StreamWriter] = {}  # session id -> the stream that opened it
         self.tasks: set[asyncio.Task] = set()  # pushed steps being computed
+        self.outcomes: dict[str, asyncio.Future] = {}  # session key -> its early answer's push, until told
         # The peer's identity (swarm/net/identity.py): signs its sessions' commitments; None signs nothing.
         self.signer = None
         self.format = ""  # the format it computes in, named in what it signs: none set, nothing signed
@@ -230,10 +233,34 @@ class PeerServer:
         result = self._commit(session, message.hidden, result)
         if session.kv_to:
             result = replace(result, kv_error=await self._send_kv(session))
-        if message.chain and not result.kv_error:
-            result = replace(result, push_error=await self._forward(result, message, session.owner))
-        await self._send(writer, result)
-        self._note(job, arrived, queued, time.perf_counter())
+        if (told := self.outcomes.get(session.key)) is not None:
+            await asyncio.shield(told)  # a step's answer never overtakes the last one's push outcome
+        if message.chain and not result.kv_error and message.early:
+            answered = await self._answer_then_push(session.key, result, message, session.owner, writer)
+        else:
+            if message.chain and not result.kv_error:
+                result = replace(result, push_error=await self._forward(result, message, session.owner))
+            await self._send(writer, result)
+            answered = time.perf_counter()
+        self._note(job, arrived, queued, answered)
+
+    async def _answer_then_push(
+        self, key: str, result: StepResult, message: Step, owner: str, writer
+    ) -> float:
+        """An early answer (Step.early): the output goes to the client now, then the push, whose
+        outcome follows on the client's stream as a PUSH_ACK; the next step's answer waits for it.
+        Returns when the answer was sent."""
+        outcome = self.outcomes[key] = asyncio.get_running_loop().create_future()
+        try:
+            await self._send(writer, replace(result, push_pending=True))
+            answered = time.perf_counter()
+            why = await self._forward(result, message, owner)
+            await self._send(writer, PushAck(message.session_id, ErrorCode.PUSH_FAILED if why else 0, why))
+            return answered
+        finally:
+            outcome.set_result(None)
+            if self.outcomes.get(key) is outcome:
+                del self.outcomes[key]
 
     def _commit(self, session, hidden, result: StepResult) -> StepResult:
         """Folds the step into the session's commitments; signs them every SIGN_EVERY steps."""
@@ -268,7 +295,7 @@ class PeerServer:
         hidden = result.hidden
         if self.faults is not None and self.faults.equivocates:
             hidden = self.faults.other_output(hidden)
-        step = Step(head.session_id, message.position, hidden, rest, message.ack_ms, owner)
+        step = Step(head.session_id, message.position, hidden, rest, message.ack_ms, owner, message.early)
         return await self.pusher.push(head.peer_id, step, message.ack_ms / 1000)
 
     async def _send_kv(self, session) -> str:
@@ -289,14 +316,11 @@ class PeerServer:
                 if why:
                     return f"keys and values of layers [{layers[0]}:{layers[-1] + 1}): {why}"
                 sent += keys.nbytes + values.nbytes
+        ms, s = 1000 * (time.perf_counter() - began), session
         logger.info(
             "session %s: sent %d tokens of keys and values, %d bytes, to %d decode session(s) in %.0f ms",
-            session.session_id,
-            session.position,
-            sent,
-            len(session.kv_to),
-            1000 * (time.perf_counter() - began),
-        )
+            s.session_id, s.position, sent, len(s.kv_to), ms,
+        )  # fmt: skip
         return ""
 
     async def _kv_pushed(self, message: KvPush, remote: str, link) -> bool:

@@ -25,6 +25,7 @@ class ErrorCode(enum.IntEnum):
     BAD_STATE = 11  # e.g. STEP before OPEN, second OPEN on one stream
     INTERNAL = 12
     PEER_FAILED = 13  # part of the peer (a tensor-parallel rank) died or hung; the peer is leaving
+    PUSH_FAILED = 14  # in a PUSH_ACK to a client: the push of its step to the next hop failed
     # 20+: admission limits per remote (peer/admission.py)
     RATE_LIMITED = 20  # over the steps per second of a session; retry a little later
     REMOTE_LIMIT = 21  # this remote already holds its share of the peer's streams or sessions

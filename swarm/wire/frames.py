@@ -100,6 +100,8 @@ def encode(message: Message) -> bytes:
                 body["ack_ms"] = message.ack_ms
             if message.owner:
                 body["owner"] = message.owner
+            if message.early:
+                body["early"] = True
         case StepResult():
             body.update(
                 t=MsgType.STEP_RESULT, session=message.session_id, hidden=encode_tensor(message.hidden)
@@ -112,6 +114,8 @@ def encode(message: Message) -> bytes:
                 body["digest"] = message.digest
             if message.signature:
                 body["signature"] = message.signature
+            if message.push_pending:
+                body["pending"] = True
         case KvPush():
             body.update(
                 t=MsgType.KV_PUSH,
@@ -221,7 +225,8 @@ def _decode_step(f: dict) -> Step:
     if not 0 <= ack_ms <= MAX_ACK_MS or (chain and not ack_ms):
         raise ProtocolError(ErrorCode.MALFORMED, f"ack_ms must be in 1..{MAX_ACK_MS} with a chain or a push")
     hidden = decode_tensor(f.get("hidden"))
-    return Step(_session(f), field(f, "position", int), hidden, chain, ack_ms, _owner(f))
+    early = optional_field(f, "early", bool, False)
+    return Step(_session(f), field(f, "position", int), hidden, chain, ack_ms, _owner(f), early)
 
 
 def _owner(f: dict) -> str:
@@ -247,7 +252,9 @@ def _decode_step_result(f: dict) -> StepResult:
         raise ProtocolError(
             ErrorCode.MALFORMED, f"a step's digest has {DIGEST_BYTES} bytes, got {len(digest)}"
         )
-    return StepResult(_session(f), decode_tensor(f.get("hidden")), error, kv_error, digest, signature)
+    pending = optional_field(f, "pending", bool, False)
+    hidden = decode_tensor(f.get("hidden"))
+    return StepResult(_session(f), hidden, error, kv_error, digest, signature, pending)
 
 
 def _signature(signature: bytes) -> bytes:

@@ -11,7 +11,10 @@ Push between peers: a client's STEP may carry a `chain` of next hops; the peer t
 output as a STEP straight to chain[0] (over its own stream to that peer), which answers
 PUSH_ACK at once and later sends its STEP_RESULT to the session's client, and so on
 (peer/push.py). A peer accepts a pushed STEP only for a session whose client named the
-pushing peer as its `upstream` when opening it.
+pushing peer as its `upstream` when opening it. A client's STEP marked `early` is answered as
+soon as its output is computed (STEP_RESULT with `push_pending`), and the push's outcome follows
+on the client's stream as a PUSH_ACK (code 0: the next peer took it), so the next peer's ack is
+not on the token's path: a token through k peers crosses k + 1 links.
 
 Disaggregated prefill and decode (HexGen-2): a client opens a *decode* session naming the peers
 that will compute its prompt (`kv_from`), then a *prefill* session on each of those peers naming
@@ -52,7 +55,8 @@ class MsgType(enum.IntEnum):
     PING = 7  # client -> peer: round-trip measurement, also before OPEN
     PONG = 8
     ERROR = 9  # peer -> client
-    PUSH_ACK = 10  # peer -> peer: a pushed STEP (or KV_PUSH) was accepted (code 0) or refused
+    PUSH_ACK = 10  # peer -> peer: a pushed STEP (or KV_PUSH) was accepted (code 0) or refused;
+    # peer -> client: after an early STEP_RESULT, whether its push was taken (code 0) or not
     KV_PUSH = 11  # prefill peer -> decode peer: consecutive layers' keys and values of a prompt
     ATTEST = 12  # client -> peer: sign the session's commitments up to now (swarm/wire/commitments.py)
     ATTESTED = 13
@@ -115,6 +119,11 @@ class Step:
     # A pushed step: the client (peer id) whose session it feeds; sessions live in their
     # opener's namespace (peer/core.py), so a push names whose session it means.
     owner: str = ""
+    # With a chain: answer the client as soon as the output is computed, before the next peer
+    # acks the push (a STEP_RESULT with push_pending), then send the push's outcome as a PUSH_ACK
+    # on the same stream. Carried on to every pushed step of the chain. False: the answer
+    # waits for the ack and carries push_error (what peers and clients of before did).
+    early: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,6 +134,7 @@ class StepResult:
     kv_error: str = ""  # a prefill session's keys and values did not all reach their decode peers: why
     digest: bytes = b""  # H(input), 8 bytes (swarm/wire/commitments.py); b"" from older peers
     signature: bytes = b""  # every SIGN_EVERY steps: the signed statement of the session so far
+    push_pending: bool = False  # answered early (Step.early): a PUSH_ACK with the push's outcome follows
 
 
 @dataclass(frozen=True)

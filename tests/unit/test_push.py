@@ -53,6 +53,9 @@ def test_push_fields_round_trip():
     assert decode(encode(Open("s", "m", 0, 2, 8, 1, "float32"))).upstream == ""
     assert decode(encode(StepResult("s", hidden, "refused"))).push_error == "refused"
     assert decode(encode(PushAck("s"))) == PushAck("s", 0, "")
+    assert decode(encode(Step("s.1", 0, hidden, chain, 750, early=True))).early
+    assert not decode(encode(Step("s.1", 0, hidden, chain, 750))).early
+    assert decode(encode(StepResult("s", hidden, push_pending=True))).push_pending
     assert decode(encode(PushAck("s", ErrorCode.BUSY, "full"))).code == ErrorCode.BUSY
 
 
@@ -261,6 +264,31 @@ async def test_a_failed_push_is_reported_to_the_client_and_leaves_the_next_hop_a
         assert b.core.get("h2", "client").position == 0 and to_b.replies.empty()
         # The client then relays that hop itself.
         assert isinstance(await to_b.ask(Step("h2", 0, out_a.hidden)), StepResult)
+        await to_a.end()
+        await to_b.end()
+
+
+@pytest.mark.parametrize("mode", [None, "refuse", "drop"])
+@pytest.mark.asyncio
+async def test_an_early_step_is_answered_before_its_push_and_the_outcome_follows(spec, mode):
+    """Step.early: A's answer comes first (push_pending), then a PUSH_ACK on the client's stream
+    saying whether B took the push; B's answer is the same as when A waited for the ack."""
+    hidden = torch.randn(1, 2, HIDDEN)
+    async with linked(spec, FaultPlan(push=mode) if mode else None) as (a, b):
+        to_a, to_b = Stream(a, "client"), Stream(b, "client")
+        await to_a.ask(_open(spec, "h1"))
+        await to_b.ask(_open(spec, "h2", upstream="A"))
+        out_a = await to_a.ask(Step("h1", 0, hidden, (NextHop("B", "h2"),), ack_ms=500, early=True))
+        assert isinstance(out_a, StepResult) and out_a.push_pending and out_a.push_error == ""
+        outcome = await to_a.reply()
+        assert isinstance(outcome, PushAck) and outcome.session_id == "h1"
+        if mode is None:
+            assert outcome.code == 0 and isinstance(await to_b.reply(), StepResult)
+        else:
+            assert outcome.code == ErrorCode.PUSH_FAILED and outcome.message, outcome
+            assert b.core.get("h2", "client").position == 0 and to_b.replies.empty()
+        next_a = await to_a.ask(Step("h1", 2, hidden[:, :1]))  # the stream goes on as before
+        assert isinstance(next_a, StepResult) and not next_a.push_pending
         await to_a.end()
         await to_b.end()
 
