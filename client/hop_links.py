@@ -82,17 +82,20 @@ class HopLinks:
         kv_from: list[tuple[str, ...]] | None = None,
         kv_to: list[tuple[KvTarget, ...]] | None = None,
         prompt_length: int = 0,
+        pipelined: bool = False,
     ) -> list[LiveHop]:
         """Opens a session on each hop of `route`, the first taking pushes from `upstream`; with
         `kv_from` / `kv_to` (one entry per hop), decode sessions that take a prompt's keys and
         values (of `prompt_length` tokens), or prefill sessions that send them. The hops open
         all at once (each names the peer before it in the route, known already), so a chain of
-        any length costs one round trip before its first step, not one per hop. On any error,
-        every stream opened is dropped and the first hop's error (in route order) raised."""
+        any length costs one round trip before its first step, not one per hop; `pipelined`,
+        none: the OPENs are sent and the first step follows them (a refused OPEN fails that
+        step's hop, which fails over like any). On any error, every stream opened is dropped
+        and the first hop's error (in route order) raised."""
         upstreams = [upstream, *(hop.peer_id for hop in route.hops[:-1])]
         outcomes = await asyncio.gather(
             *(
-                self._open_hop(index, hop, upstreams[index], kv_from, kv_to, prompt_length)
+                self._open_hop(index, hop, upstreams[index], kv_from, kv_to, prompt_length, pipelined)
                 for index, hop in enumerate(route.hops)
             ),
             return_exceptions=True,
@@ -105,7 +108,7 @@ class HopLinks:
         return opened
 
     async def _open_hop(
-        self, index: int, hop: Hop, upstream: str, kv_from, kv_to, prompt_length: int
+        self, index: int, hop: Hop, upstream: str, kv_from, kv_to, prompt_length: int, pipelined: bool
     ) -> LiveHop:
         live = await self._dial(hop, upstream)
         try:
@@ -121,6 +124,7 @@ class HopLinks:
                 kv_from=kv_from[index] if kv_from else (),
                 kv_to=kv_to[index] if kv_to else (),
                 prompt_length=prompt_length if kv_from else 0,
+                wait=not pipelined,
             )
         except BaseException:
             live.conn.close()

@@ -88,6 +88,7 @@ class PeerConnection:
         self.next_read: asyncio.Task | None = None  # the next frame's read, begun before it was asked for
         # After an early answer (Step.early): the read of its push's outcome, the stream's next frame
         self.outcome: asyncio.Task | None = None
+        self.opening: asyncio.Task | None = None  # an OPEN sent without waiting: the read of its answer
 
     @classmethod
     async def connect(cls, p2p, peer_id, peer_name: str, timeout: float = 30.0) -> PeerConnection:
@@ -117,7 +118,11 @@ class PeerConnection:
 
     async def receive(self, expect: type) -> Message:
         """The next frame, within `timeout`; an ERROR frame or anything but `expect` is a PeerError.
-        A push outcome still to come is read first (it was used already, or it is moot now)."""
+        A push outcome still to come is read first (it was used already, or it is moot now), and
+        the answer to an OPEN sent without waiting before that: a refused OPEN raises here."""
+        if self.opening is not None:
+            opening, self.opening = self.opening, None
+            await opening
         if self.outcome is not None:
             outcome, self.outcome = self.outcome, None
             await asyncio.wait({outcome})  # it has its own deadline
@@ -135,8 +140,9 @@ class PeerConnection:
     async def answer_begun(self) -> None:
         """Returns once the next frame after any push outcome still to come has begun to arrive
         (or the stream ended): an answer, for a stream whose step is out."""
-        if self.outcome is not None:
-            await asyncio.wait({self.outcome})
+        for before in (self.opening, self.outcome):
+            if before is not None:
+                await asyncio.wait({before})
         await asyncio.wait({self.arrival()})
 
     def expect_outcome(self, session_id: str, timeout: float) -> asyncio.Task:
@@ -190,10 +196,13 @@ class PeerConnection:
         kv_from: tuple[str, ...] = (),
         kv_to: tuple[KvTarget, ...] = (),
         prompt_length: int = 0,
+        wait: bool = True,
     ) -> None:
         """Opens a session; `upstream` is the peer allowed to push steps into it (peer/push.py);
         `kv_from` the prefill peers whose keys and values it takes (of `prompt_length` tokens),
-        `kv_to` where a prefill session sends its own (swarm/wire/protocol.py)."""
+        `kv_to` where a prefill session sends its own (swarm/wire/protocol.py). `wait` False
+        sends the OPEN and returns: the first step follows it without a round trip between, and
+        the OPEN's answer is read before that step's (a refusal fails the step)."""
         dtype_name = DTYPE_NAMES[dtype]
         message = Open(
             session_id,
@@ -208,15 +217,24 @@ class PeerConnection:
             kv_to,
             prompt_length,
         )
-        opened = await self.request(message, Opened)
+        await self.send(message)
+        if wait:
+            await self._opened(message, self.timeout)
+        else:
+            self.opening = asyncio.ensure_future(self._opened(message, self.timeout))
+
+    async def _opened(self, message: Open, timeout: float) -> None:
+        """Reads the OPEN's answer and takes what it says: the key the peer signs with, and the
+        session's commitment log."""
+        opened, m = await self._frame(Opened, timeout), message
         if opened.owner_marker:
             self._take_key(opened.owner_marker)
             if opened.format not in TOLERANCES:  # its signed statements name it: a known one
                 raise self._error(ErrorCode.MALFORMED, f"computes in an unknown format {opened.format!r}")
-        if kv_from and not prompt_length:
+        if m.kv_from and not m.prompt_length:
             return  # it starts where its pushed prompt ends, which the client did not say
-        about = SessionId(model_id, self.own_id, session_id, start, end, opened.format)
-        self.logs[session_id] = CommitmentLog(about, first=prompt_length if kv_from else 0)
+        about = SessionId(m.model_id, self.own_id, m.session_id, m.start, m.end, opened.format)
+        self.logs[m.session_id] = CommitmentLog(about, first=m.prompt_length if m.kv_from else 0)
 
     def _take_key(self, owner_marker: bytes) -> None:
         """The public key the peer says it signs with must be the one its peer id is made of."""
@@ -293,7 +311,7 @@ class PeerConnection:
         await self.request(Close(session_id), Closed)
 
     def close(self) -> None:
-        for task in (self.next_read, self.outcome):
+        for task in (self.next_read, self.outcome, self.opening):
             if task is not None:
                 task.cancel()
         self.writer.close()

@@ -67,7 +67,8 @@ class SpanRepair:
             hops: list[LiveHop] = []
             try:
                 route = await self.chooser.route(start, end, formats)
-                hops = await self.links.open(route, upstream)
+                # Nothing to replay (a session opening): its first step follows the OPENs at once.
+                hops = await self.links.open(route, upstream, pipelined=inputs is None)
                 return await self._replay_all(hops, inputs)
             except NoRouteError as e:
                 self.failures.failed(None, start, end, f"no route: {e}")

@@ -102,7 +102,7 @@ class _Links:
     def __init__(self, dead: set[str]):
         self.dead, self.steps = dead, []
 
-    async def open(self, route: Route, upstream: str) -> list[LiveHop]:
+    async def open(self, route: Route, upstream: str, pipelined: bool = False) -> list[LiveHop]:
         hops, previous = [], upstream
         for hop in route.hops:
             hops.append(_hop(hop.peer_id, hop.start, hop.end, previous))
