@@ -342,7 +342,7 @@ class _Peer:
 
     def _services(self, routine: Upkeep, stop: asyncio.Event):
         """(name, coroutine) of each background service this peer runs while serving."""
-        if self.follower is not None:  # an auto peer follows a new plan within PLAN_WATCH_S
+        if self.follower is not None:  # an auto peer follows a new plan (peer/plan_follower.py)
             yield "plan watch", routine.watch_plans(stop)
         yield "bans", self.evidence.watch_bans(stop)  # bans lifted or expired stop refusing within 10 s
         group = self.stacks.group

@@ -4,7 +4,8 @@ the swarm's records and plans, and logging where its steps' time went.
 - `Upkeep.coordinate`, every announce period: the peers it may push to, round trips to them
   (peer/link_probe.py), and for an auto peer the plan or Petals' rule (peer/plan_follower.py);
 - `Upkeep.watch_plans`, a service beside it: an auto peer follows a newly published plan within
-  PLAN_WATCH_S (hivemind has no subscriptions, so the plan's small key is read that often);
+  PLAN_WATCH_S while a coordinator holds the lease (hivemind has no subscriptions, so the plan's
+  small key is read that often), and reads it less often while none does;
 - `log_hop_cost`, every announce period and at the end.
 
 Everything here reads remote input, so a failed step is logged and the peer goes on serving.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 from hexswarm.peer.announcer import Announcer
 from hexswarm.peer.link_probe import LinkProbe
-from hexswarm.peer.plan_follower import PLAN_WATCH_S, PlanFollower
+from hexswarm.peer.plan_follower import PlanFollower
 from hexswarm.peer.push import SwarmMembers
 from hexswarm.swarm.trust.records import PeerRecord, PeerState
 
@@ -64,10 +65,14 @@ class Upkeep:
             logger.exception("coordination step failed")
 
     async def watch_plans(self, stop: asyncio.Event) -> None:
-        """An auto peer follows a newly published plan within PLAN_WATCH_S."""
+        """An auto peer follows a newly published plan within PLAN_WATCH_S while a coordinator
+        holds the lease, within PLAN_WATCH_IDLE_S of one appearing (peer/plan_follower.py)."""
         while not stop.is_set():
+            wait = self.follower.watch_wait()
+            if wait is None:  # it trusts no coordinator: nothing to watch for
+                return
             try:
-                await asyncio.wait_for(stop.wait(), timeout=PLAN_WATCH_S)
+                await asyncio.wait_for(stop.wait(), timeout=wait)
             except TimeoutError:
                 pass
             if stop.is_set() or self.moving():
