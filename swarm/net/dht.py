@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -128,7 +129,7 @@ def start_dht(
     if identity is not None:
         kwargs["identity_path"] = str(identity.identity_path)
     check_initial_peers(initial_peers)
-    with _children_ignore_ctrl_c():
+    with _children_ignore_ctrl_c(), _child_collects_none_of_ours():
         dht = OwnedDHT(**kwargs)
     if not await_ready:
         return dht
@@ -140,7 +141,7 @@ def start_dht(
         # child then aborts at its first torch call (std::system_error, SIGABRT: seen in a full
         # test run). A fresh fork does not inherit that moment.
         logger.warning("%s; starting it once more", e)
-        with _children_ignore_ctrl_c():
+        with _children_ignore_ctrl_c(), _child_collects_none_of_ours():
             dht = OwnedDHT(**kwargs)
         wait_until_joined(dht, initial_peers, start_timeout)
     return dht
@@ -192,6 +193,21 @@ def _joining_error(error: Exception, initial_peers: Sequence[str]) -> Exception:
             f"p2pd cannot read an initial peer: {text.split('failed to parse', 1)[1].strip()}"
         )
     return error
+
+
+@contextlib.contextmanager
+def _child_collects_none_of_ours():
+    """hivemind forks the DHT node's process from this one, whose other threads (a client's, a
+    peer's compute thread) hold torch objects. In the child those threads are gone, objects only
+    they reached are garbage, and the child's cycle collector finalizing them aborted it (SIGABRT
+    while "Garbage-collecting", twice in a row in one full test run). Frozen before the fork,
+    every object the child inherits is out of its collector's reach (CPython's advice for
+    fork, `gc.freeze`); the parent's are collected again once the child is started."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @contextlib.contextmanager

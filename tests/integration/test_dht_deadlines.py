@@ -220,3 +220,28 @@ def test_a_dht_node_whose_process_dies_as_it_starts_is_started_once_more(
     monkeypatch.setattr(dht_process.OwnedDHT, "run", run_dying)
     with pytest.raises(DHTStartError, match="ended as it started"):
         start_dht(bootstrap, None, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+
+
+def test_the_dht_child_collects_none_of_the_objects_it_inherits(bootstrap, monkeypatch, tmp_path):
+    """What aborted a child twice in a row in one full run: its cycle collector finalizing what
+    the parent's other threads held. Every object it inherits is frozen (gc.freeze) at the fork,
+    and the parent's are collected again once the child is started."""
+    import gc
+
+    from hexswarm.swarm.net import dht_process
+
+    frozen = tmp_path / "frozen"
+    real_run = dht_process.OwnedDHT.run
+
+    def run_counting(self):  # in the child
+        frozen.write_text(str(gc.get_freeze_count()))
+        real_run(self)
+
+    monkeypatch.setattr(dht_process.OwnedDHT, "run", run_counting)
+    before = gc.get_freeze_count()
+    dht = start_dht(bootstrap, None, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    try:
+        assert int(frozen.read_text()) > before + 1000  # the parent's objects, out of the child's reach
+        assert gc.get_freeze_count() == before
+    finally:
+        shutdown_dht(dht, 5.0)
