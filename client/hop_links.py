@@ -192,7 +192,8 @@ class HopLinks:
             await asyncio.wait({outcome, arrival}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             arrival.cancel()  # not the read it waits for: that one is the answer's
-        if arrival.done() and not arrival.cancelled() or not outcome.done() or outcome.cancelled():
+        answered = arrival.done() and not arrival.cancelled()  # the push got there
+        if answered or not outcome.done() or outcome.cancelled():
             return ""
         try:
             return outcome.result()

@@ -260,10 +260,11 @@ class InferenceSession:
             raise _HopFailed(i, e) from None
         clock = HopClock(self.swarm, sent, decode=tuple(hidden.shape[:2]) == (1, 1))
         self.pushes.sent(i, end)  # corrected below if a push fails
+        outcome_due = False  # the hop before answered ahead of its push's outcome
         for j in range(i, end):
             hop = self.hops[j]
             inputs[hop.start] = hidden
-            if j > i and self.hops[j - 1].conn.outcome is not None:  # it answered before its push's outcome
+            if outcome_due:
                 why = await self.links.push_failure(self.hops[j - 1], hop)
                 if why:
                     return self._relay_from(j, end, why, hidden)
@@ -272,7 +273,7 @@ class InferenceSession:
                 answer = await self._answer(j, i, end, hidden, push_ack_s, clock)
             except PeerError as e:
                 raise _HopFailed(j, e) from None
-            hidden = answer.hidden
+            hidden, outcome_due = answer.hidden, answer.pending
             if j + 1 < end and answer.push_error:
                 return self._relay_from(j + 1, end, answer.push_error, hidden)
             if j + 1 < end and not answer.pending:

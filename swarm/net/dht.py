@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 if (
     TYPE_CHECKING
 ):  # hivemind loads when a node starts: `--help` of the commands that join does not wait for it
+    from hexswarm.swarm.net.dht_process import OwnedDHT
     from hexswarm.swarm.net.identity import Identity
 
 # The public swarm's bootstrap nodes ship as data (swarm/net/public_peers.txt), overridable with
@@ -103,8 +104,6 @@ def start_dht(
     """
     from hivemind.dht.crypto import RSASignatureValidator
 
-    from hexswarm.swarm.net.dht_process import OwnedDHT
-
     validator = RSASignatureValidator(identity.private_key if identity else None)
     kwargs = dict(
         initial_peers=list(initial_peers),
@@ -129,8 +128,7 @@ def start_dht(
     if identity is not None:
         kwargs["identity_path"] = str(identity.identity_path)
     check_initial_peers(initial_peers)
-    with _children_ignore_ctrl_c(), _child_collects_none_of_ours():
-        dht = OwnedDHT(**kwargs)
+    dht = _fork_node(kwargs)
     if not await_ready:
         return dht
     try:
@@ -141,8 +139,7 @@ def start_dht(
         # child then aborts at its first torch call (std::system_error, SIGABRT: seen in a full
         # test run). A fresh fork does not inherit that moment.
         logger.warning("%s; starting it once more", e)
-        with _children_ignore_ctrl_c(), _child_collects_none_of_ours():
-            dht = OwnedDHT(**kwargs)
+        dht = _fork_node(kwargs)
         wait_until_joined(dht, initial_peers, start_timeout)
     return dht
 
@@ -193,6 +190,14 @@ def _joining_error(error: Exception, initial_peers: Sequence[str]) -> Exception:
             f"p2pd cannot read an initial peer: {text.split('failed to parse', 1)[1].strip()}"
         )
     return error
+
+
+def _fork_node(kwargs: dict) -> OwnedDHT:
+    """The node's process, forked from this one (hivemind's DHT is a ForkProcess)."""
+    from hexswarm.swarm.net.dht_process import OwnedDHT
+
+    with _children_ignore_ctrl_c(), _child_collects_none_of_ours():
+        return OwnedDHT(**kwargs)
 
 
 @contextlib.contextmanager
