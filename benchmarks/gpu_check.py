@@ -115,7 +115,7 @@ def make_checkpoint(directory: Path, shape: dict, device: torch.device, seed: in
 
 class LocalParts:
     """The client's own part of the model: embeddings, final norm and LM head, loaded from the
-    checkpoint in the compute dtype, as client/model.py's `_build_local_parts` does."""
+    checkpoint in the compute dtype, as client/local_parts.py's `build_local_parts` does."""
 
     def __init__(self, reference: LlamaForCausalLM):
         # The same checkpoint tensors in the same dtype that the client would load; copied so

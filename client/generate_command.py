@@ -31,6 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--sample", action="store_true", help="sample (seed 0) instead of greedy decoding")
     parser.add_argument(
+        "--speculate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="greedy: draft tokens from the context and check several in one pass through the chain, "
+        "as many as pays (docs/speculation.md; the output is the same either way)",
+    )
+    parser.add_argument(
         "--coverage-timeout",
         type=cli_args.positive_float,
         default=60.0,
@@ -112,6 +119,8 @@ def _generate(model, tokenizer, kind: str, text: str, input_ids, args) -> None:
     once every step is checked."""
     import torch
 
+    from hexswarm.client.drafting import MAX_DRAFTS
+
     torch.manual_seed(0)
     print(f"{kind}: {text!r}", flush=True)
     streamer = None if model.verify else output_printer(tokenizer)
@@ -123,6 +132,7 @@ def _generate(model, tokenizer, kind: str, text: str, input_ids, args) -> None:
             do_sample=args.sample,
             pad_token_id=tokenizer.pad_token_id,
             streamer=streamer,
+            **({"prompt_lookup_num_tokens": MAX_DRAFTS} if args.speculate and not args.sample else {}),
         )
     except BaseException:
         if streamer is not None:

@@ -48,6 +48,14 @@ class InputHistory:
         for start, chunks in self._chunks.items():
             chunks.append(inputs[start])
 
+    def drop_last(self, tokens: int) -> None:
+        """Forgets the last `tokens` each boundary was sent: drafted tokens the client rejected
+        (a roll-back, docs/speculation.md), which no replay may feed a new peer."""
+        for start in self._chunks:
+            kept = self.inputs(start)
+            if kept is not None:
+                self._chunks[start] = [kept[:, : max(0, kept.shape[1] - tokens)]]
+
     def replace(self, start: int, full: torch.Tensor) -> None:
         """Sets what boundary `start` has seen to `full` (from a replay), if it is kept."""
         if start in self._chunks:

@@ -42,6 +42,9 @@ class HopCheck(Protocol):
         """`hop` turned `hidden_in` (batch, tokens, H) at `position` into `output`; called before
         the step's inputs join the session's history."""
 
+    def rolled_back(self, position: int) -> None:
+        """The session dropped every token from `position` on (rejected drafts): forget them."""
+
     async def finish(self) -> None:
         """A generation is about to return: settle every step not checked yet."""
 

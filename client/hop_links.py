@@ -168,13 +168,13 @@ class HopLinks:
         await hop.conn.send(Step(hop.session_id, position, hidden, next_hops, ack_ms, early=bool(chain)))
         return ack_ms / 1000
 
-    async def result(self, hop: LiveHop, hidden: torch.Tensor, push_ack_s: float) -> HopOutput:
+    async def result(self, hop: LiveHop, hidden: torch.Tensor, position: int, push_ack_s: float) -> HopOutput:
         """`hop`'s output for input `hidden`, and why its push failed (or that its outcome comes
         next: `pending`). The deadline runs from when the previous hop's output came; a hop that
         pushes (`push_ack_s` > 0, what `send` returned) and answers only once its push was acked
         (a peer of before) may wait that long more."""
         hop.conn.timeout = self.hop_deadline(hop, hidden) + push_ack_s
-        result = await hop.conn.step_result(hop.session_id, hidden)
+        result = await hop.conn.step_result(hop.session_id, hidden, position)
         if result.push_pending:
             hop.conn.expect_outcome(hop.session_id, hop.conn.timeout)
         return HopOutput(result.hidden, result.push_error, result.push_pending)

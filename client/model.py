@@ -22,11 +22,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from hexswarm.client.drafting import DraftLength, PacedDrafts, rolls_back
 from hexswarm.client.evidence_sync import EVIDENCE_ROUND_S, EvidenceSync
 from hexswarm.client.generate_lengths import generation_length, rollback_arguments
+from hexswarm.client.local_parts import build_local_parts
 from hexswarm.client.peer_failures import Failover
 from hexswarm.client.remote import PeerError
 from hexswarm.client.retry import BanList, RetryPolicy
@@ -45,8 +46,7 @@ from hexswarm.routing.chains.swarm_view import Router
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, accepted_formats
 from hexswarm.swarm.commands.cli_args import PUBLIC_VERIFY_RATE
 from hexswarm.swarm.models import architectures
-from hexswarm.swarm.models.checkpoint import load_tensors
-from hexswarm.swarm.models.model_spec import ModelSpec, config_for_blocks, load_model_spec
+from hexswarm.swarm.models.model_spec import ModelSpec, load_model_spec
 from hexswarm.swarm.net.dht import NO_PUBLIC_PEERS, public_initial_peers
 from hexswarm.swarm.tools.terminal_text import printable
 from hexswarm.swarm.tools.threads import openmp_spins, torch_threads
@@ -99,6 +99,7 @@ class DistributedMixin:
         self.coverage_timeout, self.retry, self.wire_dtype = coverage_timeout, retry, wire_dtype
         self.bans = BanList(retry)  # peers this client avoids, across its sessions and threads
         self.evidence = EvidenceSync(swarm, spec)  # re-checks evidence of lies that peers announce
+        self.drafts = DraftLength()  # what speculative passes cost and yield on this client's chains
         self._threads = _ThreadSessions()
 
     @property
@@ -245,6 +246,16 @@ class DistributedMixin:
         total = generation_length(inputs, kwargs, self.generation_config)
         return rollback_arguments(inputs, kwargs, self._threads.tokens, position, total)
 
+    def _get_candidate_generator(self, generation_config, *args, **kwargs):
+        """Assisted generation (`prompt_lookup_num_tokens=`, `assistant_model=`) through the swarm:
+        Hugging Face's drafter, its drafts paced by what passes cost (client/drafting.py)."""
+        if not rolls_back(self.spec.config):
+            raise ValueError(
+                "speculative steps need peers that can roll back; this model has sliding windows"
+            )
+        drafter = super()._get_candidate_generator(generation_config, *args, **kwargs)
+        return PacedDrafts(drafter, self.drafts, generation_config.max_length)
+
     def forward(
         self,
         input_ids=None,
@@ -278,13 +289,17 @@ class DistributedMixin:
             threads.tokens = None  # fed embeddings: no rollback
         elif position == 0:
             threads.tokens = input_ids.detach().clone()
-        else:
-            threads.tokens = torch.cat([threads.tokens, input_ids.detach()], dim=1)
+        else:  # (cut first: a speculative pass may have rolled back rejected drafts)
+            threads.tokens = torch.cat([threads.tokens[:, :position], input_ids.detach()], dim=1)
 
     def _forward_in_session(self, inputs_embeds, start, logits_to_keep, cache, input_ids=None):
         session = self._session_for(inputs_embeds, start)
-        self._track_tokens(session.position, input_ids)
+        position = session.position
+        self._track_tokens(position, input_ids)
+        began = time.perf_counter()
         hidden = session.step(inputs_embeds)
+        if position and inputs_embeds.shape[0] == 1:  # a decode pass: what drafting weighs
+            self.drafts.passed(inputs_embeds.shape[1], time.perf_counter() - began)
         hidden = self.model.norm(hidden.to(self.model.norm.weight.dtype))
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = architectures.final_logits(self.config, self.lm_head(hidden[:, keep, :]))
@@ -296,7 +311,7 @@ class DistributedMixin:
         session = self.session
         restart = session is not None and (start == 0 or session.batch_size != batch)
         if session is not None and not restart and start is not None and start != session.position:
-            raise ValueError(f"tokens start at position {start}, but the swarm has {session.position} cached")
+            session.roll_back(start)  # rejected drafts (ValueError past what the swarm has cached)
         if session is None or restart:
             self._close_session()
             session = InferenceSession(
@@ -407,7 +422,7 @@ class DistributedModelForCausalLM:
                 if public
                 else "pass initial_peers=[...] (the bootstrap's multiaddrs) or public=True"
             )
-        model = _build_local_parts(spec, dtype)
+        model = build_local_parts(DistributedMixin, spec, dtype)
         if router is None:
             from hexswarm.routing.chains.routers import make_router
 
@@ -424,24 +439,3 @@ class DistributedModelForCausalLM:
         model.verify_min_compared, model.accept_unsettled = verify_min_compared, accept_unsettled
         model.threads = threads if threads is not None else (1 if openmp_spins() else None)
         return model
-
-
-def _build_local_parts(spec: ModelSpec, dtype: torch.dtype):
-    """The model's own HF class with zero layers, holding the real embeddings, norm and head."""
-    base = AutoModelForCausalLM._model_mapping[type(spec.config)]
-    model_cls = type(f"Distributed{base.__name__}", (DistributedMixin, base), {})
-    shell = config_for_blocks(spec.config, 0, 0)
-    architectures.choose_implementations(shell)
-    with architectures.parameters_on_meta():  # buffers (e.g. Gemma's embedding scale) stay real
-        model = model_cls(shell)
-    wanted = ("model.embed_tokens.", "model.norm.", "lm_head.")
-    tensors = load_tensors(spec.path, lambda name: name.startswith(wanted), dtype)
-    if "lm_head.weight" not in tensors and getattr(spec.config, "tie_word_embeddings", False):
-        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
-    model.load_state_dict(tensors, assign=True, strict=False)
-    still_meta = [name for name, p in model.named_parameters() if p.is_meta]
-    if still_meta:
-        raise ValueError(f"{spec.path} lacks tensors the client needs: {still_meta}")
-    model.generation_config = spec.generation_config()
-    model.eval()
-    return model

@@ -248,12 +248,15 @@ class PeerConnection:
 
     async def step(self, session_id: str, position: int, hidden: torch.Tensor) -> torch.Tensor:
         await self.send(Step(session_id, position, hidden))
-        return (await self.step_result(session_id, hidden)).hidden
+        return (await self.step_result(session_id, hidden, position)).hidden
 
-    async def step_result(self, session_id: str, hidden: torch.Tensor) -> StepResult:
-        """The result of a step whose input was `hidden` (sent by us, or pushed by the previous
-        peer), checked: its output, and why its push to the next hop failed ("" if it did not) or
-        that its outcome is still to come (`push_pending`)."""
+    async def step_result(
+        self, session_id: str, hidden: torch.Tensor, position: int | None = None
+    ) -> StepResult:
+        """The result of a step at `position` (None: where the last one ended) whose input was
+        `hidden` (sent by us, or pushed by the previous peer), checked: its output, and why its
+        push to the next hop failed ("" if it did not) or that its outcome is still to come
+        (`push_pending`)."""
         result = await self.receive(StepResult)
         out = result.hidden
         if out.shape != hidden.shape or out.dtype != hidden.dtype:
@@ -267,10 +270,17 @@ class PeerConnection:
             raise self._error(ErrorCode.BAD_TENSOR, "returned hidden states with NaN or inf")
         if result.kv_error:
             raise KvTransferError(f"{self.peer_name}: {result.kv_error}")
-        self._commit(session_id, result, hidden, out)
+        self._commit(session_id, result, hidden, out, position)
         return result
 
-    def _commit(self, session_id: str, result: StepResult, hidden: torch.Tensor, out: torch.Tensor) -> None:
+    def _commit(
+        self,
+        session_id: str,
+        result: StepResult,
+        hidden: torch.Tensor,
+        out: torch.Tensor,
+        position: int | None,
+    ) -> None:
         """Checks the step's commitment: it must name the input the client has for it (a pushed
         hop that computed on anything else was sent something else by the previous peer, or says
         so falsely; either way the client stops building on that link), and a signed statement
@@ -286,7 +296,7 @@ class PeerConnection:
         log = self.logs.get(session_id)
         if log is None:
             return
-        log.add(hidden.shape[1], input_digest, tensor_digest(out))
+        log.add(hidden.shape[1], input_digest, tensor_digest(out), start=position)
         if result.signature:
             self._take_signature(log, log.position, result.signature)
 

@@ -164,6 +164,18 @@ class InferenceSession:
         self.position += hidden.shape[1]
         return output
 
+    def roll_back(self, position: int) -> None:
+        """The next step starts at `position`, below what the swarm has cached: the tokens after
+        it were drafted and rejected (docs/speculation.md). Every peer drops them when that step
+        reaches it (the step carries its position); the kept inputs and the verifier forget them
+        now, so a replay or a check never feeds them again."""
+        if not 0 <= position <= self.position:
+            raise ValueError(f"cannot roll back to token {position}: the swarm has {self.position} cached")
+        self.history.drop_last(self.position - position)
+        if self.verifier is not None:
+            self.verifier.rolled_back(position)
+        self.position = position
+
     async def _open_disaggregated(self, roles: Roles, prompt_tokens: int = 0) -> None:
         """Opens the decode chain (its sessions take keys and values from the prefill peers),
         then the prefill chain (its sessions send theirs); on any failure, nothing stays open
@@ -297,7 +309,7 @@ class InferenceSession:
         verifier; a VerificationError fails this hop over like any other PeerError."""
         hop = self.hops[j]
         try:
-            answer = await self.links.result(hop, hidden, push_ack_s if j + 1 < end else 0)
+            answer = await self.links.result(hop, hidden, self.position, push_ack_s if j + 1 < end else 0)
         except CommitmentMismatch:
             if j > first:  # it was pushed: the pusher's link is not trusted any more
                 self.pushes.distrust(self.hops[j - 1].peer_id)

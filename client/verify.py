@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from dataclasses import replace
 
 import torch
 from hivemind.utils import get_dht_time
@@ -132,6 +133,21 @@ class Verifier:
         self.stats.sampled += 1
         past = self.session.history.sent_before(start, position, hidden_in)
         await self._check_span(start, end, past, hidden_in)
+
+    def rolled_back(self, position: int) -> None:
+        """Forgets what hops served from `position` on (drafts the client rejected, never output);
+        a shadow that saw them steps from `position` next, which rolls the witness back too."""
+        for span, served in self.served.items():
+            drafts = [s for s in served if s.position >= position]
+            self.stats.steps -= len(drafts)
+            self.tally[span].steps -= len(drafts)
+            self.served[span] = [
+                replace(s, output=s.output[:, : position - s.position])
+                for s in served
+                if s.position < position
+            ]
+        for shadow in self.shadows.values():
+            shadow.position = min(shadow.position, position)
 
     async def finish(self) -> None:
         """Checks every span's steps not checked yet (a generation is about to return)."""
@@ -407,6 +423,7 @@ class Verifier:
             and r.peer_id not in exclude
             and r.peer_id not in self.swarm.distrusted
             and r.quant == run.quant
+            and r.max_length >= self.session.max_length  # a shorter one would refuse the shadow
         ]
 
     def _ban(self, peer_id: str) -> None:

@@ -182,6 +182,7 @@ class BlockStack(nn.Module):
         hidden: (batch, new_tokens, hidden_size) in self.dtype; position: tokens already cached.
         """
         first, last = start - self.start, end - self.start
+        rewind(cache, position)
         new_tokens = hidden.shape[1]
         position_ids = torch.arange(position, position + new_tokens, device=self.device).unsqueeze(0)
         masks = self._masks(hidden, cache, position_ids, first, last)
@@ -212,6 +213,14 @@ class BlockStack(nn.Module):
         )
 
     @property
+    def rolls_back(self) -> bool:
+        """Whether a session's cache can drop its last tokens (a step that starts below the
+        session's length, after the client rejected drafted tokens): full attention only, since a
+        sliding window has already forgotten what a roll-back would need."""
+        layer_types = set(getattr(self.config, "layer_types", None) or ["full_attention"])
+        return layer_types == {"full_attention"} and not getattr(self.config, "sliding_window", None)
+
+    @property
     def supports_batching(self) -> bool:
         """Whether decode steps of several sessions may run as one batch (see forward_batch)."""
         layer_types = set(getattr(self.config, "layer_types", None) or ["full_attention"])
@@ -234,6 +243,8 @@ class BlockStack(nn.Module):
         hiddens[i]: (batch_i, 1, hidden_size), at positions[i] of caches[i]. Only when
         `supports_batching`; each output equals forward() of that session alone (float tolerance).
         """
+        for cache, position in zip(caches, positions, strict=True):
+            rewind(cache, position)
         return decode_batch(
             self.layers, self.rotary_emb, hiddens, caches, positions, start - self.start, end - self.start
         )
@@ -263,3 +274,14 @@ class BlockStack(nn.Module):
             for kind in set(layer_types)
         }
         return [by_type[kind] for kind in layer_types]
+
+
+def rewind(cache: DynamicCache, position: int) -> None:
+    """Forgets what `cache` holds past `position` tokens. A step that starts below what the
+    session has cached rolls back the tokens after it: drafted tokens its client rejected
+    (speculative steps, docs/speculation.md). Only where `rolls_back` (PeerCore checks)."""
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False):
+            extra = layer.get_seq_length() - position
+            if extra > 0:
+                layer.crop(-extra)

@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
+from hexswarm.peer.kv_checks import check_kv
 from hexswarm.swarm.models.model_spec import ModelSpec
 from hexswarm.swarm.tools.threads import torch_threads
 from hexswarm.swarm.wire.protocol import (
@@ -29,14 +29,11 @@ from hexswarm.swarm.wire.protocol import (
     Step,
     StepResult,
 )
-from hexswarm.swarm.wire.tensors import NUMPY_DTYPES, WIRE_DTYPES
+from hexswarm.swarm.wire.tensors import WIRE_DTYPES, all_finite
 
 # A step of at least this many tokens (batch x new tokens) is a prefill: compute-bound, so it runs
 # on `prefill_threads` where a small model decodes on one thread (peer/devices.default_cpu_threads).
 PREFILL_TOKENS = 32
-# Keys and values a prefill peer pushes are refused beyond this magnitude: attention keys and
-# values of real models stay within hundreds (SmolLM2's within 30), so larger values are poison.
-MAX_KV_ABS = 1e4
 
 logger = logging.getLogger(__name__)
 
@@ -250,22 +247,32 @@ class PeerCore:
             raise ProtocolError(
                 ErrorCode.BAD_TENSOR, f"session dtype is {session.wire_dtype}, got {hidden.dtype}"
             )
-        if request.position != session.position:
-            raise ProtocolError(
-                ErrorCode.BAD_STATE,
-                f"step at position {request.position}, the session is at {session.position}",
-            )
-        if session.position + hidden.shape[1] > session.max_length:
+        self._check_position(session, request.position)
+        if request.position + hidden.shape[1] > session.max_length:
             raise ProtocolError(
                 ErrorCode.TOO_LONG,
-                f"{session.position} + {hidden.shape[1]} tokens exceed the session's max_length {session.max_length}",
+                f"{request.position} + {hidden.shape[1]} tokens exceed the session's max_length {session.max_length}",
             )
-        if not _all_finite(hidden):
+        if not all_finite(hidden):
             raise ProtocolError(ErrorCode.BAD_TENSOR, "hidden states contain NaN or inf")
         if session.busy:
             raise ProtocolError(ErrorCode.BAD_STATE, "a step of this session is already running")
-        session.busy = True
+        session.busy, session.position = True, request.position  # the blocks drop what is past it
         return session, hidden.to(self.blocks.device, self.blocks.dtype)
+
+    def _check_position(self, session: Session, position: int) -> None:
+        """A step continues the session, or starts below its length: a roll-back of drafted
+        tokens its client rejected (docs/speculation.md), where the blocks can forget them."""
+        back = position < session.position
+        if not 0 <= position <= session.position:
+            raise ProtocolError(
+                ErrorCode.BAD_STATE, f"step at position {position}, the session is at {session.position}"
+            )
+        if back and (session.kv_to or not getattr(self.blocks, "rolls_back", False)):
+            raise ProtocolError(
+                ErrorCode.BAD_STATE,
+                f"step at position {position}: this session cannot roll back from {session.position}",
+            )
 
     def run_step(self, session: Session, hidden: torch.Tensor) -> StepResult:
         """The heavy part: runs in the compute thread. Always call after begin_step."""
@@ -331,7 +338,7 @@ class PeerCore:
                 ErrorCode.UNKNOWN_SESSION,
                 f"no session {push.session_id!r} takes keys and values from this peer",
             )
-        tokens = self._check_kv(session, push)
+        tokens = check_kv(session, push, self.blocks.config, self.blocks.dtype)
         layers = range(push.layer, push.layer + push.keys.shape[0])
         if not (session.start <= layers[0] and layers[-1] < session.end):
             raise ProtocolError(
@@ -353,48 +360,6 @@ class PeerCore:
                 tokens,
                 sender[-8:],
             )
-
-    def _check_kv(self, session: Session, push: KvPush) -> int:
-        """The tokens of a valid KV_PUSH: its shape, dtype, length and values are what the
-        session can hold."""
-        config = self.blocks.config
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        keys, values = push.keys, push.values
-        layers, tokens = (keys.shape[0], keys.shape[3]) if keys.ndim == 5 else (0, 0)
-        expected = (layers, session.batch_size, kv_heads, tokens, head_dim)
-        if tuple(keys.shape) != expected or tuple(values.shape) != expected or min(layers, tokens) < 1:
-            raise ProtocolError(
-                ErrorCode.BAD_TENSOR,
-                f"keys and values must be (layers>=1, batch={session.batch_size}, kv_heads={kv_heads}, "
-                f"tokens>=1, head_dim={head_dim}), got {tuple(keys.shape)} and {tuple(values.shape)}",
-            )
-        if keys.dtype != self.blocks.dtype or values.dtype != self.blocks.dtype:
-            raise ProtocolError(
-                ErrorCode.BAD_TENSOR, f"keys and values must be {self.blocks.dtype}, got {keys.dtype}"
-            )
-        if tokens > session.max_length:
-            raise ProtocolError(
-                ErrorCode.TOO_LONG,
-                f"keys and values of {tokens} tokens exceed the session's reserved {session.max_length}",
-            )
-        if session.prompt_length and tokens != session.prompt_length:
-            raise ProtocolError(
-                ErrorCode.BAD_TENSOR,
-                f"keys and values of {tokens} tokens pushed, the client's prompt has {session.prompt_length}",
-            )
-        if any(n != tokens for n in session.kv_imported.values()):
-            raise ProtocolError(
-                ErrorCode.BAD_TENSOR, f"layers of one prompt must have one length, got {tokens}"
-            )
-        if not (_all_finite(keys) and _all_finite(values)):
-            raise ProtocolError(ErrorCode.BAD_TENSOR, "keys or values contain NaN or inf")
-        largest = max(float(keys.abs().max()), float(values.abs().max()))
-        if largest > MAX_KV_ABS:
-            raise ProtocolError(
-                ErrorCode.BAD_TENSOR, f"keys or values reach {largest:.3g}, over the bound {MAX_KV_ABS:g}"
-            )
-        return tokens
 
     def kv_bytes_per_layer(self, session: Session) -> int:
         """Bytes of one layer's keys and values a prefill session holds (every layer holds as many)."""
@@ -441,10 +406,3 @@ class PeerCore:
             )
             self.drop(key)
         return expired
-
-
-def _all_finite(hidden: torch.Tensor) -> bool:
-    # numpy's check costs a fraction of torch's on a decode step's few thousand values
-    if hidden.dtype in NUMPY_DTYPES:
-        return bool(np.isfinite(hidden.numpy()).all())
-    return bool(torch.isfinite(hidden).all())

@@ -31,6 +31,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopP
 from transformers.generation.streamers import BaseStreamer
 
 from hexswarm.client.api.answer_report import current_route
+from hexswarm.client.drafting import MAX_DRAFTS
 from hexswarm.client.worker import Cancelled
 
 
@@ -43,6 +44,7 @@ class SamplingSettings:
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False  # run to max_tokens past end-of-sequence tokens (vLLM's extension)
+    speculate: bool = True  # greedy: draft from the context, check several tokens a pass
 
     @property
     def greedy(self) -> bool:
@@ -82,6 +84,8 @@ def generation_kwargs(model, settings: SamplingSettings) -> dict:
         bos_token_id=base.bos_token_id,
         pad_token_id=base.pad_token_id if base.pad_token_id is not None else base.eos_token_id,
     )
+    if settings.greedy and settings.speculate:  # (seeded sampling would draw differently)
+        config.prompt_lookup_num_tokens = MAX_DRAFTS  # client/drafting.py paces how many it checks
     kwargs = {"generation_config": config}
     if not settings.greedy:
         kwargs["logits_processor"] = LogitsProcessorList([SeededSampler(settings)])

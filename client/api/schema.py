@@ -66,6 +66,9 @@ class _Common(BaseModel):
     # vLLM's extension (`extra_body={"ignore_eos": True}` in the openai package): generate
     # max_tokens tokens whatever the model says; benchmarks use it for fixed-length answers.
     ignore_eos: bool = False
+    # hexswarm's extension: a greedy request drafts tokens from its context and the chain checks
+    # several in one pass (docs/speculation.md); the output is the same either way.
+    speculate: bool = True
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -144,7 +144,9 @@ class ApiService:
             if isinstance(e, asyncio.CancelledError):
                 logger.info("a queued request was cancelled before it ran (its client left)")
             raise
-        settings = SamplingSettings(max_tokens, body.temperature, body.top_p, body.seed, body.ignore_eos)
+        settings = SamplingSettings(
+            max_tokens, body.temperature, body.top_p, body.seed, body.ignore_eos, body.speculate
+        )
         assembler = TextAssembler(self.tokenizer, stop)
         hooks = GenerationHooks(assembler.delta, lambda: assembler.stopped, ticket.done)
         try:

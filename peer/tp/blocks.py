@@ -91,6 +91,12 @@ class TPBlocks:
             self.caches.pop(session_id, None)
             self.group.send_to(self.ranks, FreeCache(session_id), quiet=True)
 
+    @property
+    def rolls_back(self) -> bool:
+        """Every rank drops a session's rolled-back tokens itself, as the leader does (each runs
+        BlockStack.forward with the step's position)."""
+        return self.local.rolls_back
+
     def read_decode_step_s(self) -> tuple[float, int]:
         """The group's mean decode step (s) since the last reading, and how many steps."""
         steps, seconds = self.decode_step_s

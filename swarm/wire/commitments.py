@@ -103,8 +103,11 @@ class CommitmentLog:
     def chain(self) -> bytes:
         return self.chains[-1] if self.chains else b""
 
-    def add(self, tokens: int, input_digest: bytes, output_digest: bytes) -> None:
-        record = StepRecord(self.position + tokens, input_digest, output_digest)
+    def add(self, tokens: int, input_digest: bytes, output_digest: bytes, start: int | None = None) -> None:
+        """A step of `tokens` tokens from `start` (None: where the last one ended; lower: the
+        peer rolled back rejected drafts first, as the chain it signs says)."""
+        start = self.position if start is None else start
+        record = StepRecord(start + tokens, input_digest, output_digest)
         self.chains.append(next_chain(self.chain, record.position, input_digest, output_digest))
         self.records.append(record)
 

@@ -70,6 +70,17 @@ def test_the_prompt_is_prefilled_on_one_peer_and_decoded_on_another_exactly(clie
         assert torch.equal(got, local_model.generate(prompt(seed), **KWARGS))
 
 
+def test_speculative_passes_roll_decode_peers_back_into_the_prompt_they_were_pushed(client, local_model):
+    """The first pass (prompt and drafts) is prefilled on p; its rejected drafts are among the
+    keys and values the decode peer took, and the next pass rolls them back there."""
+    repetitive = prompt(13, tokens=8).repeat(1, 3)
+    drafted, kept = client.drafts.drafted, client.drafts.kept
+    got = client.generate(repetitive, **KWARGS, prompt_lookup_num_tokens=4)
+    assert client.last_route.startswith("p[0:6) => "), client.last_route
+    assert torch.equal(got, local_model.generate(repetitive, **KWARGS))
+    assert client.drafts.drafted - drafted > client.drafts.kept - kept  # some were rejected
+
+
 def test_the_roles_are_in_the_records(client):
     client.swarm.distrusted = set()
     records = client.swarm.online_records(client.spec.model_id, client.spec.num_blocks)

@@ -75,6 +75,11 @@ def test_mixed_degree_chain_equals_local(tp_swarm, arch, names):
         expected = reference.generate(input_ids, max_new_tokens=12, do_sample=False)
         assert torch.equal(model.generate(input_ids, max_new_tokens=12, do_sample=False), expected)
         assert all(f"{name}[" in model.last_route for name in names), model.last_route
+        # speculative passes: every rank rolls its share of the cache back past rejected drafts
+        prompt = input_ids[:1, :4].repeat(1, 3)
+        expected = reference.generate(prompt, max_new_tokens=12, do_sample=False)
+        got = model.generate(prompt, max_new_tokens=12, do_sample=False, prompt_lookup_num_tokens=4)
+        assert torch.equal(got, expected) and model.drafts.kept < model.drafts.drafted
         with torch.no_grad():
             torch.testing.assert_close(
                 model(input_ids).logits, reference(input_ids).logits, atol=1e-4, rtol=1e-4

@@ -129,3 +129,36 @@ def test_one_session_reserves_at_most_its_share_of_the_cache(core):
     assert refused.value.code == ErrorCode.BUSY and "one session may reserve 16" in refused.value.message
     _open(core, "fits", batch=1, max_length=16)
     assert core.session_cache_tokens_left == 16 and core.cache_tokens_left == 24
+
+
+def test_a_step_below_the_cached_length_rolls_the_cache_back(core):
+    """Speculative steps: a step that starts below what the session holds drops the tokens after
+    it first (drafts the client rejected), and its output equals a session that never saw them."""
+    torch.manual_seed(0)
+    accepted, rejected, after = torch.randn(1, 6, 128), torch.randn(1, 4, 128), torch.randn(1, 2, 128)
+    _open(core, "spec")
+    _open(core, "plain")
+    _step(core, "spec", 0, accepted)
+    _step(core, "spec", 6, rejected)  # drafted, then rejected from its second token on
+    _step(core, "plain", 0, torch.cat([accepted, rejected[:, :1]], dim=1))
+    assert _code(lambda: _step(core, "spec", 11, after)) == ErrorCode.BAD_STATE  # past its length
+    rolled = _step(core, "spec", 7, after).hidden
+    torch.testing.assert_close(rolled, _step(core, "plain", 7, after).hidden)
+    assert core.sessions["spec"].position == 9
+    # a one-token step rolled back runs through the batched decode path
+    one = torch.randn(1, 1, 128)
+    live = [core.begin_step(Step(s, p, one)) for s, p in [("spec", 8), ("plain", 8)]]
+    first, second = core.run_decode_batch(live)
+    torch.testing.assert_close(first.hidden, second.hidden)
+    assert [core.sessions[s].position for s in ("spec", "plain")] == [9, 9]
+
+
+def test_a_roll_back_is_refused_where_the_cache_cannot_forget(core):
+    _open(core)
+    _step(core)
+    core.blocks.config.sliding_window = 4  # a window has forgotten what a roll-back needs
+    try:
+        assert _code(lambda: _step(core, position=1)) == ErrorCode.BAD_STATE
+    finally:
+        core.blocks.config.sliding_window = None
+    assert core.sessions["s1"].position == 3 and not core.sessions["s1"].busy

@@ -174,7 +174,7 @@ async def test_only_the_named_upstream_may_push_into_a_session(spec):
     result = await client.reply()  # the result goes to the session's client, not to the pusher
     assert isinstance(result, StepResult) and result.hidden.shape == hidden.shape
     assert server.core.get("s", "client").position == 1
-    bad = await prev.ask(Step("s", 0, hidden, ack_ms=100, owner="client"))  # the usual step checks apply
+    bad = await prev.ask(Step("s", 2, hidden, ack_ms=100, owner="client"))  # the usual step checks apply
     assert bad.code == ErrorCode.BAD_STATE and "position" in bad.message
     await prev.end()
     await client.end()
