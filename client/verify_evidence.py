@@ -24,6 +24,13 @@ async def evidence_of_lie(bad: Served, run: Run) -> Evidence | None:
     """The liar's signed commitments and the inputs, saved where `hexswarm recheck` reads
     them; None if it signs nothing (an older peer) or will not sign now."""
     log = bad.conn.logs.get(bad.session_id) if bad.conn is not None else None
+    if log is not None and log.rolled_back:
+        logger.info(
+            "no evidence file against %s: its session rolled back drafts, which its commitments "
+            "cover and the client no longer keeps (docs/speculation.md)",
+            bad.conn.peer_name,
+        )
+        return None
     end = bad.position + bad.output.shape[1]
     step = next((i for i, r in enumerate(log.records) if r.position == end), None) if log else None
     if step is None or not bad.conn.owner_marker:

@@ -94,6 +94,7 @@ class CommitmentLog:
     records: list[StepRecord] = field(default_factory=list)
     chains: list[bytes] = field(default_factory=list)  # the chain after each record
     signed: list[Signed] = field(default_factory=list)
+    rolled_back: bool = False  # a step started below the last one's end (rejected drafts dropped)
 
     @property
     def position(self) -> int:
@@ -107,6 +108,7 @@ class CommitmentLog:
         """A step of `tokens` tokens from `start` (None: where the last one ended; lower: the
         peer rolled back rejected drafts first, as the chain it signs says)."""
         start = self.position if start is None else start
+        self.rolled_back |= start < self.position
         record = StepRecord(start + tokens, input_digest, output_digest)
         self.chains.append(next_chain(self.chain, record.position, input_digest, output_digest))
         self.records.append(record)

@@ -182,3 +182,16 @@ def test_tampered_evidence_proves_nothing(spec, identity, tamper, why):
 def test_garbage_is_not_evidence(data):
     with pytest.raises(ValueError):
         Evidence.from_bytes(data)
+
+
+def test_a_log_records_each_step_from_where_it_starts():
+    """A speculative pass rolls back: its record ends where the peer's session then ends, as the
+    chain the peer signs says, and the log knows it can no longer back evidence."""
+    log = CommitmentLog(SessionId("model", CLIENT, "s", 0, 2, "float32"))
+    digest = bytes(8)
+    log.add(10, digest, digest)
+    log.add(5, digest, digest)  # drafts: ends at 15
+    assert (log.position, log.rolled_back) == (15, False)
+    log.add(3, digest, digest, start=12)  # two drafts rejected: the peer cut its cache at 12
+    assert (log.position, log.rolled_back) == (15, True)
+    assert [r.position for r in log.records] == [10, 15, 15]
