@@ -88,19 +88,7 @@ def main() -> None:
     why_not = netlab.available()
     if why_not:
         sys.exit(f"wan: {why_not}")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from hexswarm.swarm.models.model_spec import load_model_spec
-
-    spec = load_model_spec(DEFAULT_MODEL)
-    gguf_checkpoint.materialize_all(spec.path)  # every weight file, for the local baseline
-    prompts = workloads(AutoTokenizer.from_pretrained(spec.path))
-    local = AutoModelForCausalLM.from_pretrained(spec.path).eval()
-    expected = {
-        name: [local.generate(ids, max_new_tokens=args.new_tokens, do_sample=False) for ids in ids_list]
-        for name, ids_list in prompts.items()
-    }
-    del local
+    spec, prompts, expected = model_and_prompts(args.new_tokens)
     lines, lan = [], {}
     for one_way_ms in sorted(args.delays):
         for line in run_at(one_way_ms, spec, prompts, expected, args):
@@ -116,6 +104,25 @@ def main() -> None:
         save("wan", {"bench": "wan", "model": spec.model_id, "lines": lines})
 
 
+def model_and_prompts(new_tokens: int, names: tuple[str, ...] | None = None):
+    """SmolLM2's spec, the workloads' prompts (or those in `names`), and local transformers'
+    greedy output for each: what every line's `exact` compares against."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hexswarm.swarm.models.model_spec import load_model_spec
+
+    spec = load_model_spec(DEFAULT_MODEL)
+    gguf_checkpoint.materialize_all(spec.path)  # every weight file, for the local baseline
+    prompts = workloads(AutoTokenizer.from_pretrained(spec.path))
+    prompts = {name: ids for name, ids in prompts.items() if names is None or name in names}
+    local = AutoModelForCausalLM.from_pretrained(spec.path).eval()
+    expected = {
+        name: [local.generate(ids, max_new_tokens=new_tokens, do_sample=False) for ids in ids_list]
+        for name, ids_list in prompts.items()
+    }
+    return spec, prompts, expected
+
+
 def run_at(one_way_ms: float, spec, prompts: dict, expected: dict, args) -> list[dict]:
     """Every workload through a fresh swarm on namespaces whose links add `one_way_ms`."""
     with tempfile.TemporaryDirectory(prefix="hexswarm-wan-") as tmp, netlab.NetLab(homes=0) as net:
@@ -125,20 +132,26 @@ def run_at(one_way_ms: float, spec, prompts: dict, expected: dict, args) -> list
             for ns, ip in hosts.values():
                 net.delay_host(ns, ip, one_way_ms)
         with LocalSwarm(Path(tmp)) as swarm:
-            swarm.start_bootstrap(
-                120,
-                launcher=net.exec_prefix(hosts["bootstrap"][0]),
-                host_maddrs=ANY,
-                address_prefix=f"/ip4/{netlab.PUBLIC_HOST_IP}/",
-            )
-            peers = [
-                swarm.start_peer(spec.path, layers, name, "--host-maddrs", ANY, wait=False,
-                                 launcher=net.exec_prefix(hosts[name][0]))
-                for name, layers in (("left", "0:15"), ("right", "15:30"))
-            ]  # fmt: skip
-            for proc in peers:
-                swarm.wait_for_log(proc, "online:", 300)
+            start_swarm(swarm, net, hosts, spec, {"left": "0:15", "right": "15:30"})
             return measure(swarm, hosts["client"][0], spec, prompts, expected, one_way_ms, args)
+
+
+def start_swarm(swarm: LocalSwarm, net, hosts: dict, spec, peers: dict[str, str], *flags: str) -> None:
+    """A bootstrap on the public host and a peer of each name in `peers` (name -> its layers) on
+    its host of `hosts` (name -> (namespace, address)), with `flags`; back once all are online."""
+    swarm.start_bootstrap(
+        120,
+        launcher=net.exec_prefix(hosts["bootstrap"][0]),
+        host_maddrs=ANY,
+        address_prefix=f"/ip4/{netlab.PUBLIC_HOST_IP}/",
+    )
+    procs = [
+        swarm.start_peer(spec.path, layers, name, "--host-maddrs", ANY, *flags, wait=False,
+                         launcher=net.exec_prefix(hosts[name][0]))
+        for name, layers in peers.items()
+    ]  # fmt: skip
+    for proc in procs:
+        swarm.wait_for_log(proc, "online:", 300)
 
 
 def measure(

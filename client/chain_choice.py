@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hexswarm.client.known_peers import KnownPeers
 from hexswarm.client.peer_failures import PeerFailures
@@ -50,10 +50,16 @@ class ChainChooser:
     request: RouteRequest
     peers: KnownPeers
     failures: PeerFailures
+    # Steps are pushed from peer to peer: chains are priced by the links between their peers
+    # that the peers measured (routing/chains/peer_links.py), not only by the client's round trips.
+    pushed: bool = True
     ping_timeout: float = PING_TIMEOUT_S  # for peers the client has not measured yet
     # While a session opens: when (time.monotonic()) finding no chain ends the call, the
     # session's coverage timeout, rather than the whole retry budget (None: the budget alone).
     no_route_deadline: float | None = None
+    # Whole-model routes the router chose for this session: a router that counts its own picks
+    # as load (the trade-off router) is told when the session ends (`release`).
+    picked: list[Route] = field(default_factory=list)
 
     def no_route_past_deadline(self) -> bool:
         """Whether finding no chain now ends the call (the session's coverage timeout ran out)."""
@@ -96,8 +102,20 @@ class ChainChooser:
         """The router's chain over blocks [start, end) among `records`, leaving `exclude` out
         (they are not pinged either)."""
         allowed = [r for r in records if r.peer_id not in exclude]
-        view = self.swarm.view(allowed, self.spec.num_blocks, self.spec.hidden_size, self.ping_timeout)
-        return route_span(self.router, view, self.request, start, end, exclude)
+        view = self.swarm.view(
+            allowed, self.spec.num_blocks, self.spec.hidden_size, self.ping_timeout, peer_links=self.pushed
+        )
+        route = route_span(self.router, view, self.request, start, end, exclude)
+        if (start, end) == (0, self.spec.num_blocks):
+            self.picked.append(route)
+        return route
+
+    def release(self) -> None:
+        """The session ends: the routes it took stop counting as this client's load."""
+        release = getattr(self.router, "release", None)
+        for route in self.picked if release is not None else ():
+            release(route)
+        self.picked.clear()
 
     def _failed_ones_answer(self, start: int, end: int) -> bool:
         """Pings the peers that failed in this call on blocks [start, end); forgives those that

@@ -99,7 +99,7 @@ class InferenceSession:
         request = RouteRequest(prompt_tokens=max_length, new_tokens=0, batch_size=batch_size)
         self.known = KnownPeers(swarm, spec, max_length)
         self.failures = PeerFailures(swarm, self.known, self.policy, bans or BanList(self.policy))
-        self.chooser = ChainChooser(swarm, router, spec, request, self.known, self.failures)
+        self.chooser = ChainChooser(swarm, router, spec, request, self.known, self.failures, pushed=push)
         self.links = HopLinks(swarm, spec, request, dtype, self.policy, self.known, self.failures.budget)
         self.repair = SpanRepair(self.chooser, self.links, self.failures)
         dtype_bytes = torch.tensor([], dtype=dtype).element_size()
@@ -367,6 +367,7 @@ class InferenceSession:
     def close(self) -> None:
         if self.verifier is not None:
             self.verifier.close()
+        self.chooser.release()
         hops, self.hops = [*self.hops, *(self.decode_hops or [])], []
         if hops:
             run_sync(self.links.close(hops), timeout=2 * CLOSE_TIMEOUT_S)

@@ -28,6 +28,7 @@ from hexswarm.client.observed import ObservedSpeeds
 from hexswarm.client.peer_views import peer_view
 from hexswarm.client.remote import PeerConnection, PeerError
 from hexswarm.client.worker import event_loop, run_sync
+from hexswarm.routing.chains.peer_links import links_from_reports
 from hexswarm.routing.chains.swarm_view import SwarmView
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.net.dht import start_dht
@@ -259,14 +260,21 @@ class SwarmClient:
         num_blocks: int,
         hidden_size: int,
         ping_timeout: float = PING_TIMEOUT_S,
+        peer_links: bool = False,
     ) -> SwarmView:
-        """A SwarmView of `records`, with fresh round trips (peers that do not answer are left out)."""
+        """A SwarmView of `records`, with fresh round trips (peers that do not answer are left out);
+        with `peer_links`, the round trips between them that their records report (for pushed chains)."""
         self._share_observed(records)
         records = cap_per_group(records, self.records_per_group, self.seed)
         rtts = self.round_trips(records, ping_timeout)
         peers = tuple(peer_view(r, self.observed) for r in records if r.peer_id in rtts)
+        links = (
+            links_from_reports([(r.peer_id, r.rtt_ms) for r in records if r.peer_id in rtts])
+            if peer_links
+            else {}
+        )
         # Routers cache their work per version: bump it only when what they see has changed.
-        snapshot = (peers, tuple(sorted(rtts.items())), num_blocks)
+        snapshot = (peers, tuple(sorted(rtts.items())), tuple(sorted(links.items())), num_blocks)
         if snapshot != self._last_snapshot:
             self._last_snapshot = snapshot
             self.view_version += 1
@@ -274,6 +282,7 @@ class SwarmClient:
             num_blocks=num_blocks,
             peers=peers,
             client_rtt_ms=rtts,
+            peer_rtt_ms=links,
             hidden_size=hidden_size,
             version=self.view_version,
         )

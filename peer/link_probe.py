@@ -11,11 +11,16 @@ Each step (once per announce period):
 
 1. Keep the records of this peer's model (`peer_records_from` has already checked their
    signatures, model id and ranges) that are ONLINE or JOINING, other than this peer's own.
-2. Take up to `sample` of them: unmeasured peers first, then a random pick of the rest.
+2. Take up to `sample` of them: half from its chain neighbours (peers a step may be pushed to or
+   from: whose range holds the block after this peer's, or ends where this peer's starts), the
+   rest from the others; in each, unmeasured peers first, then a random pick. Clients price a
+   pushed chain by these links (routing/chains/peer_links.py), so they are measured first.
 3. Open a stream to each, at once, and time PING -> PONG `PINGS_PER_PROBE` times; the least is
    the round trip (the first may still pay for the stream's setup). The whole probe of one peer
    has PROBE_TIMEOUT_S; a peer that fails it keeps its last measurement.
 4. Fold each round trip into an exponentially weighted mean.
+
+The record publishes the neighbours' round trips first, then the nearest others'.
 
 Bandwidth is not measured (too costly to probe), so the coordinator uses the cluster format's
 default for it.
@@ -58,26 +63,34 @@ class LinkProbe:
         self.peer_id, self.connect, self.sample = peer_id, connect, sample
         self.rng = random.Random(seed)
         self.rtt_ms: dict[str, float] = {}
+        self.neighbours: set[str] = set()
 
-    async def step(self, records: Sequence[PeerRecord]) -> None:
-        """Probes up to `sample` peers of `records` and folds in what they answered."""
-        others = [r.peer_id for r in records if r.peer_id != self.peer_id and r.state in PROBED_STATES]
-        others = list(dict.fromkeys(others))
-        live = set(others)
-        self.rtt_ms = {p: ms for p, ms in self.rtt_ms.items() if p in live}
-        self.rng.shuffle(others)
-        others.sort(key=lambda p: p in self.rtt_ms)  # unmeasured peers first
-        chosen = others[: self.sample]
+    async def step(self, records: Sequence[PeerRecord], serves: tuple[int, int] | None = None) -> None:
+        """Probes up to `sample` peers of `records` (its chain neighbours first, for a peer that
+        `serves` blocks [start, end)) and folds in what they answered."""
+        live = [r for r in records if r.peer_id != self.peer_id and r.state in PROBED_STATES]
+        self.neighbours = {r.peer_id for r in live if serves is not None and _adjacent(r, serves)}
+        others = list(dict.fromkeys(r.peer_id for r in live if r.peer_id not in self.neighbours))
+        self.rtt_ms = {p: ms for p, ms in self.rtt_ms.items() if p in self.neighbours or p in others}
+        near = self._pick(sorted(self.neighbours), (self.sample + 1) // 2)
+        chosen = near + self._pick(others, self.sample - len(near))
         results = await asyncio.gather(*(self._measure(p) for p in chosen))
         for peer_id, ms in zip(chosen, results, strict=True):
             if ms is not None:
                 old = self.rtt_ms.get(peer_id)
                 self.rtt_ms[peer_id] = ms if old is None else (1 - SMOOTHING) * old + SMOOTHING * ms
 
+    def _pick(self, peers: list[str], count: int) -> list[str]:
+        """Up to `count` of `peers`: unmeasured ones first, then a random pick."""
+        peers = list(peers)
+        self.rng.shuffle(peers)
+        peers.sort(key=lambda p: p in self.rtt_ms)
+        return peers[:count]
+
     def published(self) -> tuple[tuple[str, float], ...]:
-        """The nearest peers' round trips, for this peer's record."""
-        nearest = sorted(self.rtt_ms.items(), key=lambda item: item[1])[:MAX_PUBLISHED]
-        return tuple((peer, round(ms, 3)) for peer, ms in nearest)
+        """Round trips for this peer's record: its chain neighbours', then the nearest others'."""
+        order = sorted(self.rtt_ms.items(), key=lambda item: (item[0] not in self.neighbours, item[1]))
+        return tuple((peer, round(ms, 3)) for peer, ms in order[:MAX_PUBLISHED])
 
     async def _measure(self, peer_id: str) -> float | None:
         """The least PING -> PONG time (ms) to `peer_id`, or None when it did not answer in time."""
@@ -99,6 +112,13 @@ class LinkProbe:
             with contextlib.suppress(Exception):
                 writer.close()
         return min(times)
+
+
+def _adjacent(record: PeerRecord, serves: tuple[int, int]) -> bool:
+    """Whether a chain may push from a peer serving `serves` to `record`'s peer or back: its
+    range holds the block right after, or it can end a hop where `serves` starts."""
+    start, end = serves
+    return record.start <= end < record.end or record.start < start <= record.end
 
 
 async def _round_trip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, nonce: int) -> float:

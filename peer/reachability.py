@@ -13,7 +13,10 @@ At start (docs/architecture.md, "Crossing NATs"):
    address in its record.
 2. Otherwise its DHT node restarts in client mode (it stores nothing for others), and it asks
    up to WANT_RELAYS reachable nodes, those that answered first, for a relay slot
-   (swarm/nat/port_relay.py), at most one of them a bootstrap while direct peers can relay. It
+   (swarm/nat/port_relay.py), at most one of them a bootstrap while direct peers can relay.
+   Among those that answered, a peer of a fixed range asks its chain predecessors first (direct
+   peers whose range ends where its own starts): a step they push to it then crosses their own
+   link to it, not a third node's two (issue 51, routes for the WAN). It
    is `relayed` once a relay has dialed it through the slot it holds for it (a relay vouches for
    its own slot: no helper dials another node's ports), and it announces those ports.
 3. With no slot that works it is `unreachable`: it stays joining and says why.
@@ -113,6 +116,13 @@ def direct_peers(records: Sequence) -> list:
     return [r for r in records if r.reachability == "direct" and r.state == PeerState.ONLINE]
 
 
+def predecessors(records: Sequence, serves: tuple[int, int] | None) -> set[str]:
+    """Peers whose range can end a hop where `serves` starts: whom a step is pushed from."""
+    if serves is None or serves[0] == 0:
+        return set()
+    return {r.peer_id for r in records if r.start < serves[0] <= r.end}
+
+
 def nat_message(listen_addrs: Sequence[str], relays: Sequence[str], pinned: bool = True) -> str:
     """The line that tells a volunteer behind NAT how to be reached directly. A port the system
     chose (`pinned` False: --host-maddrs ends in /tcp/0) changes each start, so forwarding it
@@ -151,8 +161,10 @@ class Reachability:
         restart_dht: Callable[[], Awaitable],
         limits: RelayLimits | None = None,
         pinned_port: bool = True,
+        serves: tuple[int, int] | None = None,
     ):
         self.peer_id, self.mode, self.started = peer_id, mode, started
+        self.serves = serves  # its fixed range [start, end), or None (an auto peer's may move)
         self.pinned_port = pinned_port  # whether its listening port stays across restarts
         self.restart_dht = restart_dht  # () -> a new DHT in client mode, the old one shut down
         self.limits = limits or RelayLimits()
@@ -200,7 +212,8 @@ class Reachability:
             answered = {r.helper for r in replies if r is not None}
             answering = [c for c in everyone if c.peer_id in answered]
             self.observed_group = observed_group(chosen_first(replies, self.initial_peers))
-        self.relays = answering + [c for c in everyone if c not in answering]
+        upstream = predecessors(records, self.serves)
+        self.relays = sorted(everyone, key=lambda c: (c not in answering, c.peer_id not in upstream))
         dht = await self.restart_dht()
         self.p2p = await dht.replicate_p2p()
         self.dialer = Dialer(self.p2p)
@@ -355,7 +368,12 @@ async def become_reachable(config, dht, identity, started: float):
 
     pinned = not any(maddr.rstrip("/").endswith("/tcp/0") for maddr in config.host_maddrs)
     check = Reachability(
-        identity.peer_id.to_base58(), config.reachability, started, restart_dht, pinned_port=pinned
+        identity.peer_id.to_base58(),
+        config.reachability,
+        started,
+        restart_dht,
+        pinned_port=pinned,
+        serves=None if config.auto else (config.start, config.end),
     )
     dht, reach = await check.run(dht, config.initial_peers, records)
     return dht, reach, check

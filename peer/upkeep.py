@@ -55,7 +55,8 @@ class Upkeep:
         try:
             records = await self.read_records() if records is None else records
             self.members.update(r.peer_id for r in records)
-            await self.probe.step(records)
+            mine = self.record(PeerState.ONLINE)
+            await self.probe.step(records, (mine.start, mine.end))
             if self.follower is not None and not self.moving():
                 followed = self.follower.followed
                 await self.follower.step(records, self.record(PeerState.ONLINE), time.monotonic())

@@ -8,8 +8,9 @@ compute throughput as a second objective. Both become, per hop on a client-relay
                           + decode_ms_per_block(peer) * blocks(hop)
     throughput(peer)    = throughput(peer) / (blocks the chain runs on it * (1 + open_sessions))
 
-A chain's latency is the sum over its hops (ms per decode step); its throughput is the
-bottleneck, the smallest per-peer throughput (tokens/s after the current load is shared
+A chain's latency is the sum over its hops (ms per decode step), plus, where peers measured
+the links a pushed chain crosses between them, what those links cost more or less than the
+client relaying (routing/chains/peer_links.py); its throughput is the bottleneck, the smallest per-peer throughput (tokens/s after the current load is shared
 out). The solvers bound each hop by the floor; a chain that comes back to a peer after
 another peer (never useful for latency, rare) is still scored by the peer's total blocks.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hexswarm.routing.chains.peer_links import follow_matrix
 from hexswarm.routing.chains.swarm_view import Hop, NoRouteError, PeerView, Route, RouteRequest, SwarmView
 
 # An unmeasured peer is assumed to be this far away: still usable, but measured ones win.
@@ -91,6 +93,8 @@ class Candidates:
     overhead_ms: np.ndarray  # (n,) round trip + transfer, paid once per hop
     decode_ms: np.ndarray  # (n,) compute per block per decode step
     capacity: np.ndarray  # (n,) tokens/s of one block after the current load is shared out
+    # (n, n) ms added when a hop on i follows one on j (peer_links.py); None: no link measured
+    follow_ms: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -129,6 +133,7 @@ def candidates(
         overhead_ms=np.array(rtt, dtype=float) + per_hop,
         decode_ms=np.array([p.decode_ms_per_block for p in chosen], dtype=float),
         capacity=np.array([p.throughput / (1 + p.open_sessions) for p in chosen], dtype=float),
+        follow_ms=follow_matrix([p.peer_id for p in chosen], rtt, view.peer_rtt_ms),
     )
 
 
@@ -171,9 +176,15 @@ def hop_latency_ms(cands: Candidates, i: int, start: int, end: int) -> float:
     return float(cands.overhead_ms[i] + cands.decode_ms[i] * (end - start))
 
 
+def follow_ms(cands: Candidates, before: int, after: int) -> float:
+    """ms added when a hop on candidate `after` follows one on `before` (0: no measured link)."""
+    return 0.0 if cands.follow_ms is None else float(cands.follow_ms[before, after])
+
+
 def make_route(cands: Candidates, hops: list[tuple[int, int, int]]) -> Route:
     """Builds a Route from (candidate, start, end) hops, with its latency and bottleneck throughput."""
     latency = sum(hop_latency_ms(cands, i, s, e) for i, s, e in hops)
+    latency += sum(follow_ms(cands, j, i) for (j, _, _), (i, _, _) in zip(hops, hops[1:], strict=False))
     blocks: dict[int, int] = {}
     for i, s, e in hops:
         blocks[i] = blocks.get(i, 0) + e - s
@@ -201,6 +212,9 @@ def evaluate_assignments(cands: Candidates, assign: np.ndarray) -> np.ndarray:
     starts = np.ones_like(assign, dtype=bool)  # block b opens a new hop
     starts[:, 1:] = assign[:, 1:] != assign[:, :-1]
     latency = cands.decode_ms[assign].sum(axis=1) + (cands.overhead_ms[assign] * starts).sum(axis=1)
+    if cands.follow_ms is not None:  # each hop after the first pays its link from the hop before
+        links = cands.follow_ms[assign[:, :-1], assign[:, 1:]]
+        latency += np.where(starts[:, 1:], links, 0.0).sum(axis=1)
     per_peer = np.zeros((pop, cands.size), dtype=np.int64)  # blocks each peer runs per chain
     np.add.at(per_peer, (np.arange(pop)[:, None], assign), 1)
     throughput = (cands.capacity[assign] / np.take_along_axis(per_peer, assign, axis=1)).min(axis=1)

@@ -9,7 +9,10 @@ arrival at boundary e is
               a_i + d_i * e + (dist[s] - d_i * s)
 
 which is a windowed minimum per peer over boundaries that are already final (s < e), so one
-sweep over e = 1..L, vectorised over peers, gives the exact optimum.
+sweep over e = 1..L, vectorised over peers, gives the exact optimum. On a pushed chain a hop on
+i also pays its link from the hop before, f_ji (routing/chains/peer_links.py), so each boundary
+keeps the best arrival through each last peer j and a hop on i starts from
+min over j of arrival[s, j] + f_ji: an (m x n) minimum per boundary, m the peers reaching it.
 
 The window is [start_i, e) for plain min-latency, which is exact. `shortest_chain(...,
 min_throughput=t)` solves the epsilon-constrained problem the other modes use: peer i may run
@@ -67,12 +70,12 @@ def shortest_chain(cands: Candidates, min_throughput: float = 0.0) -> Hops | Non
 class _ChainDP:
     """Exact min-latency chain whose hop on peer i spans at most max_len[i] blocks from s <= last_start[i].
 
-    Two hops in a row on one peer are never useful (one hop does the same work for one
-    round trip less) but would dodge the bound, so each boundary keeps its two best
-    arrivals with different last peers, and a hop on peer i extends the best arrival whose
-    last peer is not i. Ties go to the candidate listed first (deterministic). The tables
-    persist between solves, so a repair round that bars peers from starting hops after
-    boundary s recomputes only the boundaries after s + 1.
+    Each boundary keeps the best arrival through each last peer: a hop on peer i pays its link
+    from the hop before it (`Candidates.follow_ms`, a measured peer-to-peer link on a pushed
+    chain) and never follows itself (two hops in a row on one peer are never useful, and would
+    dodge the bound). Ties go to the candidate listed first (deterministic). The tables persist
+    between solves, so a repair round that bars peers from starting hops after boundary s
+    recomputes only the boundaries after s + 1.
     """
 
     def __init__(self, cands: Candidates, max_len: np.ndarray):
@@ -80,22 +83,25 @@ class _ChainDP:
         self.cands, self.max_len = cands, max_len
         self.last_start = cands.end - 1  # latest boundary a hop on peer i may start at
         self.rows = [np.flatnonzero((cands.start <= b) & (b < cands.end)) for b in range(num_blocks)]
-        self.dist = np.full((num_blocks + 1, 2), np.inf)  # [e, rank]: best, and best with another last peer
-        self.dist[0, 0] = 0.0
-        self.last = np.full((num_blocks + 1, 2), -1, dtype=np.int64)  # last peer of each arrival
-        self.parent = np.full((num_blocks + 1, 2, 2), -1, dtype=np.int64)  # [e, rank] -> (s, rank at s)
-        self.offsets = np.full((n, num_blocks), np.inf)  # [i, s] = arrival at s usable by i - d_i * s
-        self.rank_at = np.zeros((n, num_blocks), dtype=np.int64)  # which arrival at s that was
+        self.follow = _follow_or_zero(cands)
+        # [e, j]: best chain to boundary e whose last hop is on j; column n: the client, at 0
+        self.arrival = np.full((num_blocks + 1, n + 1), np.inf)
+        self.arrival[0, n] = 0.0
+        self.parent = np.full((num_blocks + 1, n, 2), -1, dtype=np.int64)  # [e, i] -> (s, last peer at s)
+        self.offsets = np.full(
+            (n, num_blocks), np.inf
+        )  # [i, s] = best arrival at s a hop on i may take - d_i * s
+        self.came_from = np.full((n, num_blocks), n, dtype=np.int64)  # [i, s]: that arrival's last peer
 
     def solve(self, first: int = 1) -> Hops | None:
         """Recomputes boundaries first..L (those before are final) and unwinds the best chain."""
         cands, num_blocks = self.cands, self.cands.num_blocks
         if cands.size == 0:
             return None
-        self.dist[first:], self.last[first:], self.parent[first:] = np.inf, -1, -1
+        self.arrival[first:], self.parent[first:] = np.inf, -1
         boundaries = np.arange(num_blocks)
         for e in range(first, num_blocks + 1):
-            _open_boundary(cands, self.dist, self.last, self.offsets, self.rank_at, e - 1)
+            self._open_boundary(e - 1)
             rows = self.rows[e - 1]
             lo = np.maximum(cands.start[rows], e - self.max_len[rows])  # (r,) first allowed start
             b = boundaries[None, :e]
@@ -103,33 +109,57 @@ class _ChainDP:
             window = np.where(allowed, self.offsets[rows, :e], np.inf)  # (r, e)
             best_s = np.argmin(window, axis=1) if rows.size else rows
             cost = cands.overhead_ms[rows] + cands.decode_ms[rows] * e + window[np.arange(rows.size), best_s]
-            for rank, k in enumerate(np.argsort(cost, kind="stable")[:2]):
-                if np.isfinite(cost[k]):
-                    self.dist[e, rank], self.last[e, rank] = cost[k], rows[k]
-                    self.parent[e, rank] = (best_s[k], self.rank_at[rows[k], best_s[k]])
-        if not np.isfinite(self.dist[num_blocks, 0]):
+            self.arrival[e, rows] = cost
+            self.parent[e, rows, 0] = best_s
+            self.parent[e, rows, 1] = self.came_from[rows, best_s]
+        final = self.arrival[num_blocks, : cands.size]
+        if not np.isfinite(final).any():
             return None
-        return _unwind(self.last, self.parent, num_blocks)
+        return self._unwind(int(np.argmin(final)))
+
+    def _open_boundary(self, s: int) -> None:
+        """Boundary s is final: record, per peer, the best arrival a hop on that peer may start from."""
+        reached = np.flatnonzero(np.isfinite(self.arrival[s]))
+        d = self.cands.decode_ms
+        if reached.size == 0:
+            self.offsets[:, s] = np.inf
+            return
+        if self.cands.follow_ms is None:  # no links: the best arrival, its runner-up for its own peer
+            self._open_without_links(s, reached)
+            return
+        totals = self.arrival[s, reached][:, None] + self.follow[reached]  # (m, n): via each last peer
+        best = np.argmin(totals, axis=0)
+        self.offsets[:, s] = totals[best, np.arange(d.size)] - d * s
+        self.came_from[:, s] = reached[best]
+
+    def _open_without_links(self, s: int, reached: np.ndarray) -> None:
+        order = reached[np.argsort(self.arrival[s, reached], kind="stable")[:2]]
+        d = self.cands.decode_ms
+        self.offsets[:, s] = self.arrival[s, order[0]] - d * s
+        self.came_from[:, s] = order[0]
+        j = order[0]
+        if j < d.size:  # peer j may not follow itself: it gets the runner-up arrival
+            second = self.arrival[s, order[1]] if order.size > 1 else np.inf
+            self.offsets[j, s] = second - d[j] * s
+            self.came_from[j, s] = order[1] if order.size > 1 else d.size
+
+    def _unwind(self, last: int) -> Hops:
+        hops: Hops = []
+        e, i = self.cands.num_blocks, last
+        while e > 0:
+            s, before = (int(v) for v in self.parent[e, i])
+            hops.append((i, s, e))
+            e, i = s, before
+        return hops[::-1]
 
 
-def _open_boundary(cands: Candidates, dist, last, offsets, rank_at, s: int) -> None:
-    """Boundary s is final: record, per peer, the arrival a hop on that peer may start from."""
-    offsets[:, s] = dist[s, 0] - cands.decode_ms * s
-    rank_at[:, s] = 0
-    j = last[s, 0]
-    if j >= 0:  # peer j may not follow itself: it gets the runner-up arrival
-        offsets[j, s] = dist[s, 1] - cands.decode_ms[j] * s
-        rank_at[j, s] = 1
-
-
-def _unwind(last: np.ndarray, parent: np.ndarray, num_blocks: int) -> Hops:
-    hops: Hops = []
-    e, rank = num_blocks, 0
-    while e > 0:
-        s, prev_rank = (int(v) for v in parent[e, rank])
-        hops.append((int(last[e, rank]), s, e))
-        e, rank = s, prev_rank
-    return hops[::-1]
+def _follow_or_zero(cands: Candidates) -> np.ndarray:
+    """(n + 1, n): ms a hop on i pays after one on j; the last row is the client (nothing before)."""
+    n = cands.size
+    follow = np.zeros((n, n)) if cands.follow_ms is None else cands.follow_ms
+    with_self = follow.copy()
+    np.fill_diagonal(with_self, np.inf)
+    return np.vstack([with_self, np.zeros((1, n))])
 
 
 def min_latency_route(view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> Route:

@@ -10,13 +10,17 @@ adds its own picks since the snapshot to the announced `open_sessions` before sc
 and each pick raises the load-aware cost (routing.chains.load_costs) of the peers it used.
 
 A new snapshot version already counts those sessions, so the tally restarts with it. A
-route that a peer then refuses was still counted on its other peers until the next
-snapshot; that over-estimate is small and short-lived.
+session that ends is taken off again (`release`): a client that runs one request after
+another on a quiet swarm, whose snapshot may not change for minutes, would otherwise count
+every request it ever made as load and spread its later ones over slower chains. A route
+that a peer then refuses was still counted on its other peers until the session closed or
+the next snapshot; that over-estimate is small and short-lived.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import replace
 
 from hexswarm.routing.chains.swarm_view import Route, SwarmView
@@ -29,16 +33,30 @@ class OwnPicks:
         self._lock = threading.Lock()
         self._version = -1
         self._counts: dict[str, int] = {}
+        self._routes: Counter[Route] = Counter()  # the routes counted since the snapshot
 
     def record(self, version: int, route: Route) -> None:
         """Counts one session on every peer of `route`, routed on snapshot `version`."""
         with self._lock:
             if version > self._version:
-                self._version, self._counts = version, {}
+                self._version, self._counts, self._routes = version, {}, Counter()
             elif version < self._version:
                 return  # routed on an older snapshot than the newest seen: the newer one counts it
+            self._routes[route] += 1
             for peer_id in {h.peer_id for h in route.hops}:
                 self._counts[peer_id] = self._counts.get(peer_id, 0) + 1
+
+    def release(self, route: Route) -> None:
+        """The session routed on `route` ended: it no longer counts, if it was counted on the
+        current snapshot (a newer snapshot's announced load has it, or has it no more)."""
+        with self._lock:
+            if self._routes[route] <= 0:
+                return
+            self._routes[route] -= 1
+            for peer_id in {h.peer_id for h in route.hops}:
+                self._counts[peer_id] -= 1
+                if self._counts[peer_id] <= 0:
+                    del self._counts[peer_id]
 
     def counts(self, version: int) -> dict[str, int]:
         """peer_id -> sessions routed since snapshot `version` (empty for any other version)."""

@@ -6,7 +6,8 @@ asks a router for a `Route`: an ordered chain of hops that covers blocks [0, num
 Transport assumed by the cost of a hop (what the client does today): the client sends a
 step to a peer and gets the result back, then sends it to the next peer (client-relayed).
 So one hop costs the client<->peer round trip, the transfer of the hidden states both ways,
-and the peer's compute for its blocks. `peer_rtt_ms` is there for peer-to-peer forwarding.
+and the peer's compute for its blocks. When peers push steps to each other, `peer_rtt_ms`
+holds the links they measured, and a chain pays those instead (routing/chains/peer_links.py).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class SwarmView:
     num_blocks: int
     peers: tuple[PeerView, ...]
     client_rtt_ms: dict[str, float] = field(default_factory=dict)  # peer_id -> client<->peer round trip
-    peer_rtt_ms: dict[tuple[str, str], float] = field(default_factory=dict)  # (a, b) -> a<->b round trip
+    # (a, b) with a <= b (peer_links.pair) -> a<->b round trip, as the peers measured it
+    peer_rtt_ms: dict[tuple[str, str], float] = field(default_factory=dict)
     client_bandwidth_mbps: float = 1000.0  # client<->peer link, for the transfer of hidden states
     hidden_size: int = 0  # for the transfer size of one token's hidden state
     dtype_bytes: int = 4

@@ -128,6 +128,10 @@ class TradeoffRouter:
             self._own.record(view.version, route)
         return route
 
+    def release(self, route: Route) -> None:
+        """A session routed on `route` ended: its peers are no longer loaded by it."""
+        self._own.release(route)
+
     def _choose(self, view: SwarmView, request: RouteRequest, exclude: frozenset[str]) -> Route:
         key = (view.version, request_class(request))
         with self._lock:

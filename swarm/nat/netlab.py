@@ -25,7 +25,8 @@ delay PORT MS`), which reads each connection's original destination, connects th
 forwards each chunk both ways `MS` milliseconds after it arrived. `add_host` puts more hosts on
 the internet with no NAT, and `delay_host` delays every connection such a host opens to another
 (its own proxy, whose connections are marked so they pass): a WAN without NAT, where every
-round trip between two hosts is twice the delay (benchmarks/wan.py).
+round trip between two hosts is twice the delay (benchmarks/wan.py); `per_destination` gives
+some destinations other delays (a WAN whose hosts are in different regions, benchmarks/wan_routes.py).
 """
 
 from __future__ import annotations
@@ -143,9 +144,18 @@ class NetLab:
         )
         return self._start_delay_proxy(home.router_ns, one_way_ms, port)
 
-    def _start_delay_proxy(self, ns: str, one_way_ms: float, port: int, mark: int = 0) -> subprocess.Popen:
+    def _start_delay_proxy(
+        self,
+        ns: str,
+        one_way_ms: float,
+        port: int,
+        mark: int = 0,
+        per_destination: dict[str, float] | None = None,
+    ) -> subprocess.Popen:
         args = [*self.exec_prefix(ns), sys.executable, "-m", "hexswarm.swarm.nat.netlab", "delay"]
         args += [str(port), str(one_way_ms), str(mark)]
+        if per_destination:
+            args.append(",".join(f"{ip}={ms}" for ip, ms in per_destination.items()))
         proxy = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
@@ -172,17 +182,25 @@ class NetLab:
             self._plug_into_internet(ns, f"w{k}", f"{ip}/16")
         return ns, ip
 
-    def delay_host(self, ns: str, own_ip: str, one_way_ms: float, port: int = 7070) -> subprocess.Popen:
+    def delay_host(
+        self,
+        ns: str,
+        own_ip: str,
+        one_way_ms: float,
+        port: int = 7070,
+        per_destination: dict[str, float] | None = None,
+    ) -> subprocess.Popen:
         """Adds `one_way_ms` each way to every TCP connection the host in `ns` opens to another
         host (an OUTPUT redirect to a delay proxy in its own namespace, whose own connections
-        carry DELAY_MARK and pass); connections to itself are not delayed."""
+        carry DELAY_MARK and pass), or `per_destination[ip]` to those going to `ip`;
+        connections to itself are not delayed."""
         self._run(ns, f"iptables -t nat -A OUTPUT -p tcp -d {own_ip} -j RETURN")
         self._run(
             ns,
             f"iptables -t nat -A OUTPUT -p tcp -d {INTERNET_PREFIX[:-2]}.0.0/16 -m mark ! --mark {DELAY_MARK} "
             f"-j REDIRECT --to-ports {port}",
         )
-        return self._start_delay_proxy(ns, one_way_ms, port, DELAY_MARK)
+        return self._start_delay_proxy(ns, one_way_ms, port, DELAY_MARK, per_destination)
 
     def close(self) -> None:
         for ns in reversed(self.namespaces):
@@ -298,10 +316,12 @@ SO_MARK = 36  # asm-generic/socket.h: the firewall mark of a socket's packets
 DELAY_MARK = 0x77  # a host's delay proxy marks its own connections so they are not redirected again
 
 
-async def _serve_delay(port: int, one_way_s: float, mark: int = 0) -> None:
+async def _serve_delay(
+    port: int, default_s: float, mark: int = 0, per_destination_s: dict | None = None
+) -> None:
     import asyncio
 
-    async def forward(reader, writer) -> None:
+    async def forward(reader, writer, one_way_s: float) -> None:
         """Forwards each chunk `one_way_s` after it arrived, in order, until either side ends."""
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -330,8 +350,11 @@ async def _serve_delay(port: int, one_way_s: float, mark: int = 0) -> None:
         except OSError:
             writer.close()
             return
+        one_way_s = (per_destination_s or {}).get(destination[0], default_s)
         await asyncio.gather(
-            forward(reader, upstream[1]), forward(upstream[0], writer), return_exceptions=True
+            forward(reader, upstream[1], one_way_s),
+            forward(upstream[0], writer, one_way_s),
+            return_exceptions=True,
         )
 
     server = await asyncio.start_server(accepted, "0.0.0.0", port)
@@ -357,10 +380,12 @@ async def _connect(destination: tuple[str, int], mark: int):
     return await asyncio.open_connection(sock=sock)
 
 
-if __name__ == "__main__":  # python -m hexswarm.swarm.nat.netlab delay PORT MS [MARK]
+if __name__ == "__main__":  # python -m hexswarm.swarm.nat.netlab delay PORT MS [MARK [IP=MS,...]]
     import asyncio
 
-    if len(sys.argv) not in (4, 5) or sys.argv[1] != "delay":
-        sys.exit("usage: python -m hexswarm.swarm.nat.netlab delay PORT ONE_WAY_MS [MARK]")
-    mark = int(sys.argv[4]) if len(sys.argv) == 5 else 0
-    asyncio.run(_serve_delay(int(sys.argv[2]), float(sys.argv[3]) / 1000, mark))
+    if len(sys.argv) not in (4, 5, 6) or sys.argv[1] != "delay":
+        sys.exit("usage: python -m hexswarm.swarm.nat.netlab delay PORT ONE_WAY_MS [MARK [IP=MS,...]]")
+    mark = int(sys.argv[4]) if len(sys.argv) >= 5 else 0
+    pairs = (item.split("=") for item in sys.argv[5].split(",")) if len(sys.argv) == 6 else ()
+    per_destination = {ip: float(ms) / 1000 for ip, ms in pairs}
+    asyncio.run(_serve_delay(int(sys.argv[2]), float(sys.argv[3]) / 1000, mark, per_destination))

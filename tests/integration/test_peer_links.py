@@ -215,3 +215,34 @@ def test_a_chain_naming_a_peer_outside_the_swarm_is_never_dialed_and_is_relayed(
         return stranger.frames["Step"] >= 1
 
     wait_for(pushed_to_the_stranger, 30, "a pushes to the stranger once it announces the model")
+
+
+def test_a_pushing_client_prices_its_chain_by_the_link_its_peers_measured(links_swarm, push_client):
+    from hexswarm.routing.chains.min_latency import min_latency_route
+    from hexswarm.routing.chains.peer_links import pair
+    from hexswarm.routing.chains.swarm_view import RouteRequest
+
+    _, _, model_id = links_swarm
+    spec, swarm = push_client.spec, push_client.swarm
+
+    def both_reported() -> bool:
+        records = {r.name: r for r in read_peer_records(swarm.dht, model_id)}
+        return {"a", "b"} <= set(records) and records["b"].peer_id in dict(records["a"].rtt_ms)
+
+    wait_for(both_reported, 30, "a publishes its round trip to b, its chain neighbour")
+    records = [r for r in read_peer_records(swarm.dht, model_id) if r.name in ("a", "b")]
+    a, b = sorted(records, key=lambda r: r.name)
+    pushed = swarm.view(records, spec.num_blocks, spec.hidden_size, peer_links=True)
+    assert not swarm.view(records, spec.num_blocks, spec.hidden_size).peer_rtt_ms  # a relaying client's
+    relayed = replace(pushed, peer_rtt_ms={})  # the same round trips, priced as if relayed
+    reports = [ms for r, other in ((a, b), (b, a)) for p, ms in r.rtt_ms if p == other.peer_id]
+    assert pushed.peer_rtt_ms == {pair(a.peer_id, b.peer_id): max(reports)}
+    request = RouteRequest(prompt_tokens=8, new_tokens=8)
+    with_links, without = min_latency_route(pushed, request), min_latency_route(relayed, request)
+    assert [h.peer_id for h in with_links.hops] == [a.peer_id, b.peer_id]
+    rtt = pushed.client_rtt_ms
+    link = max(max(reports), abs(rtt[a.peer_id] - rtt[b.peer_id]))
+    # the hop from a to b is priced as the link's one-way trip, not as the client relaying it
+    assert with_links.latency_ms - without.latency_ms == pytest.approx(
+        (link - rtt[a.peer_id] - rtt[b.peer_id]) / 2, abs=1e-6
+    )

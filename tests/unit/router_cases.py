@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from hexswarm.routing.chains.cost import candidates, make_route
+from hexswarm.routing.chains.peer_links import pair
 from hexswarm.routing.chains.swarm_view import PeerView, Route, RouteRequest, SwarmView
 
 REQUEST = RouteRequest(prompt_tokens=16, new_tokens=8, batch_size=2)  # needs 48 cache tokens
@@ -32,6 +35,19 @@ def small_view(seed: int, num_peers: int = 6, num_blocks: int = 6, version: int 
     return SwarmView(
         num_blocks, tuple(peers), client_rtt_ms=rtt, hidden_size=64, dtype_bytes=2, version=version
     )
+
+
+def with_peer_links(view: SwarmView, seed: int, share: float = 0.5) -> SwarmView:
+    """`view` with random measured round trips between about `share` of its pairs of peers."""
+    rng = np.random.default_rng(seed + 1000)
+    ids = [p.peer_id for p in view.peers]
+    links = {
+        pair(a, b): float(rng.uniform(1, 120))
+        for k, a in enumerate(ids)
+        for b in ids[k + 1 :]
+        if a != b and rng.random() < share
+    }
+    return replace(view, peer_rtt_ms=links)
 
 
 def all_routes(view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> list[Route]:

@@ -198,9 +198,12 @@ def boot(name: str, ip: str) -> str:
     return f"/ip4/{ip}/tcp/31337/p2p/{name}"
 
 
-async def run_reachability(monkeypatch, initial: list[str], answers: dict, records=()):
+async def run_reachability(
+    monkeypatch, initial: list[str], answers: dict, records=(), serves=None, checks=None
+):
     """Reachability.run in auto mode where helper `h` answers `answers[h]`; what was asked and the
-    Reach. A peer that is not found direct stops at its relays' step (stood in for)."""
+    Reach. A peer that is not found direct stops at its relays' step (stood in for); `checks`,
+    a list, gets the Reachability."""
     asked: list[str] = []
     every = [*initial, *(a for r in records for a in r.addrs)]
     AskerP2P.helpers = {a.rsplit("/p2p/", 1)[1]: a.split("/")[2] for a in every}
@@ -217,7 +220,9 @@ async def run_reachability(monkeypatch, initial: list[str], answers: dict, recor
 
     monkeypatch.setattr(client_mod, "ask", ask)
     monkeypatch.setattr(reach_mod.Reachability, "_first_slots", no_relays)
-    check = reach_mod.Reachability(ASKER, "auto", time.monotonic(), restart)
+    check = reach_mod.Reachability(ASKER, "auto", time.monotonic(), restart, serves=serves)
+    if checks is not None:
+        checks.append(check)
 
     async def read_records():
         return list(records)
@@ -239,6 +244,28 @@ async def test_helpers_that_say_busy_are_replaced_not_read_as_unverified(monkeyp
     asked, reach = await run_reachability(monkeypatch, initial, answers)
     assert "QmB4" in asked
     assert reach.mode == "direct" and reach.addrs == (f"{HONEST}/p2p/{ASKER}",), reach
+
+
+@pytest.mark.asyncio
+async def test_a_peer_behind_nat_asks_its_chain_predecessors_for_relay_slots_first(monkeypatch):
+    """It serves [4, 8): of the direct peers that answered, the one serving [0, 4) pushes steps to
+    it, so it is asked first; one that did not answer comes after every one that did."""
+    from tests.unit.record_cases import make_record
+
+    initial = [boot("QmBoot", "192.0.2.1")]
+    ranges = {"QmOther": (8, 12), "QmBefore": (0, 4), "QmSilent": (2, 4)}
+    direct = [
+        make_record(peer_id=p, start=s, end=e, addrs=(boot(p, f"203.0.{k}.1"),))
+        for k, (p, (s, e)) in enumerate(ranges.items(), start=10)
+    ]
+    answers = {h: DialBackReply(h, ()) for h in ("QmBoot", "QmOther", "QmBefore")}  # could not dial it
+    monkeypatch.setattr(reach_mod, "direct_peers", lambda records: list(records))
+    checks: list = []
+    await run_reachability(monkeypatch, initial, answers, records=direct, serves=(4, 8), checks=checks)
+    order = [c.peer_id for c in checks[0].relays]
+    assert order[0] == "QmBefore" and order[-1] == "QmSilent", order
+    assert reach_mod.predecessors(direct, (4, 8)) == {"QmBefore", "QmSilent"}
+    assert reach_mod.predecessors(direct, (0, 4)) == set() == reach_mod.predecessors(direct, None)
 
 
 # --- item 6: lying helpers cannot choose what a peer announces --------------------------------

@@ -101,6 +101,28 @@ async def test_a_step_probes_a_bounded_sample_unmeasured_peers_first():
         assert set(probe.rtt_ms) <= set(ids[:5])
 
 
+async def test_chain_neighbours_are_probed_first_and_published_first():
+    async with Listener() as peer:
+        # this peer serves [4, 8): peers holding block 8, or ending a hop at 4, are its neighbours
+        ranges = {
+            "QmNext": (8, 12),
+            "QmOver": (6, 10),
+            "QmPrev": (0, 4),
+            "QmFar1": (12, 16),
+            "QmFar2": (0, 2),
+        }
+        streams = Streams(dict.fromkeys(ranges, peer))
+        probe = LinkProbe("QmA", streams, sample=2, seed=0)
+        records = [make_record(peer_id=p, start=s, end=e) for p, (s, e) in ranges.items()]
+        for _ in range(3):  # one neighbour and one other a step
+            await probe.step(records, serves=(4, 8))
+        assert probe.neighbours == {"QmNext", "QmOver", "QmPrev"}
+        assert set(streams.dials[::2]) == probe.neighbours  # each neighbour once, before any again
+        assert set(streams.dials[1::2]) <= {"QmFar1", "QmFar2"}
+        published = [p for p, _ in probe.published()]
+        assert set(published[:3]) == probe.neighbours
+
+
 async def test_a_probe_has_a_deadline_and_a_silent_peer_keeps_its_last_round_trip(monkeypatch):
     monkeypatch.setattr(link_probe, "PROBE_TIMEOUT_S", 0.2)
     async with Listener() as good, Listener(answer=lambda ping: None) as silent:

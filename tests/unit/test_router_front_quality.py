@@ -69,6 +69,34 @@ def test_own_picks_count_per_snapshot_and_restart_with_a_new_one() -> None:
     assert picks.counts(4)[peer] == 1 and picks.counts(3) == {}
 
 
+def test_a_session_that_ended_stops_counting() -> None:
+    picks = OwnPicks()
+    route = TradeoffRouter(background=False, account_picks=False).choose(SMALL, REQUEST)
+    peer = route.hops[0].peer_id
+    picks.record(3, route)
+    picks.record(3, route)
+    picks.release(route)
+    assert picks.counts(3)[peer] == 1
+    picks.release(route)
+    picks.release(route)  # released more often than counted: nothing below zero
+    assert picks.counts(3) == {}
+    picks.record(3, route)
+    picks.record(4, route)  # a new snapshot: what was counted on the old one is not released
+    picks.release(route)
+    assert picks.counts(4) == {}
+
+
+def test_requests_one_after_another_take_the_same_best_chain() -> None:
+    """A client that releases each session before the next routes them all on the best chain."""
+    peers = (PeerView("a", 0, 4, 1000.0, 1.0, 10**6), PeerView("b", 0, 4, 1000.0, 1.0, 10**6))
+    view = SwarmView(4, peers, client_rtt_ms={"a": 5.0, "b": 6.0})
+    router = TradeoffRouter(config=NsgaConfig(pop_size=8, generations=2), background=False)
+    for _ in range(10):
+        route = router.choose(view, REQUEST)
+        assert route.hops[0].peer_id == "a"
+        router.release(route)
+
+
 def test_requests_on_one_snapshot_spread_over_equal_chains() -> None:
     """Two equal peers: routing on one idle snapshot must not send everything to the first."""
     peers = (PeerView("a", 0, 4, 1000.0, 1.0, 10**6), PeerView("b", 0, 4, 1000.0, 1.0, 10**6))

@@ -11,7 +11,7 @@ from hexswarm.routing.chains.cost import request_cache_tokens
 from hexswarm.routing.chains.min_latency import MinLatencyRouter, min_latency_route
 from hexswarm.routing.chains.swarm_view import NoRouteError, PeerView, RouteRequest, SwarmView
 from hexswarm.routing.scenarios.synthetic_swarm import SwarmSpec, generate_swarm
-from tests.unit.router_cases import REQUEST, all_routes, assert_covers, small_view
+from tests.unit.router_cases import REQUEST, all_routes, assert_covers, small_view, with_peer_links
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -26,6 +26,18 @@ def test_matches_brute_force(seed: int) -> None:
     route = MinLatencyRouter().choose(view, REQUEST)
     assert route.latency_ms == pytest.approx(best, rel=1e-9)
     assert_covers(route, view)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_matches_brute_force_with_measured_peer_links(seed: int) -> None:
+    view = with_peer_links(small_view(seed), seed)
+    routes = all_routes(view, REQUEST)
+    if not routes:
+        return
+    route = MinLatencyRouter().choose(view, REQUEST)
+    assert route.latency_ms == pytest.approx(min(r.latency_ms for r in routes), rel=1e-9)
+    assert_covers(route, view)
+    assert all(a.peer_id != b.peer_id for a, b in zip(route.hops, route.hops[1:], strict=False))
 
 
 def test_uses_sub_ranges() -> None:
