@@ -23,6 +23,7 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
+from hexswarm.client.candidate_sample import CANDIDATES_PER_BLOCK, sample_per_block
 from hexswarm.client.group_cap import RECORDS_PER_GROUP, cap_per_group
 from hexswarm.client.observed import ObservedSpeeds
 from hexswarm.client.peer_views import peer_view
@@ -55,6 +56,7 @@ COVERAGE_NOTICE_S = 2.0  # a wait for coverage longer than this is said in the l
 OBSERVED_PUBLISH_TIMEOUT_S = 5.0  # at shutdown: what it observed is stored, or given up on
 
 RTT_TTL_S = 60.0  # how long a measured round trip is trusted
+SAMPLE_ROUNDS = 3  # samples of a block's candidates while all it pinged stay silent
 MIN_OPEN_TIMEOUT_S = 0.5  # a stream open always gets this long, even after a slow dial
 PING_TIMEOUT_S = 5.0
 # A round trip is the fastest of a few pings on one stream: a single one (a stream's first, or
@@ -133,6 +135,8 @@ class SwarmClient:
     observed_model: str = ""  # the model they were observed on
     # a router sees at most this many records of one IP group per block (client/group_cap.py)
     records_per_group: int = RECORDS_PER_GROUP
+    # and at most about this many records per block, the ones it pings (client/candidate_sample.py)
+    candidates_per_block: int = CANDIDATES_PER_BLOCK
     seed: bytes = field(default_factory=lambda: secrets.token_bytes(16))  # which of a group it sees
     initial_peers: tuple[str, ...] = ()  # pinged again while the swarm looks empty (swarm/net/rejoin.py)
 
@@ -266,7 +270,7 @@ class SwarmClient:
         with `peer_links`, the round trips between them that their records report (for pushed chains)."""
         self._share_observed(records)
         records = cap_per_group(records, self.records_per_group, self.seed)
-        rtts = self.round_trips(records, ping_timeout)
+        rtts = self.sampled_round_trips(records, ping_timeout)
         peers = tuple(peer_view(r, self.observed) for r in records if r.peer_id in rtts)
         links = (
             links_from_reports([(r.peer_id, r.rtt_ms) for r in records if r.peer_id in rtts])
@@ -306,6 +310,27 @@ class SwarmClient:
             return None
         marker = RSASignatureValidator().local_public_key  # the key this process's DHT node signs with
         return speed_reports.publish(self.dht, marker, self.observed_model, figures, get_dht_time())
+
+    def sampled_round_trips(
+        self, records: list[PeerRecord], timeout: float = PING_TIMEOUT_S
+    ) -> dict[str, float]:
+        """Round trips to a bounded sample of `records` per block (client/candidate_sample.py),
+        the only peers a router then sees; a block whose sampled peers all stay silent is
+        sampled again among the others, up to SAMPLE_ROUNDS times."""
+        now = time.monotonic()
+        fresh = {p for p, (_, at) in self.rtt_ms.items() if now - at < RTT_TTL_S}
+        epoch = int(now // RTT_TTL_S)
+        rtts: dict[str, float] = {}
+        tried: set[str] = set()
+        for _ in range(SAMPLE_ROUNDS):
+            served = {b for r in records if r.peer_id in rtts for b in range(r.start, r.end)}
+            left = [r for r in records if r.peer_id not in tried and not set(range(r.start, r.end)) <= served]
+            sample = sample_per_block(left, self.candidates_per_block, fresh, self.seed, epoch)
+            if not sample:
+                break
+            tried.update(r.peer_id for r in sample)
+            rtts.update(self.round_trips(sample, timeout))
+        return rtts
 
     def round_trips(self, records: list[PeerRecord], timeout: float = PING_TIMEOUT_S) -> dict[str, float]:
         """peer id -> round trip in ms (a PING, re-measured after RTT_TTL_S), dialed at the

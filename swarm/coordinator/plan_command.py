@@ -182,7 +182,14 @@ def _search(args: argparse.Namespace, cluster, model, workload):
                 )  # fmt: skip
 
         result = search(cluster, model, workload, config, progress=report)
-    logger.info("done: %d generations, %.1f s", result.generations, result.elapsed_s)
+    # Said here too, not only every 10 generations: a loaded machine may run none in the budget.
+    best = max((fitness[0] for fitness, _ in result.finalists), default=None)
+    shown = (
+        ""
+        if best is None
+        else f", best {measure} " + (f"{best:.1%}" if workload.has_deadline else f"{best:.2f}")
+    )
+    logger.info("done: %d generations, %.1f s%s", result.generations, result.elapsed_s, shown)
     return result.plan
 
 
