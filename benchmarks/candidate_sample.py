@@ -7,7 +7,7 @@ client pinged before the sample: every record), `pinged_sample` (the sample's si
 round's dials; a second round only follows for a block whose sampled peers all stay silent),
 `min_per_block` (the fewest sampled peers serving any block; 0 where the random swarm itself
 leaves a block unserved), `blocks_kept` (every block keeps min(8, its peers)), and the ratio. This counts the
-rule's dials; what they cost on a real swarm is benchmarks/scale.py's work (issue 50).
+rule's dials; what they cost on a real swarm is benchmarks/scale.py's work.
 
     python benchmarks/candidate_sample.py [--peers 25 100 300 1000 3000] [--save]
 """

@@ -8,7 +8,7 @@ half (`b1`, `b2`: 15:30) and the client. Two regions, west (`a1`, `b1`) and east
 host opens to another goes through a delay proxy that adds the pair's delay each way
 (`delay_host(per_destination=...)`), so a pair's round trip is twice its delay whoever dials.
 
-Priced by the client's round trips alone (every chain before issue 51 item 4), `a2 -> b1` is the
+Priced by the client's round trips alone (every chain before links were priced), `a2 -> b1` is the
 nearest chain; but a pushed step crosses client -> a2 -> b1 -> client, and a2 -> b1 is the far
 link. Priced by the links the peers measured (routing/chains/peer_links.py), `a1 -> b1` or
 `a2 -> b2` win. Both pricings run alternately on the same swarm and client (the old one by

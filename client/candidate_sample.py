@@ -2,8 +2,8 @@
 
 A client measures its round trip to every peer it may route through before it routes (a PING,
 re-measured after a minute). At 300 peers of a model that is 300 dials for each fresh
-`generate()`, and through relays those connections stay open and hold the relays' slots
-(issue 50). So the router sees at most `per_block` records serving any block: those whose
+`generate()`, and through relays those connections stay open and hold the relays' slots.
+So the router sees at most `per_block` records serving any block: those whose
 round trip the client measured within the minute first (no new dial), then a draw that is
 random per client and changes each minute (`seed`, `epoch`), so that clients spread their load
 and new peers get their turn. A peer is kept while any block it serves has fewer than

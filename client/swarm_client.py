@@ -318,7 +318,7 @@ class SwarmClient:
         the only peers a router then sees; a block whose sampled peers all stay silent is
         sampled again among the others, up to SAMPLE_ROUNDS times."""
         now = time.monotonic()
-        fresh = {p for p, (_, at) in self.rtt_ms.items() if now - at < RTT_TTL_S}
+        fresh = self._fresh_rtts(now)
         epoch = int(now // RTT_TTL_S)
         rtts: dict[str, float] = {}
         tried: set[str] = set()
@@ -338,9 +338,14 @@ class SwarmClient:
         self.dialer.learn(records)
         return run_sync(self._measure_rtts(records, timeout), timeout=timeout + 5)
 
+    def _fresh_rtts(self, now: float) -> set[str]:
+        """Peers whose round trip was measured less than RTT_TTL_S before `now` (not pinged again)."""
+        return {p for p, (_, at) in self.rtt_ms.items() if now - at < RTT_TTL_S}
+
     async def _measure_rtts(self, records: list[PeerRecord], timeout: float) -> dict[str, float]:
         now = time.monotonic()
-        stale = [r for r in records if now - self.rtt_ms.get(r.peer_id, (0, -RTT_TTL_S))[1] >= RTT_TTL_S]
+        fresh = self._fresh_rtts(now)
+        stale = [r for r in records if r.peer_id not in fresh]
         results = await asyncio.gather(*(self._ping(r, timeout) for r in stale), return_exceptions=True)
         for record, result in zip(stale, results, strict=True):
             if isinstance(result, float):

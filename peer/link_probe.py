@@ -118,7 +118,7 @@ def _adjacent(record: PeerRecord, serves: tuple[int, int]) -> bool:
     """Whether a chain may push from a peer serving `serves` to `record`'s peer or back: its
     range holds the block right after, or it can end a hop where `serves` starts."""
     start, end = serves
-    return record.start <= end < record.end or record.start < start <= record.end
+    return record.start <= end < record.end or record.ends_a_hop_at(start)
 
 
 async def _round_trip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, nonce: int) -> float:

@@ -16,7 +16,7 @@ At start (docs/architecture.md, "Crossing NATs"):
    (swarm/nat/port_relay.py), at most one of them a bootstrap while direct peers can relay.
    Among those that answered, a peer of a fixed range asks its chain predecessors first (direct
    peers whose range ends where its own starts): a step they push to it then crosses their own
-   link to it, not a third node's two (issue 51, routes for the WAN). It
+   link to it, not a third node's two (docs/routing.md, "Pushed chains"). It
    is `relayed` once a relay has dialed it through the slot it holds for it (a relay vouches for
    its own slot: no helper dials another node's ports), and it announces those ports.
 3. With no slot that works it is `unreachable`: it stays joining and says why.
@@ -120,7 +120,7 @@ def predecessors(records: Sequence, serves: tuple[int, int] | None) -> set[str]:
     """Peers whose range can end a hop where `serves` starts: whom a step is pushed from."""
     if serves is None or serves[0] == 0:
         return set()
-    return {r.peer_id for r in records if r.start < serves[0] <= r.end}
+    return {r.peer_id for r in records if r.ends_a_hop_at(serves[0])}
 
 
 def nat_message(listen_addrs: Sequence[str], relays: Sequence[str], pinned: bool = True) -> str:

@@ -83,14 +83,13 @@ class _ChainDP:
         self.cands, self.max_len = cands, max_len
         self.last_start = cands.end - 1  # latest boundary a hop on peer i may start at
         self.rows = [np.flatnonzero((cands.start <= b) & (b < cands.end)) for b in range(num_blocks)]
-        self.follow = _follow_or_zero(cands)
+        self.follow = _follow_from(cands)  # None: no measured link, the best-two rule suffices
         # [e, j]: best chain to boundary e whose last hop is on j; column n: the client, at 0
         self.arrival = np.full((num_blocks + 1, n + 1), np.inf)
         self.arrival[0, n] = 0.0
         self.parent = np.full((num_blocks + 1, n, 2), -1, dtype=np.int64)  # [e, i] -> (s, last peer at s)
-        self.offsets = np.full(
-            (n, num_blocks), np.inf
-        )  # [i, s] = best arrival at s a hop on i may take - d_i * s
+        # [i, s] = best arrival at s a hop on i may take - d_i * s
+        self.offsets = np.full((n, num_blocks), np.inf)
         self.came_from = np.full((n, num_blocks), n, dtype=np.int64)  # [i, s]: that arrival's last peer
 
     def solve(self, first: int = 1) -> Hops | None:
@@ -124,7 +123,7 @@ class _ChainDP:
         if reached.size == 0:
             self.offsets[:, s] = np.inf
             return
-        if self.cands.follow_ms is None:  # no links: the best arrival, its runner-up for its own peer
+        if self.follow is None:  # no links: the best arrival, its runner-up for its own peer
             self._open_without_links(s, reached)
             return
         totals = self.arrival[s, reached][:, None] + self.follow[reached]  # (m, n): via each last peer
@@ -153,13 +152,12 @@ class _ChainDP:
         return hops[::-1]
 
 
-def _follow_or_zero(cands: Candidates) -> np.ndarray:
-    """(n + 1, n): ms a hop on i pays after one on j; the last row is the client (nothing before)."""
-    n = cands.size
-    follow = np.zeros((n, n)) if cands.follow_ms is None else cands.follow_ms
-    with_self = follow.copy()
-    np.fill_diagonal(with_self, np.inf)
-    return np.vstack([with_self, np.zeros((1, n))])
+def _follow_from(cands: Candidates) -> np.ndarray | None:
+    """(n + 1, n): ms a hop on i pays after one on j (+inf on the diagonal: never itself); the
+    last row is the client, nothing before. None when no link is measured."""
+    if cands.follow_ms is None:
+        return None
+    return np.vstack([cands.follow_ms, np.zeros((1, cands.size))])
 
 
 def min_latency_route(view: SwarmView, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> Route:

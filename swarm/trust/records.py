@@ -162,6 +162,11 @@ class PeerRecord:
     observed_group: str = ""
     schema: int = RECORD_SCHEMA_VERSION
 
+    def ends_a_hop_at(self, boundary: int) -> bool:
+        """Whether a chain's hop on this peer can end at block `boundary`, pushing its output to
+        a peer whose range starts there (it serves the block just before)."""
+        return self.start < boundary <= self.end
+
     def to_bytes(self) -> bytes:
         body = asdict(self)
         body["tp_shares"] = [list(share) for share in self.tp_shares]
