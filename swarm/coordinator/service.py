@@ -218,6 +218,7 @@ class Coordinator:
         if (
             still_valid
             and not newly_covers
+            and not first_split(current, planned, c.force_disaggregated)
             and not beats(estimate, (current.attainment, current.throughput_tok_s), c.policy)
         ):
             logger.info(
@@ -309,6 +310,19 @@ def plan_record(
         objective=objective,
         missing=planned.missing,
         memory_short_blocks=planned.memory_short_blocks,
+    )
+
+
+def first_split(current: PlanRecord | None, planned: Planned, forced: bool) -> bool:
+    """Whether `planned` is the first plan with roles of a coordinator told to split the swarm
+    (`--force-disaggregated`) whose published plan has none: that one was planned colocated while
+    the swarm could not be split (one auto peer), so its estimate is of another kind of plan for
+    fewer peers, and `beats` comparing the two would keep the peers unsplit for good."""
+    return (
+        forced
+        and bool(planned.roles)
+        and current is not None
+        and all(a.role == "both" for a in current.assignments)
     )
 
 

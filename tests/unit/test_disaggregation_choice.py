@@ -148,3 +148,22 @@ def test_the_coordinator_disaggregates_only_where_it_pays_unless_forced(force, c
         assert not planned.roles and planned.plan is not None
         assert len(lines) == 1 and lines[0].startswith("smol-id: planned colocated (")
         assert lines[0].count("tok/s") == 2, lines
+
+
+def test_a_forced_coordinator_replaces_the_colocated_plan_it_made_for_one_peer():
+    """Under load the second `--role auto` peer joined 24 s after the first: the forced
+    coordinator had published a colocated plan of the one peer (nothing to split), and its
+    split plan of both, estimated at 0% attainment on a busy CPU, did not `beat` it, so the
+    peers stayed unsplit. The first split plan replaces a colocated one whatever the estimates;
+    an unforced coordinator still compares them."""
+    from hexswarm.swarm.coordinator.service import first_split, plan_record
+
+    workload = Workload(s_in=128, s_out=32, objective="throughput")
+    alone = compute_plan([cpu_peer("a")], SMOL, workload, CPU_SEARCH)
+    published = plan_record("smol-id", "C", [cpu_peer("a")], alone, 1)
+    split = compute_disaggregated_plan([cpu_peer("a"), cpu_peer("b")], SMOL, workload, budget_s=30.0)
+    assert first_split(published, split, forced=True)
+    assert not first_split(published, split, forced=False)
+    assert not first_split(published, alone, forced=True)
+    resplit = plan_record("smol-id", "C", [cpu_peer("a"), cpu_peer("b")], split, 2)
+    assert not first_split(resplit, split, forced=True)  # a split plan is compared as before
