@@ -283,7 +283,9 @@ def steps_served(proc: Managed) -> int:
 
 @contextlib.contextmanager
 def bad_record(bench: Bench):
-    from hexswarm.swarm.trust.records import model_key, parse_signed_entries
+    from hexswarm.swarm.net.dht_read import get_many_latest
+    from hexswarm.swarm.trust.record_keys import record_keys
+    from hexswarm.swarm.trust.records import parse_signed_entries
     from tests.integration.test_hostile_records import HOSTILE_FIELDS
 
     flags = [arg for f in HOSTILE_FIELDS for arg in ("--debug-record", f)]
@@ -291,8 +293,10 @@ def bad_record(bench: Bench):
     evidence = {"announces": list(HOSTILE_FIELDS)}
     yield evidence
     with dht_node(bench, "reader") as (dht, _):
-        raw = dht.get(model_key(bench.spec.model_id), latest=True)
-        signed = {owner for owner, _ in parse_signed_entries(raw, lambda value: value)}
+        values = get_many_latest(dht, record_keys(bench.spec.model_id))
+        signed = {
+            owner for raw in values.values() for owner, _ in parse_signed_entries(raw, lambda value: value)
+        }
         readable = {r.peer_id for r in read_peer_records(dht, bench.spec.model_id)}
     evidence.update(signed_records=len(signed), readable_records=len(readable), liar_steps=steps_served(liar))
     bench.local.stop(liar)

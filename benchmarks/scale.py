@@ -5,7 +5,7 @@ network namespace on one bridge, no NAT) running what a serving peer runs for th
 plane, with no model behind it: a real hivemind DHT node (`start_dht`, with its p2pd), a real
 signed record of one model announced every `--period` seconds by the peer's own `Announcer`
 (both keys, as `run-peer` stores them), and the peer's reads of the model's key through the
-peer's own `records_value`: one a period by default (peer/runtime.py reads them once for every
+peer's own `records_values` (every shard's key of the model, swarm/trust/record_keys.py): one a period by default (peer/runtime.py reads them once for every
 step of a period: the reachability re-check, push targets, the plan follower; stop 57's runs
 read twice, `--reads-per-period 2`). Two real
 `hexswarm bootstrap` processes on hosts of their own are the initial peers.
@@ -52,6 +52,7 @@ from bench_results import save, stamp  # noqa: E402
 MODEL_ID = "scale-llama-32b"  # the stand-ins' model: 32 blocks, 8 per stand-in
 NUM_BLOCKS, BLOCKS_EACH = 32, 8
 READ_TIMEOUT_S = 10.0
+STATUS_TIMEOUT_S = 120.0
 ANY = "/ip4/0.0.0.0/tcp/0"
 
 
@@ -91,19 +92,20 @@ async def run_stand_in(
     dht, announcer, period: float, reads_per_period: int, stop: asyncio.Event, reads: Reads
 ) -> None:
     """Announces every `period` and reads the model's key `reads_per_period` times, as a peer does."""
-    from hexswarm.swarm.trust.records import PeerState, records_value
+    from hexswarm.swarm.trust.records import PeerState, records_values
 
     await asyncio.sleep(random.uniform(0, period))  # peers start at different times
     while not stop.is_set():
         await announcer.announce(PeerState.ONLINE)
         for _ in range(reads_per_period):
             began = time.monotonic()
-            value = await records_value(dht, MODEL_ID, READ_TIMEOUT_S)  # as the peer reads them
-            if value is None:  # none found, an error, or no answer in time (logged)
+            values = await records_values(dht, MODEL_ID, READ_TIMEOUT_S)  # as the peer reads them
+            if not any(values.values()):  # none found, an error, or no answer in time (logged)
                 reads.failed += 1
                 continue
             reads.seconds.append(time.monotonic() - began)
-            reads.largest_value_bytes = max(reads.largest_value_bytes, value_bytes(value))
+            largest = max(value_bytes(value) for value in values.values())
+            reads.largest_value_bytes = max(reads.largest_value_bytes, largest)
         try:
             await asyncio.wait_for(stop.wait(), period)
         except TimeoutError:
@@ -119,14 +121,18 @@ def host_bytes(ns: str) -> int:
     return stats["rx"]["bytes"] + stats["tx"]["bytes"]
 
 
-def status_seconds(net, ns: str, initial_peers: list[str]) -> float:
-    """How long `hexswarm status --no-ping --json` takes from the host in `ns`."""
+def status_seconds(net, ns: str, initial_peers: list[str]) -> float | None:
+    """How long `hexswarm status --no-ping --json` takes from the host in `ns`; None past
+    STATUS_TIMEOUT_S (a line with a null, not a run that stops: 100 stand-ins starved it so)."""
     began = time.monotonic()
-    subprocess.run(
-        [*net.exec_prefix(ns), sys.executable, "-m", "hexswarm.swarm.commands.cli", "status", "--no-ping",
-         "--json", "--initial-peers", *initial_peers],
-        capture_output=True, timeout=120,
-    )  # fmt: skip
+    try:
+        subprocess.run(
+            [*net.exec_prefix(ns), sys.executable, "-m", "hexswarm.swarm.commands.cli", "status", "--no-ping",
+             "--json", "--initial-peers", *initial_peers],
+            capture_output=True, timeout=STATUS_TIMEOUT_S,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None
     return time.monotonic() - began
 
 
@@ -214,7 +220,7 @@ async def _run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args) -> d
         "reads_failed": reads.failed,
         "read_s_p50": _rounded(_quantile(read_seconds, 0.5)),
         "read_s_p99": _rounded(_quantile(read_seconds, 0.99)),
-        "status_s": round(status_s, 2),
+        "status_s": _rounded(status_s),
     }
 
 

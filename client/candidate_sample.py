@@ -9,17 +9,27 @@ random per client and changes each minute (`seed`, `epoch`), so that clients spr
 and new peers get their turn. A peer is kept while any block it serves has fewer than
 `per_block`; a block served by fewer keeps them all. The dials a fresh client makes are then at
 most about `per_block` × blocks ÷ (blocks a peer serves), whatever the swarm's size.
+
+What it samples from is bounded too (`ShardReads`): a model's records are spread over
+RECORD_SHARDS keys by peer id (swarm/trust/record_keys.py), each a random slice of the swarm, so
+a client reads them in an order of its own, a few first, and the rest only when some block is
+still served by fewer than READ_PER_BLOCK usable records. In a test swarm of a few peers that is
+every shard, read at once after the first time; at 300 peers about a quarter of them.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
+from hexswarm.swarm.trust.record_keys import RECORD_SHARDS, record_shard
 from hexswarm.swarm.trust.records import PeerRecord
 
 CANDIDATES_PER_BLOCK = 8  # 0 turns the sample off
+FIRST_SHARDS = 4  # shards read first from a swarm this client has not read before
+READS_PER_CANDIDATE = 2  # usable records read per sampled candidate: room for silent peers
 
 
 def sample_per_block(
@@ -39,6 +49,49 @@ def sample_per_block(
         kept.add(record.peer_id)
         held.update(blocks)
     return [r for r in records if r.peer_id in kept]
+
+
+@dataclass
+class ShardReads:
+    """Which of a model's record shards a client reads (module docstring): its own order, which
+    changes each epoch; first as many as sufficed last time (FIRST_SHARDS before any read), then
+    the rest if some block is still short of `per_block` usable records."""
+
+    seed: bytes
+    per_block: int
+    first: int = FIRST_SHARDS
+
+    def read(
+        self, read_shards: Callable[[list[int]], list[PeerRecord]], num_blocks: int, epoch: int
+    ) -> list[PeerRecord]:
+        """The records `read_shards(shards)` returns (the usable ones) over enough shards."""
+        if self.per_block <= 0:
+            return read_shards(list(range(RECORD_SHARDS)))
+        order = sorted(
+            range(RECORD_SHARDS), key=lambda shard: _draw(self.seed + epoch.to_bytes(8, "big"), str(shard))
+        )
+        records = read_shards(order[: self.first])
+        if self.first < RECORD_SHARDS and not _enough(records, num_blocks, self.per_block):
+            records += read_shards(order[self.first :])
+        self.first = max(FIRST_SHARDS, _shards_needed(records, order, num_blocks, self.per_block))
+        return records
+
+
+def _enough(records: Sequence[PeerRecord], num_blocks: int, per_block: int) -> bool:
+    held: Counter[int] = Counter()
+    for record in records:
+        held.update(range(record.start, record.end))
+    return all(held[block] >= per_block for block in range(num_blocks))
+
+
+def _shards_needed(records: Sequence[PeerRecord], order: list[int], num_blocks: int, per_block: int) -> int:
+    """How many shards of `order`, read first, would have held `per_block` records of each
+    block: all of them where even every shard does not."""
+    for count in range(1, RECORD_SHARDS):
+        head = set(order[:count])
+        if _enough([r for r in records if record_shard(r.peer_id) in head], num_blocks, per_block):
+            return count
+    return RECORD_SHARDS
 
 
 def _draw(key: bytes, peer_id: str) -> bytes:

@@ -23,7 +23,13 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
-from hexswarm.client.candidate_sample import CANDIDATES_PER_BLOCK, sample_per_block
+from hexswarm.client.candidate_sample import (
+    CANDIDATES_PER_BLOCK,
+    READS_PER_CANDIDATE,
+    ShardReads,
+    sample_per_block,
+)
+from hexswarm.client.coverage_errors import FormatMismatchError, MissingBlocksError, ModelMismatchError
 from hexswarm.client.group_cap import RECORDS_PER_GROUP, cap_per_group
 from hexswarm.client.observed import ObservedSpeeds
 from hexswarm.client.peer_views import peer_view
@@ -64,43 +70,6 @@ PING_TIMEOUT_S = 5.0
 PING_ROUNDS = 3
 
 
-class MissingBlocksError(RuntimeError):
-    """No online peer serves some blocks of the model."""
-
-    def __init__(self, model_id: str, missing: list[int], waited_s: float):
-        self.model_id, self.missing = model_id, missing
-        super().__init__(
-            f"after waiting {waited_s:.0f} s, no online peer serves blocks {block_ranges(missing)} of {model_id}"
-        )
-
-
-class ModelMismatchError(MissingBlocksError):
-    """The swarm serves other models and none of this client's: its checkpoint differs from the peers'."""
-
-    def __init__(self, model_id: str, num_blocks: int, served: list[str], waited_s: float):
-        self.model_id, self.missing, self.served = model_id, list(range(num_blocks)), served
-        RuntimeError.__init__(
-            self,
-            f"this swarm serves {', '.join(printable(s) for s in served)}, not {model_id}: the client's checkpoint differs "
-            f"from the peers' (another file or version of the model?); no peer serves blocks "
-            f"{block_ranges(self.missing)} of {model_id}",
-        )
-
-
-class FormatMismatchError(MissingBlocksError):
-    """Peers serve the missing blocks, but only in weight formats this client does not accept."""
-
-    def __init__(self, model_id: str, missing: list[int], accepted: tuple[str, ...], offered: list[str]):
-        self.model_id, self.missing = model_id, missing
-        self.accepted, self.offered = accepted, offered
-        RuntimeError.__init__(
-            self,
-            f"blocks {block_ranges(missing)} of {model_id} are served only in weight formats "
-            f"{', '.join(offered)}, and this client accepts {', '.join(accepted)}; accept one of them "
-            f"(from_pretrained(..., quant=(...)), hexswarm api/generate --quant ...) to use those peers",
-        )
-
-
 # A swarm that announces other models and none of ours for this long is serving another checkpoint
 # (a peer of ours that is starting would have announced by then; its model entry goes out first).
 MISMATCH_GRACE_S = 5.0
@@ -138,12 +107,15 @@ class SwarmClient:
     # and at most about this many records per block, the ones it pings (client/candidate_sample.py)
     candidates_per_block: int = CANDIDATES_PER_BLOCK
     seed: bytes = field(default_factory=lambda: secrets.token_bytes(16))  # which of a group it sees
+    shard_reads: ShardReads | None = None  # which of the model's record keys it reads (the same module)
     initial_peers: tuple[str, ...] = ()  # pinged again while the swarm looks empty (swarm/net/rejoin.py)
 
     def __post_init__(self) -> None:
         if self.dialer is None:  # a public swarm's client skips records' LAN addresses (swarm/net/dialing.py)
             self.dialer = Dialer(self.p2p, private_ok=private_ok(self.initial_peers))
         self.distrusted |= set(load_bans())  # this machine's earlier verdicts (swarm/trust/bans.py)
+        if self.shard_reads is None:
+            self.shard_reads = ShardReads(self.seed, self.candidates_per_block * READS_PER_CANDIDATE)
 
     @classmethod
     def connect(
@@ -192,16 +164,24 @@ class SwarmClient:
         """Online, trusted peers of the model whose layer range fits it (a bad record must not break
         routing) and whose weight format this client accepts (or any, with `any_format`); none if
         the DHT does not answer within `timeout` seconds."""
-        records = read_peer_records(self.dht, model_id, timeout)
-        self.dialer.learn(records)
-        return [
-            r
-            for r in records
-            if r.state == PeerState.ONLINE
-            and 0 <= r.start < r.end <= num_blocks
-            and r.peer_id not in self.distrusted
-            and (any_format or r.quant in self.quants)
-        ]
+        deadline = time.monotonic() + timeout  # over every shard read: a second read gets what is left
+
+        def usable(shards: list[int]) -> list[PeerRecord]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            records = read_peer_records(self.dht, model_id, left, shards)
+            self.dialer.learn(records)
+            return [
+                r
+                for r in records
+                if r.state == PeerState.ONLINE
+                and 0 <= r.start < r.end <= num_blocks
+                and r.peer_id not in self.distrusted
+                and (any_format or r.quant in self.quants)
+            ]
+
+        return self.shard_reads.read(usable, num_blocks, int(time.monotonic() // RTT_TTL_S))
 
     def wait_for_coverage(self, model_id: str, num_blocks: int, timeout: float) -> list[PeerRecord]:
         """Online records once every block is served, polling the DHT; MissingBlocksError on timeout."""

@@ -10,7 +10,8 @@ from hivemind.utils import get_dht_time
 
 from hexswarm.swarm.net.identity import Identity
 from hexswarm.swarm.net.replicas import store_own
-from hexswarm.swarm.trust.records import MODELS_KEY, ModelEntry, PeerRecord, PeerState, model_key
+from hexswarm.swarm.trust.record_keys import index_key, record_key
+from hexswarm.swarm.trust.records import ModelEntry, PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +55,15 @@ class Announcer:
         record = self.make_record(state)
         expiration = max(get_dht_time() + (self.ttl if ttl is None else ttl), self.last_expiration + 1e-3)
         self.last_expiration = expiration
-        subkey = self.identity.owner_marker
+        subkey, peer_id = self.identity.owner_marker, self.identity.peer_id.to_base58()
         entry = ModelEntry(record.model_id, self.num_blocks).to_bytes()
         try:
             stored, _ = await asyncio.wait_for(
                 asyncio.gather(
-                    self._store(model_key(record.model_id), self.encode(record), expiration, subkey),
-                    self._store(MODELS_KEY, entry, expiration, subkey),
+                    self._store(
+                        record_key(record.model_id, peer_id), self.encode(record), expiration, subkey
+                    ),
+                    self._store(index_key(peer_id), entry, expiration, subkey),
                 ),
                 timeout,
             )

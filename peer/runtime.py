@@ -33,6 +33,7 @@ from hexswarm.peer.plan_follower import PlanFollower, follower_trust, join_range
 from hexswarm.peer.push import PushLinks, SwarmMembers
 from hexswarm.peer.range_move import MoveParts, RangeMover
 from hexswarm.peer.reachability import Reach, become_reachable
+from hexswarm.peer.record_window import RecordWindow
 from hexswarm.peer.server import PeerServer
 from hexswarm.peer.serving import Serving, weight_bytes_per_block
 from hexswarm.peer.speed import announced_speed, degree_speeds
@@ -41,6 +42,7 @@ from hexswarm.peer.tp.group import TPGroupError
 from hexswarm.peer.tp.rebalance import Rebalancing, rebalance
 from hexswarm.peer.upkeep import Upkeep
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
+from hexswarm.swarm.coordinator.beside_peer import start_beside_peer
 from hexswarm.swarm.nat.announce_relay import AnnounceRelay
 from hexswarm.swarm.nat.port_relay import RELAY_PROTOCOL, RelayService
 from hexswarm.swarm.nat.reachability.messages import DIALBACK_PROTOCOL
@@ -50,7 +52,7 @@ from hexswarm.swarm.net.dialing import Dialer
 from hexswarm.swarm.tools import log_setup
 from hexswarm.swarm.trust.dht_signing import ANNOUNCE_PROTOCOL
 from hexswarm.swarm.trust.evidence_wire import EVIDENCE_PROTOCOL
-from hexswarm.swarm.trust.records import PeerRecord, PeerState, fetch_peer_records
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, fetch_peer_records, records_values
 from hexswarm.swarm.wire.protocol import SESSION_PROTOCOL
 from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
@@ -91,7 +93,7 @@ async def serve(config: PeerConfig, joining: Joining | None = None) -> int:
         log_setup.set_context(f"peer {name} {config.spec.model_id}[{start}:{end})")
         logger.info("--layers auto: Petals' rule chose blocks [%d:%d)", start, end)
     peer = _Peer(config, dht, identity, name, stop, reach, check)
-    coordinator = _start_coordinator(config, dht, identity, stop)
+    coordinator = start_beside_peer(config.coordinator, dht, identity, stop)
     try:
         await peer.announcer.announce(PeerState.JOINING)
         if not await peer.start_serving(stop):
@@ -103,7 +105,7 @@ async def serve(config: PeerConfig, joining: Joining | None = None) -> int:
         await peer.leave()
     except TPGroupError as e:
         logger.error("the tensor-parallel group failed: %s", e)
-        await peer.announcer.announce(PeerState.LEAVING, ttl=config.announce_period, timeout=LEAVE_ANNOUNCE_S)
+        await peer.say(PeerState.LEAVING)
         return 1
     finally:
         if coordinator is not None:
@@ -114,15 +116,6 @@ async def serve(config: PeerConfig, joining: Joining | None = None) -> int:
                 logger.exception("the coordinator candidate ended with an error")
         await peer.close()
     return 0
-
-
-def _start_coordinator(config: PeerConfig, dht, identity, stop: asyncio.Event) -> asyncio.Task | None:
-    """`--coordinator`: a coordinator candidate on this peer's DHT node, ended by `stop`."""
-    if config.coordinator is None:
-        return None
-    from hexswarm.swarm.coordinator.service import Coordinator
-
-    return asyncio.create_task(Coordinator(dht, identity, config.coordinator).run(stop), name="coordinator")
 
 
 class _Peer:
@@ -323,8 +316,10 @@ class _Peer:
         """Serves until `stop`: every announce period it announces, re-checks its reachability and
         coordinates (`_every_announce_period`); beside that run the services below, started and
         stopped here. A range move (`mover`) runs when the plan asks, and ends in `close`."""
+        read = partial(records_values, self.dht, self.config.spec.model_id)
+        window = RecordWindow(self.config.spec.model_id, read, self.config.announce_period)
         routine = Upkeep(
-            read_records=self.read_records,
+            read_records=partial(self.read_records, window),
             record=self._record,
             announcer=self.announcer,
             probe=self.probe,
@@ -384,35 +379,37 @@ class _Peer:
         """The peers announcing this model now: whom pushes may go to (peer/push.py)."""
         return [r.peer_id for r in await self.read_records()]
 
-    async def read_records(self) -> list[PeerRecord]:
-        records = await fetch_peer_records(self.dht, self.config.spec.model_id)
+    async def read_records(self, window: RecordWindow | None = None) -> list[PeerRecord]:
+        """The model's records: read whole, or as a period's `window` follows them (peer/record_window.py)."""
+        whole = window is None
+        records = await (
+            fetch_peer_records(self.dht, self.config.spec.model_id) if whole else window.records()
+        )
         if self.dialer is not None:
             self.dialer.learn(records)
         return records
+
+    async def say(self, state: PeerState) -> None:
+        """Announces `state` for a period, giving up after LEAVE_ANNOUNCE_S (the record expires anyway)."""
+        await self.announcer.announce(state, ttl=self.config.announce_period, timeout=LEAVE_ANNOUNCE_S)
 
     async def leave(self) -> None:
         """Refuses new sessions, lets open ones finish, and tells the swarm it is gone."""
         self.serving.core.leaving = True
         logger.info("leaving: refusing new sessions, %d open", len(self.serving.core.sessions))
-        await self.announcer.announce(
-            PeerState.LEAVING, ttl=self.config.announce_period, timeout=LEAVE_ANNOUNCE_S
-        )
+        await self.say(PeerState.LEAVING)
         deadline = time.monotonic() + self.config.drain_timeout
         while self.serving.core.sessions and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         if self.serving.core.sessions:
             logger.info("drain timeout: dropping %d open sessions", len(self.serving.core.sessions))
         # the last word: status, the monitor and clients drop this peer now, not when its record expires
-        await self.announcer.announce(
-            PeerState.GONE, ttl=self.config.announce_period, timeout=LEAVE_ANNOUNCE_S
-        )
+        await self.say(PeerState.GONE)
 
     async def leave_after_failure(self) -> None:
         """Part of the group is gone: tell the swarm, and let open sessions hear PEER_FAILED."""
         logger.error("leaving after a failure: %s", self.serving.core.failure)
-        await self.announcer.announce(
-            PeerState.LEAVING, ttl=self.config.announce_period, timeout=LEAVE_ANNOUNCE_S
-        )
+        await self.say(PeerState.LEAVING)
         deadline = time.monotonic() + min(FAILURE_GRACE_S, self.config.drain_timeout)
         while self.serving.core.sessions and time.monotonic() < deadline:
             await asyncio.sleep(0.2)

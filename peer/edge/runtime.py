@@ -33,7 +33,8 @@ from hexswarm.peer.server import PeerServer
 from hexswarm.peer.throughput import measure_or_load
 from hexswarm.swarm.models.model_spec import ModelSpec
 from hexswarm.swarm.trust.dht_signing import SignedEntry, owner_marker, signed_value
-from hexswarm.swarm.trust.records import MODELS_KEY, ModelEntry, PeerRecord, PeerState, model_key
+from hexswarm.swarm.trust.record_keys import index_key, record_key
+from hexswarm.swarm.trust.records import ModelEntry, PeerRecord, PeerState
 from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
 logger = logging.getLogger(__name__)
@@ -158,8 +159,14 @@ class EdgePeer:
         c = self.config
         expiration = self.stamp.next(c.announce_period * c.ttl_periods if ttl is None else ttl)
         entries = [
-            self._signed(model_key(c.spec.model_id), self._record(state).to_bytes(), expiration),
-            self._signed(MODELS_KEY, ModelEntry(c.spec.model_id, c.spec.num_blocks).to_bytes(), expiration),
+            self._signed(
+                record_key(c.spec.model_id, self.host.peer_id), self._record(state).to_bytes(), expiration
+            ),
+            self._signed(
+                index_key(self.host.peer_id),
+                ModelEntry(c.spec.model_id, c.spec.num_blocks).to_bytes(),
+                expiration,
+            ),
         ]
         try:
             stored, why, members = await asyncio.to_thread(self.host.announce, entries)

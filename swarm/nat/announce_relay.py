@@ -26,7 +26,8 @@ from hexswarm.swarm.trust.dht_signing import (
     hivemind_dumps,
 )
 from hexswarm.swarm.trust.rates import KeyedRate
-from hexswarm.swarm.trust.records import MODELS_KEY, ModelEntry, PeerRecord, model_key, read_peer_records
+from hexswarm.swarm.trust.record_keys import MODEL_INDEX_KEY, index_key, model_of_key, record_key
+from hexswarm.swarm.trust.records import ModelEntry, PeerRecord, read_peer_records
 from hexswarm.swarm.wire.checks import ErrorCode, ProtocolError
 from hexswarm.swarm.wire.frames import read_payload
 
@@ -59,7 +60,7 @@ class AnnounceRelay:
         self.busy = 0
         self.reading: dict[str, str] = {}  # remote -> its IP group, while its request is read
         self.rate = KeyedRate(REQUESTS_PER_MINUTE)
-        self._members: dict[str, tuple[float, tuple[str, ...]]] = {}  # model key -> (read at, ids)
+        self._members: dict[str, tuple[float, tuple[str, ...]]] = {}  # model id -> (read at, ids)
 
     async def handle_stream(
         self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -123,22 +124,21 @@ class AnnounceRelay:
     async def members(self, entries: list[SignedEntry]) -> tuple[str, ...]:
         """The peer ids announcing the model of the relayed record: those the edge peer may push
         to (peer/push.py reads the DHT for it; an edge peer cannot, so its relay does)."""
-        keys = [e.key for e in entries if e.key.startswith(MODELS_KEY + "/")]
-        if not keys:
+        models = [model_of_key(e.key) for e in entries if model_of_key(e.key) is not None]
+        if not models:
             return ()
-        read_at, members = self._members.get(keys[0], (float("-inf"), ()))
+        read_at, members = self._members.get(models[0], (float("-inf"), ()))
         if time.monotonic() - read_at > MEMBERS_TTL_S:
-            model_id = keys[0][len(MODELS_KEY) + 1 :]
-            records = await asyncio.to_thread(read_peer_records, self.dht, model_id, MEMBERS_TIMEOUT_S)
+            records = await asyncio.to_thread(read_peer_records, self.dht, models[0], MEMBERS_TIMEOUT_S)
             members = tuple(r.peer_id for r in records)
-            self._members = {keys[0]: (time.monotonic(), members)}  # one model's: bounded
+            self._members = {models[0]: (time.monotonic(), members)}  # one model's: bounded
         return members
 
     def check(self, entry: SignedEntry) -> None:
         """What makes a relayed entry acceptable; ProtocolError says what is wrong."""
         from hivemind.dht.validation import DHTRecord
 
-        if entry.key != MODELS_KEY and not entry.key.startswith(MODELS_KEY + "/"):
+        if model_of_key(entry.key) is None and not entry.key.startswith(MODEL_INDEX_KEY + "/"):
             raise ProtocolError(ErrorCode.MALFORMED, "only hexswarm model records are relayed")
         if not time.time() < entry.expiration <= time.time() + MAX_TTL_S:
             raise ProtocolError(
@@ -160,13 +160,15 @@ def _check_value(key: str, owner: str, value_bytes: bytes) -> None:
 
     try:
         raw = msgpack.unpackb(value_bytes, raw=False)
-        if key == MODELS_KEY:
+        if key.startswith(MODEL_INDEX_KEY + "/"):
             ModelEntry.from_bytes(raw)
+            if key != index_key(owner):
+                raise ValueError("a model entry stored under another peer's key")
             return
         record = PeerRecord.from_bytes(raw)
     except Exception as e:
         raise ProtocolError(ErrorCode.MALFORMED, f"the value is no hexswarm record: {e}") from None
-    if record.peer_id != owner or model_key(record.model_id) != key:
+    if record.peer_id != owner or record_key(record.model_id, owner) != key:
         raise ProtocolError(ErrorCode.MALFORMED, "the record names another peer or another model's key")
 
 

@@ -1,9 +1,7 @@
 """What peers announce in the DHT, and how anyone reads it back.
 
-Layout (one DHT key per model; each peer owns one subkey, protected by its signature):
-
-    hexswarm/v1/models/<model_id>   subkey [owner:<peer's public key>]  ->  msgpack PeerRecord
-    hexswarm/v1/models              subkey [owner:<peer's public key>]  ->  msgpack ModelEntry
+Each peer signs one PeerRecord per model it serves and one ModelEntry, each under a subkey that
+names its public key, in keys spread by its peer id (swarm/trust/record_keys.py says where).
 
 Values carry a schema version; readers skip records they cannot parse, records whose peer id
 is not the one of the key that signed them, and fields they do not know. A new field with a
@@ -48,15 +46,11 @@ from hexswarm.swarm.trust.record_checks import (
     parse_tp_speeds,
     unpack_map,
 )
+from hexswarm.swarm.trust.record_keys import index_keys, record_key, record_keys, record_shard, shard_of_key
 from hexswarm.swarm.trust.signed_entries import parse_signed_entries, warn_once
 
 RECORD_SCHEMA_VERSION = 1
 ROLES = ("both", "prefill", "decode")  # what a peer serves of a request (PeerRecord.role)
-MODELS_KEY = "hexswarm/v1/models"
-
-
-def model_key(model_id: str) -> str:
-    return f"{MODELS_KEY}/{model_id}"
 
 
 class PeerState(enum.StrEnum):
@@ -227,53 +221,64 @@ class ModelEntry:
         return cls(model_id=model_id, num_blocks=num_blocks)
 
 
-def read_peer_records(dht, model_id: str, timeout: float | None = None) -> list[PeerRecord]:
-    """Every well-formed, correctly signed record of `model_id` currently in the DHT; none (logged)
-    if the DHT does not answer within `timeout` seconds (swarm.net.dht_read.DHT_READ_TIMEOUT_S).
-    Only the nodes nearest the key are asked: every peer stores its record on them each announce
-    period (swarm/net/dht_read.py)."""
-    from hexswarm.swarm.net.dht_read import get_latest
+def read_peer_records(
+    dht, model_id: str, timeout: float | None = None, shards: list[int] | None = None
+) -> list[PeerRecord]:
+    """Every well-formed, correctly signed record of `model_id` currently in the DHT (of the
+    peers in `shards` only, if given); none (logged) if the DHT does not answer within `timeout`
+    seconds (swarm.net.dht_read.DHT_READ_TIMEOUT_S). Only the nodes nearest each key are asked:
+    every peer stores its record on them each announce period (swarm/net/dht_read.py)."""
+    from hexswarm.swarm.net.dht_read import get_many_latest
 
-    return peer_records_from(get_latest(dht, model_key(model_id), timeout, every_node=False), model_id)
+    return peer_records_from(get_many_latest(dht, record_keys(model_id, shards), timeout), model_id)
 
 
-async def records_value(dht, model_id: str, timeout: float = 10.0):
-    """The DHT value of `model_key(model_id)` from the nodes nearest it, read on an event loop;
-    None if the DHT has none or does not answer within `timeout` seconds."""
-    from hexswarm.swarm.net.dht_read import dht_get
+async def records_values(dht, model_id: str, timeout: float = 10.0, shards: list[int] | None = None) -> dict:
+    """{key: DHT value or None} of every shard of `model_id`'s records (or of `shards`), read on
+    an event loop; {} if the read failed (swarm/net/dht_read.py `get_many_latest`)."""
+    from hexswarm.swarm.net.dht_read import dht_get_many
 
-    return await dht_get(dht, model_key(model_id), timeout, every_node=False)
+    return await dht_get_many(dht, record_keys(model_id, shards), timeout)
 
 
 async def fetch_peer_records(dht, model_id: str, timeout: float = 10.0) -> list[PeerRecord]:
     """`read_peer_records` for code on an event loop (a peer, the coordinator)."""
-    return peer_records_from(await records_value(dht, model_id, timeout), model_id)
+    return peer_records_from(await records_values(dht, model_id, timeout), model_id)
 
 
-def peer_records_from(value, model_id: str) -> list[PeerRecord]:
-    """The well-formed, correctly signed records in a DHT value of `model_key(model_id)`."""
+def peer_records_from(values: dict, model_id: str) -> list[PeerRecord]:
+    """The well-formed, correctly signed records in {record key: DHT value} of `model_id`,
+    each from the shard of its signer (record_keys.py says why), those of GONE peers dropped."""
     records = []
-    for owner, record in parse_signed_entries(value, PeerRecord.from_bytes):
-        if record.peer_id != owner:
-            warn_once(
-                owner, f"ignoring a record that claims peer {record.peer_id!r} but is signed by {owner}"
-            )
-            continue
-        if record.model_id != model_id:
-            warn_once(owner, f"ignoring a record of ...{owner[-8:]} stored under another model's key")
-            continue
-        if record.state != PeerState.GONE:
-            records.append(record)
+    for key, value in values.items():
+        for owner, record in parse_signed_entries(value, PeerRecord.from_bytes):
+            if record.peer_id != owner:
+                warn_once(
+                    owner, f"ignoring a record that claims peer {record.peer_id!r} but is signed by {owner}"
+                )
+            elif record.model_id != model_id or record_key(model_id, owner) != key:
+                warn_once(
+                    owner, f"ignoring a record of ...{owner[-8:]} stored under another key than its own"
+                )
+            elif record.state != PeerState.GONE:
+                records.append(record)
     return records
 
 
 def read_models(dht, timeout: float | None = None) -> dict[str, int]:
     """model_id -> number of blocks, for every model some peer announced; none (logged) if the
     DHT does not answer within `timeout` seconds (swarm.net.dht_read.DHT_READ_TIMEOUT_S)."""
-    from hexswarm.swarm.net.dht_read import get_latest
+    from hexswarm.swarm.net.dht_read import get_many_latest
 
-    value = get_latest(dht, MODELS_KEY, timeout, every_node=False)  # re-stored each period
-    return models_from(parse_signed_entries(value, ModelEntry.from_bytes))
+    values = get_many_latest(dht, index_keys(), timeout)  # re-stored each period
+    return models_from(
+        [
+            (owner, entry)
+            for key, value in values.items()
+            for owner, entry in parse_signed_entries(value, ModelEntry.from_bytes)
+            if shard_of_key(key) == record_shard(owner)
+        ]
+    )
 
 
 def models_from(entries: list[tuple[str, ModelEntry]]) -> dict[str, int]:

@@ -25,7 +25,8 @@ from hexswarm.swarm.coordinator.records import read_coordination_sync
 from hexswarm.swarm.net.dht import DHTStartError, start_dht
 from hexswarm.swarm.net.dht_process import child_pids, shutdown_dht
 from hexswarm.swarm.tools.launcher import LocalSwarm
-from hexswarm.swarm.trust.records import MODELS_KEY, read_models, read_peer_records
+from hexswarm.swarm.trust.record_keys import MODEL_INDEX_KEY
+from hexswarm.swarm.trust.records import read_models, read_peer_records
 from hexswarm.swarm.trust.reports import read_reports
 from tests.integration.test_coordinator import wait_until
 
@@ -71,7 +72,7 @@ def timed(call):
 def test_a_frozen_dht_really_does_not_answer(reader):
     """The control: without a deadline of ours, the read below would wait for good."""
     with frozen(reader), pytest.raises(TimeoutError):
-        reader.get(MODELS_KEY, latest=True, return_future=True).result(timeout=READ_TIMEOUT_S)
+        reader.get(MODEL_INDEX_KEY, latest=True, return_future=True).result(timeout=READ_TIMEOUT_S)
 
 
 @pytest.mark.parametrize(

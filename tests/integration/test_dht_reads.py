@@ -20,7 +20,8 @@ from hexswarm.swarm.net.dht_read import get_latest
 from hexswarm.swarm.net.identity import load_or_create_identity
 from hexswarm.swarm.net.replicas import store_own
 from hexswarm.swarm.tools.launcher import LocalSwarm
-from hexswarm.swarm.trust.records import MODELS_KEY, ModelEntry, model_key, read_models, read_peer_records
+from hexswarm.swarm.trust.record_keys import index_key, record_key
+from hexswarm.swarm.trust.records import ModelEntry, read_models, read_peer_records
 from tests.unit.record_cases import make_record
 
 pytestmark = pytest.mark.integration
@@ -60,9 +61,10 @@ def announce(dht, identity, model_id: str, name: str) -> None:
     found, swarm/net/replicas.py), and its models entry through hivemind's own store."""
     record = make_record(peer_id=identity.peer_id.to_base58(), name=name, model_id=model_id)
     expiration, subkey = get_dht_time() + 60, identity.owner_marker
-    took = asyncio.run(store_own(dht, model_key(model_id), subkey, record.to_bytes(), expiration))
+    key = record_key(model_id, record.peer_id)
+    took = asyncio.run(store_own(dht, key, subkey, record.to_bytes(), expiration))
     assert took == 2, "both server nodes, and not the client-mode writer itself"
-    assert dht.store(MODELS_KEY, ModelEntry(model_id, 4).to_bytes(), expiration, subkey=subkey)
+    assert dht.store(index_key(record.peer_id), ModelEntry(model_id, 4).to_bytes(), expiration, subkey=subkey)
 
 
 def names(dht, model_id: str) -> set[str]:
@@ -85,8 +87,9 @@ def test_a_writer_reads_the_others_not_only_what_it_stored_itself(nodes):
     announce(*writer, "model-b", "writer")
     # A copy of its own store in the writer's cache or storage would hold only its own record.
     assert names(writer[0], "model-b") == {"other", "writer"}
-    models = get_latest(writer[0], MODELS_KEY, 10, every_node=False).value  # through hivemind's store
-    assert {writer[1].owner_marker, other[1].owner_marker} <= set(models)
+    for _, identity in (writer, other):  # each models entry, stored through hivemind's store
+        entries = get_latest(writer[0], index_key(identity.peer_id.to_base58()), 10, every_node=False).value
+        assert identity.owner_marker in entries
 
 
 def test_a_record_stored_again_replaces_the_last_on_every_replica(nodes):

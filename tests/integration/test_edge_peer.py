@@ -27,7 +27,8 @@ from hexswarm.swarm.trust.dht_signing import (
     encode_announce,
     signed_value,
 )
-from hexswarm.swarm.trust.records import PeerRecord, model_key, read_peer_records
+from hexswarm.swarm.trust.record_keys import record_key
+from hexswarm.swarm.trust.records import PeerRecord, read_peer_records
 from hexswarm.swarm.wire.protocol import (
     PROTOCOL_VERSION,
     Error,
@@ -154,7 +155,7 @@ def test_nobody_announces_in_the_edge_peers_name(edge_swarm, edge_model):
     edge, other = load_or_create_identity(edge_key), load_or_create_identity(edge_key.with_name("other.key"))
     honest = _records(edge_model)["edge"]
     forged = PeerRecord(**{**honest.__dict__, "name": "forged"}).to_bytes()
-    key, expiration = model_key(edge_model.spec.model_id), time.time() + 30
+    key, expiration = record_key(edge_model.spec.model_id, honest.peer_id), time.time() + 30
     other_key = other.private_key._private_key
     # under its subkey (the signature is not its own), or under the forger's (the id is not his)
     for subkey, reason in ((edge.owner_marker, "not signed by"), (other.owner_marker, "names another peer")):

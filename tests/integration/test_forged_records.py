@@ -6,7 +6,8 @@ from hivemind.utils import get_dht_time
 
 from hexswarm.swarm.net.dht import start_dht
 from hexswarm.swarm.net.identity import load_or_create_identity
-from hexswarm.swarm.trust.records import PeerRecord, PeerState, model_key, read_peer_records
+from hexswarm.swarm.trust.record_keys import RECORD_SHARDS, record_key, record_keys, record_shard
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, read_peer_records
 from tests.integration.conftest import store_until_taken
 
 pytestmark = pytest.mark.integration
@@ -25,7 +26,7 @@ def _victim(model, name="p1") -> PeerRecord:
 
 
 def _victim_subkey(model, victim: PeerRecord) -> bytes:
-    value = model.swarm.dht.get(model_key(model.spec.model_id), latest=True).value
+    value = model.swarm.dht.get(record_key(model.spec.model_id, victim.peer_id), latest=True).value
     from hexswarm.swarm.net.identity import peer_id_from_owner_marker
 
     return next(s for s in value if peer_id_from_owner_marker(s).to_base58() == victim.peer_id)
@@ -44,11 +45,12 @@ def test_overwriting_another_peers_record_is_refused(model, attacker):
     expiration = get_dht_time() + 600
 
     # Unsigned (the attacker's validator signs only its own subkeys) ...
-    assert not dht.store(model_key(model.spec.model_id), forged, expiration, subkey=subkey)
+    key = record_key(model.spec.model_id, victim.peer_id)
+    assert not dht.store(key, forged, expiration, subkey=subkey)
     # ... and signed with the attacker's key instead of the owner's.
     signature = identity.private_key.sign(forged)
     signed_wrong = forged + RSASignatureValidator.SIGNATURE_FORMAT.replace(b"_value_", signature)
-    assert not dht.store(model_key(model.spec.model_id), signed_wrong, expiration, subkey=subkey)
+    assert not dht.store(key, signed_wrong, expiration, subkey=subkey)
 
     after = _victim(model)  # both stores were refused: the record read now is the victim's own
     assert after.state == PeerState.ONLINE and (after.start, after.end) == (victim.start, victim.end)
@@ -56,8 +58,8 @@ def test_overwriting_another_peers_record_is_refused(model, attacker):
 
 def test_record_claiming_another_peers_id_is_ignored(model, attacker):
     dht, identity = attacker
-    key = model_key(model.spec.model_id)
     victim = _victim(model)
+    key = record_key(model.spec.model_id, victim.peer_id)  # where readers look for the victim
     claim = _forged(victim, name="impostor", start=0, end=6)
     store_until_taken(dht, key, claim, identity.owner_marker)
 
@@ -68,6 +70,23 @@ def test_record_claiming_another_peers_id_is_ignored(model, attacker):
 
     # Control: the same attacker announcing under its own id is accepted.
     own = _forged(victim, peer_id=identity.peer_id.to_base58(), name="attacker-own", state=PeerState.JOINING)
-    store_until_taken(dht, key, own, identity.owner_marker)
+    store_until_taken(
+        dht, record_key(model.spec.model_id, identity.peer_id.to_base58()), own, identity.owner_marker
+    )
     names = {r.name for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
     assert "attacker-own" in names
+
+
+def test_a_record_under_another_shard_than_its_signers_is_ignored(model, attacker):
+    """A peer may store its own record under any key; readers take it only from its own
+    shard, so one identity cannot put a copy in every shard to crowd others' reads."""
+    dht, identity = attacker
+    attacker_id = identity.peer_id.to_base58()
+    victim = _victim(model)
+    other_shard = (record_shard(attacker_id) + 1) % RECORD_SHARDS
+    (key,) = record_keys(model.spec.model_id, [other_shard])
+    copy = _forged(victim, peer_id=attacker_id, name="attacker-copy", state=PeerState.JOINING)
+    store_until_taken(dht, key, copy, identity.owner_marker)
+    assert any(item.value == copy for item in model.swarm.dht.get(key, latest=True).value.values())
+    names = {r.name for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
+    assert "attacker-copy" not in names

@@ -4,7 +4,9 @@ dropped alone: every router keeps working for every client, and generation stays
 import pytest
 import torch
 
-from hexswarm.swarm.trust.records import model_key, parse_signed_entries, read_peer_records
+from hexswarm.swarm.net.dht_read import get_many_latest
+from hexswarm.swarm.trust.record_keys import record_keys
+from hexswarm.swarm.trust.records import parse_signed_entries, read_peer_records
 
 pytestmark = pytest.mark.integration
 
@@ -23,8 +25,10 @@ def liar(shared_swarm):
 
 
 def test_the_hostile_record_is_in_the_dht_but_no_reader_takes_it(model, liar):
-    raw = model.swarm.dht.get(model_key(model.spec.model_id), latest=True)
-    signed_by = {owner for owner, _ in parse_signed_entries(raw, lambda value: value)}
+    values = get_many_latest(model.swarm.dht, record_keys(model.spec.model_id))
+    signed_by = {
+        owner for raw in values.values() for owner, _ in parse_signed_entries(raw, lambda value: value)
+    }
     names = {r.name for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
     assert len(signed_by) > len(names)  # the liar's entry is there, correctly signed ...
     assert "liar" not in names and {"p1", "p2", "p3"} <= names  # ... and only it is dropped

@@ -29,7 +29,8 @@ from hexswarm.swarm.net.dht import start_dht
 from hexswarm.swarm.net.dht_process import shutdown_dht
 from hexswarm.swarm.net.identity import load_or_create_identity
 from hexswarm.swarm.tools.launcher import LOOPBACK, LocalSwarm
-from hexswarm.swarm.trust.records import PeerRecord, PeerState, model_key, read_peer_records
+from hexswarm.swarm.trust.record_keys import record_key
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, read_peer_records
 from hexswarm.swarm.wire.frames import read_frame, write_frame
 from hexswarm.swarm.wire.protocol import SESSION_PROTOCOL, ErrorCode, Ping, Pong, PushAck, Step
 from tests.integration.conftest import store_until_taken
@@ -86,7 +87,11 @@ class Outsider:
         """Stores a record of its own (signed with its key, so readers accept it) for `model_id`."""
         record = replace(template, peer_id=self.peer_id, name="outsider", rtt_ms=(), **changes)
         store_until_taken(
-            self.dht, model_key(model_id), record.to_bytes(), self.identity.owner_marker, lifetime=120
+            self.dht,
+            record_key(model_id, self.peer_id),
+            record.to_bytes(),
+            self.identity.owner_marker,
+            lifetime=120,
         )
 
     async def _stop(self) -> None:

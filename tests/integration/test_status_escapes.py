@@ -17,7 +17,8 @@ from hexswarm.swarm.net.dht import start_dht
 from hexswarm.swarm.net.dht_process import shutdown_dht
 from hexswarm.swarm.net.identity import load_or_create_identity
 from hexswarm.swarm.tools.launcher import LocalSwarm
-from hexswarm.swarm.trust.records import MODELS_KEY, DeviceInfo, ModelEntry, PeerRecord, model_key
+from hexswarm.swarm.trust.record_keys import index_key, record_key
+from hexswarm.swarm.trust.records import DeviceInfo, ModelEntry, PeerRecord
 from tests.unit.record_cases import make_record
 
 pytestmark = pytest.mark.integration
@@ -53,9 +54,13 @@ def hostile_swarm(tmp_path_factory):
             expiration = get_dht_time() + 600
             record = hostile_record(identity.peer_id.to_base58())
             entry = ModelEntry(HOSTILE_MODEL, num_blocks=2).to_bytes()
-            assert dht.store(MODELS_KEY, entry, expiration, subkey=identity.owner_marker)
+            peer_id = identity.peer_id.to_base58()
+            assert dht.store(index_key(peer_id), entry, expiration, subkey=identity.owner_marker)
             assert dht.store(
-                model_key(HOSTILE_MODEL), record.to_bytes(), expiration, subkey=identity.owner_marker
+                record_key(HOSTILE_MODEL, peer_id),
+                record.to_bytes(),
+                expiration,
+                subkey=identity.owner_marker,
             )
             yield initial_peers
         finally:

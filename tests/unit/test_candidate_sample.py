@@ -60,3 +60,47 @@ def test_a_block_whose_sampled_peers_are_silent_is_sampled_again(monkeypatch):
     rtts = client.sampled_round_trips(records)
     assert [len(batch) for batch in pinged] == [4, 4]
     assert not set(pinged[0]) & set(pinged[1]) and set(rtts) == set(pinged[1])
+
+
+def _shard_reader(records):
+    """A `read_shards` over `records` that keeps the shards each call asked for."""
+    from hexswarm.swarm.trust.record_keys import record_shard
+
+    calls: list[list[int]] = []
+
+    def read(shards: list[int]) -> list:
+        calls.append(shards)
+        return [r for r in records if record_shard(r.peer_id) in shards]
+
+    return read, calls
+
+
+def test_a_big_swarm_is_read_a_few_shards_at_a_time_and_a_small_one_whole():
+    from hexswarm.client.candidate_sample import FIRST_SHARDS, ShardReads
+    from hexswarm.swarm.trust.record_keys import RECORD_SHARDS
+
+    big, calls = _shard_reader(swarm_of(3000))
+    reads = ShardReads(SEED, per_block=16)
+    got = reads.read(big, 10, epoch=1)
+    assert [len(c) for c in calls] == [FIRST_SHARDS] and min(per_block(got).values()) >= 16
+    assert len(got) < 3000 // 4  # a few shards' worth, not the swarm
+
+    small, calls = _shard_reader(swarm_of(12))
+    reads = ShardReads(SEED, per_block=16)
+    assert sorted(r.peer_id for r in reads.read(small, 10, epoch=1)) == sorted(
+        r.peer_id for r in swarm_of(12)
+    )
+    assert [len(c) for c in calls] == [FIRST_SHARDS, RECORD_SHARDS - FIRST_SHARDS]
+    reads.read(small, 10, epoch=2)  # it remembers that only every shard serves: one read of all
+    assert [len(c) for c in calls[2:]] == [RECORD_SHARDS]
+    assert ShardReads(SEED, per_block=0).read(small, 10, epoch=1) and len(calls[-1]) == RECORD_SHARDS
+
+
+def test_shards_are_read_in_an_order_of_the_clients_own_that_changes_each_epoch():
+    from hexswarm.client.candidate_sample import ShardReads
+
+    read, calls = _shard_reader(swarm_of(3000))
+    ShardReads(SEED, 16).read(read, 10, epoch=1)
+    ShardReads(SEED, 16).read(read, 10, epoch=2)
+    ShardReads(b"another client's", 16).read(read, 10, epoch=1)
+    assert len({tuple(c) for c in calls}) == 3

@@ -74,13 +74,17 @@ def test_the_relay_checks_key_expiration_and_record(identity):
     import time
 
     from hexswarm.swarm.nat.announce_relay import AnnounceRelay
-    from hexswarm.swarm.trust.records import MODELS_KEY, ModelEntry
+    from hexswarm.swarm.trust.record_keys import RECORD_SHARDS, index_key, record_key, record_shard
+    from hexswarm.swarm.trust.records import ModelEntry
 
     relay = AnnounceRelay(None, identity)
     key = identity.private_key._private_key
     marker, entry_bytes = identity.owner_marker, ModelEntry("m", 4).to_bytes()
+    own = identity.peer_id.to_base58()
+    own_index = index_key(own)
+    other_shard = f"hexswarm/v1/model-index/{(record_shard(own) + 1) % RECORD_SHARDS}"
 
-    def entry(dht_key=MODELS_KEY, value=entry_bytes, expiration: float | None = None):
+    def entry(dht_key=own_index, value=entry_bytes, expiration: float | None = None):
         expiration = time.time() + 30 if expiration is None else expiration
         return dht_signing.SignedEntry(
             dht_key, marker, dht_signing.signed_value(key, dht_key, marker, value, expiration), expiration
@@ -89,13 +93,14 @@ def test_the_relay_checks_key_expiration_and_record(identity):
     relay.check(entry())  # honest: no error
     for bad in (
         entry(dht_key="other/key"),
+        entry(dht_key=other_shard),  # its shard is fixed by its id (swarm/trust/record_keys.py)
         entry(expiration=time.time() + 10_000),
         entry(expiration=time.time() - 1),
     ):
         with pytest.raises(ProtocolError):
             relay.check(bad)
     with pytest.raises(ProtocolError, match="no hexswarm record"):
-        relay.check(entry(dht_key=MODELS_KEY + "/m", value=b"junk"))
+        relay.check(entry(dht_key=record_key("m", own), value=b"junk"))
 
 
 class _Remote:
@@ -127,19 +132,21 @@ async def test_the_relay_takes_only_a_senders_own_records_one_at_a_time_at_a_bou
 
     from hexswarm.swarm.nat import announce_relay
     from hexswarm.swarm.nat.announce_relay import AnnounceRelay
-    from hexswarm.swarm.trust.records import MODELS_KEY, ModelEntry
+    from hexswarm.swarm.trust.record_keys import index_key
+    from hexswarm.swarm.trust.records import ModelEntry
 
     relay = AnnounceRelay(None, identity)
     expiration = time.time() + 30
+    index = index_key(identity.peer_id.to_base58())
     value = dht_signing.signed_value(
         identity.private_key._private_key,
-        MODELS_KEY,
+        index,
         identity.owner_marker,
         ModelEntry("m", 4).to_bytes(),
         expiration,
     )
     request = dht_signing.encode_announce(
-        [dht_signing.SignedEntry(MODELS_KEY, identity.owner_marker, value, expiration)]
+        [dht_signing.SignedEntry(index, identity.owner_marker, value, expiration)]
     )
 
     async def ask(sender: str, data: bytes | None = request) -> tuple[int, str, tuple[str, ...]]:

@@ -218,20 +218,23 @@ def test_bad_identity_file(tmp_path):
 def test_a_bad_record_drops_its_peer_alone_and_is_logged_once(caplog):
     from types import SimpleNamespace
 
+    from hexswarm.swarm.trust.record_keys import record_key
     from hexswarm.swarm.trust.records import peer_records_from
 
     good, bad = load_or_create_identity(None), load_or_create_identity(None)
     good_record = make_record(peer_id=good.peer_id.to_base58())
     body = msgpack.unpackb(make_record(peer_id=bad.peer_id.to_base58()).to_bytes())
     body["throughput"] = float("nan")
-    value = SimpleNamespace(
-        value={
-            good.owner_marker: SimpleNamespace(value=good_record.to_bytes()),
-            bad.owner_marker: SimpleNamespace(value=msgpack.packb(body)),
-        }
-    )
+    values = {
+        record_key("m-1", good.peer_id.to_base58()): SimpleNamespace(
+            value={good.owner_marker: SimpleNamespace(value=good_record.to_bytes())}
+        ),
+        record_key("m-1", bad.peer_id.to_base58()): SimpleNamespace(
+            value={bad.owner_marker: SimpleNamespace(value=msgpack.packb(body))}
+        ),
+    }
     for _ in range(3):
-        assert peer_records_from(value, "m-1") == [good_record]
+        assert peer_records_from(values, "m-1") == [good_record]
     warnings = [r for r in caplog.records if "ignoring an entry" in r.getMessage()]
     assert len(warnings) == 1 and bad.peer_id.to_base58()[-8:] in warnings[0].getMessage()
 
@@ -264,3 +267,23 @@ def test_a_models_block_count_is_the_one_most_signers_announce():
     hostile = [("QmX", ModelEntry("m-1", 100_000)), ("QmX", ModelEntry("other-2", 8))]
     assert models_from(hostile[:1] + honest + hostile[1:]) == {"m-1": 30, "other-2": 8}
     assert models_from([("QmA", ModelEntry("m-1", 30)), ("QmB", ModelEntry("m-1", 31))]) == {"m-1": 30}
+
+
+def test_record_keys_spread_peers_over_shards_and_name_their_model():
+    from hexswarm.swarm.trust.record_keys import (
+        RECORD_SHARDS,
+        index_key,
+        model_of_key,
+        record_key,
+        record_keys,
+        shard_of_key,
+    )
+
+    ids = [load_or_create_identity(None).peer_id.to_base58() for _ in range(64)]
+    shards = {shard_of_key(record_key("m-1", peer_id)) for peer_id in ids}
+    assert len(shards) > RECORD_SHARDS // 2  # 64 ids land on most of the 32 shards
+    assert all(record_key("m-1", p) in record_keys("m-1") for p in ids)
+    assert all(shard_of_key(index_key(p)) == shard_of_key(record_key("m-1", p)) for p in ids)
+    assert model_of_key(record_key("m-1", ids[0])) == "m-1" and model_of_key(index_key(ids[0])) is None
+    for bad in ("hexswarm/v1/models/m-1", "hexswarm/v1/models/m-1/32", "hexswarm/v1/models/m/1/2", "x/3"):
+        assert model_of_key(bad) is None, bad

@@ -1,0 +1,59 @@
+"""The model's records as a serving peer follows them each announce period: a few of the
+record shards (swarm/trust/record_keys.py) read fresh, the others as last read.
+
+Each period a peer needs the swarm's records for its link probes, its relay and dial-back
+choices, the members it may push to and, for an auto peer, Petals' rule. Read whole every
+period, they were each peer's largest cost, growing as N (docs/architecture.md, "The control
+plane's costs"). A window of SHARDS_PER_PERIOD shards a period, in turn, reads a quarter of that
+and sees every shard within RECORD_SHARDS / SHARDS_PER_PERIOD periods (a minute at the default
+15 s). The first read is whole, so a peer that just started sees the swarm at once. A failed read
+changes nothing held; a shard held longer than MAX_AGE_PERIODS periods is dropped, not trusted.
+What must be current reads fresh instead: a range move's coverage check, an unknown push target.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from hexswarm.swarm.trust.record_keys import RECORD_SHARDS, shard_of_key
+from hexswarm.swarm.trust.records import PeerRecord, peer_records_from
+
+SHARDS_PER_PERIOD = 8
+MAX_AGE_PERIODS = 2 * RECORD_SHARDS // SHARDS_PER_PERIOD  # two turns of the window
+
+
+@dataclass
+class RecordWindow:
+    """`read(shards=...)` gives {record key: DHT value} of those shards, {} when the read failed
+    (swarm/trust/records.py `records_values`)."""
+
+    model_id: str
+    read: Callable[[list[int]], Awaitable[dict]]
+    period_s: float
+    per_period: int = SHARDS_PER_PERIOD
+    clock: Callable[[], float] = time.monotonic
+    held: dict[int, tuple[float, list[PeerRecord]]] = field(
+        default_factory=dict
+    )  # shard -> (read at, records)
+    next_shard: int = 0
+
+    async def records(self) -> list[PeerRecord]:
+        """Every record held, after this period's window is read."""
+        values = await self.read(shards=self._window())
+        now = self.clock()
+        for key, value in values.items():
+            shard = shard_of_key(key)
+            if shard is not None:
+                self.held[shard] = (now, peer_records_from({key: value}, self.model_id))
+        oldest = now - MAX_AGE_PERIODS * self.period_s
+        self.held = {shard: held for shard, held in self.held.items() if held[0] >= oldest}
+        return [record for _, records in self.held.values() for record in records]
+
+    def _window(self) -> list[int]:
+        if not self.held:  # nothing read yet (or all of it too old): the whole swarm at once
+            return list(range(RECORD_SHARDS))
+        shards = [(self.next_shard + i) % RECORD_SHARDS for i in range(self.per_period)]
+        self.next_shard = (self.next_shard + self.per_period) % RECORD_SHARDS
+        return shards

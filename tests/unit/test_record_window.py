@@ -1,0 +1,76 @@
+"""A serving peer's period reads of the swarm's records (peer/record_window.py): a window of
+shards a period, the rest as last read, the first read whole."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from hexswarm.peer.record_window import MAX_AGE_PERIODS, SHARDS_PER_PERIOD, RecordWindow
+from hexswarm.swarm.net.identity import load_or_create_identity
+from hexswarm.swarm.trust.record_keys import RECORD_SHARDS, record_key, record_keys, record_shard
+from tests.unit.record_cases import make_record
+
+MODEL = "m-1"
+PERIOD_S = 15.0
+
+
+class Swarm:
+    """The DHT as the window reads it: {record key: value} of the shards asked, or {} when down."""
+
+    def __init__(self, count: int):
+        self.peers = [load_or_create_identity(None) for _ in range(count)]
+        self.asked: list[list[int]] = []
+        self.down = False
+
+    async def read(self, shards: list[int]) -> dict:
+        self.asked.append(shards)
+        if self.down:
+            return {}
+        values = dict.fromkeys(record_keys(MODEL, shards))
+        for identity in self.peers:
+            peer_id = identity.peer_id.to_base58()
+            if record_shard(peer_id) in shards:
+                value = values[record_key(MODEL, peer_id)] or SimpleNamespace(value={})
+                record = make_record(peer_id=peer_id, model_id=MODEL)
+                value.value[identity.owner_marker] = SimpleNamespace(value=record.to_bytes())
+                values[record_key(MODEL, peer_id)] = value
+        return values
+
+
+def test_the_first_read_is_whole_then_a_window_a_period_sees_every_shard_in_turn():
+    swarm, now = Swarm(12), [0.0]
+    window = RecordWindow(MODEL, swarm.read, PERIOD_S, clock=lambda: now[0])
+    first = asyncio.run(window.records())
+    assert len(first) == 12 and swarm.asked[0] == list(range(RECORD_SHARDS))
+    for _ in range(RECORD_SHARDS // SHARDS_PER_PERIOD):
+        now[0] += PERIOD_S
+        assert len(asyncio.run(window.records())) == 12  # the shards not read are held
+    windows = swarm.asked[1:]
+    assert all(len(shards) == SHARDS_PER_PERIOD for shards in windows)
+    assert sorted(s for shards in windows for s in shards) == list(range(RECORD_SHARDS))
+
+
+def test_a_peer_gone_from_its_shard_leaves_the_view_when_its_shard_is_read_again():
+    swarm, now = Swarm(6), [0.0]
+    window = RecordWindow(MODEL, swarm.read, PERIOD_S, clock=lambda: now[0])
+    asyncio.run(window.records())
+    gone = swarm.peers.pop()
+    for _ in range(RECORD_SHARDS // SHARDS_PER_PERIOD):
+        now[0] += PERIOD_S
+        seen = {r.peer_id for r in asyncio.run(window.records())}
+    assert gone.peer_id.to_base58() not in seen and len(seen) == 5
+
+
+def test_a_failed_read_keeps_what_was_held_until_it_is_too_old():
+    swarm, now = Swarm(6), [0.0]
+    window = RecordWindow(MODEL, swarm.read, PERIOD_S, clock=lambda: now[0])
+    asyncio.run(window.records())
+    swarm.down = True
+    now[0] += PERIOD_S
+    assert len(asyncio.run(window.records())) == 6  # the DHT did not answer: nothing dropped
+    now[0] += MAX_AGE_PERIODS * PERIOD_S
+    assert asyncio.run(window.records()) == []  # too old to trust
+    swarm.down = False
+    now[0] += PERIOD_S
+    assert len(asyncio.run(window.records())) == 6 and swarm.asked[-1] == list(range(RECORD_SHARDS))
