@@ -4,10 +4,10 @@ Each stand-in is a host of its own on an emulated internet (swarm/nat/netlab.py 
 network namespace on one bridge, no NAT) running what a serving peer runs for the control
 plane, with no model behind it: a real hivemind DHT node (`start_dht`, with its p2pd), a real
 signed record of one model announced every `--period` seconds by the peer's own `Announcer`
-(both keys, as `run-peer` stores them), and the peer's reads of the model's key through the
-peer's own `records_values` (every shard's key of the model, swarm/trust/record_keys.py): one a period by default (peer/runtime.py reads them once for every
-step of a period: the reachability re-check, push targets, the plan follower; stop 57's runs
-read twice, `--reads-per-period 2`). Two real
+(both keys, as `run-peer` stores them), and the peer's reads of the model's records through the
+peer's own `RecordWindow` (peer/record_window.py: every one of the 32 shard keys at first,
+swarm/trust/record_keys.py, then 8 a period), once a period by default, as peer/runtime.py reads
+them for every step of its period (`--reads-per-period` for more). Two real
 `hexswarm bootstrap` processes on hosts of their own are the initial peers.
 
 Measured per N, after a warm-up of one period, over `--seconds`:
@@ -91,21 +91,28 @@ def stand_in_record(i: int, peer_id: str, addrs: tuple[str, ...], others: list[s
 async def run_stand_in(
     dht, announcer, period: float, reads_per_period: int, stop: asyncio.Event, reads: Reads
 ) -> None:
-    """Announces every `period` and reads the model's key `reads_per_period` times, as a peer does."""
+    """Announces every `period` and reads the model's records `reads_per_period` times, as a
+    peer does: through its RecordWindow (the whole swarm first, then a window of shards)."""
+    from hexswarm.peer.record_window import RecordWindow
     from hexswarm.swarm.trust.records import PeerState, records_values
 
+    async def read(shards: list[int]) -> dict:
+        began = time.monotonic()
+        values = await records_values(dht, MODEL_ID, READ_TIMEOUT_S, shards)
+        if not any(values.values()):  # none found, an error, or no answer in time (logged)
+            reads.failed += 1
+            return values
+        reads.seconds.append(time.monotonic() - began)
+        largest = max(value_bytes(value) for value in values.values())
+        reads.largest_value_bytes = max(reads.largest_value_bytes, largest)
+        return values
+
+    window = RecordWindow(MODEL_ID, read, period)
     await asyncio.sleep(random.uniform(0, period))  # peers start at different times
     while not stop.is_set():
         await announcer.announce(PeerState.ONLINE)
         for _ in range(reads_per_period):
-            began = time.monotonic()
-            values = await records_values(dht, MODEL_ID, READ_TIMEOUT_S)  # as the peer reads them
-            if not any(values.values()):  # none found, an error, or no answer in time (logged)
-                reads.failed += 1
-                continue
-            reads.seconds.append(time.monotonic() - began)
-            largest = max(value_bytes(value) for value in values.values())
-            reads.largest_value_bytes = max(reads.largest_value_bytes, largest)
+            await window.records()
         try:
             await asyncio.wait_for(stop.wait(), period)
         except TimeoutError:
