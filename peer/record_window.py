@@ -6,8 +6,10 @@ choices, the members it may push to and, for an auto peer, Petals' rule. Read wh
 period, they were each peer's largest cost, growing as N (docs/architecture.md, "The control
 plane's costs"). A window of SHARDS_PER_PERIOD shards a period, in turn, reads a quarter of that
 and sees every shard within RECORD_SHARDS / SHARDS_PER_PERIOD periods (a minute at the default
-15 s). The first read is whole, so a peer that just started sees the swarm at once. A failed read
-changes nothing held; a shard held longer than MAX_AGE_PERIODS periods is dropped, not trusted.
+15 s). The first read is whole, so a peer that just started sees the swarm at once; later ones
+never are, even after failures: on a swarm too loaded to answer, whole reads every period would
+load it more (100 stand-ins on two cores did so, benchmarks/scale.py). A failed read changes
+nothing held; a shard held longer than MAX_AGE_PERIODS periods is dropped, not trusted.
 What must be current reads fresh instead: a range move's coverage check, an unknown push target.
 """
 
@@ -34,10 +36,10 @@ class RecordWindow:
     period_s: float
     per_period: int = SHARDS_PER_PERIOD
     clock: Callable[[], float] = time.monotonic
-    held: dict[int, tuple[float, list[PeerRecord]]] = field(
-        default_factory=dict
-    )  # shard -> (read at, records)
+    # shard -> (read at, its records)
+    held: dict[int, tuple[float, list[PeerRecord]]] = field(default_factory=dict)
     next_shard: int = 0
+    started: bool = False
 
     async def records(self) -> list[PeerRecord]:
         """Every record held, after this period's window is read."""
@@ -52,7 +54,8 @@ class RecordWindow:
         return [record for _, records in self.held.values() for record in records]
 
     def _window(self) -> list[int]:
-        if not self.held:  # nothing read yet (or all of it too old): the whole swarm at once
+        if not self.started:  # the first read: the whole swarm at once
+            self.started = True
             return list(range(RECORD_SHARDS))
         shards = [(self.next_shard + i) % RECORD_SHARDS for i in range(self.per_period)]
         self.next_shard = (self.next_shard + self.per_period) % RECORD_SHARDS
