@@ -5,7 +5,7 @@ network namespace on one bridge, no NAT) running what a serving peer runs for th
 plane, with no model behind it: a real hivemind DHT node (`start_dht`, with its p2pd), a real
 signed record of one model announced every `--period` seconds by the peer's own `Announcer`
 (both keys, as `run-peer` stores them), and the peer's reads of the model's records through the
-peer's own `RecordWindow` (peer/record_window.py: every one of the 32 shard keys at first,
+peer's own `RecordWindow` (swarm/trust/record_window.py: every one of the 32 shard keys at first,
 swarm/trust/record_keys.py, then 8 a period), once a period by default, as peer/runtime.py reads
 them for every step of its period (`--reads-per-period` for more). Two real
 `hexswarm bootstrap` processes on hosts of their own are the initial peers.
@@ -93,7 +93,7 @@ async def run_stand_in(
 ) -> None:
     """Announces every `period` and reads the model's records `reads_per_period` times, as a
     peer does: through its RecordWindow (the whole swarm first, then a window of shards)."""
-    from hexswarm.peer.record_window import RecordWindow
+    from hexswarm.swarm.trust.record_window import RecordWindow
     from hexswarm.swarm.trust.records import PeerState, records_values
 
     async def read(shards: list[int]) -> dict:
@@ -107,7 +107,7 @@ async def run_stand_in(
         reads.largest_value_bytes = max(reads.largest_value_bytes, largest)
         return values
 
-    window = RecordWindow(MODEL_ID, read, period)
+    window = RecordWindow(MODEL_ID, read)
     await asyncio.sleep(random.uniform(0, period))  # peers start at different times
     while not stop.is_set():
         await announcer.announce(PeerState.ONLINE)

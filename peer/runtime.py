@@ -33,7 +33,6 @@ from hexswarm.peer.plan_follower import PlanFollower, follower_trust, join_range
 from hexswarm.peer.push import PushLinks, SwarmMembers
 from hexswarm.peer.range_move import MoveParts, RangeMover
 from hexswarm.peer.reachability import Reach, become_reachable
-from hexswarm.peer.record_window import RecordWindow
 from hexswarm.peer.server import PeerServer
 from hexswarm.peer.serving import Serving, weight_bytes_per_block
 from hexswarm.peer.speed import announced_speed, degree_speeds
@@ -52,6 +51,7 @@ from hexswarm.swarm.net.dialing import Dialer
 from hexswarm.swarm.tools import log_setup
 from hexswarm.swarm.trust.dht_signing import ANNOUNCE_PROTOCOL
 from hexswarm.swarm.trust.evidence_wire import EVIDENCE_PROTOCOL
+from hexswarm.swarm.trust.record_window import RecordWindow
 from hexswarm.swarm.trust.records import PeerRecord, PeerState, fetch_peer_records, records_values
 from hexswarm.swarm.wire.protocol import SESSION_PROTOCOL
 from hexswarm.swarm.wire.tensors import DTYPE_NAMES
@@ -317,7 +317,7 @@ class _Peer:
         coordinates (`_every_announce_period`); beside that run the services below, started and
         stopped here. A range move (`mover`) runs when the plan asks, and ends in `close`."""
         read = partial(records_values, self.dht, self.config.spec.model_id)
-        window = RecordWindow(self.config.spec.model_id, read, self.config.announce_period)
+        window = RecordWindow(self.config.spec.model_id, read)
         routine = Upkeep(
             read_records=partial(self.read_records, window),
             record=self._record,
@@ -380,7 +380,7 @@ class _Peer:
         return [r.peer_id for r in await self.read_records()]
 
     async def read_records(self, window: RecordWindow | None = None) -> list[PeerRecord]:
-        """The model's records: read whole, or as a period's `window` follows them (peer/record_window.py)."""
+        """The model's records: read whole, or as a period's `window` follows them (swarm/trust/record_window.py)."""
         whole = window is None
         records = await (
             fetch_peer_records(self.dht, self.config.spec.model_id) if whole else window.records()

@@ -13,6 +13,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from hivemind.utils import get_dht_time
 
@@ -41,12 +42,13 @@ from hexswarm.swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, bea
 from hexswarm.swarm.net.identity import Identity
 from hexswarm.swarm.tools.terminal_text import printable
 from hexswarm.swarm.trust import speed_reports
+from hexswarm.swarm.trust.record_window import RecordWindow
 from hexswarm.swarm.trust.records import (
     PeerRecord,
     PeerState,
     block_ranges,
-    fetch_peer_records,
     online_peers_per_block,
+    records_values,
 )
 
 logger = logging.getLogger(__name__)
@@ -99,6 +101,7 @@ class Coordinator:
         # the DHT's shared p2p handle (hivemind caches it; its owner closes it): whose connections
         # place speed reporters in IP groups
         self.p2p = None
+        self.window: RecordWindow | None = None  # the records as this holder follows them
 
     async def run(self, stop: asyncio.Event) -> None:
         """Renews the lease and plans, in two loops: a long search must never delay a renewal."""
@@ -124,6 +127,10 @@ class Coordinator:
         if not self.lease.holding:
             self.acting, self.published = False, None
             return
+        if not self.acting:  # a new holder reads the whole swarm, then follows it a window at a time
+            self.window = RecordWindow(
+                self.config.model_id, partial(records_values, self.dht, self.config.model_id)
+            )
         records = await self._live_records()
         now = time.monotonic()
         if not self.acting:  # a new holder re-plans at once, continuing the version sequence
@@ -153,7 +160,7 @@ class Coordinator:
         self.lost = lost
 
     async def _live_records(self) -> list[PeerRecord]:
-        records = await fetch_peer_records(self.dht, self.config.model_id)
+        records = await self.window.records()  # each shard read every 4 watch periods (4 s)
         # Peers that have not measured themselves yet (throughput 0) are planned once they have.
         live = [r for r in records if r.state != PeerState.LEAVING and r.throughput > 0]
         return await self._as_observed(live)

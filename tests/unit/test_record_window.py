@@ -1,4 +1,4 @@
-"""A serving peer's period reads of the swarm's records (peer/record_window.py): a window of
+"""A reader's period reads of the swarm's records (swarm/trust/record_window.py): a window of
 shards a period, the rest as last read, the first read whole."""
 
 from __future__ import annotations
@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from hexswarm.peer.record_window import MAX_AGE_PERIODS, SHARDS_PER_PERIOD, RecordWindow
 from hexswarm.swarm.net.identity import load_or_create_identity
 from hexswarm.swarm.trust.record_keys import RECORD_SHARDS, record_key, record_keys, record_shard
+from hexswarm.swarm.trust.record_window import MAX_AGE_READS, SHARDS_PER_PERIOD, RecordWindow
 from tests.unit.record_cases import make_record
 
 MODEL = "m-1"
-PERIOD_S = 15.0
 
 
 class Swarm:
@@ -39,12 +38,11 @@ class Swarm:
 
 
 def test_the_first_read_is_whole_then_a_window_a_period_sees_every_shard_in_turn():
-    swarm, now = Swarm(12), [0.0]
-    window = RecordWindow(MODEL, swarm.read, PERIOD_S, clock=lambda: now[0])
+    swarm = Swarm(12)
+    window = RecordWindow(MODEL, swarm.read)
     first = asyncio.run(window.records())
     assert len(first) == 12 and swarm.asked[0] == list(range(RECORD_SHARDS))
     for _ in range(RECORD_SHARDS // SHARDS_PER_PERIOD):
-        now[0] += PERIOD_S
         assert len(asyncio.run(window.records())) == 12  # the shards not read are held
     windows = swarm.asked[1:]
     assert all(len(shards) == SHARDS_PER_PERIOD for shards in windows)
@@ -52,28 +50,26 @@ def test_the_first_read_is_whole_then_a_window_a_period_sees_every_shard_in_turn
 
 
 def test_a_peer_gone_from_its_shard_leaves_the_view_when_its_shard_is_read_again():
-    swarm, now = Swarm(6), [0.0]
-    window = RecordWindow(MODEL, swarm.read, PERIOD_S, clock=lambda: now[0])
+    swarm = Swarm(6)
+    window = RecordWindow(MODEL, swarm.read)
     asyncio.run(window.records())
     gone = swarm.peers.pop()
     for _ in range(RECORD_SHARDS // SHARDS_PER_PERIOD):
-        now[0] += PERIOD_S
         seen = {r.peer_id for r in asyncio.run(window.records())}
     assert gone.peer_id.to_base58() not in seen and len(seen) == 5
 
 
 def test_a_failed_read_keeps_what_was_held_until_it_is_too_old():
-    swarm, now = Swarm(6), [0.0]
-    window = RecordWindow(MODEL, swarm.read, PERIOD_S, clock=lambda: now[0])
+    swarm = Swarm(6)
+    window = RecordWindow(MODEL, swarm.read)
     asyncio.run(window.records())
     swarm.down = True
-    now[0] += PERIOD_S
     assert len(asyncio.run(window.records())) == 6  # the DHT did not answer: nothing dropped
-    now[0] += MAX_AGE_PERIODS * PERIOD_S
-    assert asyncio.run(window.records()) == []  # too old to trust
+    for _ in range(MAX_AGE_READS - 2):
+        assert len(asyncio.run(window.records())) == 6
+    assert asyncio.run(window.records()) == []  # not read in MAX_AGE_READS reads: too old to trust
     swarm.down = False
     for _ in range(RECORD_SHARDS // SHARDS_PER_PERIOD):  # back in windows, never whole again
-        now[0] += PERIOD_S
         seen = asyncio.run(window.records())
         assert len(swarm.asked[-1]) == SHARDS_PER_PERIOD
     assert len(seen) == 6

@@ -1,5 +1,6 @@
-"""The model's records as a serving peer follows them each announce period: a few of the
-record shards (swarm/trust/record_keys.py) read fresh, the others as last read.
+"""The model's records as a reader follows them every period: a few of the record shards
+(swarm/trust/record_keys.py) read fresh, the others as last read. Serving peers read them so
+each announce period (peer/runtime.py), the coordinator each watch period (swarm/coordinator/).
 
 Each period a peer needs the swarm's records for its link probes, its relay and dial-back
 choices, the members it may push to and, for an auto peer, Petals' rule. Read whole every
@@ -9,13 +10,14 @@ and sees every shard within RECORD_SHARDS / SHARDS_PER_PERIOD periods (a minute 
 15 s). The first read is whole, so a peer that just started sees the swarm at once; later ones
 never are, even after failures: on a swarm too loaded to answer, whole reads every period would
 load it more (100 stand-ins on two cores did so, benchmarks/scale.py). A failed read changes
-nothing held; a shard held longer than MAX_AGE_PERIODS periods is dropped, not trusted.
+nothing held; a shard not read in the last MAX_AGE_READS reads is dropped, not trusted. Age is
+counted in reads, not seconds: a coordinator whose step waited on a long search must not find
+its whole view expired.
 What must be current reads fresh instead: a range move's coverage check, an unknown push target.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -23,7 +25,7 @@ from hexswarm.swarm.trust.record_keys import RECORD_SHARDS, shard_of_key
 from hexswarm.swarm.trust.records import PeerRecord, peer_records_from
 
 SHARDS_PER_PERIOD = 8
-MAX_AGE_PERIODS = 2 * RECORD_SHARDS // SHARDS_PER_PERIOD  # two turns of the window
+MAX_AGE_READS = 2 * RECORD_SHARDS // SHARDS_PER_PERIOD  # two turns of the window
 
 
 @dataclass
@@ -33,29 +35,25 @@ class RecordWindow:
 
     model_id: str
     read: Callable[[list[int]], Awaitable[dict]]
-    period_s: float
     per_period: int = SHARDS_PER_PERIOD
-    clock: Callable[[], float] = time.monotonic
-    # shard -> (read at, its records)
-    held: dict[int, tuple[float, list[PeerRecord]]] = field(default_factory=dict)
+    held: dict[int, tuple[int, list[PeerRecord]]] = field(default_factory=dict)  # shard -> (at read, records)
+    reads: int = 0
     next_shard: int = 0
-    started: bool = False
 
     async def records(self) -> list[PeerRecord]:
         """Every record held, after this period's window is read."""
         values = await self.read(shards=self._window())
-        now = self.clock()
+        self.reads += 1
         for key, value in values.items():
             shard = shard_of_key(key)
             if shard is not None:
-                self.held[shard] = (now, peer_records_from({key: value}, self.model_id))
-        oldest = now - MAX_AGE_PERIODS * self.period_s
-        self.held = {shard: held for shard, held in self.held.items() if held[0] >= oldest}
+                self.held[shard] = (self.reads, peer_records_from({key: value}, self.model_id))
+        oldest = self.reads - MAX_AGE_READS
+        self.held = {shard: held for shard, held in self.held.items() if held[0] > oldest}
         return [record for _, records in self.held.values() for record in records]
 
     def _window(self) -> list[int]:
-        if not self.started:  # the first read: the whole swarm at once
-            self.started = True
+        if self.reads == 0:  # the first read: the whole swarm at once
             return list(range(RECORD_SHARDS))
         shards = [(self.next_shard + i) % RECORD_SHARDS for i in range(self.per_period)]
         self.next_shard = (self.next_shard + self.per_period) % RECORD_SHARDS
