@@ -236,7 +236,11 @@ def test_a_stolen_lease_and_a_huge_plan_version_move_nobody(coordinated):
     assert all(f"following plan v{MAX_PLAN_VERSION}" not in log for log in logs())
     now = {r.peer_id: (r.start, r.end) for r in coordinated.records()}
     assert all(now[p] == ranges[p] for p in auto if p in now)
-    assert coordinated.followed_plan().coordinator == c.holder.holder  # the real plan is still followed
+    # the real plan is still followed: read until every auto peer's record is in one read (on a
+    # loaded machine a record can be missing for a moment between two announcements: a full run
+    # once read the swarm just then and found no followed plan)
+    followed = wait_until(coordinated.followed_plan, 30, "every auto peer follows a trusted plan")
+    assert followed.coordinator == c.holder.holder and followed.version < MAX_PLAN_VERSION
 
 
 @pytest.mark.slow
