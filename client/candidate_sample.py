@@ -13,7 +13,7 @@ most about `per_block` × blocks ÷ (blocks a peer serves), whatever the swarm's
 What it samples from is bounded too (`ShardReads`): a model's records are spread over
 RECORD_SHARDS keys by peer id (swarm/trust/record_keys.py), each a random slice of the swarm, so
 a client reads them in an order of its own, a few first, and the rest only when some block is
-still served by fewer than READ_PER_BLOCK usable records. In a test swarm of a few peers that is
+still served by fewer than `per_block` usable records (READS_PER_CANDIDATE × CANDIDATES_PER_BLOCK). In a test swarm of a few peers that is
 every shard, read at once after the first time; at 300 peers about a quarter of them.
 """
 
