@@ -86,10 +86,20 @@ def _enough(records: Sequence[PeerRecord], num_blocks: int, per_block: int) -> b
 
 def _shards_needed(records: Sequence[PeerRecord], order: list[int], num_blocks: int, per_block: int) -> int:
     """How many shards of `order`, read first, would have held `per_block` records of each
-    block: all of them where even every shard does not."""
-    for count in range(1, RECORD_SHARDS):
-        head = set(order[:count])
-        if _enough([r for r in records if record_shard(r.peer_id) in head], num_blocks, per_block):
+    block: all of them where even every shard does not. One pass over the records, a shard at a
+    time in `order` (each record's shard hashed once)."""
+    by_shard: dict[int, list[PeerRecord]] = {}
+    for record in records:
+        by_shard.setdefault(record_shard(record.peer_id), []).append(record)
+    held: Counter[int] = Counter()
+    short = set(range(num_blocks))
+    for count, shard in enumerate(order, start=1):
+        for record in by_shard.get(shard, ()):
+            for block in range(record.start, min(record.end, num_blocks)):
+                held[block] += 1
+                if held[block] >= per_block:
+                    short.discard(block)
+        if not short:
             return count
     return RECORD_SHARDS
 

@@ -52,7 +52,7 @@ from hexswarm.swarm.tools import log_setup
 from hexswarm.swarm.trust.dht_signing import ANNOUNCE_PROTOCOL
 from hexswarm.swarm.trust.evidence_wire import EVIDENCE_PROTOCOL
 from hexswarm.swarm.trust.record_window import RecordWindow
-from hexswarm.swarm.trust.records import PeerRecord, PeerState, fetch_peer_records, records_values
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, fetch_peer_records
 from hexswarm.swarm.wire.protocol import SESSION_PROTOCOL
 from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
@@ -316,8 +316,7 @@ class _Peer:
         """Serves until `stop`: every announce period it announces, re-checks its reachability and
         coordinates (`_every_announce_period`); beside that run the services below, started and
         stopped here. A range move (`mover`) runs when the plan asks, and ends in `close`."""
-        read = partial(records_values, self.dht, self.config.spec.model_id)
-        window = RecordWindow(self.config.spec.model_id, read)
+        window = RecordWindow.of(self.dht, self.config.spec.model_id)
         routine = Upkeep(
             read_records=partial(self.read_records, window),
             record=self._record,

@@ -13,7 +13,6 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from functools import partial
 
 from hivemind.utils import get_dht_time
 
@@ -48,7 +47,6 @@ from hexswarm.swarm.trust.records import (
     PeerState,
     block_ranges,
     online_peers_per_block,
-    records_values,
 )
 
 logger = logging.getLogger(__name__)
@@ -128,9 +126,7 @@ class Coordinator:
             self.acting, self.published = False, None
             return
         if not self.acting:  # a new holder reads the whole swarm, then follows it a window at a time
-            self.window = RecordWindow(
-                self.config.model_id, partial(records_values, self.dht, self.config.model_id)
-            )
+            self.window = RecordWindow.of(self.dht, self.config.model_id)
         records = await self._live_records()
         now = time.monotonic()
         if not self.acting:  # a new holder re-plans at once, continuing the version sequence

@@ -76,9 +76,7 @@ def get_many_latest(dht, keys: Sequence[str], timeout: float | None = None) -> d
     seconds (an empty key and a failed read differ: a peer's record window keeps what it held)."""
     timeout = DHT_READ_TIMEOUT_S if timeout is None else timeout
     try:
-        future = dht.run_coroutine(
-            partial(_get_many_near, list(keys), _search_deadline(timeout)), return_future=True
-        )
+        future = _ask_many(dht, keys, timeout)
     except (OSError, EOFError, ValueError) as e:  # the pipe to a DHT process that is gone
         logger.warning(
             "could not ask the DHT for %s (%s); reading it as no entries", _keys_text(keys), type(e).__name__
@@ -104,13 +102,18 @@ async def dht_get_many(dht, keys: Sequence[str], timeout: float = DHT_READ_TIMEO
     import asyncio
 
     try:
-        future = dht.run_coroutine(
-            partial(_get_many_near, list(keys), _search_deadline(timeout)), return_future=True
-        )
+        future = _ask_many(dht, keys, timeout)
         return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
     except (TimeoutError, RuntimeError, OSError) as e:
         logger.warning("reading %s from the DHT failed: %s", _keys_text(keys), type(e).__name__)
         return {}
+
+
+def _ask_many(dht, keys: Sequence[str], timeout: float):
+    """The DHT process's future answer to a search of `keys` that ends on its own before `timeout`."""
+    return dht.run_coroutine(
+        partial(_get_many_near, list(keys), _search_deadline(timeout)), return_future=True
+    )
 
 
 async def _get_many_near(keys: list[str], timeout: float, _dht, node) -> dict[str, Any]:

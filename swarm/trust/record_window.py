@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from hexswarm.swarm.trust.record_keys import RECORD_SHARDS, shard_of_key
-from hexswarm.swarm.trust.records import PeerRecord, peer_records_from
+from hexswarm.swarm.trust.records import PeerRecord, peer_records_from, records_values
 
 SHARDS_PER_PERIOD = 8
 MAX_AGE_READS = 2 * RECORD_SHARDS // SHARDS_PER_PERIOD  # two turns of the window
@@ -51,6 +52,11 @@ class RecordWindow:
         oldest = self.reads - MAX_AGE_READS
         self.held = {shard: held for shard, held in self.held.items() if held[0] > oldest}
         return [record for _, records in self.held.values() for record in records]
+
+    @classmethod
+    def of(cls, dht, model_id: str) -> RecordWindow:
+        """The window of `model_id`'s records, read from `dht`."""
+        return cls(model_id, partial(records_values, dht, model_id))
 
     def _window(self) -> list[int]:
         if self.reads == 0:  # the first read: the whole swarm at once

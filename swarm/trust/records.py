@@ -46,7 +46,7 @@ from hexswarm.swarm.trust.record_checks import (
     parse_tp_speeds,
     unpack_map,
 )
-from hexswarm.swarm.trust.record_keys import index_keys, record_key, record_keys, record_shard, shard_of_key
+from hexswarm.swarm.trust.record_keys import index_key, index_keys, record_key, record_keys
 from hexswarm.swarm.trust.signed_entries import parse_signed_entries, warn_once
 
 RECORD_SCHEMA_VERSION = 1
@@ -276,7 +276,7 @@ def read_models(dht, timeout: float | None = None) -> dict[str, int]:
             (owner, entry)
             for key, value in values.items()
             for owner, entry in parse_signed_entries(value, ModelEntry.from_bytes)
-            if shard_of_key(key) == record_shard(owner)
+            if key == index_key(owner)  # its own key, as for records
         ]
     )
 
