@@ -12,7 +12,10 @@ never are, even after failures: on a swarm too loaded to answer, whole reads eve
 load it more (100 stand-ins on two cores did so, benchmarks/scale.py). A failed read changes
 nothing held; a shard not read in the last MAX_AGE_READS reads is dropped, not trusted. Age is
 counted in reads, not seconds: a coordinator whose step waited on a long search must not find
-its whole view expired.
+its whole view expired. A record leaves the view when a read finds its peer GONE, or when two
+reads of its shard in a row do not find it: one read can miss a record (the replica that
+answered lacked it), and a peer absent for a whole turn of the window (4 s for the coordinator)
+would look to it like a leave and cost a re-plan.
 What must be current reads fresh instead: a range move's coverage check, an unknown push target.
 """
 
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from hexswarm.swarm.trust.record_keys import RECORD_SHARDS, shard_of_key
-from hexswarm.swarm.trust.records import PeerRecord, peer_records_from, records_values
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, peer_records_from, records_values
 
 SHARDS_PER_PERIOD = 8
 MAX_AGE_READS = 2 * RECORD_SHARDS // SHARDS_PER_PERIOD  # two turns of the window
@@ -37,7 +40,8 @@ class RecordWindow:
     model_id: str
     read: Callable[[list[int]], Awaitable[dict]]
     per_period: int = SHARDS_PER_PERIOD
-    held: dict[int, tuple[int, list[PeerRecord]]] = field(default_factory=dict)  # shard -> (at read, records)
+    # shard -> (at read, records found, records found the read before but not this one)
+    held: dict[int, tuple[int, list[PeerRecord], list[PeerRecord]]] = field(default_factory=dict)
     reads: int = 0
     next_shard: int = 0
 
@@ -48,10 +52,21 @@ class RecordWindow:
         for key, value in values.items():
             shard = shard_of_key(key)
             if shard is not None:
-                self.held[shard] = (self.reads, peer_records_from({key: value}, self.model_id))
+                self._renew(shard, peer_records_from({key: value}, self.model_id, keep_gone=True))
         oldest = self.reads - MAX_AGE_READS
         self.held = {shard: held for shard, held in self.held.items() if held[0] > oldest}
-        return [record for _, records in self.held.values() for record in records]
+        return [
+            record
+            for _, found, missed_once in self.held.values()
+            for record in found + missed_once
+            if record.state != PeerState.GONE
+        ]
+
+    def _renew(self, shard: int, found: list[PeerRecord]) -> None:
+        """The shard as just read; a record found the read before and not now is kept once more."""
+        ids = {record.peer_id for record in found}
+        _, before, _ = self.held.get(shard, (0, [], []))
+        self.held[shard] = (self.reads, found, [record for record in before if record.peer_id not in ids])
 
     @classmethod
     def of(cls, dht, model_id: str) -> RecordWindow:

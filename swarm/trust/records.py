@@ -246,9 +246,10 @@ async def fetch_peer_records(dht, model_id: str, timeout: float = 10.0) -> list[
     return peer_records_from(await records_values(dht, model_id, timeout), model_id)
 
 
-def peer_records_from(values: dict, model_id: str) -> list[PeerRecord]:
+def peer_records_from(values: dict, model_id: str, keep_gone: bool = False) -> list[PeerRecord]:
     """The well-formed, correctly signed records in {record key: DHT value} of `model_id`,
-    each from the shard of its signer (record_keys.py says why), those of GONE peers dropped."""
+    each from the shard of its signer (record_keys.py says why), those of GONE peers dropped
+    unless `keep_gone` (a reader that must tell "said it left" from "not found this time")."""
     records = []
     for key, value in values.items():
         for owner, record in parse_signed_entries(value, PeerRecord.from_bytes):
@@ -260,7 +261,7 @@ def peer_records_from(values: dict, model_id: str) -> list[PeerRecord]:
                 warn_once(
                     owner, f"ignoring a record of ...{owner[-8:]} stored under another key than its own"
                 )
-            elif record.state != PeerState.GONE:
+            elif keep_gone or record.state != PeerState.GONE:
                 records.append(record)
     return records
 

@@ -4,11 +4,13 @@ shards a period, the rest as last read, the first read whole."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from types import SimpleNamespace
 
 from hexswarm.swarm.net.identity import load_or_create_identity
 from hexswarm.swarm.trust.record_keys import RECORD_SHARDS, record_key, record_keys, record_shard
 from hexswarm.swarm.trust.record_window import MAX_AGE_READS, SHARDS_PER_PERIOD, RecordWindow
+from hexswarm.swarm.trust.records import PeerState
 from tests.unit.record_cases import make_record
 
 MODEL = "m-1"
@@ -21,6 +23,7 @@ class Swarm:
         self.peers = [load_or_create_identity(None) for _ in range(count)]
         self.asked: list[list[int]] = []
         self.down = False
+        self.states: dict[str, PeerState] = {}  # peer id -> the state its record says (default ONLINE)
 
     async def read(self, shards: list[int]) -> dict:
         self.asked.append(shards)
@@ -32,6 +35,8 @@ class Swarm:
             if record_shard(peer_id) in shards:
                 value = values[record_key(MODEL, peer_id)] or SimpleNamespace(value={})
                 record = make_record(peer_id=peer_id, model_id=MODEL)
+                if peer_id in self.states:
+                    record = replace(record, state=self.states[peer_id])
                 value.value[identity.owner_marker] = SimpleNamespace(value=record.to_bytes())
                 values[record_key(MODEL, peer_id)] = value
         return values
@@ -49,14 +54,40 @@ def test_the_first_read_is_whole_then_a_window_a_period_sees_every_shard_in_turn
     assert sorted(s for shards in windows for s in shards) == list(range(RECORD_SHARDS))
 
 
-def test_a_peer_gone_from_its_shard_leaves_the_view_when_its_shard_is_read_again():
+def test_a_peer_missing_from_its_shard_leaves_the_view_when_two_reads_in_a_row_miss_it():
     swarm = Swarm(6)
     window = RecordWindow(MODEL, swarm.read)
     asyncio.run(window.records())
     gone = swarm.peers.pop()
+    for _ in range(RECORD_SHARDS // SHARDS_PER_PERIOD):  # one turn: its shard read once without it
+        seen = {r.peer_id for r in asyncio.run(window.records())}
+    assert gone.peer_id.to_base58() in seen and len(seen) == 6  # one miss may be a replica's
     for _ in range(RECORD_SHARDS // SHARDS_PER_PERIOD):
         seen = {r.peer_id for r in asyncio.run(window.records())}
     assert gone.peer_id.to_base58() not in seen and len(seen) == 5
+
+
+def test_a_record_one_read_missed_stays_in_view():
+    swarm = Swarm(6)
+    window = RecordWindow(MODEL, swarm.read)
+    asyncio.run(window.records())
+    hidden = swarm.peers.pop()
+    for _ in range(RECORD_SHARDS // SHARDS_PER_PERIOD):
+        asyncio.run(window.records())
+    swarm.peers.append(hidden)  # found again on the next read of its shard
+    for _ in range(2 * RECORD_SHARDS // SHARDS_PER_PERIOD):
+        assert len(asyncio.run(window.records())) == 6
+
+
+def test_a_peer_that_says_it_left_leaves_the_view_at_once():
+    swarm = Swarm(6)
+    swarm.gone = swarm.peers[0].peer_id.to_base58()
+    window = RecordWindow(MODEL, swarm.read)
+    asyncio.run(window.records())
+    swarm.states[swarm.gone] = PeerState.GONE
+    for _ in range(RECORD_SHARDS // SHARDS_PER_PERIOD):
+        seen = {r.peer_id for r in asyncio.run(window.records())}
+    assert swarm.gone not in seen and len(seen) == 5
 
 
 def test_a_failed_read_keeps_what_was_held_until_it_is_too_old():
