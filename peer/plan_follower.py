@@ -4,14 +4,13 @@ Each step the peer reads the lease and plans of its model (swarm/coordinator/rec
 
 - a live lease holder with a plan newer than the one followed: take its assignment for this
   peer (plans signed by anyone else, or not newer, are ignored, and logged once);
-- besides, the lease and plans are read every `PLAN_WATCH_S` (1 s) while a coordinator holds
-  the lease, so that a new plan is followed within a second of being published, not an
-  announce period later (hivemind has no subscriptions; this small key is the watch). While
-  none does, the wait doubles with each read that found none, up to `PLAN_WATCH_IDLE_S`: a
-  coordinator that appears is followed within that, and a swarm without one (most of them)
-  does not read two keys a second per peer for nothing (each read is a search that several
-  nodes answer: that was most of an idle auto peer's CPU). A peer that trusts no coordinator
-  (`--public` without `--coordinator-key`) never reads them;
+- besides, the coordinator that publishes a plan tells each auto peer so over p2p (a nudge,
+  swarm/coordinator/nudges.py), and the peer then reads the lease and plans at once: a new plan
+  is followed within a second or so of being published, not an announce period later. Nudges
+  replaced a watch that read the two keys every second (hivemind has no subscriptions): ~600
+  searches a second at 300 auto peers, on the few nodes nearest those keys. A lost nudge costs
+  time only: the step of each announce period reads them too. A peer that trusts no
+  coordinator (`--public` without `--coordinator-key`) never reads them;
 - no live holder: Petals' rule (routing/scheduler/petals_rule.py), checked every
   `rebalance_period` seconds on average (uniform in [0, 2x], as Petals' servers do), so
   that peers that started together do not all move at once; a coordinator that appears later
@@ -29,13 +28,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from hexswarm.routing.scheduler.petals_rule import Span, check_delay, choose_start, should_move
+from hexswarm.swarm.coordinator.nudges import NudgeInbox
 from hexswarm.swarm.coordinator.records import Coordination, Trust, read_coordination, trust_text
 from hexswarm.swarm.trust.records import PeerRecord, PeerState, fetch_peer_records
 
 logger = logging.getLogger(__name__)
-
-PLAN_WATCH_S = 1.0  # how often an auto peer reads the coordinator's lease and plans while one holds it
-PLAN_WATCH_IDLE_S = 8.0  # the longest wait between reads while none does (it doubles up to this)
 
 
 def spans_of(records: Sequence[PeerRecord], exclude: str = "") -> list[Span]:
@@ -146,26 +143,16 @@ class PlanFollower:
         logger.info("%s: follows the plans of %s", model_id, trust_text(trust))
         self.next_check = 0.0
         self._ignored: set[tuple[str, int]] = set()
-        self.reads_without_holder = 0  # reads in a row that found no lease holder
+        self.inbox = NudgeInbox(model_id, trust, lambda: self.followed)  # "a new plan is out"
 
     @property
     def trusts_none(self) -> bool:
         return self.trust is not None and not self.trust
 
-    def watch_wait(self) -> float | None:
-        """Seconds before the plan watch reads again: PLAN_WATCH_S while the last read found a
-        lease holder, doubling with each read in a row that found none up to PLAN_WATCH_IDLE_S;
-        None when this peer trusts no coordinator (no plan could ever be followed)."""
-        if self.trusts_none:
-            return None
-        return min(PLAN_WATCH_IDLE_S, PLAN_WATCH_S * 2 ** min(self.reads_without_holder, 16))
-
     async def _read(self, every_node: bool = True) -> Coordination:
         if self.trusts_none:
             return Coordination(None, None, 0)
-        coordination = await read_coordination(self.dht, self.model_id, self.trust, every_node)
-        self.reads_without_holder = 0 if coordination.holder is not None else self.reads_without_holder + 1
-        return coordination
+        return await read_coordination(self.dht, self.model_id, self.trust, every_node)
 
     async def step(self, records: Sequence[PeerRecord], me: PeerRecord, now: float) -> None:
         coordination = await self._read()
@@ -181,7 +168,7 @@ class PlanFollower:
 
     async def follow_newer(self, me: PeerRecord) -> bool:
         """Follows the lease holder's plan at once if it is newer than the one followed (the
-        peer's plan watch, every `watch_wait()`); True if it did. It asks only the nodes nearest each
+        peer's plan watch, when nudged); True if it did. It asks only the nodes nearest each
         key (swarm/net/dht_read.py): it acts only on a newer plan, and `step` (each announce
         period, every node's answer) is what acts on a lease gone."""
         coordination = await self._read(every_node=False)

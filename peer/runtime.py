@@ -42,6 +42,7 @@ from hexswarm.peer.tp.rebalance import Rebalancing, rebalance
 from hexswarm.peer.upkeep import Upkeep
 from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT
 from hexswarm.swarm.coordinator.beside_peer import start_beside_peer
+from hexswarm.swarm.coordinator.nudges import NUDGE_PROTOCOL
 from hexswarm.swarm.nat.announce_relay import AnnounceRelay
 from hexswarm.swarm.nat.port_relay import RELAY_PROTOCOL, RelayService
 from hexswarm.swarm.nat.reachability.messages import DIALBACK_PROTOCOL
@@ -93,7 +94,8 @@ async def serve(config: PeerConfig, joining: Joining | None = None) -> int:
         log_setup.set_context(f"peer {name} {config.spec.model_id}[{start}:{end})")
         logger.info("--layers auto: Petals' rule chose blocks [%d:%d)", start, end)
     peer = _Peer(config, dht, identity, name, stop, reach, check)
-    coordinator = start_beside_peer(config.coordinator, dht, identity, stop)
+    inbox = peer.follower.inbox if peer.follower else None  # its own candidate cannot dial it
+    coordinator = start_beside_peer(config.coordinator, dht, identity, stop, inbox)
     try:
         await peer.announcer.announce(PeerState.JOINING)
         if not await peer.start_serving(stop):
@@ -233,6 +235,8 @@ class _Peer:
             server.faults.install_signals(self.loop)
         await self.p2p.add_binary_stream_handler(SESSION_PROTOCOL, self._handle_stream)
         await self._serve_evidence()
+        if self.follower is not None and not self.follower.trusts_none:  # "a new plan is out"
+            await self.p2p.add_binary_stream_handler(NUDGE_PROTOCOL, self.follower.inbox.handle_stream)
         # edge peers (peer/edge/) may announce through any full peer, as through a bootstrap
         relay = AnnounceRelay(self.dht, self.identity, partial(ip_group_of, self.p2p))
         await self.p2p.add_binary_stream_handler(ANNOUNCE_PROTOCOL, relay.handle_stream)

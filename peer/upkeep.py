@@ -3,9 +3,8 @@ the swarm's records and plans, and logging where its steps' time went.
 
 - `Upkeep.coordinate`, every announce period: the peers it may push to, round trips to them
   (peer/link_probe.py), and for an auto peer the plan or Petals' rule (peer/plan_follower.py);
-- `Upkeep.watch_plans`, a service beside it: an auto peer follows a newly published plan within
-  PLAN_WATCH_S while a coordinator holds the lease (hivemind has no subscriptions, so the plan's
-  small key is read that often), and reads it less often while none does;
+- `Upkeep.watch_plans`, a service beside it: an auto peer follows a newly published plan as soon
+  as its coordinator says it is out (swarm/coordinator/nudges.py);
 - `log_hop_cost`, every announce period and at the end.
 
 Everything here reads remote input, so a failed step is logged and the peer goes on serving.
@@ -26,6 +25,8 @@ from hexswarm.peer.push import SwarmMembers
 from hexswarm.swarm.trust.records import PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
+
+MOVE_POLL_S = 0.5  # how often a nudge taken during a range move checks whether it ended
 
 
 @dataclass(frozen=True)
@@ -66,18 +67,13 @@ class Upkeep:
             logger.exception("coordination step failed")
 
     async def watch_plans(self, stop: asyncio.Event) -> None:
-        """An auto peer follows a newly published plan within PLAN_WATCH_S while a coordinator
-        holds the lease, within PLAN_WATCH_IDLE_S of one appearing (peer/plan_follower.py)."""
-        while not stop.is_set():
-            wait = self.follower.watch_wait()
-            if wait is None:  # it trusts no coordinator: nothing to watch for
-                return
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=wait)
-            except TimeoutError:
-                pass
-            if stop.is_set() or self.moving():
-                continue
+        """An auto peer reads and follows the plan when its coordinator says a new one is out
+        (peer/plan_follower.py); a nudge that comes during a range move is taken after it."""
+        if self.follower.trusts_none:  # no plan could ever be followed
+            return
+        while await self.follower.inbox.wait(stop):
+            while self.moving() and not stop.is_set():
+                await asyncio.sleep(MOVE_POLL_S)
             try:
                 if await self.follower.follow_newer(self.record(PeerState.ONLINE)):
                     await self.announcer.announce(PeerState.ONLINE)  # the plan followed, at once

@@ -22,6 +22,7 @@ from hexswarm.routing.scheduler.search.genetic import SearchConfig
 from hexswarm.routing.scheduler.search.search_result import NoFeasiblePlanError
 from hexswarm.swarm.coordinator.lease import LeaseKeeper
 from hexswarm.swarm.coordinator.moves import Placement, diff
+from hexswarm.swarm.coordinator.nudges import Nudge, NudgeInbox, send_nudges
 from hexswarm.swarm.coordinator.planner import (
     Planned,
     choose_planned,
@@ -38,6 +39,7 @@ from hexswarm.swarm.coordinator.records import (
     uncovered_text,
 )
 from hexswarm.swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, beats
+from hexswarm.swarm.net.dialing import Dialer
 from hexswarm.swarm.net.identity import Identity
 from hexswarm.swarm.tools.terminal_text import printable
 from hexswarm.swarm.trust import speed_reports
@@ -80,8 +82,10 @@ class CoordinatorConfig:
 class Coordinator:
     """One candidate coordinator of one model."""
 
-    def __init__(self, dht, identity: Identity, config: CoordinatorConfig):
+    def __init__(self, dht, identity: Identity, config: CoordinatorConfig, inbox: NudgeInbox | None = None):
         self.dht, self.identity, self.config = dht, identity, config
+        self.inbox = inbox  # the plan nudges of the auto peer this candidate runs beside, if any
+        self.nudging: asyncio.Task | None = None  # telling auto peers of the newest plan
         self.me = identity.peer_id.to_base58()
         self.lease = LeaseKeeper(
             dht, identity, config.model_id, config.lease_ttl, config.period, config.trust
@@ -99,6 +103,7 @@ class Coordinator:
         # the DHT's shared p2p handle (hivemind caches it; its owner closes it): whose connections
         # place speed reporters in IP groups
         self.p2p = None
+        self.dialer: Dialer | None = None  # for nudges, at the addresses the records announce
         self.window: RecordWindow | None = None  # the records as this holder follows them
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -107,6 +112,8 @@ class Coordinator:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._every(self.lease.step, stop, self.config.period))
             group.create_task(self._every(self.step, stop, min(self.config.watch_period, self.config.period)))
+        if self.nudging is not None:
+            self.nudging.cancel()
         await self.lease.release()  # a clean stop: a standby takes over without waiting for expiry
 
     async def _every(self, step, stop: asyncio.Event, period: float) -> None:
@@ -194,12 +201,37 @@ class Coordinator:
         """Reporter id -> the IP group of this node's connection with it: what reporters prove
         (swarm/trust/speed_reports.py); none when the daemon does not answer in time."""
         try:
-            if self.p2p is None:
-                self.p2p = await asyncio.wait_for(self.dht.replicate_p2p(), REPORTER_GROUPS_TIMEOUT_S)
-            return await asyncio.wait_for(speed_reports.connected_groups(self.p2p), REPORTER_GROUPS_TIMEOUT_S)
+            p2p = await self._p2p()
+            return await asyncio.wait_for(speed_reports.connected_groups(p2p), REPORTER_GROUPS_TIMEOUT_S)
         except Exception as e:  # no groups: every reporter is one unproven vote
             logger.debug("placing speed reporters in IP groups: %s: %s", type(e).__name__, e)
             return {}
+
+    async def _p2p(self):
+        if self.p2p is None:
+            self.p2p = await asyncio.wait_for(self.dht.replicate_p2p(), REPORTER_GROUPS_TIMEOUT_S)
+        return self.p2p
+
+    def _tell_auto_peers(self, plan: PlanRecord, records: list[PeerRecord]) -> None:
+        """Tells each auto peer that `plan` is out (swarm/coordinator/nudges.py), in the
+        background: slow dials must not hold up the next step. A newer plan's nudges replace
+        those of an older one still being sent."""
+        if self.nudging is not None:
+            self.nudging.cancel()
+        auto = [r for r in records if r.auto and r.peer_id != self.me]
+        if self.inbox is not None and any(r.peer_id == self.me and r.auto for r in records):
+            self.inbox.take_local(Nudge(plan.model_id, plan.version))
+        self.nudging = asyncio.create_task(self._nudge(Nudge(plan.model_id, plan.version), auto))
+
+    async def _nudge(self, nudge: Nudge, peers: list[PeerRecord]) -> None:
+        try:
+            if self.dialer is None:
+                self.dialer = Dialer(await self._p2p())
+            self.dialer.learn(peers)
+            told = await send_nudges(self.dialer.open_stream, [r.peer_id for r in peers], nudge)
+            logger.info("told %d of %d auto peers that plan v%d is out", told, len(peers), nudge.version)
+        except Exception as e:  # they read the plan each announce period anyway
+            logger.warning("telling auto peers of plan v%d failed: %s", nudge.version, type(e).__name__)
 
     async def _replan(self, records: list[PeerRecord], reason: str) -> None:
         c = self.config
@@ -242,6 +274,7 @@ class Coordinator:
         moves = diff({r.peer_id: Placement.of(r) for r in records if r.auto}, planned.assignments)
         await self._store(record)
         self.published, self.scheduler_plan = record, planned.plan or self.scheduler_plan
+        self._tell_auto_peers(record, records)
         logger.info(
             "published plan v%d (%s): %d peers, %d moves, estimate %s, %.0f tok/s, searched in %.1f s",
             version,

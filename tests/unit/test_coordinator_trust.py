@@ -76,33 +76,22 @@ def test_a_new_holder_is_followed_even_if_it_numbers_its_plans_lower():
     assert moves == [(4, 8), (2, 6)] and (follower.followed, follower.followed_from) == (4, "B")
 
 
-def test_the_plan_watch_slows_down_without_a_holder_and_stops_where_none_is_trusted(monkeypatch):
-    """Every second while a coordinator holds the lease; doubling to PLAN_WATCH_IDLE_S while none
-    does (a read is a search several nodes answer); never for a peer that trusts no coordinator."""
+def test_a_follower_that_trusts_no_coordinator_never_reads_the_plan(monkeypatch):
+    """Its Petals rule still runs each period, without reading the lease or plan keys."""
     import hexswarm.peer.plan_follower as plan_follower
 
-    found: list[Coordination] = []
+    found: list[str] = []
 
     async def read(dht, model_id, trust, every_node=True):
-        found.append(holder if reads.pop(0) else Coordination(None, None, 0))
-        return found[-1]
+        found.append(model_id)
+        return Coordination(None, None, 0)
 
     async def move(start: int, end: int, tp: int | None = None) -> None:
         pass
 
-    holder = Coordination(Lease("m", "A", 1.0), None, 0)
-    reads = [False, False, False, False, False, True, False]
     monkeypatch.setattr(plan_follower, "read_coordination", read)
-    follower = PlanFollower(None, "p1", "m", 8, move, rebalance_period=60)
-    me = make_record(peer_id="p1", model_id="m", start=0, end=4)
-    waits = [follower.watch_wait()]
-    for _ in range(len(reads)):
-        asyncio.run(follower.follow_newer(me))
-        waits.append(follower.watch_wait())
-    assert waits == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 1.0, 2.0]
-    assert plan_follower.PLAN_WATCH_IDLE_S == 8.0
-
     public = PlanFollower(None, "p1", "m", 8, move, rebalance_period=60, trust=frozenset())
-    assert public.watch_wait() is None
-    asyncio.run(public.step([me], me, now=0.0))  # its rule still runs, without reading the keys
-    assert len(found) == 7  # the private follower's reads only
+    me = make_record(peer_id="p1", model_id="m", start=0, end=4)
+    assert public.trusts_none
+    asyncio.run(public.step([me], me, now=0.0))
+    assert not asyncio.run(public.follow_newer(me)) and found == []
