@@ -21,8 +21,9 @@ At start (docs/architecture.md, "Crossing NATs"):
    its own slot: no helper dials another node's ports), and it announces those ports.
 3. With no slot that works it is `unreachable`: it stays joining and says why.
 
-While it serves, `recheck` (each announce period) re-dials its slots, drops a relay that is
-gone, and asks another reachable node for a slot, so a relay that leaves is replaced within
+While it serves, `recheck` (each announce period) has new slots dialed through (a slot that
+worked is dialed again only every SLOT_REVERIFY_S), drops a relay that is gone, and asks
+another reachable node for a slot, so a relay that leaves is replaced within
 one or two periods; nodes that just failed it are asked last. A relay whose slot is gone
 takes its address out of the record at once, even when no relay answers, and a slot that
 ends (its relay died) is replaced at once, not a period later.
@@ -60,6 +61,7 @@ WANT_RELAYS = 2  # slots a peer behind NAT holds, so that one relay may leave
 RELAY_WAIT_S = 15.0  # how long slots get before the peer calls itself unreachable
 RELAY_RETRY_S = 0.5
 FAILED_RELAY_S = 60.0  # a node whose slot or dial just failed is asked last for this long
+SLOT_REVERIFY_S = 600.0  # a slot that works is dialed through again after this long
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ class Reachability:
         self.helpers: list[Candidate] = []
         self.relays: list[Candidate] = []  # whom to ask for slots, in order
         self.slots: dict[str, Slot] = {}  # relay id -> its live slot
+        self.verified: dict[str, float] = {}  # slot address -> when its relay dialed us through it
         self.holders: dict[str, asyncio.Task] = {}  # relay id -> the task holding its slot
         self.failed_at: dict[str, float] = {}  # node id -> when holding a slot on it last failed
         self.initial_peers: tuple[str, ...] = ()
@@ -295,12 +298,21 @@ class Reachability:
         self.failed_at.pop(slot.relay_id, None)
 
     async def _verified(self) -> tuple[str, ...] | None:
-        """Slot addresses their own relay dialed us through; None if no relay answered."""
-        slots = list(self.slots.values())
+        """Slot addresses their own relay dialed us through; None if none is and no relay
+        answered. A slot is asked about once, and again only after SLOT_REVERIFY_S: while its
+        relay holds it, the slot's own stream says when it is gone (`_hold`), so asking every
+        period (two dial-backs per relayed peer a period, on the relays) learned nothing."""
+        now = time.monotonic()
+        live = {s.addr(self.peer_id) for s in self.slots.values()}
+        self.verified = {a: at for a, at in self.verified.items() if a in live and now - at < SLOT_REVERIFY_S}
+        slots = [s for s in self.slots.values() if s.addr(self.peer_id) not in self.verified]
         replies = await asyncio.gather(*(ask(self.p2p, s.relay_id, [s.addr(self.peer_id)]) for s in slots))
-        if all(r is None or r.error for r in replies):  # nobody could check (busy, gone)
-            return None
-        return relay_verified(slots, replies, self.peer_id)
+        if slots and not self.verified and all(r is None or r.error for r in replies):
+            return None  # nobody could check (busy, gone)
+        self.verified.update(dict.fromkeys(relay_verified(slots, replies, self.peer_id), now))
+        return tuple(
+            s.addr(self.peer_id) for s in self.slots.values() if s.addr(self.peer_id) in self.verified
+        )
 
     def _relayed(self, addrs: tuple[str, ...], known: float, relayed: float) -> Reach:
         relays = tuple(s.relay_id for s in self.slots.values() if s.addr(self.peer_id) in addrs)
