@@ -225,14 +225,12 @@ def test_a_bad_record_drops_its_peer_alone_and_is_logged_once(caplog):
     good_record = make_record(peer_id=good.peer_id.to_base58())
     body = msgpack.unpackb(make_record(peer_id=bad.peer_id.to_base58()).to_bytes())
     body["throughput"] = float("nan")
-    values = {
-        record_key("m-1", good.peer_id.to_base58()): SimpleNamespace(
-            value={good.owner_marker: SimpleNamespace(value=good_record.to_bytes())}
-        ),
-        record_key("m-1", bad.peer_id.to_base58()): SimpleNamespace(
-            value={bad.owner_marker: SimpleNamespace(value=msgpack.packb(body))}
-        ),
-    }
+    values: dict = {}  # both peers' keys; one key when their ids fall in the same shard
+    for identity, data in ((good, good_record.to_bytes()), (bad, msgpack.packb(body))):
+        key = record_key("m-1", identity.peer_id.to_base58())
+        values.setdefault(key, SimpleNamespace(value={})).value[identity.owner_marker] = SimpleNamespace(
+            value=data
+        )
     for _ in range(3):
         assert peer_records_from(values, "m-1") == [good_record]
     warnings = [r for r in caplog.records if "ignoring an entry" in r.getMessage()]
