@@ -9,10 +9,10 @@ nearest nodes are the key's (XOR distances to both differ in the last of 160 bit
 node holds a value under it, so the nodes asked answer with their neighbours only. Then it
 stores on those nodes directly, signed as hivemind signs (the node's own record validator).
 
-It searches at every store, as hivemind does: a node that joined near the key gets each entry
-at its writer's next store, so no replica is more than a period behind. (Reusing the nodes
-found for a minute left new nodes partial replicas for that minute: in a full test run, readers
-missed records.)
+It searches at every store, as hivemind does (with a beam of STORE_BEAM nodes, not its 20): a
+node that joined near the key gets each entry at its writer's next store, so no replica is more
+than a period behind. (Reusing the nodes found for a minute left new nodes partial replicas for
+that minute: in a full test run, readers missed records.)
 """
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ import asyncio
 from functools import partial
 
 STORE_CALL_S = 5.0  # one replica's store; a replica that hangs must not hold up the others
+# Nodes kept in the search for the replicas: the num_replicas (5) it wants, as a near read keeps
+# (swarm/net/dht_read.py NEAR_BEAM), so writer and readers look for the same nodes the same way.
+# hivemind's default keeps its bucket size (20): at 24 nodes a store's search asked 20 of them
+# (43 kB a key), with 5 it asks 5 (24 kB, most of it the 5 stores themselves).
+STORE_BEAM = 5
 
 
 async def store_own(dht, key: str, subkey: bytes, value: bytes, expiration: float) -> int:
@@ -57,7 +62,7 @@ async def _nearest(node, key_id) -> dict:
 
     beside = DHTID(int(key_id) ^ 1)  # the same nearest nodes, and no value held under it
     found = await node.find_nearest_nodes(
-        [beside], k_nearest=node.num_replicas, exclude_self=node.protocol.client_mode
+        [beside], k_nearest=node.num_replicas, beam_size=STORE_BEAM, exclude_self=node.protocol.client_mode
     )
     return found[beside]
 
