@@ -9,10 +9,10 @@ Each step the peer reads the lease and plans of its model (swarm/coordinator/rec
   is followed within a second or so of being published, not an announce period later. Nudges
   replaced a watch that read the two keys every second (hivemind has no subscriptions): ~600
   searches a second at 300 auto peers, on the few nodes nearest those keys. A lost nudge costs
-  time only: the step of each announce period reads them too. A peer that trusts no
+  time only: every PLAN_READ_PERIODS-th announce period's step reads them too. A peer that trusts no
   coordinator (`--public` without `--coordinator-key`) never reads them;
-- no live holder: Petals' rule (routing/scheduler/petals_rule.py), checked every
-  `rebalance_period` seconds on average (uniform in [0, 2x], as Petals' servers do), so
+- no live holder: Petals' rule (routing/scheduler/petals_rule.py), checked (after a read of the
+  lease) every `rebalance_period` seconds on average (uniform in [0, 2x], as Petals' servers do), so
   that peers that started together do not all move at once; a coordinator that appears later
   takes over at its first plan.
 
@@ -33,6 +33,8 @@ from hexswarm.swarm.coordinator.records import Coordination, Trust, read_coordin
 from hexswarm.swarm.trust.records import PeerRecord, PeerState, fetch_peer_records
 
 logger = logging.getLogger(__name__)
+
+PLAN_READ_PERIODS = 4  # a step reads the lease and plans every 4th announce period (a minute at 15 s)
 
 
 def spans_of(records: Sequence[PeerRecord], exclude: str = "") -> list[Span]:
@@ -142,6 +144,7 @@ class PlanFollower:
         self.followed_from = ""  # ... and the coordinator that signed it
         logger.info("%s: follows the plans of %s", model_id, trust_text(trust))
         self.next_check = 0.0
+        self.steps = 0  # announce periods stepped
         self._ignored: set[tuple[str, int]] = set()
         self.inbox = NudgeInbox(model_id, trust, lambda: self.followed)  # "a new plan is out"
 
@@ -155,6 +158,15 @@ class PlanFollower:
         return await read_coordination(self.dht, self.model_id, self.trust, every_node)
 
     async def step(self, records: Sequence[PeerRecord], me: PeerRecord, now: float) -> None:
+        """Each announce period: reads the lease and plans at the first step, every
+        PLAN_READ_PERIODS-th after it and whenever Petals' rule is due, and follows the holder's
+        plan, or applies the rule where none holds the lease. Nudges bring a new plan sooner;
+        these reads catch a lost nudge and a lease gone. Each is a search that every node of a
+        beam answers: read every period by every auto peer, they were most of an idle peer's
+        DHT calls."""
+        self.steps += 1
+        if now < self.next_check and (self.steps - 1) % PLAN_READ_PERIODS:
+            return
         coordination = await self._read()
         self._log_ignored(coordination)
         if coordination.holder is not None:

@@ -95,3 +95,29 @@ def test_a_follower_that_trusts_no_coordinator_never_reads_the_plan(monkeypatch)
     assert public.trusts_none
     asyncio.run(public.step([me], me, now=0.0))
     assert not asyncio.run(public.follow_newer(me)) and found == []
+
+
+def test_a_follower_reads_the_plan_every_few_periods_and_before_petals_rule(monkeypatch):
+    """Nudges bring new plans; the period's read catches a lost one, and a lease gone before
+    Petals' rule may move the peer (peer/plan_follower.py `step`)."""
+    import hexswarm.peer.plan_follower as plan_follower
+
+    reads: list[int] = []
+
+    async def read(dht, model_id, trust, every_node=True):
+        reads.append(step)
+        return Coordination(Lease("m", "A", 1.0), None, 0)
+
+    async def move(start: int, end: int, tp: int | None = None) -> None:
+        pass
+
+    monkeypatch.setattr(plan_follower, "read_coordination", read)
+    follower = PlanFollower(None, "p1", "m", 8, move, rebalance_period=60)
+    me = make_record(peer_id="p1", model_id="m", start=0, end=4)
+    follower.next_check = 1000.0  # Petals' rule not due
+    for step in range(1, 10):
+        asyncio.run(follower.step([me], me, now=float(step)))
+    assert reads == [1, 1 + plan_follower.PLAN_READ_PERIODS, 1 + 2 * plan_follower.PLAN_READ_PERIODS]
+    step = 10
+    asyncio.run(follower.step([me], me, now=1000.0))  # the rule is due: the lease is read first
+    assert reads[-1] == 10
