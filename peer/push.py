@@ -60,8 +60,9 @@ logger = logging.getLogger(__name__)
 
 # Opens a stream to a peer (base58 id): (reader, writer). Injected, so this module needs no p2p.
 Connect = Callable[[str], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
-# Reads the peer ids that announce this peer's model now (the DHT records); has its own deadline.
-ReadMembers = Callable[[], Awaitable[Iterable[str]]]
+# Reads the peer ids that announce this peer's model now in the DHT record shard of the peer id
+# it is given (swarm/trust/record_keys.py: one key, not the model's 32); has its own deadline.
+ReadMembers = Callable[[str], Awaitable[Iterable[str]]]
 
 MAX_LINKS = 32  # open links to next peers; the least recently opened one is closed beyond this
 MAX_ACK_FRAME = 64 << 10  # a link carries only PUSH_ACK (and ERROR) frames back
@@ -95,7 +96,7 @@ class SwarmMembers:
     """The peer ids that announce this peer's model in the DHT: the only ones it pushes to.
 
     `update` is fed the ids of every read of the records (once per announce period). An id not
-    known (a peer that joined since) re-reads them through `read`, at most every
+    known (a peer that joined since) re-reads its record shard through `read`, at most every
     `refresh_after_s`, so a client naming random ids costs at most one DHT read per interval
     (a second, when a push's deadline leaves time for it, finds a record one read missed)."""
 
@@ -143,7 +144,7 @@ class SwarmMembers:
             async with self.lock:  # one re-read at a time; the others wait for its answer
                 if not self.knows(peer_id) and self.clock() - self.read_at >= self.refresh_after_s:
                     self.read_at = self.clock()  # before the read: a failing DHT is not asked again at once
-                    self.update(await self.read())
+                    self.update(await self.read(peer_id))
         if not self.knows(peer_id):
             raise NotAMemberError(f"...{peer_id[-8:]} does not announce this model in the DHT: not dialed")
 

@@ -53,7 +53,7 @@ from hexswarm.swarm.tools import log_setup
 from hexswarm.swarm.trust.dht_signing import ANNOUNCE_PROTOCOL
 from hexswarm.swarm.trust.evidence_wire import EVIDENCE_PROTOCOL
 from hexswarm.swarm.trust.record_window import RecordWindow
-from hexswarm.swarm.trust.records import PeerRecord, PeerState, fetch_peer_records
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, fetch_peer_records, shard_records
 from hexswarm.swarm.wire.protocol import SESSION_PROTOCOL
 from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
@@ -301,9 +301,8 @@ class _Peer:
         await self.serving.server.handle_stream(*args)
 
     async def _open_link(self, peer_id: str):
-        """A session stream to a peer id, dialed at its signed record's addresses (a relay's port
-        for a peer behind NAT): for pushed steps (peer/push.py) and round-trip probes
-        (peer/link_probe.py)."""
+        """A session stream to a peer id at its record's addresses (a relay's port for a peer
+        behind NAT): for pushed steps (peer/push.py) and round-trip probes (peer/link_probe.py)."""
         return await self.dialer.open_stream(peer_id, SESSION_PROTOCOL)
 
     def _on_group_failure(self, reason: str) -> None:
@@ -378,9 +377,11 @@ class _Peer:
             logger.warning("reachability now %s via %s %s", reach.mode, reach.addrs, reach.reason)
         self.reach = reach
 
-    async def _member_ids(self) -> list[str]:
-        """The peers announcing this model now: whom pushes may go to (peer/push.py)."""
-        return [r.peer_id for r in await self.read_records()]
+    async def _member_ids(self, peer_id: str) -> list[str]:
+        """The peers of `peer_id`'s record shard that announce this model now (peer/push.py)."""
+        records = await shard_records(self.dht, self.config.spec.model_id, peer_id)
+        self.dialer.learn(records)
+        return [r.peer_id for r in records]
 
     async def read_records(self, window: RecordWindow | None = None) -> list[PeerRecord]:
         """The model's records: read whole, or as a period's `window` follows them (swarm/trust/record_window.py)."""

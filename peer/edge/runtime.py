@@ -143,7 +143,7 @@ class EdgePeer:
         sock = await asyncio.to_thread(self.host.open_stream, peer_id)
         return await asyncio.open_connection(sock=sock)
 
-    async def _member_ids(self) -> tuple[str, ...]:
+    async def _member_ids(self, peer_id: str) -> tuple[str, ...]:
         return self.members  # refreshed by every announcement; a newcomer waits for the next one
 
     async def run_until(self, stop: asyncio.Event) -> None:

@@ -53,6 +53,9 @@ from hexswarm.swarm.trust.records import (
 
 logger = logging.getLogger(__name__)
 
+# Record shards the lease holder reads each watch period: every shard each 4 periods (4 s at
+# the default 1 s), so that a leave is re-planned within seconds (a peer reads 2 a period).
+WATCH_SHARDS = 8
 REPORTER_GROUPS_TIMEOUT_S = 5.0  # the daemon answers a list of its connections in milliseconds
 
 
@@ -133,7 +136,7 @@ class Coordinator:
             self.acting, self.published = False, None
             return
         if not self.acting:  # a new holder reads the whole swarm, then follows it a window at a time
-            self.window = RecordWindow.of(self.dht, self.config.model_id)
+            self.window = RecordWindow.of(self.dht, self.config.model_id, WATCH_SHARDS)
         records = await self._live_records()
         now = time.monotonic()
         if not self.acting:  # a new holder re-plans at once, continuing the version sequence

@@ -5,17 +5,19 @@ each announce period (peer/runtime.py), the coordinator each watch period (swarm
 Each period a peer needs the swarm's records for its link probes, its relay and dial-back
 choices, the members it may push to and, for an auto peer, Petals' rule. Read whole every
 period, they were each peer's largest cost, growing as N (docs/architecture.md, "The control
-plane's costs"). A window of SHARDS_PER_PERIOD shards a period, in turn, reads a quarter of that
-and sees every shard within RECORD_SHARDS / SHARDS_PER_PERIOD periods (a minute at the default
-15 s). The first read is whole, so a peer that just started sees the swarm at once; later ones
-never are, even after failures: on a swarm too loaded to answer, whole reads every period would
-load it more (100 stand-ins on two cores did so, benchmarks/scale.py). A failed read changes
-nothing held; a shard not read in the last MAX_AGE_READS reads is dropped, not trusted. Age is
-counted in reads, not seconds: a coordinator whose step waited on a long search must not find
-its whole view expired. A record leaves the view when a read finds its peer GONE, or when two
-reads of its shard in a row do not find it: one read can miss a record (the replica that
-answered lacked it), and a peer absent for a whole turn of the window (4 s for the coordinator)
-would look to it like a leave and cost a re-plan.
+plane's costs"). A window of `per_period` shards a period, in turn, sees every shard within
+RECORD_SHARDS / per_period periods: SHARDS_PER_PERIOD (2) for a peer, a turn of 16 periods (4
+minutes at the default 15 s; a key read costs ~15 kB of search replies at 24 nodes, so 8 keys a
+period were most of a peer's upkeep), and more for the coordinator, which must see a leave
+within seconds. The first read is whole, so a reader that just started sees the swarm at once;
+later ones never are, even after failures: on a swarm too loaded to answer, whole reads every
+period would load it more (100 stand-ins on two cores did so, benchmarks/scale.py). A failed
+read changes nothing held; a shard not read in the last two turns of reads is dropped, not
+trusted. Age is counted in reads, not seconds: a coordinator whose step waited on a long search
+must not find its whole view expired. A record leaves the view when a read finds its peer GONE,
+or when two reads of its shard in a row do not find it: one read can miss a record (the replica
+that answered lacked it), and a peer absent for a whole turn of the window (4 s for the
+coordinator) would look to it like a leave and cost a re-plan.
 What must be current reads fresh instead: a range move's coverage check, an unknown push target.
 """
 
@@ -28,8 +30,7 @@ from functools import partial
 from hexswarm.swarm.trust.record_keys import RECORD_SHARDS, shard_of_key
 from hexswarm.swarm.trust.records import PeerRecord, PeerState, peer_records_from, records_values
 
-SHARDS_PER_PERIOD = 8
-MAX_AGE_READS = 2 * RECORD_SHARDS // SHARDS_PER_PERIOD  # two turns of the window
+SHARDS_PER_PERIOD = 2  # a serving peer's window
 
 
 @dataclass
@@ -53,7 +54,7 @@ class RecordWindow:
             shard = shard_of_key(key)
             if shard is not None:
                 self._renew(shard, peer_records_from({key: value}, self.model_id, keep_gone=True))
-        oldest = self.reads - MAX_AGE_READS
+        oldest = self.reads - self.max_age_reads
         self.held = {shard: held for shard, held in self.held.items() if held[0] > oldest}
         return [
             record
@@ -68,10 +69,15 @@ class RecordWindow:
         _, before, _ = self.held.get(shard, (0, [], []))
         self.held[shard] = (self.reads, found, [record for record in before if record.peer_id not in ids])
 
+    @property
+    def max_age_reads(self) -> int:
+        """Reads after which a shard not read again is dropped: two turns of the window."""
+        return 2 * RECORD_SHARDS // self.per_period
+
     @classmethod
-    def of(cls, dht, model_id: str) -> RecordWindow:
-        """The window of `model_id`'s records, read from `dht`."""
-        return cls(model_id, partial(records_values, dht, model_id))
+    def of(cls, dht, model_id: str, per_period: int = SHARDS_PER_PERIOD) -> RecordWindow:
+        """The window of `model_id`'s records, read from `dht`, `per_period` shards a read."""
+        return cls(model_id, partial(records_values, dht, model_id), per_period)
 
     def _window(self) -> list[int]:
         if self.reads == 0:  # the first read: the whole swarm at once

@@ -46,7 +46,7 @@ from hexswarm.swarm.trust.record_checks import (
     parse_tp_speeds,
     unpack_map,
 )
-from hexswarm.swarm.trust.record_keys import index_key, index_keys, record_key, record_keys
+from hexswarm.swarm.trust.record_keys import index_key, index_keys, record_key, record_keys, record_shard
 from hexswarm.swarm.trust.signed_entries import parse_signed_entries, warn_once
 
 RECORD_SCHEMA_VERSION = 1
@@ -241,9 +241,16 @@ async def records_values(dht, model_id: str, timeout: float = 10.0, shards: list
     return await dht_get_many(dht, record_keys(model_id, shards), timeout)
 
 
-async def fetch_peer_records(dht, model_id: str, timeout: float = 10.0) -> list[PeerRecord]:
+async def fetch_peer_records(
+    dht, model_id: str, timeout: float = 10.0, shards: list[int] | None = None
+) -> list[PeerRecord]:
     """`read_peer_records` for code on an event loop (a peer, the coordinator)."""
-    return peer_records_from(await records_values(dht, model_id, timeout), model_id)
+    return peer_records_from(await records_values(dht, model_id, timeout, shards), model_id)
+
+
+async def shard_records(dht, model_id: str, peer_id: str, timeout: float = 10.0) -> list[PeerRecord]:
+    """The records of `model_id` in `peer_id`'s shard (one key): whether it announces the model."""
+    return await fetch_peer_records(dht, model_id, timeout, [record_shard(peer_id)])
 
 
 def peer_records_from(values: dict, model_id: str, keep_gone: bool = False) -> list[PeerRecord]:

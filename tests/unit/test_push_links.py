@@ -181,7 +181,7 @@ class Records:
     def __init__(self, *peer_ids: str):
         self.peer_ids, self.reads = list(peer_ids), 0
 
-    async def __call__(self):
+    async def __call__(self, peer_id: str):
         self.reads += 1
         return list(self.peer_ids)
 
@@ -215,7 +215,7 @@ async def test_a_peer_that_joined_since_the_last_read_is_found_by_a_new_read():
 
 async def test_a_record_one_read_missed_is_found_by_the_next_within_the_push_deadline():
     class LateRecords(Records):
-        async def __call__(self):  # the first read meets a replica without QmEdge's record
+        async def __call__(self, peer_id: str):  # the first read meets a replica without QmEdge's record
             self.reads += 1
             return ["QmA"] if self.reads == 1 else ["QmA", "QmEdge"]
 
@@ -240,7 +240,7 @@ async def test_members_outlive_a_failed_read_but_not_their_ttl():
 
 
 async def test_a_slow_records_read_is_bounded_by_the_push_deadline():
-    async def hang():
+    async def hang(peer_id: str):
         await asyncio.sleep(60)
 
     links = PushLinks(Dialer(None), members=SwarmMembers(hang))

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from hexswarm.swarm.net.identity import load_or_create_identity
 from hexswarm.swarm.trust.record_keys import RECORD_SHARDS, record_key, record_keys, record_shard
-from hexswarm.swarm.trust.record_window import MAX_AGE_READS, SHARDS_PER_PERIOD, RecordWindow
+from hexswarm.swarm.trust.record_window import SHARDS_PER_PERIOD, RecordWindow
 from hexswarm.swarm.trust.records import PeerState
 from tests.unit.record_cases import make_record
 
@@ -96,9 +96,9 @@ def test_a_failed_read_keeps_what_was_held_until_it_is_too_old():
     asyncio.run(window.records())
     swarm.down = True
     assert len(asyncio.run(window.records())) == 6  # the DHT did not answer: nothing dropped
-    for _ in range(MAX_AGE_READS - 2):
+    for _ in range(window.max_age_reads - 2):
         assert len(asyncio.run(window.records())) == 6
-    assert asyncio.run(window.records()) == []  # not read in MAX_AGE_READS reads: too old to trust
+    assert asyncio.run(window.records()) == []  # not read in two turns of reads: too old to trust
     swarm.down = False
     for _ in range(RECORD_SHARDS // SHARDS_PER_PERIOD):  # back in windows, never whole again
         seen = asyncio.run(window.records())
