@@ -46,6 +46,22 @@ def stamp() -> dict:
     }
 
 
+def summarize(bench: str, argv: list[str], lines: list[dict], started: dict, save_it: bool) -> dict:
+    """The run's summary line (its command, per-N lines and stamps), printed, and saved as
+    results/BENCH.json when `save_it`."""
+    summary = {
+        "bench": bench,
+        "command": " ".join(argv),
+        "lines": lines,
+        "started": started,
+        "ended": stamp(),
+    }
+    print(json.dumps(summary), flush=True)
+    if save_it:
+        save(bench, summary)
+    return summary
+
+
 def load(name: str, folder: Path = RESULTS) -> dict | None:
     """The last saved result of benchmark NAME, or None if it was never saved."""
     path = folder / f"{name}.json"
