@@ -14,7 +14,14 @@ Everything on 127.0.0.1 (no namespaces), every process of the swarm counted. Per
 - `killed`, `covered_s`, `exact_after`: a quarter of the peers SIGKILLed at once, then the time
   until a fresh client's generation is exact again (the peers left must cover every block).
 
+With `--coordinator`, a `hexswarm coordinator` process plans the auto peers (it starts once they
+are online) and each line adds `idle_cpu_coordinator` and `plan_followed_s`: after the kill, from
+when a read of the DHT first shows the coordinator's next plan until every live auto peer's
+record says it follows it (reads every 0.5 s; auto peers are told by a nudge over p2p,
+swarm/coordinator/nudges.py, and re-read the plan every 4th announce period otherwise).
+
 The announce period is run-peer's default (15 s). Run: python benchmarks/swarm_idle.py --peers 12 24
+[--coordinator]
 """
 
 from __future__ import annotations
@@ -27,17 +34,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_results import save, stamp  # noqa: E402
+from bench_results import save, stamp, summarize  # noqa: E402
 
 NUM_BLOCKS = 16
 BLOCKS_EACH = 4  # --max-blocks: 12 peers hold each block 3 times over, 24 peers 6 times
 PROMPT = [[1, 5, 9, 14, 3, 7]]
 COVERED_BOUND_S = 180.0  # how long the swarm gets to serve again after the kill
+FOLLOW_BOUND_S = 240.0  # how long the coordinator's next plan gets to be published and followed
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -98,6 +108,56 @@ def status_seconds(initial_peers: list[str]) -> float:
     return time.monotonic() - began
 
 
+def start_coordinator(swarm, model_dir: Path):
+    """A `hexswarm coordinator` of the model on the swarm (a private swarm's peers trust it)."""
+    args = [sys.executable, "-m", "hexswarm.swarm.commands.cli", "coordinator", "--initial-peers",
+            *swarm.initial_peers, "--model", str(model_dir), "--host-maddrs", LOOPBACK]  # fmt: skip
+    return swarm.start_command("coordinator", args, ready="coordinator candidate")
+
+
+def model_id_of(model_dir: Path) -> str:
+    from hexswarm.swarm.models.model_spec import load_model_spec
+
+    return load_model_spec(model_dir).model_id
+
+
+class PlanFollowing(threading.Thread):
+    """Reads the DHT every 0.5 s after the kill: seconds from the first read that shows a new
+    plan until every one of `live` auto peers' records follows it (None: not within
+    FOLLOW_BOUND_S)."""
+
+    def __init__(self, initial_peers: list[str], model_id: str, live: int):
+        super().__init__(daemon=True)
+        self.initial_peers, self.model_id, self.live = initial_peers, model_id, live
+        self.seconds: float | None = None
+
+    def run(self) -> None:
+        from hexswarm.swarm.coordinator.records import read_coordination_sync
+        from hexswarm.swarm.net.dht import start_dht
+        from hexswarm.swarm.trust.records import read_peer_records
+
+        dht = start_dht(self.initial_peers, None, host_maddrs=[LOOPBACK])
+        try:
+            first = read_coordination_sync(dht, self.model_id).plan
+            began, seen = time.monotonic(), None
+            while time.monotonic() - began < FOLLOW_BOUND_S:
+                plan = read_coordination_sync(dht, self.model_id).plan
+                if plan is not None and (first is None or plan.version > first.version):
+                    seen = seen or (plan.version, time.monotonic())
+                    auto = [r for r in read_peer_records(dht, self.model_id) if r.auto]
+                    following = [r for r in auto if r.plan_version >= seen[0]]
+                    if len(following) >= self.live:
+                        self.seconds = round(time.monotonic() - seen[1], 1)
+                        return
+                time.sleep(0.5)
+        finally:
+            dht.shutdown()
+
+    def result(self) -> float | None:
+        self.join(FOLLOW_BOUND_S + 60)
+        return self.seconds
+
+
 def measure(n: int, args, model_dir: Path, expected, workdir: Path) -> dict:
     from hexswarm.swarm.tools.launcher import LocalSwarm
 
@@ -112,11 +172,15 @@ def measure(n: int, args, model_dir: Path, expected, workdir: Path) -> dict:
         for proc in peers:
             swarm.wait_for_log(proc, "online:", 600)
         online_s = time.monotonic() - began
+        watched = [*peers, bootstrap] + ([start_coordinator(swarm, model_dir)] if args.coordinator else [])
         time.sleep(args.settle_seconds)  # moves after the last join, and the first plan, settle
-        shares = idle_shares([p.popen.pid for p in [*peers, bootstrap]], args.idle_seconds)
+        shares = idle_shares([p.popen.pid for p in watched], args.idle_seconds)
         status_s = status_seconds(swarm.initial_peers)
         generate_s, exact = timed_generate(model_dir, swarm.initial_peers, args.new_tokens, expected)
         victims = random.Random(n).sample(peers, n // 4)
+        follow = PlanFollowing(swarm.initial_peers, model_id_of(model_dir), n - len(victims))
+        if args.coordinator:
+            follow.start()
         for proc in victims:
             os.killpg(proc.popen.pid, signal.SIGKILL)
         killed_at, exact_after = time.monotonic(), False
@@ -125,16 +189,21 @@ def measure(n: int, args, model_dir: Path, expected, workdir: Path) -> dict:
                 _, exact_after = timed_generate(model_dir, swarm.initial_peers, args.new_tokens, expected)
             except Exception as e:  # blocks not covered yet: the client says so
                 print(f"[swarm_idle] not yet: {type(e).__name__}", file=sys.stderr, flush=True)
+        covered_s = time.monotonic() - killed_at
+        extra = {}
+        if args.coordinator:
+            extra = {"idle_cpu_coordinator": round(shares[-1], 4), "plan_followed_s": follow.result()}
         return {
             "peers": n,
             "online_s": round(online_s, 1),
-            "idle_cpu_per_peer": round(sum(shares[:-1]) / n, 4),
-            "idle_cpu_bootstrap": round(shares[-1], 4),
+            "idle_cpu_per_peer": round(sum(shares[:n]) / n, 4),
+            "idle_cpu_bootstrap": round(shares[n], 4),
+            **extra,
             "status_s": round(status_s, 2),
             "generate_s": round(generate_s, 2),
             "exact": exact,
             "killed": len(victims),
-            "covered_s": round(time.monotonic() - killed_at, 1),
+            "covered_s": round(covered_s, 1),
             "exact_after": exact_after,
         }
 
@@ -145,7 +214,11 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=60.0)
     parser.add_argument("--settle-seconds", type=float, default=30.0)
     parser.add_argument("--new-tokens", type=int, default=8)
+    parser.add_argument("--coordinator", action="store_true", help="a coordinator plans the auto peers")
     parser.add_argument("--save", action="store_true", help="also write benchmarks/results/swarm_idle.json")
+    parser.add_argument(
+        "--save-as", default="swarm_idle", help="--save's file name under benchmarks/results/"
+    )
     args = parser.parse_args()
     import torch
     from transformers import AutoModelForCausalLM
@@ -163,16 +236,9 @@ def main() -> None:
         for n in args.peers:
             lines.append(measure(n, args, model_dir, expected, workdir))
             print(json.dumps(lines[-1]), flush=True)
-    summary = {
-        "bench": "swarm_idle",
-        "command": " ".join(sys.argv),
-        "lines": lines,
-        "started": started,
-        "ended": stamp(),
-    }
-    print(json.dumps(summary), flush=True)
+    summary = summarize("swarm_idle", sys.argv, lines, started, save_it=False)
     if args.save:
-        save("swarm_idle", summary)
+        save(args.save_as, summary)
 
 
 if __name__ == "__main__":
