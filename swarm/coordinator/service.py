@@ -53,9 +53,11 @@ from hexswarm.swarm.trust.records import (
 
 logger = logging.getLogger(__name__)
 
-# Record shards the lease holder reads each watch period: every shard each 4 periods (4 s at
+# Record shards the lease holder reads each watch period: every shard each 8 periods (8 s at
 # the default 1 s), so that a leave is re-planned within seconds (a peer reads 2 a period).
-WATCH_SHARDS = 8
+# With 8 shards a second, its searches cost each idle peer of 12 about 1% of a core
+# (benchmarks/swarm_idle.py --coordinator), and itself ~8%.
+WATCH_SHARDS = 4
 REPORTER_GROUPS_TIMEOUT_S = 5.0  # the daemon answers a list of its connections in milliseconds
 
 
@@ -166,7 +168,7 @@ class Coordinator:
         self.lost = lost
 
     async def _live_records(self) -> list[PeerRecord]:
-        records = await self.window.records()  # each shard read every 4 watch periods (4 s)
+        records = await self.window.records()  # each shard read every 8 watch periods (8 s)
         # Peers that have not measured themselves yet (throughput 0) are planned once they have.
         live = [r for r in records if r.state != PeerState.LEAVING and r.throughput > 0]
         return await self._as_observed(live)

@@ -16,7 +16,7 @@ read changes nothing held; a shard not read in the last two turns of reads is dr
 trusted. Age is counted in reads, not seconds: a coordinator whose step waited on a long search
 must not find its whole view expired. A record leaves the view when a read finds its peer GONE,
 or when two reads of its shard in a row do not find it: one read can miss a record (the replica
-that answered lacked it), and a peer absent for a whole turn of the window (4 s for the
+that answered lacked it), and a peer absent for a whole turn of the window (8 s for the
 coordinator) would look to it like a leave and cost a re-plan.
 What must be current reads fresh instead: a range move's coverage check, an unknown push target.
 """
