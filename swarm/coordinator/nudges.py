@@ -17,7 +17,7 @@ no plan, so a forged or replayed one can at worst cost its receiver one read:
   most MAX_OPEN_NUDGES streams are read at once, each for at most NUDGE_TIMEOUT_S.
 
 A nudge that is lost (a peer behind a relay that is down, a dial that timed out) costs only
-time: every auto peer still reads the plan each announce period (peer/plan_follower.py `step`).
+time: every auto peer still reads the plan every 4th announce period (peer/plan_follower.py `step`).
 
 Cost: one stream to each auto peer per new plan version (at most NUDGE_CONCURRENCY dials at a
 time), instead of two DHT searches per auto peer a second.

@@ -235,7 +235,7 @@ class Coordinator:
             self.dialer.learn(peers)
             told = await send_nudges(self.dialer.open_stream, [r.peer_id for r in peers], nudge)
             logger.info("told %d of %d auto peers that plan v%d is out", told, len(peers), nudge.version)
-        except Exception as e:  # they read the plan each announce period anyway
+        except Exception as e:  # they read the plan every 4th announce period anyway
             logger.warning("telling auto peers of plan v%d failed: %s", nudge.version, type(e).__name__)
 
     async def _replan(self, records: list[PeerRecord], reason: str) -> None:
