@@ -6,11 +6,12 @@ plane, with no model behind it: a real hivemind DHT node (`start_dht`, with its 
 signed record of one model announced every `--period` seconds by the peer's own `Announcer`
 (both keys, as `run-peer` stores them), and the peer's reads of the model's records through the
 peer's own `RecordWindow` (swarm/trust/record_window.py: every one of the 32 shard keys at first,
-swarm/trust/record_keys.py, then 2 a period), once a period by default, as peer/runtime.py reads
+swarm/trust/record_keys.py, then 2 a period, of about 8 records at most), once a period by default, as peer/runtime.py reads
 them for every step of its period (`--reads-per-period` for more). Two real
 `hexswarm bootstrap` processes on hosts of their own are the initial peers.
 
 Measured per N, after a warm-up of one period, over `--seconds`:
+- `record_bytes`: a stand-in's record as announced (its round trips to 32 others included);
 - `largest_value_bytes`: the largest value a read of the model's key returned (its subkeys,
   each a signed record with its owner marker and signature);
 - `upkeep_bytes_per_peer_s`: the bytes a stand-in's host sent and received a second (its
@@ -54,6 +55,9 @@ NUM_BLOCKS, BLOCKS_EACH = 32, 8
 READ_TIMEOUT_S = 10.0
 STATUS_TIMEOUT_S = 120.0
 ANY = "/ip4/0.0.0.0/tcp/0"
+# Round trips a stand-in's record carries: as many as a serving peer publishes once its probes
+# have run 8 periods (peer/link_probe.py MAX_PUBLISHED), the largest part of its record.
+LINKS_EACH = 32
 
 
 @dataclass
@@ -74,16 +78,16 @@ def value_bytes(value) -> int:
 
 def stand_in_record(i: int, peer_id: str, addrs: tuple[str, ...], others: list[str]):
     """Stand-in `i`'s record: 8 blocks of 32 (ranges spread evenly), speeds of a small GPU,
-    and round trips to up to 8 other stand-ins, as a serving peer's record carries them."""
+    and round trips to `others`, as a serving peer's record carries them."""
     from hexswarm.swarm import __version__
-    from hexswarm.swarm.trust.records import PeerRecord, PeerState
+    from hexswarm.swarm.trust.records import PeerRecord, PeerState, link_tag
 
     start = (i * BLOCKS_EACH // 2) % (NUM_BLOCKS - BLOCKS_EACH + 1)
     return PeerRecord(
         peer_id=peer_id, name=f"stand-in-{i}", model_id=MODEL_ID, start=start, end=start + BLOCKS_EACH,
         state=PeerState.ONLINE, throughput=4000.0, decode_ms_per_block=1.5, cache_tokens_left=65536,
         open_sessions=0, max_length=2048, dtype="float16", device="cuda", version=__version__, addrs=addrs,
-        rtt_ms=tuple((other, 20.0 + k) for k, other in enumerate(others[:8])), decode_batch_size=8,
+        links=tuple((link_tag(other), 20.0 + k) for k, other in enumerate(others)), decode_batch_size=8,
         decode_batch_tokens_per_s=12000.0,
     )  # fmt: skip
 
@@ -188,11 +192,12 @@ async def _run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args) -> d
 
     peer_ids = [identity.peer_id.to_base58() for _, identity, _ in nodes]
     stop, reads = asyncio.Event(), Reads()
-    tasks = []
+    tasks, record_bytes = [], 0
     for i, (_, identity, dht) in enumerate(nodes):
         addrs = tuple(str(a) for a in dht.get_visible_maddrs())
-        others = random.Random(i).sample(peer_ids, min(8, len(peer_ids)))
+        others = random.Random(i).sample(peer_ids[:i] + peer_ids[i + 1 :], min(LINKS_EACH, n - 1))
         record = stand_in_record(i, peer_ids[i], addrs, others)
+        record_bytes = max(record_bytes, len(record.to_bytes()))
         announcer = Announcer(dht, identity, lambda state, r=record: r, NUM_BLOCKS, args.period)
         if not args.join_only:
             tasks.append(
@@ -219,6 +224,7 @@ async def _run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args) -> d
         "period_s": args.period,
         "reads_per_period": args.reads_per_period,
         "joined_s": round(joined_s, 1),
+        "record_bytes": record_bytes,
         "largest_value_bytes": reads.largest_value_bytes,
         "upkeep_bytes_per_peer_s": round(statistics.mean(stand_ins)),
         "node_bytes_s_p99": round(_quantile(list(rates.values()), 0.99)),

@@ -150,13 +150,14 @@ def priced(model, pricing: str):
 
 def wait_for_links(model, timeout: float) -> float:
     """Seconds until every first-half peer's record reports its round trip to every second-half peer."""
-    from hexswarm.swarm.trust.records import read_peer_records
+    from hexswarm.swarm.trust.records import link_tag, read_peer_records
 
     began = time.monotonic()
     while time.monotonic() - began < timeout:
         records = {r.name: r for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
         ids = {name: r.peer_id for name, r in records.items()}
-        reported = {(name, other) for name, r in records.items() for other, _ in r.rtt_ms}
+        tags = {link_tag(r.peer_id): r.peer_id for r in records.values()}
+        reported = {(name, tags.get(tag)) for name, r in records.items() for tag, _ in r.links}
         if len(ids) == len(PEERS) and all(
             (a, ids[b]) in reported or (b, ids[a]) in reported for a in ("a1", "a2") for b in ("b1", "b2")
         ):
@@ -168,12 +169,12 @@ def wait_for_links(model, timeout: float) -> float:
 def measured(model) -> dict:
     """What the client sees: its round trips to each peer, and the links the records report (ms)."""
     from hexswarm.routing.chains.peer_links import links_from_reports
-    from hexswarm.swarm.trust.records import read_peer_records
+    from hexswarm.swarm.trust.records import links_by_peer, read_peer_records
 
     records = [r for r in read_peer_records(model.swarm.dht, model.spec.model_id) if r.name in PEERS]
     names = {r.peer_id: r.name for r in records}
     rtts = model.swarm.round_trips(records)
-    links = links_from_reports([(r.peer_id, r.rtt_ms) for r in records])
+    links = links_from_reports(links_by_peer(records))
     return {
         "bench": "wan_routes",
         "client_rtt_ms": {

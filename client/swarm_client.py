@@ -51,6 +51,7 @@ from hexswarm.swarm.trust.records import (
     PeerRecord,
     PeerState,
     block_ranges,
+    links_by_peer,
     online_peers_per_block,
     read_models,
     read_peer_records,
@@ -253,9 +254,7 @@ class SwarmClient:
         rtts = self.sampled_round_trips(records, ping_timeout)
         peers = tuple(peer_view(r, self.observed) for r in records if r.peer_id in rtts)
         links = (
-            links_from_reports([(r.peer_id, r.rtt_ms) for r in records if r.peer_id in rtts])
-            if peer_links
-            else {}
+            links_from_reports(links_by_peer([r for r in records if r.peer_id in rtts])) if peer_links else {}
         )
         # Routers cache their work per version: bump it only when what they see has changed.
         snapshot = (peers, tuple(sorted(rtts.items())), tuple(sorted(links.items())), num_blocks)

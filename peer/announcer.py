@@ -16,6 +16,11 @@ from hexswarm.swarm.trust.records import ModelEntry, PeerRecord, PeerState
 logger = logging.getLogger(__name__)
 
 STORE_TIMEOUT_S = 10.0
+# The models entry ("this peer serves model m") changes only when the peer does: it is stored at
+# every INDEX_PERIODS-th announcement, to last that much longer, not every period beside the
+# record (it was half of a peer's stores; a model whose last peer left stays listed, with no
+# peers, for at most that much longer).
+INDEX_PERIODS = 4
 WARN_AFTER_UNSTORED = 3  # announcements in a row reaching no DHT node before it is a warning
 
 
@@ -25,7 +30,8 @@ class Announcer:
 
     Records live for `ttl_periods` periods, so a peer that vanishes without a word drops out
     of the swarm within that time. hivemind keeps whichever value expires last, so a record
-    that must replace the current one (e.g. "leaving") never expires earlier than it.
+    that must replace the current one (e.g. "leaving") never expires earlier than it. The models
+    entry goes with every INDEX_PERIODS-th record, and lives INDEX_PERIODS - 1 periods longer.
     """
 
     def __init__(
@@ -47,29 +53,31 @@ class Announcer:
         self.last_expiration = 0.0
         self.encode = encode  # tests swap in a tampering one (peer/debug.py)
         self.unstored = 0  # announcements in a row that reached no DHT node
+        self.announced = 0  # announcements made
+        self.index_at = 0  # ... when the models entry is stored next (again at once if that fails)
 
     async def announce(
         self, state: PeerState, ttl: float | None = None, timeout: float = STORE_TIMEOUT_S
     ) -> None:
-        """Stores both keys at once; gives up after `timeout` s (a leaving peer must not wait on a dead DHT)."""
+        """Stores the record (and the models entry when due) at once; gives up after `timeout` s
+        (a leaving peer must not wait on a dead DHT)."""
         record = self.make_record(state)
         expiration = max(get_dht_time() + (self.ttl if ttl is None else ttl), self.last_expiration + 1e-3)
         self.last_expiration = expiration
         subkey, peer_id = self.identity.owner_marker, self.identity.peer_id.to_base58()
-        entry = ModelEntry(record.model_id, self.num_blocks).to_bytes()
+        stores = [self._store(record_key(record.model_id, peer_id), self.encode(record), expiration, subkey)]
+        if self.announced >= self.index_at:
+            entry = ModelEntry(record.model_id, self.num_blocks).to_bytes()
+            lasts = expiration + (INDEX_PERIODS - 1) * self.period
+            stores.append(self._store(index_key(peer_id), entry, lasts, subkey))
+        self.announced += 1
         try:
-            stored, _ = await asyncio.wait_for(
-                asyncio.gather(
-                    self._store(
-                        record_key(record.model_id, peer_id), self.encode(record), expiration, subkey
-                    ),
-                    self._store(index_key(peer_id), entry, expiration, subkey),
-                ),
-                timeout,
-            )
+            stored, *index_stored = await asyncio.wait_for(asyncio.gather(*stores), timeout)
         except (TimeoutError, RuntimeError, OSError) as e:  # a dead DHT process must not hang the peer
             logger.warning("announcing %s (%s) failed: %s", record.model_id, state.value, type(e).__name__)
             return
+        if any(index_stored):
+            self.index_at = self.announced - 1 + INDEX_PERIODS
         self.unstored = 0 if stored else self.unstored + 1
         if not stored:
             # Routine while this DHT node reconnects (a range move, a neighbour restarting): a

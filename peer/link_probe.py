@@ -20,7 +20,8 @@ Each step (once per announce period):
    has PROBE_TIMEOUT_S; a peer that fails it keeps its last measurement.
 4. Fold each round trip into an exponentially weighted mean.
 
-The record publishes the neighbours' round trips first, then the nearest others'.
+The record publishes the neighbours' round trips first, then the nearest others', each under
+its peer's link tag (swarm/trust/records.py `link_tag`), to a tenth of a millisecond.
 
 Bandwidth is not measured (too costly to probe), so the coordinator uses the cluster format's
 default for it.
@@ -36,7 +37,7 @@ import time
 from collections.abc import Sequence
 
 from hexswarm.peer.push import Connect
-from hexswarm.swarm.trust.records import PeerRecord, PeerState
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, link_tag
 from hexswarm.swarm.wire.frames import read_frame, write_frame
 from hexswarm.swarm.wire.protocol import Error, Ping, Pong
 
@@ -88,9 +89,9 @@ class LinkProbe:
         return peers[:count]
 
     def published(self) -> tuple[tuple[str, float], ...]:
-        """Round trips for this peer's record: its chain neighbours', then the nearest others'."""
+        """Round trips for this peer's record (its `links`): its chain neighbours', then the nearest others'."""
         order = sorted(self.rtt_ms.items(), key=lambda item: (item[0] not in self.neighbours, item[1]))
-        return tuple((peer, round(ms, 3)) for peer, ms in order[:MAX_PUBLISHED])
+        return tuple((link_tag(peer), round(ms, 1)) for peer, ms in order[:MAX_PUBLISHED])
 
     async def _measure(self, peer_id: str) -> float | None:
         """The least PING -> PONG time (ms) to `peer_id`, or None when it did not answer in time."""

@@ -34,7 +34,7 @@ class RecordSource:
     device_info: tuple  # its devices, described (peer/devices.py)
     group: TPGroup | None  # its TPGroup with --tp K: an uneven split's figures are announced
     next_range: tuple[int, int] | None  # the range a move is loading
-    rtt_ms: tuple[tuple[str, float], ...]  # round trips to its nearest peers (peer/link_probe.py)
+    links: tuple[tuple[str, float], ...]  # round trips to its nearest peers, by tag (peer/link_probe.py)
     plan_version: int  # the coordinator's plan it follows (0: none)
 
 
@@ -75,7 +75,7 @@ def peer_record(source: RecordSource, state: PeerState) -> PeerRecord:
         role=source.role,
         **_partition_fields(source.group, c.spec.config),
         region=c.region,
-        rtt_ms=source.rtt_ms,
+        links=source.links,
         auto=c.auto,
         max_blocks=c.max_blocks,
         plan_version=source.plan_version,

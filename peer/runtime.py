@@ -196,7 +196,7 @@ class _Peer:
             device_info=self.stacks.device_info,
             group=self.stacks.group,
             next_range=self.mover.next_range,
-            rtt_ms=self.probe.published(),
+            links=self.probe.published(),
             plan_version=self.follower.followed if self.follower else 0,
         )
         return peer_record(source, state)

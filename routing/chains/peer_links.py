@@ -11,7 +11,7 @@ measured their link, the difference is added when a hop on i follows a hop on j:
 so a chain costs rtt(c, first) / 2 + Σ link / 2 + rtt(last, c) / 2 plus compute and transfer
 (the one-way trips it really pays), and with no measured link exactly the client-relayed price.
 
-Links are peers' claims (their records' `rtt_ms`, peer/link_probe.py), so the client keeps,
+Links are peers' claims (their records' `links`, peer/link_probe.py), so the client keeps,
 per pair, the larger of the two ends' reports (a peer can lower only its own), and this module
 never prices a link below what the client's own round trips allow by the triangle inequality:
 link(j, i) ≥ |rtt(c, j) − rtt(c, i)|.

@@ -56,7 +56,7 @@ from hexswarm.routing.scheduler.cluster import Cluster, Device, Network, build_c
 from hexswarm.routing.scheduler.cost_model import max_layers, stage_memory
 from hexswarm.routing.scheduler.model_spec import ModelSpec, Workload
 from hexswarm.routing.scheduler.pipeline_layout.algorithm1 import TP_DEGREES
-from hexswarm.swarm.trust.records import PeerRecord
+from hexswarm.swarm.trust.records import PeerRecord, links_by_peer
 
 REGION_RTT_MS = 20.0  # peers closer than this are in one region (same city / cloud zone)
 DEFAULT_REGION = "default"
@@ -203,10 +203,10 @@ def regions_of(records: Sequence[PeerRecord]) -> dict[str, str]:
     labelled = {r.peer_id: r.region for r in records if r.region}
     graph = nx.Graph()
     graph.add_nodes_from(r.peer_id for r in records)
-    for r in records:
-        for other, ms in r.rtt_ms:
-            if other in graph and other != r.peer_id and ms < REGION_RTT_MS:
-                graph.add_edge(r.peer_id, other)
+    for peer_id, links in links_by_peer(records):
+        for other, ms in links:
+            if other != peer_id and ms < REGION_RTT_MS:
+                graph.add_edge(peer_id, other)
     regions = dict(labelled)
     for i, component in enumerate(sorted(nx.connected_components(graph), key=min)):
         labels = sorted({labelled[p] for p in component if p in labelled})
@@ -221,10 +221,10 @@ def regions_of(records: Sequence[PeerRecord]) -> dict[str, str]:
 def measured_rtts(records: Sequence[PeerRecord]) -> dict[tuple[str, str], float]:
     """(a, b) with a < b -> round trip in ms, averaged over both ends' measurements."""
     sums: dict[tuple[str, str], list[float]] = {}
-    for r in records:
-        for other, ms in r.rtt_ms:
-            if other != r.peer_id:
-                sums.setdefault(tuple(sorted((r.peer_id, other))), []).append(ms)
+    for peer_id, links in links_by_peer(records):
+        for other, ms in links:
+            if other != peer_id:
+                sums.setdefault(tuple(sorted((peer_id, other))), []).append(ms)
     return {pair: sum(v) / len(v) for pair, v in sums.items()}
 
 

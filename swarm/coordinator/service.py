@@ -138,7 +138,7 @@ class Coordinator:
             self.acting, self.published = False, None
             return
         if not self.acting:  # a new holder reads the whole swarm, then follows it a window at a time
-            self.window = RecordWindow.of(self.dht, self.config.model_id, WATCH_SHARDS)
+            self.window = RecordWindow.of(self.dht, self.config.model_id, WATCH_SHARDS, records_per_read=None)
         records = await self._live_records()
         now = time.monotonic()
         if not self.acting:  # a new holder re-plans at once, continuing the version sequence

@@ -20,6 +20,9 @@ import msgpack
 
 MAX_BLOCKS = 100_000
 MAX_TEXT = 256  # names, versions, devices, regions, model ids
+MAX_LINKS = 256  # round trips a record may carry (peers publish at most 32: peer/link_probe.py)
+LINK_TAG_BYTES = 8  # a link names its other end by the first 8 bytes of a hash of its peer id
+MAX_LINK_TENTHS = 10_000_000  # a round trip of 1,000 s, in tenths of a ms
 MAX_ADDRS = 32
 MAX_COUNT = 1 << 40  # cache tokens, device bytes
 MAX_SPEED = 1e12  # tokens/s
@@ -73,23 +76,23 @@ def unpack_map(data: Any, max_bytes: int = 64 * 1024) -> dict:
     return body
 
 
-def parse_rtts(raw: Any) -> tuple[tuple[str, float], ...]:
-    """`rtt_ms`: at most 256 (peer id, round trip in ms) pairs."""
-    if not isinstance(raw, list | tuple) or len(raw) > 256:
-        raise ValueError("rtt_ms must be a list of at most 256 [peer id, ms] pairs")
+def parse_links(raw: Any) -> tuple[tuple[str, float], ...]:
+    """`links` on the wire: at most MAX_LINKS [link tag (LINK_TAG_BYTES bytes), round trip in
+    tenths of a ms] pairs, read as (tag in hex, ms) (swarm/trust/records.py `link_tag`)."""
+    if not isinstance(raw, list | tuple) or len(raw) > MAX_LINKS:
+        raise ValueError(f"links must be a list of at most {MAX_LINKS} [tag, tenths of a ms] pairs")
     pairs = []
     for item in raw:
         if (
             not isinstance(item, list | tuple)
             or len(item) != 2
-            or not isinstance(item[0], str)
-            or len(item[0]) > MAX_TEXT
-            or isinstance(item[1], bool)
-            or not isinstance(item[1], int | float)
-            or not 0 <= item[1] < 1e6
+            or not isinstance(item[0], bytes)
+            or len(item[0]) != LINK_TAG_BYTES
+            or not is_int(item[1])
+            or not 0 <= item[1] <= MAX_LINK_TENTHS
         ):
-            raise ValueError("an rtt_ms entry is not a [peer id, ms] pair")
-        pairs.append((item[0], float(item[1])))
+            raise ValueError("a links entry is not a [tag, tenths of a ms] pair")
+        pairs.append((item[0].hex(), item[1] / 10))
     return tuple(pairs)
 
 

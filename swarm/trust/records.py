@@ -7,7 +7,9 @@ Values carry a schema version; readers skip records they cannot parse, records w
 is not the one of the key that signed them, and fields they do not know. A new field with a
 default (like `tp`, `devices` and `decode_batch_tokens_per_s`) keeps the schema version, so older readers still read newer
 records and newer readers fill in the default for older ones; the version changes only when
-a field changes meaning or goes away.
+a field changes meaning or goes away in a way older readers would misread. (`rtt_ms`, round
+trips by peer id, went away for `links`, by tag: an older reader reads no round trips, its
+default, and prices links as if the client relayed them.)
 
 Beside it: the bounds a record's fields are parsed to (swarm/trust/record_checks.py) and reading a
 dictionary of signed entries (swarm/trust/signed_entries.py). This module stays where every role
@@ -18,8 +20,10 @@ included.
 from __future__ import annotations
 
 import enum
+import hashlib
 import ipaddress
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -29,6 +33,7 @@ from hexswarm.routing.scheduler.weight_formats import DEFAULT_QUANT, QUANT_FORMA
 from hexswarm.swarm.trust.record_checks import (
     FLOAT_RANGES,
     INT_RANGES,
+    LINK_TAG_BYTES,
     MAX_ADDRS,
     MAX_BLOCKS,
     MAX_COUNT,
@@ -40,7 +45,7 @@ from hexswarm.swarm.trust.record_checks import (
     check_text,
     is_int,
     is_number,
-    parse_rtts,
+    parse_links,
     parse_tp_choices,
     parse_tp_shares,
     parse_tp_speeds,
@@ -84,6 +89,20 @@ class DeviceInfo:
         return cls(**{name: body[name] for name in types})
 
 
+def link_tag(peer_id: str) -> str:
+    """How a record's `links` name a peer: the first LINK_TAG_BYTES bytes of a hash of its id, in
+    hex. 10 bytes on the wire, not a peer id's 53; two ids that share a tag would take grinding
+    ~2^64 keys, and would only blur the round trip a record claims to one of them."""
+    return hashlib.sha256(peer_id.encode()).digest()[:LINK_TAG_BYTES].hex()
+
+
+def links_by_peer(records: Sequence[PeerRecord]) -> list[tuple[str, list[tuple[str, float]]]]:
+    """(peer id, [(other peer id, ms)]) of each record: its links whose tag names one of `records`
+    (routing/chains/peer_links.py and the coordinator's view read links between peer ids)."""
+    ids = {link_tag(r.peer_id): r.peer_id for r in records}
+    return [(r.peer_id, [(ids[tag], ms) for tag, ms in r.links if tag in ids]) for r in records]
+
+
 @dataclass(frozen=True)
 class PeerRecord:
     """One peer's announcement for one model."""
@@ -108,7 +127,9 @@ class PeerRecord:
     # Coordinator fields (swarm/coordinator/): where the peer is, how far others are, and whether
     # a plan may move it. Defaults keep the schema version (see the module docstring).
     region: str = ""  # the operator's --region label ("" = unknown: inferred from round trips)
-    rtt_ms: tuple[tuple[str, float], ...] = ()  # (peer id, smoothed round trip in ms) to a sample of peers
+    # (link_tag of a peer, smoothed round trip in ms) to a sample of peers (peer/link_probe.py); a
+    # tag, not the peer id, since 32 of these rode in every record: 2 of its 3.4 KB as peer ids.
+    links: tuple[tuple[str, float], ...] = ()
     auto: bool = False  # started with --layers auto: the plan (or Petals' rule) chooses its range
     max_blocks: int = 0  # most blocks it can hold (0 = not stated)
     plan_version: int = 0  # version of the coordinator's plan it follows (0 = none)
@@ -168,7 +189,7 @@ class PeerRecord:
         body["addrs"] = list(self.addrs)
         body["relays"] = list(self.relays)
         body["devices"] = [asdict(d) for d in self.devices]
-        body["rtt_ms"] = [[peer, ms] for peer, ms in self.rtt_ms]
+        body["links"] = [[bytes.fromhex(tag), round(ms * 10)] for tag, ms in self.links]
         body["tp_choices"] = list(self.tp_choices)
         body["tp_speeds"] = [list(entry) for entry in self.tp_speeds]
         return msgpack.packb(body, use_bin_type=True)
@@ -185,7 +206,7 @@ class PeerRecord:
             known["addrs"] = tuple(str(a) for a in known.get("addrs", ()))
             known["relays"] = tuple(str(a) for a in known.get("relays", ()))
             known["devices"] = tuple(DeviceInfo.from_dict(d) for d in known.get("devices", ()))
-            known["rtt_ms"] = parse_rtts(known.get("rtt_ms", ()))
+            known["links"] = parse_links(known.get("links", ()))
             known["tp_choices"] = parse_tp_choices(known.get("tp_choices", ()))
             known["tp_speeds"] = parse_tp_speeds(known.get("tp_speeds", ()))
             known["tp_shares"] = parse_tp_shares(known.get("tp_shares", ()))

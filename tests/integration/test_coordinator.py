@@ -9,6 +9,7 @@ Tests run in file order on one swarm: plan, fixed peer, forgeries, peer loss, co
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
@@ -186,7 +187,10 @@ def test_status_shows_the_plan_as_text_and_json(coordinated):
     ]
     plan = coordinated.coordination().plan
     text = subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
-    assert f"plan v{plan.version}" in text and "estimated attainment" in text and "followed by" in text
+    # the swarm may re-plan between this test's read and status's (a peer seen late): a newer plan
+    shown = re.search(r"plan v(\d+)", text)
+    assert shown and int(shown.group(1)) >= plan.version, text
+    assert "estimated attainment" in text and "followed by" in text
     data = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=120).stdout)
     (model,) = [m for m in data["models"] if m["model_id"] == coordinated.model_id]
     assert model["coordinator"] == plan.coordinator and model["plan"]["version"] >= plan.version
@@ -234,8 +238,11 @@ def test_a_stolen_lease_and_a_huge_plan_version_move_nobody(coordinated):
     )
     assert coordinated.coordination().holder.holder == c.holder.holder
     assert all(f"following plan v{MAX_PLAN_VERSION}" not in log for log in logs())
+    # nobody moved by the stolen plan: a peer's range is the one it had or its trusted plan's (the
+    # swarm may still re-plan for a peer it saw late, and move peers by that plan)
+    planned = {a.peer_id: (a.start, a.end) for a in coordinated.coordination().plan.assignments}
     now = {r.peer_id: (r.start, r.end) for r in coordinated.records()}
-    assert all(now[p] == ranges[p] for p in auto if p in now)
+    assert all(now[p] in (ranges[p], planned.get(p)) for p in auto if p in now), (now, ranges, planned)
     # the real plan is still followed: read until every auto peer's record is in one read (on a
     # loaded machine a record can be missing for a moment between two announcements: a full run
     # once read the swarm just then and found no followed plan)

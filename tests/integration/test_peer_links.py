@@ -30,7 +30,7 @@ from hexswarm.swarm.net.dht_process import shutdown_dht
 from hexswarm.swarm.net.identity import load_or_create_identity
 from hexswarm.swarm.tools.launcher import LOOPBACK, LocalSwarm
 from hexswarm.swarm.trust.record_keys import record_key
-from hexswarm.swarm.trust.records import PeerRecord, PeerState, read_peer_records
+from hexswarm.swarm.trust.records import PeerRecord, PeerState, link_tag, read_peer_records
 from hexswarm.swarm.wire.frames import read_frame, write_frame
 from hexswarm.swarm.wire.protocol import SESSION_PROTOCOL, ErrorCode, Ping, Pong, PushAck, Step
 from tests.integration.conftest import store_until_taken
@@ -85,7 +85,7 @@ class Outsider:
 
     def announce(self, template: PeerRecord, model_id: str, **changes) -> None:
         """Stores a record of its own (signed with its key, so readers accept it) for `model_id`."""
-        record = replace(template, peer_id=self.peer_id, name="outsider", rtt_ms=(), **changes)
+        record = replace(template, peer_id=self.peer_id, name="outsider", links=(), **changes)
         store_until_taken(
             self.dht,
             record_key(model_id, self.peer_id),
@@ -162,7 +162,7 @@ def test_probes_go_to_peer_ids_through_p2p_and_never_to_an_announced_address(lin
         if set(records) != {"a", "b"}:
             return False
         a, b = records["a"], records["b"]
-        return b.peer_id in dict(a.rtt_ms) and a.peer_id in dict(b.rtt_ms)
+        return link_tag(b.peer_id) in dict(a.links) and link_tag(a.peer_id) in dict(b.links)
 
     wait_for(measured_each_other, 30, "a and b publish round trips to each other")
     # the peers read the hostile record and probe it, round after round: at its peer id, through
@@ -171,7 +171,7 @@ def test_probes_go_to_peer_ids_through_p2p_and_never_to_an_announced_address(lin
     assert hostile.tcp_connections == 0
     records = honest_records(hostile, model_id)
     for name, other in (("a", "b"), ("b", "a")):
-        rtt = dict(records[name].rtt_ms)[records[other].peer_id]
+        rtt = dict(records[name].links)[link_tag(records[other].peer_id)]
         assert 0 < rtt < 5000, (name, rtt)
         print(f"{name} -> {other}: {rtt:.2f} ms (PING over a p2p stream, smoothed)")
     # The honest peers probed the hostile peer too: at its peer id, through p2p, as PINGs.
@@ -232,7 +232,7 @@ def test_a_pushing_client_prices_its_chain_by_the_link_its_peers_measured(links_
 
     def both_reported() -> bool:
         records = {r.name: r for r in read_peer_records(swarm.dht, model_id)}
-        return {"a", "b"} <= set(records) and records["b"].peer_id in dict(records["a"].rtt_ms)
+        return {"a", "b"} <= set(records) and link_tag(records["b"].peer_id) in dict(records["a"].links)
 
     wait_for(both_reported, 30, "a publishes its round trip to b, its chain neighbour")
     records = [r for r in read_peer_records(swarm.dht, model_id) if r.name in ("a", "b")]
@@ -240,7 +240,7 @@ def test_a_pushing_client_prices_its_chain_by_the_link_its_peers_measured(links_
     pushed = swarm.view(records, spec.num_blocks, spec.hidden_size, peer_links=True)
     assert not swarm.view(records, spec.num_blocks, spec.hidden_size).peer_rtt_ms  # a relaying client's
     relayed = replace(pushed, peer_rtt_ms={})  # the same round trips, priced as if relayed
-    reports = [ms for r, other in ((a, b), (b, a)) for p, ms in r.rtt_ms if p == other.peer_id]
+    reports = [ms for r, other in ((a, b), (b, a)) for tag, ms in r.links if tag == link_tag(other.peer_id)]
     assert pushed.peer_rtt_ms == {pair(a.peer_id, b.peer_id): max(reports)}
     request = RouteRequest(prompt_tokens=8, new_tokens=8)
     with_links, without = min_latency_route(pushed, request), min_latency_route(relayed, request)

@@ -23,7 +23,7 @@ from hexswarm.swarm.coordinator.records import (
     plans_from,
 )
 from hexswarm.swarm.coordinator.triggers import ReplanPolicy, ReplanTrigger, beats
-from hexswarm.swarm.trust.records import DeviceInfo, PeerRecord, PeerState
+from hexswarm.swarm.trust.records import DeviceInfo, PeerRecord, PeerState, link_tag
 
 MODEL = ModelSpec("tiny", 8, 128, 4)
 # Searches stop after a set number of generations (or a stall), never on the clock: a wall-clock
@@ -32,12 +32,13 @@ TINY_SEARCH = SearchConfig(max_generations=400, time_budget_s=math.inf, capacity
 
 
 def record(peer: str, start: int, end: int, auto: bool = True, max_blocks: int = 4, **kw) -> PeerRecord:
-    fields = dict(throughput=5000.0, region="", rtt_ms=())
+    fields = dict(throughput=5000.0, region="", links=())
     fields.update(kw)
     return PeerRecord(
         peer, peer, "tiny", start, end, PeerState.ONLINE, fields["throughput"], 0.5, 1000, 0, 2048,
         "float32", "cpu", "0", devices=(DeviceInfo("cpu", "cpu", 16 * 2**30, 2),), auto=auto,
-        max_blocks=max_blocks, region=fields["region"], rtt_ms=fields["rtt_ms"],
+        max_blocks=max_blocks, region=fields["region"],
+        links=tuple((link_tag(other), ms) for other, ms in fields["links"]),
     )  # fmt: skip
 
 
@@ -116,9 +117,9 @@ def test_plans_signed_by_others_than_their_coordinator_or_by_non_holders_are_not
 
 
 def test_new_peer_record_fields_round_trip_and_old_readers_fields_default():
-    r = record("p", 0, 4, rtt_ms=(("q", 1.5),), region="eu")
+    r = record("p", 0, 4, links=(("q", 1.5),), region="eu")
     back = PeerRecord.from_bytes(r.to_bytes())
-    assert back == r and back.rtt_ms == (("q", 1.5),)
+    assert back == r and back.links == ((link_tag("q"), 1.5),)
 
 
 # Triggers ------------------------------------------------------------------------------------
@@ -239,8 +240,8 @@ def test_a_degree_change_reloads_the_whole_range_and_counts_as_a_move():
 def test_regions_from_labels_and_round_trips():
     records = [
         record("a", 0, 4, region="eu"),
-        record("b", 0, 4, rtt_ms=(("a", 3.0),)),
-        record("c", 0, 4, rtt_ms=(("d", 2.0), ("a", 150.0))),
+        record("b", 0, 4, links=(("a", 3.0),)),
+        record("c", 0, 4, links=(("d", 2.0), ("a", 150.0))),
         record("d", 0, 4),
         record("e", 0, 4),
     ]
@@ -252,7 +253,7 @@ def test_regions_from_labels_and_round_trips():
 
 def test_cluster_view_uses_measured_round_trips_and_stated_capacity():
     workload = Workload(slo_scale=100)
-    records = [record("a", 0, 4, rtt_ms=(("b", 8.0),)), record("b", 4, 8, rtt_ms=(("a", 12.0),))]
+    records = [record("a", 0, 4, links=(("b", 8.0),)), record("b", 4, 8, links=(("a", 12.0),))]
     cluster = build_view(records, MODEL, workload)
     assert cluster.latency[0, 1] == pytest.approx(0.005)  # half the mean round trip, in seconds
     assert cluster.devices[0].machine == "a"

@@ -16,7 +16,7 @@ import pytest
 
 import hexswarm.peer.link_probe as link_probe
 from hexswarm.peer.link_probe import LinkProbe
-from hexswarm.swarm.trust.records import PeerState
+from hexswarm.swarm.trust.records import PeerState, link_tag
 from hexswarm.swarm.wire.frames import read_frame, write_frame
 from hexswarm.swarm.wire.protocol import Error, ErrorCode, Ping, Pong
 from tests.unit.record_cases import make_record
@@ -75,7 +75,7 @@ async def test_round_trips_go_to_peer_ids_never_to_announced_addresses():
             await probe.step([record("QmA"), record("QmB", addrs=hostile)])
         assert target.connections == 0 and streams.dials == ["QmB"] * 3
         assert b.connections == 3 and 0 < probe.rtt_ms["QmB"] < 2000
-        assert probe.published() == (("QmB", round(probe.rtt_ms["QmB"], 3)),)
+        assert probe.published() == ((link_tag("QmB"), round(probe.rtt_ms["QmB"], 1)),)
 
 
 async def test_only_online_and_joining_peers_other_than_itself_are_probed():
@@ -120,7 +120,7 @@ async def test_chain_neighbours_are_probed_first_and_published_first():
         assert set(streams.dials[::2]) == probe.neighbours  # each neighbour once, before any again
         assert set(streams.dials[1::2]) <= {"QmFar1", "QmFar2"}
         published = [p for p, _ in probe.published()]
-        assert set(published[:3]) == probe.neighbours
+        assert set(published[:3]) == {link_tag(p) for p in probe.neighbours}
 
 
 async def test_a_probe_has_a_deadline_and_a_silent_peer_keeps_its_last_round_trip(monkeypatch):

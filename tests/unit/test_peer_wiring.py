@@ -89,10 +89,14 @@ def test_a_record_is_built_from_plain_values_before_the_peer_serves():
         device_info=(),
         group=None,
         next_range=(4, 8),
-        rtt_ms=(("QmOther", 1.5),),
+        links=(("0123456789abcdef", 1.5),),
         plan_version=3,
     )
     record = peer_record(source, PeerState.JOINING)
     assert (record.start, record.end, record.tp, record.throughput) == (2, 6, 1, 0.0)
     assert (record.next_start, record.next_end, record.plan_version) == (4, 8, 3)
-    assert (record.open_sessions, record.rtt_ms, record.reachability) == (0, (("QmOther", 1.5),), "direct")
+    assert (record.open_sessions, record.links, record.reachability) == (
+        0,
+        (("0123456789abcdef", 1.5),),
+        "direct",
+    )

@@ -104,3 +104,25 @@ def test_a_failed_read_keeps_what_was_held_until_it_is_too_old():
         seen = asyncio.run(window.records())
         assert len(swarm.asked[-1]) == SHARDS_PER_PERIOD
     assert len(seen) == 6
+
+
+def test_a_peers_window_reads_about_its_bound_of_records_a_period_and_still_sees_every_shard():
+    swarm = Swarm(48)  # 1.5 records a shard: a bound of 1 record a read lets it read a shard or so
+    window = RecordWindow(MODEL, swarm.read, records_per_read=1)
+    asyncio.run(window.records())
+    per_shard = {s: sum(record_shard(p.peer_id.to_base58()) == s for p in swarm.peers) for s in range(32)}
+    reads = 3 * RECORD_SHARDS
+    for _ in range(reads):
+        assert len(asyncio.run(window.records())) == 48  # what is not read this period is held
+    read = [s for shards in swarm.asked[1:] for s in shards]
+    assert sum(max(1, per_shard[s]) for s in read) <= reads + max(per_shard.values())
+    assert set(read) == set(range(RECORD_SHARDS))  # every shard, in turn
+    assert window.max_age_reads >= 2 * sum(max(1, n) for n in per_shard.values())
+
+
+def test_the_coordinators_window_has_no_bound_in_records():
+    swarm = Swarm(48)
+    window = RecordWindow(MODEL, swarm.read, per_period=4, records_per_read=None)
+    for _ in range(3):
+        asyncio.run(window.records())
+    assert [len(shards) for shards in swarm.asked[1:]] == [4, 4]

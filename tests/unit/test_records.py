@@ -4,7 +4,7 @@ import msgpack
 import pytest
 
 from hexswarm.swarm.net.identity import load_or_create_identity, peer_id_from_owner_marker
-from hexswarm.swarm.trust.records import DeviceInfo, PeerRecord, PeerState
+from hexswarm.swarm.trust.records import DeviceInfo, PeerRecord, PeerState, link_tag, links_by_peer
 from tests.unit.record_cases import make_record
 
 GPU = DeviceInfo(type="cuda", name="NVIDIA H100", memory_bytes=80 << 30, cores=132)
@@ -80,6 +80,19 @@ def test_decode_batch_fields_round_trip_and_default_for_older_records():
     del body["decode_batch_size"], body["decode_batch_tokens_per_s"]  # a peer from before batching
     older = PeerRecord.from_bytes(msgpack.packb(body))
     assert older.decode_batch_size == 1 and older.decode_batch_tokens_per_s == 0.0
+
+
+def test_links_name_peers_by_tag_and_resolve_among_the_records_read():
+    b = make_record(peer_id="QmB")
+    links = ((link_tag("QmB"), 12.34), (link_tag("QmNotRead"), 5.0))
+    a = PeerRecord.from_bytes(make_record(peer_id="QmA", links=links).to_bytes())
+    assert a.links == ((link_tag("QmB"), 12.3), (link_tag("QmNotRead"), 5.0))  # to a tenth of a ms
+    assert links_by_peer([a, b]) == [("QmA", [("QmB", 12.3)]), ("QmB", [])]
+    body = msgpack.unpackb(a.to_bytes())
+    assert [len(tag) for tag, _ in body["links"]] == [8, 8]  # 10 bytes a peer, not a 53-byte id
+    body["rtt_ms"] = [["QmB", 1.0]]  # a peer from before links: its round trips are not read
+    del body["links"]
+    assert PeerRecord.from_bytes(msgpack.packb(body)).links == ()
 
 
 def test_weight_format_round_trips_and_defaults_to_full_precision_for_older_records():
@@ -164,7 +177,9 @@ def test_malformed_tp_fields_are_rejected(change):
         {"name": "x" * 300},
         {"addrs": ["/ip4/1.2.3.4"] * 40},
         {"auto": 1},
-        {"rtt_ms": [["x" * 300, 1.0]]},
+        {"links": [[b"x" * 9, 10]]},  # a tag of another length
+        {"links": [[b"x" * 8, -1]]},
+        {"links": [["x" * 8, 10]]},  # a tag as text
         {"tp": 1, "devices": [{"type": "cpu", "name": "c", "memory_bytes": -1, "cores": 2}]},
         {"quant": "fp8"},  # a format the reader does not know: its outputs are not what it asked for
         {"quant": 8},
