@@ -10,6 +10,7 @@ raised by `run` as `UsageError`.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from hexswarm.swarm.commands import cli_args
@@ -100,6 +101,11 @@ def run_command(name: str, argv: list[str], prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     log_setup.setup_logging(args, parser.prog)
     module = importlib.import_module(SUBCOMMANDS[name][0])  # imported by build_parser already
+    if getattr(module, "EXIT_AT_ONCE", False):
+        # hivemind shares its futures' state with torch's "file_system" strategy by default, whose
+        # daemon (torch_shm_manager) outlives the command by ~2 s holding its stdout and stderr:
+        # whoever reads them (a pipe, `$(hexswarm status)`) waited that long after it ended.
+        os.environ.setdefault("HIVEMIND_MEMORY_SHARING_STRATEGY", "file_descriptor")
     from hexswarm.swarm.net.dht import InitialPeersError
 
     try:

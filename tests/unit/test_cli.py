@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -247,3 +248,21 @@ def test_verify_defaults_to_the_public_rate_only_with_public():
     assert cli_args.client_verify(argparse.Namespace(verify=None, public=False)) == 0.0
     assert cli_args.client_verify(argparse.Namespace(verify=0.0, public=True)) == 0.0  # asked: off
     assert cli_args.client_verify(argparse.Namespace(verify=0.5, public=False)) == 0.5
+
+
+def test_a_short_command_shares_hivemind_futures_by_file_descriptor(monkeypatch):
+    """`status` and `generate` end at once: torch's shared-memory daemon ("file_system", hivemind's
+    default) would outlive them by seconds, holding the stdout a caller reads to its end."""
+    import hexswarm.client.status as status
+    from hexswarm.swarm.commands.cli import run_command
+
+    environ = {
+        name: value for name, value in os.environ.items() if name != "HIVEMIND_MEMORY_SHARING_STRATEGY"
+    }
+    monkeypatch.setattr(os, "environ", environ)  # this process's own stays as it was
+    seen = []
+    monkeypatch.setattr(
+        status, "run", lambda args: seen.append(os.environ.get("HIVEMIND_MEMORY_SHARING_STRATEGY"))
+    )
+    assert run_command("status", UNREACHABLE) == 0
+    assert seen == ["file_descriptor"]
