@@ -53,11 +53,13 @@ from hexswarm.swarm.trust.records import (
 
 logger = logging.getLogger(__name__)
 
-# Record shards the lease holder reads each watch period: every shard each 8 periods (8 s at
-# the default 1 s), so that a leave is re-planned within seconds (a peer reads 2 a period).
-# With 8 shards a second, its searches cost each idle peer of 12 about 1% of a core
-# (benchmarks/swarm_idle.py --coordinator), and itself ~8%.
-WATCH_SHARDS = 4
+# Record shards the lease holder reads each watch period: every shard each 4 periods (4 s at
+# the default 1 s), so that a leave is seen within 4 s and covered again within 10 s (a peer
+# reads 2 a period). These searches cost each idle peer of 12 about 1% of a core
+# (benchmarks/swarm_idle.py --coordinator), and itself ~8%; 4 shards a second halved that, but a
+# leave then took up to 8 s to see, and the SmolLM2 swarm of test_real_model.py was covered
+# again 12.6 s after a peer left, past the 10 s that issue 50 keeps.
+WATCH_SHARDS = 8
 REPORTER_GROUPS_TIMEOUT_S = 5.0  # the daemon answers a list of its connections in milliseconds
 
 
