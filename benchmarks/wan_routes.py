@@ -150,14 +150,18 @@ def priced(model, pricing: str):
 
 def wait_for_links(model, timeout: float) -> float:
     """Seconds until every first-half peer's record reports its round trip to every second-half peer."""
-    from hexswarm.swarm.trust.records import link_tag, read_peer_records
+    from hexswarm.swarm.trust.records import links_by_peer, read_peer_records
 
     began = time.monotonic()
     while time.monotonic() - began < timeout:
         records = {r.name: r for r in read_peer_records(model.swarm.dht, model.spec.model_id)}
         ids = {name: r.peer_id for name, r in records.items()}
-        tags = {link_tag(r.peer_id): r.peer_id for r in records.values()}
-        reported = {(name, tags.get(tag)) for name, r in records.items() for tag, _ in r.links}
+        names = {peer_id: name for name, peer_id in ids.items()}
+        reported = {
+            (names[peer], other)
+            for peer, links in links_by_peer(list(records.values()))
+            for other, _ in links
+        }
         if len(ids) == len(PEERS) and all(
             (a, ids[b]) in reported or (b, ids[a]) in reported for a in ("a1", "a2") for b in ("b1", "b2")
         ):
