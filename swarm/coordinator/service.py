@@ -58,7 +58,8 @@ logger = logging.getLogger(__name__)
 # reads 2 a period). These searches cost each idle peer of 12 about 1% of a core
 # (benchmarks/swarm_idle.py --coordinator), and itself ~8%; 4 shards a second halved that, but a
 # leave then took up to 8 s to see, and the SmolLM2 swarm of test_real_model.py was covered
-# again 12.6 s after a peer left, past the 10 s that issue 50 keeps.
+# again 12.6 s after a peer left, past the 10 s the coordinator's recovery must keep
+# (docs/architecture.md, "The control plane's costs").
 WATCH_SHARDS = 8
 REPORTER_GROUPS_TIMEOUT_S = 5.0  # the daemon answers a list of its connections in milliseconds
 
