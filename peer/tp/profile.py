@@ -98,15 +98,19 @@ class ComputeClock:
 
         return timed
 
-    def slow(self, seconds: float) -> None:
-        """Sleeps off the slowdown owed for `seconds` of compute (no-op without a slowdown)."""
+    def slow(self, seconds: float) -> float:
+        """Sleeps off the slowdown owed for `seconds` of compute (no-op without a slowdown);
+        returns the seconds slept."""
         if self.slowdown is None or not self._slowed():
-            return
+            return 0.0
         self._debt += (self.slowdown.factor - 1.0) * seconds
-        if self._debt > 0:
-            began = time.perf_counter()
-            time.sleep(self._debt)
-            self._debt -= time.perf_counter() - began  # sleeps overshoot: carry the difference
+        if self._debt <= 0:
+            return 0.0
+        began = time.perf_counter()
+        time.sleep(self._debt)
+        slept = time.perf_counter() - began
+        self._debt -= slept  # sleeps overshoot: carry the difference
+        return slept
 
     def _slowed(self) -> bool:
         """From the start with `after_s` 0 (profiling included), else `after_s` after the first step."""
@@ -124,7 +128,14 @@ class ComputeClock:
 def measure_flops(
     device: torch.device, dtype: torch.dtype, hidden: int, width: int, clock: ComputeClock
 ) -> float:
-    """FLOP/s of decode-shaped products (one token through (hidden x width) weights) on `device`."""
+    """FLOP/s of decode-shaped products (one token through (hidden x width) weights) on `device`.
+
+    On a CPU a round is timed by the CPU time of the thread that runs it (plus the benchmark
+    slowdown's sleep), not by the wall clock: another process's burst on the machine's cores
+    (a test worker starting peers beside the group, measured) could take a rank's core for all
+    of its short turn and make a fast rank look as slow as a slowed one. A rank's share of a
+    busy machine that persists shows in its observed steps, which re-partitions follow."""
+    now = time.thread_time if device.type == "cpu" else time.perf_counter
     element = torch.tensor([], dtype=dtype).element_size()
     copies = max(1, PROFILE_WEIGHT_BYTES // (hidden * width * element))
     weights = [torch.randn(width, hidden, dtype=dtype, device=device) for _ in range(copies)]
@@ -135,12 +146,12 @@ def measure_flops(
         _sync(device)
         rounds, began, best = 0, time.perf_counter(), float("inf")
         while rounds < 3 or time.perf_counter() - began < PROFILE_SECONDS:
-            lap = time.perf_counter()
+            lap = now()
             for w in weights:
                 torch.nn.functional.linear(x, w)
             _sync(device)
-            clock.slow(time.perf_counter() - lap)
-            best = min(best, time.perf_counter() - lap)
+            computed = now() - lap
+            best = min(best, computed + clock.slow(computed))
             rounds += 1
     # The fastest round: another process's burst on shared cores slows some rounds, not the rank.
     return 2.0 * hidden * width * copies / best
