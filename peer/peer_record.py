@@ -36,6 +36,7 @@ class RecordSource:
     next_range: tuple[int, int] | None  # the range a move is loading
     links: tuple[tuple[str, float], ...]  # round trips to its nearest peers, by tag (peer/link_probe.py)
     plan_version: int  # the coordinator's plan it follows (0: none)
+    relay_slots_free: int = -1  # slots its relay would still give (-1: it relays for no one)
 
 
 def peer_record(source: RecordSource, state: PeerState) -> PeerRecord:
@@ -81,6 +82,7 @@ def peer_record(source: RecordSource, state: PeerState) -> PeerRecord:
         plan_version=source.plan_version,
         next_start=next_range[0] if next_range else 0,
         next_end=next_range[1] if next_range else 0,
+        relay_slots_free=source.relay_slots_free,
     )
 
 

@@ -1,8 +1,8 @@
 """How a peer becomes reachable: directly, or through relays' ports when it is behind NAT.
 
 At start (docs/architecture.md, "Crossing NATs"):
-1. A few reachable nodes (the initial peers first, then direct peers of the model), one per IP
-   group first, dial the peer back (swarm/nat/reachability/); one that stays BUSY or does not
+1. A few reachable nodes (the initial peers first, then direct peers of the model, drawn by the
+   relay slots each announces free), one per IP group first, dial the peer back (swarm/nat/reachability/); one that stays BUSY or does not
    answer is replaced by another. A peer that listens on loopback only serves this machine and
    asks no one. If at least half of those that answer reach it (only the initial peers' answers
    count when one of them answered), it is `direct` and announces the addresses that helpers of
@@ -12,11 +12,13 @@ At start (docs/architecture.md, "Crossing NATs"):
    with no such address is treated as behind NAT: strangers of one group cannot place an
    address in its record.
 2. Otherwise its DHT node restarts in client mode (it stores nothing for others), and it asks
-   up to WANT_RELAYS reachable nodes, those that answered first, for a relay slot
-   (swarm/nat/port_relay.py), at most one of them a bootstrap while direct peers can relay.
-   Among those that answered, a peer of a fixed range asks its chain predecessors first (direct
-   peers whose range ends where its own starts): a step they push to it then crosses their own
-   link to it, not a third node's two (docs/routing.md, "Pushed chains"). It
+   up to WANT_RELAYS reachable nodes for a relay slot (swarm/nat/port_relay.py): direct peers
+   first, drawn by the slots each announces free, so that peers joining at once spread over
+   them in proportion; the initial peers after them, and at most one slot on a bootstrap while
+   direct peers can relay; helpers that did not answer its dial-back last. A peer of a fixed
+   range asks its chain predecessors first (direct peers whose range ends where its own
+   starts): a step they push to it then crosses their own link to it, not a third node's two
+   (docs/routing.md, "Pushed chains"). It
    is `relayed` once a relay has dialed it through the slot it holds for it (a relay vouches for
    its own slot: no helper dials another node's ports), and it announces those ports.
 3. With no slot that works it is `unreachable`: it stays joining and says why.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -62,6 +65,8 @@ RELAY_WAIT_S = 15.0  # how long slots get before the peer calls itself unreachab
 RELAY_RETRY_S = 0.5
 FAILED_RELAY_S = 60.0  # a node whose slot or dial just failed is asked last for this long
 SLOT_REVERIFY_S = 600.0  # a slot that works is dialed through again after this long
+RELAY_WEIGHT_CAP = RelayLimits().max_slots  # the most free slots a record is believed to have
+UNSTATED_WEIGHT = 1  # ... and what one that states none weighs (a peer that predates the field)
 
 
 @dataclass(frozen=True)
@@ -85,19 +90,38 @@ class Candidate:
     addr: str  # its address, ending with /p2p/<peer_id>
 
 
-def candidates(initial_peers: Sequence[str], direct_records: Sequence) -> list[Candidate]:
-    """The initial peers first (bootstraps), then direct peers of the model; one address each."""
+def candidates(
+    initial_peers: Sequence[str], direct_records: Sequence, rng: random.Random | None = None
+) -> list[Candidate]:
+    """The initial peers first (bootstraps), then direct peers of the model drawn by the relay
+    slots they have free (`by_free_slots`); one address each."""
     found: dict[str, str] = {}
     for addr in initial_peers:
         peer = peer_id_of(addr)
         if peer and tcp_addr(addr):
             found.setdefault(peer, addr)
-    for record in direct_records:
+    for record in by_free_slots(direct_records, rng or random.Random()):
         for addr in record.addrs:
             if tcp_addr(addr) and peer_id_of(addr) == record.peer_id:
                 found.setdefault(record.peer_id, addr)
                 break
     return [Candidate(peer, addr) for peer, addr in found.items()]
+
+
+def by_free_slots(records: Sequence, rng: random.Random) -> list:
+    """`records` in a random order, each drawn with a chance in proportion to the relay slots it
+    announces free (Efraimidis and Spirakis' weighted sampling: the keys u^(1/w)): peers behind
+    NAT that join at once spread over the direct peers by what each can take, instead of all
+    asking the first in the DHT's order, and the dial-back helpers drawn after the initial peers
+    spread too. A peer's claim counts up to RELAY_WEIGHT_CAP (a liar draws no more than an
+    honest empty relay); a full one comes last; one that does not say weighs UNSTATED_WEIGHT."""
+
+    def key(record) -> float:
+        free = record.relay_slots_free
+        weight = UNSTATED_WEIGHT if free < 0 else min(free, RELAY_WEIGHT_CAP)
+        return rng.random() ** (1.0 / weight) if weight > 0 else -1.0
+
+    return sorted(records, key=key, reverse=True)
 
 
 def by_group(found: Sequence[Candidate]) -> list[Candidate]:
@@ -111,6 +135,17 @@ def by_group(found: Sequence[Candidate]) -> list[Candidate]:
         (later if group in seen else first).append(c)
         seen.add(group)
     return first + later
+
+
+def relay_order(
+    found: Sequence[Candidate], silent: set[str], upstream: set[str], initial_peers: Sequence[str]
+) -> list[Candidate]:
+    """Whom to ask for relay slots, in order: `found` (direct peers drawn by their free slots)
+    with helpers that did not answer a dial-back last, chain predecessors (`upstream`) first,
+    and the initial peers after the direct peers: bootstraps relay when direct peers cannot,
+    instead of holding a slot of every peer behind NAT."""
+    boots = {peer_id_of(a) for a in initial_peers}
+    return sorted(found, key=lambda c: (c.peer_id in silent, c.peer_id not in upstream, c.peer_id in boots))
 
 
 def direct_peers(records: Sequence) -> list:
@@ -199,7 +234,7 @@ class Reachability:
         except Exception:  # remote input; the initial peers alone can still check
             records = []
         everyone = [c for c in candidates(initial_peers, direct_peers(records)) if c.peer_id != self.peer_id]
-        answering = everyone
+        silent: set[str] = set()  # helpers asked for a dial-back that did not answer
         known = time.monotonic() - self.started
         if self.mode == "auto":
             verdict, addrs, replies = await self._dial_back(await dht.replicate_p2p(), everyone, listen)
@@ -212,11 +247,9 @@ class Reachability:
                 return dht, Reach("direct", addrs, known_s=known)
             if verdict:
                 logger.warning("dialed back from one IP group only: no address is confirmed; using relays")
-            answered = {r.helper for r in replies if r is not None}
-            answering = [c for c in everyone if c.peer_id in answered]
+            silent = {h.peer_id for h in self.helpers} - {r.helper for r in replies if r is not None}
             self.observed_group = observed_group(chosen_first(replies, self.initial_peers))
-        upstream = predecessors(records, self.serves)
-        self.relays = sorted(everyone, key=lambda c: (c not in answering, c.peer_id not in upstream))
+        self.relays = relay_order(everyone, silent, predecessors(records, self.serves), initial_peers)
         dht = await self.restart_dht()
         self.p2p = await dht.replicate_p2p()
         self.dialer = Dialer(self.p2p)

@@ -198,6 +198,7 @@ class _Peer:
             next_range=self.mover.next_range,
             links=self.probe.published(),
             plan_version=self.follower.followed if self.follower else 0,
+            relay_slots_free=self.relay.free_slots if self.relay else -1,
         )
         return peer_record(source, state)
 
@@ -301,8 +302,7 @@ class _Peer:
         await self.serving.server.handle_stream(*args)
 
     async def _open_link(self, peer_id: str):
-        """A session stream to a peer id at its record's addresses (a relay's port for a peer
-        behind NAT): for pushed steps (peer/push.py) and round-trip probes (peer/link_probe.py)."""
+        """A session stream to a peer id at its record's addresses (a relay's port if behind NAT)."""
         return await self.dialer.open_stream(peer_id, SESSION_PROTOCOL)
 
     def _on_group_failure(self, reason: str) -> None:

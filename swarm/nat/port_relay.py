@@ -124,6 +124,11 @@ class RelayService:
         self.tunnel = await asyncio.start_server(self._tunnel_arrived, self.host, 0)
 
     @property
+    def free_slots(self) -> int:
+        """Slots it would still give (what its peer's record announces)."""
+        return max(0, self.limits.max_slots - len(self.slots))
+
+    @property
     def tunnel_port(self) -> int:
         return self.tunnel.sockets[0].getsockname()[1]
 

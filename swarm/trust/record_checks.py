@@ -32,6 +32,7 @@ MAX_LENGTH = 1 << 24  # tokens
 MAX_BATCH = 4096
 MAX_PLAN_VERSION = 1 << 53  # as far as a float counts exactly; plans bound it much tighter
 MAX_TP_DEGREE = 64
+MAX_RELAY_SLOTS = 1 << 16
 
 REACHABILITY = ("", "direct", "relayed", "unreachable")
 # "even", or one of Hepti's modes (routing/hepti/split.py MODES; a test keeps the two in step,
@@ -53,6 +54,7 @@ INT_RANGES = {  # field -> [low, high]
     "decode_batch_size": (1, MAX_BATCH),
     "weight_bytes_per_block": (0, MAX_COUNT),
     "tp_repartitions": (0, MAX_COUNT),
+    "relay_slots_free": (-1, MAX_RELAY_SLOTS),
 }
 FLOAT_RANGES = {  # field -> [low, high)
     "throughput": (0.0, MAX_SPEED),  # 0 until measured; an online peer has measured (records.py)

@@ -175,6 +175,10 @@ class PeerRecord:
     # The IP group (/24, /48) its dial-back helpers saw it connect from: what routers group a
     # relayed peer by, whose addresses are its relays' (client/group_cap.py); "" when unknown.
     observed_group: str = ""
+    # Relay slots it would still give peers behind NAT (swarm/nat/port_relay.py), so that they
+    # spread over direct peers by what each can take (peer/reachability.py); -1: not stated
+    # (a peer that predates it). A claim, not a promise: readers cap what they believe of it.
+    relay_slots_free: int = -1
     schema: int = RECORD_SCHEMA_VERSION
 
     def ends_a_hop_at(self, boundary: int) -> bool:

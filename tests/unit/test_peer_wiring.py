@@ -91,8 +91,10 @@ def test_a_record_is_built_from_plain_values_before_the_peer_serves():
         next_range=(4, 8),
         links=(("0123456789abcdef", 1.5),),
         plan_version=3,
+        relay_slots_free=126,
     )
     record = peer_record(source, PeerState.JOINING)
+    assert record.relay_slots_free == 126
     assert (record.start, record.end, record.tp, record.throughput) == (2, 6, 1, 0.0)
     assert (record.next_start, record.next_end, record.plan_version) == (4, 8, 3)
     assert (record.open_sessions, record.links, record.reachability) == (

@@ -137,6 +137,7 @@ async def test_a_tunnel_with_an_unknown_token_is_closed_and_the_slot_ends_with_i
 )
 async def test_a_full_relay_or_ip_group_is_refused_a_slot(limits, refusal):
     async with relay_with_slot(limits) as (relay, *_):
+        assert relay.free_slots == limits.max_slots - 1  # what its peer's record announces
         second = asyncio.get_running_loop().create_future()
         server = await asyncio.start_server(lambda r, w: second.set_result((r, w)), "127.0.0.1", 0)
         reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])

@@ -3,10 +3,21 @@ peer announces, and the multiaddrs they are made of."""
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import msgpack
 import pytest
 
-from hexswarm.peer.reachability import Candidate, candidates, local_endpoint, nat_message
+from hexswarm.peer.reachability import (
+    RELAY_WEIGHT_CAP,
+    Candidate,
+    by_free_slots,
+    candidates,
+    local_endpoint,
+    nat_message,
+    relay_order,
+)
 from hexswarm.swarm.nat.reachability.client import reachable_verdict
 from hexswarm.swarm.nat.reachability.messages import (
     MAX_ADDRS,
@@ -152,6 +163,30 @@ def test_relay_candidates_are_initial_peers_then_direct_peers():
         Candidate("QmBoot", "/ip4/10.0.0.1/tcp/1/p2p/QmBoot"),
         Candidate("QmDirect", "/ip4/10.0.0.9/tcp/7/p2p/QmDirect"),
     ]
+
+
+def test_direct_peers_are_drawn_by_the_relay_slots_they_announce_free():
+    """Newcomers behind NAT spread over direct peers in proportion to their free slots: a full
+    relay comes last, a claim past the cap draws no more than an honest empty relay, and one
+    that states nothing rarely comes first."""
+    free = {"QmEmpty": RELAY_WEIGHT_CAP, "QmHalf": RELAY_WEIGHT_CAP // 2, "QmFull": 0, "QmOld": -1}
+    free["QmLiar"] = 60_000
+    records = [make_record(peer_id=p, relay_slots_free=n) for p, n in free.items()]
+    rng = random.Random(7)
+    orders = [[r.peer_id for r in by_free_slots(records, rng)] for _ in range(4000)]
+    first = Counter(order[0] for order in orders)
+    assert all(order[-1] == "QmFull" for order in orders)
+    assert 0.8 < first["QmLiar"] / first["QmEmpty"] < 1.25, first
+    assert 0.4 < first["QmHalf"] / first["QmEmpty"] < 0.6, first
+    assert first["QmOld"] < 0.02 * len(orders) and first["QmFull"] == 0, first
+
+
+def test_relays_are_direct_peers_first_then_bootstraps_and_silent_helpers_last():
+    found = [
+        Candidate(p, f"/ip4/10.0.0.{k}/tcp/1/p2p/{p}") for k, p in enumerate(["QmBoot", "QmA", "QmB", "QmC"])
+    ]
+    order = relay_order(found, silent={"QmA"}, upstream={"QmC"}, initial_peers=[found[0].addr])
+    assert [c.peer_id for c in order] == ["QmC", "QmB", "QmBoot", "QmA"]
 
 
 def test_a_tunnel_reaches_the_daemon_on_loopback_first():

@@ -82,6 +82,14 @@ def test_decode_batch_fields_round_trip_and_default_for_older_records():
     assert older.decode_batch_size == 1 and older.decode_batch_tokens_per_s == 0.0
 
 
+def test_relay_slots_free_round_trip_and_default_to_not_stated():
+    record = make_record(relay_slots_free=117)
+    assert PeerRecord.from_bytes(record.to_bytes()).relay_slots_free == 117
+    body = msgpack.unpackb(record.to_bytes())
+    del body["relay_slots_free"]  # a peer from before it
+    assert PeerRecord.from_bytes(msgpack.packb(body)).relay_slots_free == -1
+
+
 def test_links_name_peers_by_tag_and_resolve_among_the_records_read():
     b = make_record(peer_id="QmB")
     links = ((link_tag("QmB"), 12.34), (link_tag("QmNotRead"), 5.0))
@@ -189,6 +197,9 @@ def test_malformed_tp_fields_are_rejected(change):
         {"relays": ["Qm" + "x" * 300]},
         {"relays": ["QmR"] * 40},
         {"relays": 5},
+        {"relay_slots_free": -2},
+        {"relay_slots_free": 1 << 17},
+        {"relay_slots_free": 3.5},
     ],
 )
 def test_malformed_records_are_rejected(change):
