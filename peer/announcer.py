@@ -10,17 +10,12 @@ from hivemind.utils import get_dht_time
 
 from hexswarm.swarm.net.identity import Identity
 from hexswarm.swarm.net.replicas import store_own
-from hexswarm.swarm.trust.record_keys import index_key, record_key
+from hexswarm.swarm.trust.record_keys import INDEX_PERIODS, IndexSchedule, index_key, record_key
 from hexswarm.swarm.trust.records import ModelEntry, PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
 STORE_TIMEOUT_S = 10.0
-# The models entry ("this peer serves model m") changes only when the peer does: it is stored at
-# every INDEX_PERIODS-th announcement, to last that much longer, not every period beside the
-# record (it was half of a peer's stores; a model whose last peer left stays listed, with no
-# peers, for at most that much longer).
-INDEX_PERIODS = 4
 WARN_AFTER_UNSTORED = 3  # announcements in a row reaching no DHT node before it is a warning
 
 
@@ -53,8 +48,7 @@ class Announcer:
         self.last_expiration = 0.0
         self.encode = encode  # tests swap in a tampering one (peer/debug.py)
         self.unstored = 0  # announcements in a row that reached no DHT node
-        self.announced = 0  # announcements made
-        self.index_at = 0  # ... when the models entry is stored next (again at once if that fails)
+        self.index = IndexSchedule()  # which announcements carry the models entry
 
     async def announce(
         self, state: PeerState, ttl: float | None = None, timeout: float = STORE_TIMEOUT_S
@@ -66,18 +60,17 @@ class Announcer:
         self.last_expiration = expiration
         subkey, peer_id = self.identity.owner_marker, self.identity.peer_id.to_base58()
         stores = [self._store(record_key(record.model_id, peer_id), self.encode(record), expiration, subkey)]
-        if self.announced >= self.index_at:
+        if self.index.due():
             entry = ModelEntry(record.model_id, self.num_blocks).to_bytes()
             lasts = expiration + (INDEX_PERIODS - 1) * self.period
             stores.append(self._store(index_key(peer_id), entry, lasts, subkey))
-        self.announced += 1
         try:
             stored, *index_stored = await asyncio.wait_for(asyncio.gather(*stores), timeout)
         except (TimeoutError, RuntimeError, OSError) as e:  # a dead DHT process must not hang the peer
             logger.warning("announcing %s (%s) failed: %s", record.model_id, state.value, type(e).__name__)
             return
         if any(index_stored):
-            self.index_at = self.announced - 1 + INDEX_PERIODS
+            self.index.taken()
         self.unstored = 0 if stored else self.unstored + 1
         if not stored:
             # Routine while this DHT node reconnects (a range move, a neighbour restarting): a

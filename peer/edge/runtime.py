@@ -32,8 +32,8 @@ from hexswarm.peer.push import PushLinks, SwarmMembers
 from hexswarm.peer.server import PeerServer
 from hexswarm.peer.throughput import measure_or_load
 from hexswarm.swarm.models.model_spec import ModelSpec
-from hexswarm.swarm.trust.dht_signing import SignedEntry, owner_marker, signed_value
-from hexswarm.swarm.trust.record_keys import index_key, record_key
+from hexswarm.swarm.trust.dht_signing import MAX_RELAYED_TTL_S, SignedEntry, owner_marker, signed_value
+from hexswarm.swarm.trust.record_keys import INDEX_PERIODS, IndexSchedule, index_key, record_key
 from hexswarm.swarm.trust.records import ModelEntry, PeerRecord, PeerState
 from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
@@ -97,6 +97,7 @@ class EdgePeer:
         self.key_pair, self.signing_key = load_or_create_key(config.identity_path)
         self.marker = owner_marker(self.signing_key.public_key())
         self.stamp = _Stamp()
+        self.index = IndexSchedule()  # which announcements carry the models entry
         self.core: PeerCore | None = None
         self.server: PeerServer | None = None
         self.host: EdgeHost | None = None
@@ -155,19 +156,19 @@ class EdgePeer:
                 await self.announce(PeerState.ONLINE)
 
     async def announce(self, state: PeerState, ttl: float | None = None) -> None:
-        """Signs this peer's two entries and hands them to a relay; a failure is logged, not raised."""
+        """Signs this peer's record (and its models entry when due, as peer/announcer.py stores
+        it) and hands them to a relay; a failure is logged, not raised."""
         c = self.config
         expiration = self.stamp.next(c.announce_period * c.ttl_periods if ttl is None else ttl)
-        entries = [
-            self._signed(
-                record_key(c.spec.model_id, self.host.peer_id), self._record(state).to_bytes(), expiration
-            ),
-            self._signed(
-                index_key(self.host.peer_id),
-                ModelEntry(c.spec.model_id, c.spec.num_blocks).to_bytes(),
-                expiration,
-            ),
-        ]
+        record_id = record_key(c.spec.model_id, self.host.peer_id)
+        entries = [self._signed(record_id, self._record(state).to_bytes(), expiration)]
+        with_index = self.index.due()
+        if with_index:
+            lasts = min(
+                expiration + (INDEX_PERIODS - 1) * c.announce_period, time.time() + MAX_RELAYED_TTL_S - 1
+            )
+            entry = ModelEntry(c.spec.model_id, c.spec.num_blocks).to_bytes()
+            entries.append(self._signed(index_key(self.host.peer_id), entry, max(lasts, expiration)))
         try:
             stored, why, members = await asyncio.to_thread(self.host.announce, entries)
         except Exception as e:  # noqa: BLE001 - the host's thread is gone: nothing to announce through
@@ -175,6 +176,8 @@ class EdgePeer:
         if members:
             self.members = members
             self.server.pusher.members.update(members)
+        if stored and with_index:  # a relay checks a request's entries together, then stores each
+            self.index.taken()
         if not stored:
             logger.warning("announcing %s (%s) failed: %s; will retry", c.spec.model_id, state.value, why)
 

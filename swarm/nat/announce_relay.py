@@ -19,6 +19,7 @@ from functools import partial
 from hexswarm.swarm.net.identity import peer_id_from_owner_marker
 from hexswarm.swarm.trust.dht_signing import (
     MAX_ANNOUNCE_BYTES,
+    MAX_RELAYED_TTL_S,
     SignedEntry,
     decode_announce,
     dht_key_id,
@@ -33,7 +34,6 @@ from hexswarm.swarm.wire.frames import read_payload
 
 logger = logging.getLogger(__name__)
 
-MAX_TTL_S = 600.0  # a relayed record expires within this; an edge peer re-announces every period
 MAX_CONCURRENT = 8  # requests being checked and stored at once; more are refused, not queued
 MAX_READING_PER_GROUP = 4  # requests of one IP group being read at once (one per remote)
 REQUESTS_PER_MINUTE = 12  # per remote: an edge peer announces once a period (60 s by default)
@@ -140,9 +140,9 @@ class AnnounceRelay:
 
         if model_of_key(entry.key) is None and not entry.key.startswith(MODEL_INDEX_KEY + "/"):
             raise ProtocolError(ErrorCode.MALFORMED, "only hexswarm model records are relayed")
-        if not time.time() < entry.expiration <= time.time() + MAX_TTL_S:
+        if not time.time() < entry.expiration <= time.time() + MAX_RELAYED_TTL_S:
             raise ProtocolError(
-                ErrorCode.MALFORMED, f"the expiration must be within {MAX_TTL_S:.0f} s from now"
+                ErrorCode.MALFORMED, f"the expiration must be within {MAX_RELAYED_TTL_S:.0f} s from now"
             )
         try:
             owner = peer_id_from_owner_marker(entry.subkey).to_base58()

@@ -30,6 +30,7 @@ from hexswarm.swarm.wire.checks import ErrorCode, ProtocolError
 ANNOUNCE_PROTOCOL = "/hexswarm/announce/1"  # an edge peer's signed records, to a full node
 ANNOUNCE_VERSION = 1
 MAX_ANNOUNCE_BYTES = 256 << 10  # one request: two records of at most 64 KB each, and headroom
+MAX_RELAYED_TTL_S = 600.0  # a relayed entry expires within this (edge peers re-announce every period)
 MAX_ENTRIES = 4
 MAX_MEMBERS = 4096  # peer ids in a relay's reply
 MAX_PEER_ID = 128  # characters of a base58 peer id (46 for RSA keys)

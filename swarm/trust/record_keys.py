@@ -22,10 +22,33 @@ No hivemind here: an edge peer (peer/edge/) builds its keys in a process without
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 MODELS_KEY = "hexswarm/v1/models"  # a model's records: f"{MODELS_KEY}/<model id>/<shard>"
 MODEL_INDEX_KEY = "hexswarm/v1/model-index"  # which models are served: f"{MODEL_INDEX_KEY}/<shard>"
 RECORD_SHARDS = 32
+# The models entry ("this peer serves model m") changes only when the peer does: it is stored at
+# every INDEX_PERIODS-th announcement, to last that much longer, not every period beside the
+# record (it was half of a peer's stores; a model whose last peer left stays listed, with no
+# peers, for at most that much longer).
+INDEX_PERIODS = 4
+
+
+@dataclass
+class IndexSchedule:
+    """When a peer's announcement carries its models entry (`run-peer`'s and an edge peer's)."""
+
+    announced: int = 0  # announcements made
+    due_at: int = 0  # ... when the models entry goes next (again at once if no node took it)
+
+    def due(self) -> bool:
+        """Whether this announcement carries the entry (counts the announcement)."""
+        self.announced += 1
+        return self.announced - 1 >= self.due_at
+
+    def taken(self) -> None:
+        """The entry this announcement carried was stored: the next goes INDEX_PERIODS later."""
+        self.due_at = self.announced - 1 + INDEX_PERIODS
 
 
 def record_shard(peer_id: str) -> int:

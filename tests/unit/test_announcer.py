@@ -4,7 +4,7 @@ import asyncio
 
 from hexswarm.peer.announcer import INDEX_PERIODS, Announcer
 from hexswarm.swarm.net.identity import load_or_create_identity
-from hexswarm.swarm.trust.record_keys import MODEL_INDEX_KEY
+from hexswarm.swarm.trust.record_keys import MODEL_INDEX_KEY, IndexSchedule
 from hexswarm.swarm.trust.records import PeerState
 from tests.unit.record_cases import make_record
 
@@ -50,3 +50,14 @@ def test_a_models_entry_no_node_took_is_stored_again_at_the_next_announcement(tm
     asyncio.run(announcer.announce(PeerState.ONLINE))
     asyncio.run(announcer.announce(PeerState.ONLINE))
     assert len(index_stores(announcer)) == 2  # the failed one, then the next; not the third
+
+
+def test_the_index_schedule_is_every_fourth_announcement_and_retries_an_untaken_entry():
+    schedule = IndexSchedule()
+    carried = []
+    for n in range(3 * INDEX_PERIODS):
+        due = schedule.due()
+        carried.append(due)
+        if due and n != 0:  # the first one reached no node
+            schedule.taken()
+    assert [n for n, due in enumerate(carried) if due] == [0, 1, 1 + INDEX_PERIODS, 1 + 2 * INDEX_PERIODS]
