@@ -100,7 +100,7 @@ async def one_join(reach_mod, initial: list[str], records: list, slots: dict[str
     async def ask(p2p, helper, addrs, timeout=None):
         return DialBackReply(helper, ())  # answered: could not dial it
 
-    async def restart():
+    async def restart(client_mode=True, listen=()):
         return FakeDHT()
 
     async def read_records():

@@ -38,6 +38,7 @@ import asyncio
 import json
 import math
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -54,6 +55,7 @@ MODEL_ID = "scale-llama-32b"  # the stand-ins' model: 32 blocks, 8 per stand-in
 NUM_BLOCKS, BLOCKS_EACH = 32, 8
 READ_TIMEOUT_S = 10.0
 STATUS_TIMEOUT_S = 120.0
+NEWCOMER_TIMEOUT_S = 180.0
 ANY = "/ip4/0.0.0.0/tcp/0"
 # Round trips a stand-in's record carries: as many as a serving peer publishes once its probes
 # have run 8 periods (peer/link_probe.py MAX_PUBLISHED), the largest part of its record.
@@ -123,6 +125,35 @@ async def run_stand_in(
             pass
 
 
+RPC_COUNTS: dict[str, int] = {}  # in a stand-in's DHT process (forked from this one): the RPCs it served
+
+
+def count_rpcs() -> None:
+    """Every DHT node started after this, in a process forked from this one, counts the RPCs it
+    serves (hivemind registers a node's `rpc_*` methods as its handlers when the node starts)."""
+    from hivemind.dht.protocol import DHTProtocol
+
+    def counting(name: str, served):
+        async def handler(self, request, context):
+            RPC_COUNTS[name] = RPC_COUNTS.get(name, 0) + 1
+            return await served(self, request, context)
+
+        handler.__annotations__, handler.__wrapped__ = served.__annotations__, served  # its types
+        return handler
+
+    for name in ("rpc_ping", "rpc_store", "rpc_find"):
+        setattr(DHTProtocol, name, counting(name, getattr(DHTProtocol, name)))
+
+
+async def _served_rpcs(_dht, _node) -> int:
+    """Runs in the DHT's process: the RPCs its node served so far."""
+    return sum(RPC_COUNTS.values())
+
+
+async def served_rpcs(dht) -> int:
+    return await asyncio.wrap_future(dht.run_coroutine(_served_rpcs, return_future=True))
+
+
 def host_bytes(ns: str) -> int:
     """Bytes the host in `ns` sent and received on its link to the internet so far."""
     done = subprocess.run(
@@ -147,17 +178,57 @@ def status_seconds(net, ns: str, initial_peers: list[str]) -> float | None:
     return time.monotonic() - began
 
 
+def newcomer_figures(net, swarm, model_dir: Path) -> dict:
+    """A real `run-peer` of a tiny model joins the full swarm from a home behind NAT (home 1):
+    how long until it is online, until its relay slot is confirmed, and the BUSY answers its
+    dial-backs got; then a fresh client in home 2 (`hexswarm generate`, one new token: its
+    process start, DHT join, routing, connections through the relay and one step) is timed."""
+    began = time.monotonic()
+    proc = swarm.start_peer(
+        model_dir, "0:4", "newcomer", "--host-maddrs", ANY, wait=False, launcher=net.exec_prefix(net.home(1).host_ns)
+    )  # fmt: skip
+    try:
+        swarm.wait_for_log(proc, "online:", NEWCOMER_TIMEOUT_S)
+        online_s = time.monotonic() - began
+    except Exception as e:  # noqa: BLE001 - a line with nulls, not a run that stops
+        print(f"[scale] the newcomer did not come online: {e}", file=sys.stderr, flush=True)
+        online_s = None
+    log = proc.log()
+    relayed = re.search(r"relay slot confirmed ([\d.]+) s after start", log)
+    direct = re.search(r"reachable directly at .* \(([\d.]+) s after start\)", log)
+    reach = relayed or direct
+    client_began = time.monotonic()
+    done = subprocess.run(
+        [*net.exec_prefix(net.home(2).host_ns), sys.executable, "-m", "hexswarm.swarm.commands.cli", "generate",
+         str(model_dir), "--prompt", "A swarm", "--max-new-tokens", "1", "--initial-peers", *swarm.initial_peers],
+        capture_output=True, text=True, timeout=STATUS_TIMEOUT_S,
+    )  # fmt: skip
+    first_token_s = time.monotonic() - client_began if done.returncode == 0 and online_s else None
+    if done.returncode != 0:
+        print(f"[scale] the fresh client failed: {done.stderr.strip()[-300:]}", file=sys.stderr, flush=True)
+    swarm.stop(proc, timeout=10)
+    return {
+        "newcomer_mode": "relayed" if relayed else ("direct" if direct else None),
+        "newcomer_online_s": _rounded(online_s),
+        "newcomer_reachability_s": _rounded(float(reach.group(1))) if reach else None,
+        "dialback_busy": log.count("answered busy"),
+        "first_token_s": _rounded(first_token_s),
+    }
+
+
 def measure(n: int, args) -> dict:
     """One swarm of `n` stand-ins: started, warmed up for a period, measured for args.seconds."""
     import torch
 
+    from hexswarm.swarm.commands.tiny_model import make_tiny_model
     from hexswarm.swarm.nat import netlab
     from hexswarm.swarm.net.dht import start_dht
     from hexswarm.swarm.net.dht_process import shutdown_dht
     from hexswarm.swarm.net.identity import load_or_create_identity
     from hexswarm.swarm.tools.launcher import LocalSwarm
 
-    with tempfile.TemporaryDirectory(prefix="hexswarm-scale-") as tmp, netlab.NetLab(homes=0) as net:
+    with tempfile.TemporaryDirectory(prefix="hexswarm-scale-") as tmp, netlab.NetLab(homes=2) as net:
+        model_dir = make_tiny_model(Path(tmp) / "model", layers=4, hidden=64, heads=4, kv_heads=2, seed=0)
         # each host in a /24 of its own, as volunteers' machines are, routed by the internet's
         # namespace (on one bridge, the kernel's shared ARP table overflowed at ~32 hosts)
         boot_hosts = [net.add_host(k, own_subnet=True) for k in (1, 2)]
@@ -171,6 +242,7 @@ def measure(n: int, args) -> dict:
                     address_prefix=f"/ip4/{ip}/",
                 )  # fmt: skip
             torch.zeros(1).share_memory_()  # torch's shm manager out here (see netlab.inside)
+            count_rpcs()
             began = time.monotonic()
             nodes = []
             for i, (ns, _) in enumerate(hosts):
@@ -181,13 +253,16 @@ def measure(n: int, args) -> dict:
                     print(f"[scale] {i + 1} of {n} stand-ins joined", file=sys.stderr, flush=True)
             joined_s = time.monotonic() - began
             try:
-                return asyncio.run(_run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args))
+                line = asyncio.run(
+                    _run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args, model_dir)
+                )
             finally:
                 for _, _, dht in nodes:
                     shutdown_dht(dht, 5.0)
+            return line
 
 
-async def _run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args) -> dict:
+async def _run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args, model_dir) -> dict:
     from hexswarm.peer.announcer import Announcer
 
     peer_ids = [identity.peer_id.to_base58() for _, identity, _ in nodes]
@@ -207,13 +282,17 @@ async def _run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args) -> d
             )
     await asyncio.sleep(args.period)  # every stand-in has announced once
     namespaces = [ns for ns, _ in boot_hosts] + [ns for ns, _, _ in nodes]
+    rpcs_before = await asyncio.gather(*(served_rpcs(dht) for _, _, dht in nodes))
     before, began = {ns: host_bytes(ns) for ns in namespaces}, time.monotonic()
     reads.seconds.clear()
     await asyncio.sleep(args.seconds)
     elapsed = time.monotonic() - began
     rates = {ns: (host_bytes(ns) - before[ns]) / elapsed for ns in namespaces}
+    rpcs_after = await asyncio.gather(*(served_rpcs(dht) for _, _, dht in nodes))
+    rpc_rates = [(a - b) / elapsed for a, b in zip(rpcs_after, rpcs_before, strict=True)]
     read_seconds = list(reads.seconds)  # the window's reads only, not those during `status`
     status_s = await asyncio.to_thread(status_seconds, net, status_ns, swarm.initial_peers)
+    newcomer = await asyncio.to_thread(newcomer_figures, net, swarm, model_dir) if args.newcomer else {}
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     stand_ins = [rates[ns] for ns, _, _ in nodes]
@@ -229,11 +308,14 @@ async def _run(n, nodes, boot_hosts, net, status_ns, swarm, joined_s, args) -> d
         "upkeep_bytes_per_peer_s": round(statistics.mean(stand_ins)),
         "node_bytes_s_p99": round(_quantile(list(rates.values()), 0.99)),
         "bootstrap_bytes_s": [round(rates[ns]) for ns, _ in boot_hosts],
+        "node_rpcs_s_mean": round(statistics.mean(rpc_rates), 2),
+        "node_rpcs_s_p99": round(_quantile(rpc_rates, 0.99), 2),
         "reads": len(read_seconds),
         "reads_failed": reads.failed,
         "read_s_p50": _rounded(_quantile(read_seconds, 0.5)),
         "read_s_p99": _rounded(_quantile(read_seconds, 0.99)),
         "status_s": _rounded(status_s),
+        **newcomer,
     }
 
 
@@ -272,6 +354,12 @@ def main() -> None:
         "--join-only",
         action="store_true",
         help="stand-ins only join the DHT (no announcements, no reads): the transport's own floor",
+    )
+    parser.add_argument(
+        "--newcomer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a real peer joins from behind NAT, and a fresh client generates through it",
     )
     parser.add_argument("--save", action="store_true", help="also write benchmarks/results/scale.json")
     parser.add_argument("--save-as", default="scale", help="--save's file name under benchmarks/results/")

@@ -398,7 +398,7 @@ def signing_identity() -> Identity | None:
     path = directory / "identity.key"
     path.write_bytes(data)
     path.chmod(0o400)
-    return Identity(identity_path=path, private_key=key, peer_id=PeerID.from_identity(data))
+    return Identity(identity_path=path, private_key=key, peer_id=PeerID.from_identity(data), fresh=True)
 
 
 async def _logged(future, what: str) -> None:

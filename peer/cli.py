@@ -43,11 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_files_limit()  # inherited by the DHT child and its p2pd
     try:
         cli_args.check_model(args.model)  # before the DHT node starts: a typo answers at once
-        from hexswarm.peer.joining import start_joining  # hivemind: after --help and parse errors
+        from hexswarm.peer.joining import joins_as_client, start_joining  # hivemind: after --help, errors
 
         joining = start_joining(
-            tuple(args.initial_peers), args.identity, tuple(args.host_maddrs), tuple(args.announce_maddrs)
-        )  # it joins while the model code loads (peer/joining.py)
+            tuple(args.initial_peers), args.identity, tuple(args.host_maddrs), tuple(args.announce_maddrs),
+            joins_as_client(args.reachability, args.host_maddrs),
+        )  # it joins while the model code loads (peer/joining.py)  # fmt: skip
         config = peer_config(args)
     except (UsageError, InitialPeersError) as e:
         if joining is not None:

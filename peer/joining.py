@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hexswarm.peer.dht_mode import joins_as_client
 from hexswarm.swarm.net.dht import start_dht, wait_until_joined
 from hexswarm.swarm.net.dht_process import shutdown_dht
 from hexswarm.swarm.net.identity import Identity, load_or_create_identity
@@ -27,7 +28,6 @@ logger = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 30.0  # a peer's wait to join (swarm/net/dht.py START_TIMEOUT_S is a client's)
 ABANDON_TIMEOUT_S = 5.0  # shutting down a node the peer will not serve on (a usage error)
-DHT_CLOSE_S = 2.5  # a serving peer's node gets this long to stop (then it is killed, p2pd with it)
 
 
 @dataclass
@@ -53,12 +53,24 @@ def start_joining(
     identity_path: str | None,
     host_maddrs: tuple[str, ...],
     announce_maddrs: tuple[str, ...],
+    client_mode: bool = False,
 ) -> Joining:
-    """Loads (or creates) the identity and forks the DHT node, without waiting for it to join.
-    Raises InitialPeersError at once for a malformed initial peer."""
+    """Loads (or creates) the identity and forks the DHT node, without waiting for it to join;
+    `client_mode` for a peer that may be behind NAT (peer/dht_mode.py). Raises
+    InitialPeersError at once for a malformed initial peer."""
     identity = load_or_create_identity(identity_path)
-    dht = start_dht(initial_peers, identity, host_maddrs, announce_maddrs, await_ready=False)
+    dht = start_dht(
+        initial_peers, identity, host_maddrs, announce_maddrs, client_mode=client_mode, await_ready=False
+    )
     return Joining(identity, dht, initial_peers)
+
+
+def start_joining_for(config) -> Joining:
+    """`start_joining` with a PeerConfig's flags (a peer started without peer/cli.py)."""
+    client_mode = joins_as_client(config.reachability, config.host_maddrs)
+    return start_joining(
+        config.initial_peers, config.identity_path, config.host_maddrs, config.announce_maddrs, client_mode
+    )
 
 
 @dataclass

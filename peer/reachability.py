@@ -1,6 +1,7 @@
 """How a peer becomes reachable: directly, or through relays' ports when it is behind NAT.
 
-At start (docs/architecture.md, "Crossing NATs"):
+At start (docs/architecture.md, "Crossing NATs"), its DHT node has joined as a client unless
+it listens on loopback only or is told it is direct (peer/dht_mode.py), and:
 1. A few reachable nodes (the initial peers first, then direct peers of the model, drawn by the
    relay slots each announces free), one per IP group first, dial the peer back (swarm/nat/reachability/); one that stays BUSY or does not
    answer is replaced by another. A peer that listens on loopback only serves this machine and
@@ -10,8 +11,8 @@ At start (docs/architecture.md, "Crossing NATs"):
    them an initial peer when any answered. Where the initial peers all share one IP group (a
    lab, a private swarm), their answers alone decide, as the user named them. A direct verdict
    with no such address is treated as behind NAT: strangers of one group cannot place an
-   address in its record.
-2. Otherwise its DHT node restarts in client mode (it stores nothing for others), and it asks
+   address in its record. A direct peer's node restarts as a DHT server, on the same ports.
+2. Otherwise its DHT node stays a client (it stores nothing for others), and it asks
    up to WANT_RELAYS reachable nodes for a relay slot (swarm/nat/port_relay.py): direct peers
    first, drawn by the slots each announces free, so that peers joining at once spread over
    them in proportion; the initial peers after them, and at most one slot on a bootstrap while
@@ -34,14 +35,13 @@ ends (its relay died) is replaced at once, not a period later.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from hexswarm.peer.joining import DHT_CLOSE_S
+from hexswarm.peer.dht_mode import joins_as_client, restarter
 from hexswarm.swarm.nat.port_relay import RelayLimits, Slot, TunnelSources, hold_slot
 from hexswarm.swarm.nat.reachability.client import ask, ask_many, helper_groups, reachable_verdict
 from hexswarm.swarm.nat.reachability.verdicts import (
@@ -50,10 +50,8 @@ from hexswarm.swarm.nat.reachability.verdicts import (
     observed_group,
     relay_verified,
 )
-from hexswarm.swarm.net.dht import start_dht
-from hexswarm.swarm.net.dht_process import shutdown_dht
 from hexswarm.swarm.net.dialing import Dialer
-from hexswarm.swarm.net.maddrs import ip_group, peer_id_of, tcp_addr
+from hexswarm.swarm.net.maddrs import ip_group, is_loopback, peer_id_of, tcp_addr
 from hexswarm.swarm.trust.records import PeerRecord, PeerState, fetch_peer_records
 
 logger = logging.getLogger(__name__)
@@ -199,11 +197,13 @@ class Reachability:
         limits: RelayLimits | None = None,
         pinned_port: bool = True,
         serves: tuple[int, int] | None = None,
+        joined_as_client: bool = False,
     ):
         self.peer_id, self.mode, self.started = peer_id, mode, started
+        self.joined_as_client = joined_as_client  # its DHT node (peer/dht_mode.py)
         self.serves = serves  # its fixed range [start, end), or None (an auto peer's may move)
         self.pinned_port = pinned_port  # whether its listening port stays across restarts
-        self.restart_dht = restart_dht  # () -> a new DHT in client mode, the old one shut down
+        self.restart_dht = restart_dht  # (client_mode, listen) -> a new DHT node, the old one shut down
         self.limits = limits or RelayLimits()
         self.helpers: list[Candidate] = []
         self.relays: list[Candidate] = []  # whom to ask for slots, in order
@@ -226,9 +226,11 @@ class Reachability:
         self.initial_peers = tuple(initial_peers)
         if self.mode == "direct":
             return dht, Reach("direct", listen, reason="--reachability direct: not checked")
-        if self.mode == "auto" and listen and all(_is_loopback(a) for a in listen):
+        if self.mode == "auto" and listen and all(is_loopback(a) for a in listen):
             # it serves this machine only, where everyone can dial it: nothing to ask anyone
-            return dht, Reach("direct", listen, reason="listens on loopback only")
+            return await self._serving(dht, listen), Reach(
+                "direct", listen, reason="listens on loopback only"
+            )
         try:
             records = await read_records()
         except Exception:  # remote input; the initial peers alone can still check
@@ -241,16 +243,18 @@ class Reachability:
             known = time.monotonic() - self.started
             if verdict is None:
                 logger.warning("no node answered a dial-back; announcing as directly reachable, unverified")
-                return dht, Reach("direct", listen, reason="no node answered a dial-back", known_s=known)
+                reach = Reach("direct", listen, reason="no node answered a dial-back", known_s=known)
+                return await self._serving(dht, listen), reach
             if verdict and addrs:
                 logger.info("reachable directly at %s (%.1f s after start)", ", ".join(addrs), known)
-                return dht, Reach("direct", addrs, known_s=known)
+                return await self._serving(dht, listen), Reach("direct", addrs, known_s=known)
             if verdict:
                 logger.warning("dialed back from one IP group only: no address is confirmed; using relays")
             silent = {h.peer_id for h in self.helpers} - {r.helper for r in replies if r is not None}
             self.observed_group = observed_group(chosen_first(replies, self.initial_peers))
         self.relays = relay_order(everyone, silent, predecessors(records, self.serves), initial_peers)
-        dht = await self.restart_dht()
+        if not self.joined_as_client:  # behind NAT: a client-mode node stores nothing for others
+            dht = await self.restart_dht(client_mode=True)
         self.p2p = await dht.replicate_p2p()
         self.dialer = Dialer(self.p2p)
         self.local = local_endpoint([str(a) for a in dht.get_visible_maddrs()])
@@ -265,6 +269,11 @@ class Reachability:
         else:
             logger.error("unreachable: %s", reach.reason)
         return dht, reach
+
+    async def _serving(self, dht, listen: tuple[str, ...]):
+        """`dht` as a DHT server, for a direct peer: restarted so, on the ports of `listen`, if
+        it joined as a client (peer/dht_mode.py)."""
+        return await self.restart_dht(client_mode=False, listen=listen) if self.joined_as_client else dht
 
     async def _dial_back(self, p2p, everyone: list[Candidate], listen: tuple[str, ...]):
         """(the verdict, the addresses confirmed, the replies) of helpers drawn one per IP group."""
@@ -395,18 +404,9 @@ def _peer(peer_id: str):
     return PeerID.from_base58(peer_id)
 
 
-def _is_loopback(maddr: str) -> bool:
-    addr = tcp_addr(maddr)
-    return addr is not None and ipaddress.ip_address(addr.ip).is_loopback
-
-
 async def become_reachable(config, dht, identity, started: float):
     """(the DHT to serve on, the peer's Reach, the check that re-dials its relays), for a peer
     with `config` (its PeerConfig) that joined on `dht` at `started` (time.monotonic())."""
-
-    async def restart_dht():  # behind NAT: a client-mode node stores nothing for others
-        await asyncio.to_thread(shutdown_dht, dht, DHT_CLOSE_S)
-        return start_dht(config.initial_peers, identity, config.host_maddrs, client_mode=True)
 
     async def records() -> list[PeerRecord]:
         return await fetch_peer_records(dht, config.spec.model_id)
@@ -416,9 +416,10 @@ async def become_reachable(config, dht, identity, started: float):
         identity.peer_id.to_base58(),
         config.reachability,
         started,
-        restart_dht,
+        restarter(config, identity, dht),
         pinned_port=pinned,
         serves=None if config.auto else (config.start, config.end),
+        joined_as_client=joins_as_client(config.reachability, config.host_maddrs),
     )
     dht, reach = await check.run(dht, config.initial_peers, records)
     return dht, reach, check

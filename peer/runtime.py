@@ -24,9 +24,10 @@ from hexswarm.peer.announcer import Announcer
 from hexswarm.peer.config import PeerConfig
 from hexswarm.peer.core import PeerCore
 from hexswarm.peer.debug import tampered_encoder, with_debug_faults
+from hexswarm.peer.dht_mode import DHT_CLOSE_S
 from hexswarm.peer.evidence_service import EvidenceService
 from hexswarm.peer.faults import FaultInjector
-from hexswarm.peer.joining import DHT_CLOSE_S, Joining, Rejoin, start_joining
+from hexswarm.peer.joining import Joining, Rejoin, start_joining_for
 from hexswarm.peer.link_probe import LinkProbe
 from hexswarm.peer.peer_record import RecordSource, peer_record
 from hexswarm.peer.plan_follower import PlanFollower, follower_trust, join_range
@@ -79,9 +80,7 @@ async def serve(config: PeerConfig, joining: Joining | None = None) -> int:
 
     started = time.monotonic()
     if joining is None:  # in the main thread: it sets up signal dispositions for the DHT child
-        joining = start_joining(
-            config.initial_peers, config.identity_path, config.host_maddrs, config.announce_maddrs
-        )
+        joining = start_joining_for(config)
     identity = joining.identity
     dht = await asyncio.to_thread(joining.wait)
     name = config.name or f"{socket.gethostname()}-{identity.peer_id.to_base58()[-6:]}"

@@ -127,6 +127,7 @@ def start_dht(
         kwargs.update(no_listen=True, nat_port_map=False, host_maddrs=[])
     if identity is not None:
         kwargs["identity_path"] = str(identity.identity_path)
+        kwargs["check_if_identity_free"] = not identity.fresh
     check_initial_peers(initial_peers)
     dht = _fork_node(kwargs)
     if not await_ready:

@@ -33,6 +33,17 @@ def tcp_addr(maddr: str) -> TcpAddr | None:
     return TcpAddr(ip, port) if 0 < port < 65536 else None
 
 
+def is_loopback(maddr: str) -> bool:
+    """Whether `maddr` is a TCP address on a loopback IP (port 0 included: a listen address)."""
+    parts = maddr.split("/")
+    if len(parts) < 5 or parts[1] not in ("ip4", "ip6") or parts[3] != "tcp":
+        return False
+    try:
+        return ipaddress.ip_address(parts[2]).is_loopback
+    except ValueError:
+        return False
+
+
 def peer_id_of(maddr: str) -> str | None:
     """The /p2p/<id> an address ends with (whose address it is), or None."""
     _, found, tail = maddr.rpartition("/p2p/")

@@ -199,11 +199,12 @@ def boot(name: str, ip: str) -> str:
 
 
 async def run_reachability(
-    monkeypatch, initial: list[str], answers: dict, records=(), serves=None, checks=None
-):
+    monkeypatch, initial: list[str], answers: dict, records=(), serves=None, checks=None, restarts=None,
+    joined_as_client=False,
+):  # fmt: skip
     """Reachability.run in auto mode where helper `h` answers `answers[h]`; what was asked and the
     Reach. A peer that is not found direct stops at its relays' step (stood in for); `checks`,
-    a list, gets the Reachability."""
+    a list, gets the Reachability, and `restarts` the (client_mode, listen) of each restart."""
     asked: list[str] = []
     every = [*initial, *(a for r in records for a in r.addrs)]
     AskerP2P.helpers = {a.rsplit("/p2p/", 1)[1]: a.split("/")[2] for a in every}
@@ -215,12 +216,16 @@ async def run_reachability(
     async def no_relays(self, known):
         return reach_mod.Reach("unreachable", (), reason="relays stood in for", known_s=known)
 
-    async def restart():
+    async def restart(client_mode=True, listen=()):
+        if restarts is not None:
+            restarts.append((client_mode, tuple(listen)))
         return FakeDHT()
 
     monkeypatch.setattr(client_mod, "ask", ask)
     monkeypatch.setattr(reach_mod.Reachability, "_first_slots", no_relays)
-    check = reach_mod.Reachability(ASKER, "auto", time.monotonic(), restart, serves=serves)
+    check = reach_mod.Reachability(
+        ASKER, "auto", time.monotonic(), restart, serves=serves, joined_as_client=joined_as_client
+    )
     if checks is not None:
         checks.append(check)
 
@@ -244,6 +249,25 @@ async def test_helpers_that_say_busy_are_replaced_not_read_as_unverified(monkeyp
     asked, reach = await run_reachability(monkeypatch, initial, answers)
     assert "QmB4" in asked
     assert reach.mode == "direct" and reach.addrs == (f"{HONEST}/p2p/{ASKER}",), reach
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("joined_as_client", [True, False])
+async def test_a_dht_client_restarts_as_a_server_only_when_found_direct(monkeypatch, joined_as_client):
+    """peer/dht_mode.py: joined as a client, a direct peer's node restarts as a server on the
+    ports it listened on, and one behind NAT keeps its node; joined as a server (before), one
+    behind NAT restarts as a client."""
+    initial = [boot("QmB1", "192.0.2.1"), boot("QmB2", "198.18.0.2")]
+    direct = {h: reached(h, HONEST, "198.51.100.7") for h in ("QmB1", "QmB2")}
+    natted = {h: DialBackReply(h, ()) for h in ("QmB1", "QmB2")}
+    for answers, expected in ((direct, [(False, (LISTEN,))]), (natted, [])):
+        restarts: list = []
+        await run_reachability(
+            monkeypatch, initial, answers, restarts=restarts, joined_as_client=joined_as_client
+        )
+        if not joined_as_client:  # the old order: a server first, a client once behind NAT
+            expected = [] if answers is direct else [(True, ())]
+        assert restarts == expected, (joined_as_client, restarts)
 
 
 @pytest.mark.asyncio
