@@ -18,14 +18,24 @@ Measured per N, after a warm-up of one period, over `--seconds`:
   namespace's interface counters: every byte its DHT node and p2pd moved), the mean over
   stand-ins; `node_bytes_s_p99` the 99th percentile over every host, the bootstraps included;
 - `read_s_p50` / `read_s_p99` and `reads_failed`: the stand-ins' reads (a read over 10 s fails);
+- `node_rpcs_s_mean` / `node_rpcs_s_p99`: the DHT calls (ping, store, find) a stand-in's node
+  served a second, over stand-ins (the bootstraps are processes of their own, not counted);
 - `status_s`: `hexswarm status --no-ping --json` from a host of its own (stand-ins answer no
   session pings, so pings are left out);
+- with `--newcomer` (the default), then: a real `run-peer` of a tiny 4-block model joins from a
+  home behind NAT (swarm/nat/netlab.py: MASQUERADE, inbound dropped) while the stand-ins run:
+  `newcomer_online_s` (start to "online:"), `newcomer_reachability_s` (start to its relay slot
+  confirmed, from its log), `newcomer_mode`, `dialback_busy` (BUSY answers its dial-backs got);
+  and a fresh client in a second home: `first_token_s`, a whole `hexswarm generate
+  --max-new-tokens 1` (process start, imports, DHT join, routing, the relay, one step);
 - `exponent_upkeep`: over the runs, the slope of log(upkeep_bytes_per_peer_s) in log(N).
 
-Not yet in this first part (issue 50 lists them): stand-ins behind NAT (relays, dial-backs), the
-coordinator and the plan watch of auto peers, a monitor, clients routing and generating through
-real peers of a tiny model. Each DHT node costs ~90 MB (its process and p2pd, measured), so
-24 GB holds ~200 stand-ins. Each host has a /24 of its own (`add_host(own_subnet=True)`),
+Not in it (issue 50 lists them): a third of the stand-ins behind NAT (the stand-ins share this
+process's event loop, and a relay's sockets must be opened inside its host's namespace), the
+coordinator and the plan watch of auto peers (benchmarks/swarm_idle.py --coordinator measures
+`plan_followed_s` with real processes), a monitor, clients at a steady rate (a warm client's
+routing decision is benchmarks/router.py's `cached_decision_ms`). Each DHT node costs ~90 MB
+(its process and p2pd, measured), so 24 GB holds ~200 stand-ins. Each host has a /24 of its own (`add_host(own_subnet=True)`),
 routed by the internet's namespace.
 
 Needs root (namespaces). Run: python benchmarks/scale.py --peers 25 50 100 [--save]
