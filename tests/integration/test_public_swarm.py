@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from functools import partial
 
 import pytest
 import torch
@@ -114,6 +115,27 @@ def test_peers_behind_nat_serve_through_relays_and_the_output_is_exact(lab, clie
     assert client.last_route == "home1[0:3) -> home2[3:6)", client.last_route
     # home1 pushed every step to home2, through a relay's port between two homes
     assert client.last_hop_steps == {"sent": NEW_TOKENS, "pushed": NEW_TOKENS, "push_failed": 0}
+
+
+async def _routing_table_of(boot_id: str, _dht, node) -> list[str] | None:
+    """Runs in the client's DHT process: the peers a bootstrap's find names (its whole routing
+    table, in a swarm this small: a find answers with up to 20 nodes); None if it did not answer."""
+    from hivemind.dht.routing import DHTID
+    from hivemind.p2p import PeerID
+
+    found = await node.protocol.call_find(PeerID.from_base58(boot_id), [DHTID.generate()])
+    if found is None:
+        return None
+    return [p.to_base58() for _, nearest in found.values() for p in nearest.values()]
+
+
+def test_peers_behind_nat_are_in_no_routing_table(lab, client):
+    """They joined the DHT as clients (peer/dht_mode.py): a search never waits on them."""
+    homes = {lab.records(client)[name].peer_id for name in ("home1", "home2")}
+    for addr in lab.local.initial_peers:
+        boot_id = addr.rsplit("/p2p/", 1)[1]
+        named = client.swarm.dht.run_coroutine(partial(_routing_table_of, boot_id))
+        assert named is not None and not homes & set(named), (boot_id, named)
 
 
 def test_a_direct_peer_is_preferred_at_equal_speed(lab, client, expected):
