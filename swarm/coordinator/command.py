@@ -140,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
     identity = load_or_create_identity(args.identity)
     # Peers name this key with --coordinator-key to follow this coordinator's plans.
     logger.info("coordinator key: %s", identity.peer_id.to_base58())
-    dht = start_dht(args.initial_peers, identity, args.host_maddrs)
+    # A client of the DHT: nobody dials a coordinator (its nudges go out, swarm/coordinator/nudges.py),
+    # and one run at home, behind NAT, would sit in others' routing tables where no one can
+    # reach it (peer/dht_mode.py)
+    dht = start_dht(args.initial_peers, identity, args.host_maddrs, client_mode=True)
     try:
         return asyncio.run(_serve(dht, identity, config))
     finally:
