@@ -140,8 +140,12 @@ RPC_COUNTS: dict[str, int] = {}  # in a stand-in's DHT process (forked from this
 
 def count_rpcs() -> None:
     """Every DHT node started after this, in a process forked from this one, counts the RPCs it
-    serves (hivemind registers a node's `rpc_*` methods as its handlers when the node starts)."""
+    serves (hivemind registers a node's `rpc_*` methods as its handlers when the node starts).
+    Once per process: wrapped twice (a run of several N), each call counted twice."""
     from hivemind.dht.protocol import DHTProtocol
+
+    if getattr(DHTProtocol.rpc_find, "counted", False):
+        return
 
     def counting(name: str, served):
         async def handler(self, request, context):
@@ -149,6 +153,7 @@ def count_rpcs() -> None:
             return await served(self, request, context)
 
         handler.__annotations__, handler.__wrapped__ = served.__annotations__, served  # its types
+        handler.counted = True
         return handler
 
     for name in ("rpc_ping", "rpc_store", "rpc_find"):
