@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 MAX_CONCURRENT = 8  # requests being checked and stored at once; more are refused, not queued
 MAX_READING_PER_GROUP = 4  # requests of one IP group being read at once (one per remote)
-REQUESTS_PER_MINUTE = 12  # per remote: an edge peer announces once a period (60 s by default)
+REQUESTS_PER_MINUTE = 12  # per remote: an edge peer announces once a period (15 s by default: 4 a minute)
 REQUEST_TIMEOUT_S = 10.0  # to read a request, and to store it
 STORE_TIMEOUT_S = 10.0
 MEMBERS_TIMEOUT_S = 5.0  # reading the model's records for the reply's member list
