@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from hexswarm.swarm.net.dht import start_dht
     from hexswarm.swarm.net.dht_process import shutdown_dht
     from hexswarm.swarm.net.identity import load_or_create_identity
+    from hexswarm.swarm.net.maddrs import is_loopback
     from hexswarm.swarm.tools.open_files import raise_open_files_limit
 
     raise_open_files_limit()  # before the DHT child and its p2pd start: they inherit it
@@ -76,10 +77,6 @@ def run(args: argparse.Namespace) -> int:
     shutdown_dht(dht, 5)
     logger.info("stopped")
     return 0
-
-
-def is_loopback(maddr: str) -> bool:
-    return maddr.startswith(("/ip4/127.", "/ip6/::1/"))
 
 
 def advice(args: argparse.Namespace) -> list[str]:

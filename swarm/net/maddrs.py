@@ -34,9 +34,10 @@ def tcp_addr(maddr: str) -> TcpAddr | None:
 
 
 def is_loopback(maddr: str) -> bool:
-    """Whether `maddr` is a TCP address on a loopback IP (port 0 included: a listen address)."""
+    """Whether `maddr` is an address on a loopback IP (any transport or port: a listen address
+    with port 0 included)."""
     parts = maddr.split("/")
-    if len(parts) < 5 or parts[1] not in ("ip4", "ip6") or parts[3] != "tcp":
+    if len(parts) < 3 or parts[1] not in ("ip4", "ip6"):
         return False
     try:
         return ipaddress.ip_address(parts[2]).is_loopback

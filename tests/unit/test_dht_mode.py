@@ -24,5 +24,6 @@ def test_a_server_restarts_on_the_ports_it_listened_on():
 
 def test_loopback_addresses_are_told_apart_from_others():
     assert is_loopback("/ip4/127.0.0.1/tcp/0") and is_loopback("/ip6/::1/tcp/4000/p2p/QmX")
+    assert is_loopback("/ip4/127.0.0.1/udp/4000/quic")  # a bootstrap lists its QUIC addresses too
     assert not is_loopback("/ip4/0.0.0.0/tcp/0") and not is_loopback("/ip4/10.0.0.1/tcp/1")
     assert not is_loopback("/dns/localhost/tcp/1") and not is_loopback("garbage")
