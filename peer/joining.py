@@ -37,6 +37,7 @@ class Joining:
     identity: Identity
     dht: Any  # hexswarm.swarm.net.dht_process.OwnedDHT
     initial_peers: tuple[str, ...]
+    client_mode: bool = False  # whether the node joined as a DHT client (peer/dht_mode.py)
 
     def wait(self, timeout: float = JOIN_TIMEOUT_S):
         """The node, once it has joined; InitialPeersError if no initial peer answered."""
@@ -62,7 +63,7 @@ def start_joining(
     dht = start_dht(
         initial_peers, identity, host_maddrs, announce_maddrs, client_mode=client_mode, await_ready=False
     )
-    return Joining(identity, dht, initial_peers)
+    return Joining(identity, dht, initial_peers, client_mode)
 
 
 def start_joining_for(config) -> Joining:

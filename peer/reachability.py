@@ -41,7 +41,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from hexswarm.peer.dht_mode import joins_as_client, restarter
+from hexswarm.peer.dht_mode import restarter
 from hexswarm.swarm.nat.port_relay import RelayLimits, Slot, TunnelSources, hold_slot
 from hexswarm.swarm.nat.reachability.client import ask, ask_many, helper_groups, reachable_verdict
 from hexswarm.swarm.nat.reachability.verdicts import (
@@ -404,9 +404,10 @@ def _peer(peer_id: str):
     return PeerID.from_base58(peer_id)
 
 
-async def become_reachable(config, dht, identity, started: float):
+async def become_reachable(config, dht, identity, started: float, joined_as_client: bool):
     """(the DHT to serve on, the peer's Reach, the check that re-dials its relays), for a peer
-    with `config` (its PeerConfig) that joined on `dht` at `started` (time.monotonic())."""
+    with `config` (its PeerConfig) that joined on `dht` at `started` (time.monotonic()), as a
+    DHT client or not (peer/joining.py `Joining.client_mode`)."""
 
     async def records() -> list[PeerRecord]:
         return await fetch_peer_records(dht, config.spec.model_id)
@@ -419,7 +420,7 @@ async def become_reachable(config, dht, identity, started: float):
         restarter(config, identity, dht),
         pinned_port=pinned,
         serves=None if config.auto else (config.start, config.end),
-        joined_as_client=joins_as_client(config.reachability, config.host_maddrs),
+        joined_as_client=joined_as_client,
     )
     dht, reach = await check.run(dht, config.initial_peers, records)
     return dht, reach, check

@@ -86,7 +86,7 @@ async def serve(config: PeerConfig, joining: Joining | None = None) -> int:
     name = config.name or f"{socket.gethostname()}-{identity.peer_id.to_base58()[-6:]}"
     log_setup.set_context(f"peer {name} {config.spec.model_id}[{config.start}:{config.end})")
     logger.info("peer %s joined the DHT as %s", name, identity.peer_id)
-    dht, reach, check = await become_reachable(config, dht, identity, started)
+    dht, reach, check = await become_reachable(config, dht, identity, started, joining.client_mode)
     if config.auto:
         start, end = await join_range(dht, config.spec.model_id, config.spec.num_blocks, config.max_blocks)
         config = replace(config, start=start, end=end)
