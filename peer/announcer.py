@@ -10,7 +10,7 @@ from hivemind.utils import get_dht_time
 
 from hexswarm.swarm.net.identity import Identity
 from hexswarm.swarm.net.replicas import store_own
-from hexswarm.swarm.trust.record_keys import INDEX_PERIODS, IndexSchedule, index_key, record_key
+from hexswarm.swarm.trust.record_keys import IndexSchedule, index_key, record_key
 from hexswarm.swarm.trust.records import ModelEntry, PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class Announcer:
         stores = [self._store(record_key(record.model_id, peer_id), self.encode(record), expiration, subkey)]
         if self.index.due():
             entry = ModelEntry(record.model_id, self.num_blocks).to_bytes()
-            lasts = expiration + (INDEX_PERIODS - 1) * self.period
+            lasts = self.index.expiration(expiration, self.period)
             stores.append(self._store(index_key(peer_id), entry, lasts, subkey))
         try:
             stored, *index_stored = await asyncio.wait_for(asyncio.gather(*stores), timeout)

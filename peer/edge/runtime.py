@@ -33,7 +33,7 @@ from hexswarm.peer.server import PeerServer
 from hexswarm.peer.throughput import measure_or_load
 from hexswarm.swarm.models.model_spec import ModelSpec
 from hexswarm.swarm.trust.dht_signing import MAX_RELAYED_TTL_S, SignedEntry, owner_marker, signed_value
-from hexswarm.swarm.trust.record_keys import INDEX_PERIODS, IndexSchedule, index_key, record_key
+from hexswarm.swarm.trust.record_keys import IndexSchedule, index_key, record_key
 from hexswarm.swarm.trust.records import ModelEntry, PeerRecord, PeerState
 from hexswarm.swarm.wire.tensors import DTYPE_NAMES
 
@@ -165,7 +165,7 @@ class EdgePeer:
         with_index = self.index.due()
         if with_index:
             lasts = min(
-                expiration + (INDEX_PERIODS - 1) * c.announce_period, time.time() + MAX_RELAYED_TTL_S - 1
+                self.index.expiration(expiration, c.announce_period), time.time() + MAX_RELAYED_TTL_S - 1
             )
             entry = ModelEntry(c.spec.model_id, c.spec.num_blocks).to_bytes()
             entries.append(self._signed(index_key(self.host.peer_id), entry, max(lasts, expiration)))

@@ -50,6 +50,11 @@ class IndexSchedule:
         """The entry this announcement carried was stored: the next goes INDEX_PERIODS later."""
         self.due_at = self.announced - 1 + INDEX_PERIODS
 
+    @staticmethod
+    def expiration(record_expiration: float, period: float) -> float:
+        """When the entry expires: INDEX_PERIODS - 1 periods after the record it goes with."""
+        return record_expiration + (INDEX_PERIODS - 1) * period
+
 
 def record_shard(peer_id: str) -> int:
     """The shard of `peer_id`'s entries: uniform over RECORD_SHARDS, fixed by the id."""

@@ -2,9 +2,9 @@
 
 import asyncio
 
-from hexswarm.peer.announcer import INDEX_PERIODS, Announcer
+from hexswarm.peer.announcer import Announcer
 from hexswarm.swarm.net.identity import load_or_create_identity
-from hexswarm.swarm.trust.record_keys import MODEL_INDEX_KEY, IndexSchedule
+from hexswarm.swarm.trust.record_keys import INDEX_PERIODS, MODEL_INDEX_KEY, IndexSchedule
 from hexswarm.swarm.trust.records import PeerState
 from tests.unit.record_cases import make_record
 
